@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Pagoda needs to build and test (idempotent; skips when present).
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libcjson-dev clang python3-venv)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi

@@ -1,0 +1,74 @@
+/* Tokenizers: byte-level BPE (GPT-2/SmolLM2, Llama 3, Qwen2 pre-tokenizers) and SentencePiece
+ * BPE with byte fallback (Llama 2, Mistral, TinyLlama); special and added tokens. Loaded from
+ * GGUF metadata or a Hugging Face tokenizer.json (+ tokenizer_config.json).
+ * A loaded tokenizer is immutable and safe to use from several threads at once. */
+#ifndef PGD_TOKENIZER_H
+#define PGD_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/gguf.h"
+#include "util/status.h"
+
+typedef struct pgd_tokenizer pgd_tokenizer;
+
+/* Loads the tokenizer stored in GGUF metadata (tokenizer.ggml.*). g is borrowed during the call
+ * only: everything needed is copied. Error messages name g->path. */
+int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err);
+/* Loads from a Hugging Face tokenizer.json; config_path (tokenizer_config.json) may be NULL.
+ * Fills bos/eos/add_bos and the chat template from the config when present. */
+int pgd_tokenizer_load_hf(const char *tokenizer_json_path, const char *config_path,
+                          pgd_tokenizer **out, pgd_err *err);
+void pgd_tokenizer_free(pgd_tokenizer *t);
+
+int32_t pgd_tokenizer_n_vocab(const pgd_tokenizer *t);
+int32_t pgd_tokenizer_bos(const pgd_tokenizer *t); /* -1 if none */
+int32_t pgd_tokenizer_eos(const pgd_tokenizer *t); /* -1 if none */
+bool pgd_tokenizer_add_bos(const pgd_tokenizer *t); /* metadata says to prepend BOS */
+/* True if id is an end-of-generation token (eos, eot, <|im_end|>, <|eot_id|> ...). */
+bool pgd_tokenizer_is_eog(const pgd_tokenizer *t, int32_t id);
+/* Chat template string (NUL-terminated) or NULL. Borrowed from t. */
+const char *pgd_tokenizer_chat_template(const pgd_tokenizer *t);
+
+/* Encodes text[0..len) (any bytes; invalid UTF-8 is encoded, never rejected).
+ * add_bos: prepend BOS (only if the vocabulary has one). parse_special: recognise special/added
+ * token strings in the text (e.g. "<|im_start|>") as single tokens.
+ * Writes at most cap ids to out and the total count needed to *n_out; returns PGD_ERANGE if
+ * cap was too small (call again with a larger buffer). */
+int pgd_tokenizer_encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
+                         bool parse_special, int32_t *out, size_t cap, size_t *n_out);
+
+/* The bytes a token stands for when decoded (byte-level mapping undone, "▁" turned into a
+ * space, <0xAB> byte tokens turned into their byte). Special/control tokens give their text
+ * when render_special, else nothing. Writes up to cap bytes, returns the byte length or a
+ * negative status (PGD_EINVAL for an id out of range). */
+int pgd_tokenizer_token_bytes(const pgd_tokenizer *t, int32_t id, bool render_special,
+                              char *buf, size_t cap);
+
+/* Decodes a whole sequence into a malloc'd NUL-terminated string (caller frees). Applies the
+ * SentencePiece rule of dropping the leading space of the first token when the vocabulary
+ * adds a dummy prefix (as HF's decode does with skip_special_tokens). */
+int pgd_tokenizer_decode(const pgd_tokenizer *t, const int32_t *ids, size_t n,
+                         bool render_special, char **out, size_t *out_len);
+
+/* Incremental detokenizer for streaming: feed ids one at a time, get back only complete UTF-8
+ * characters; bytes of an unfinished character are held until it completes (or flushed as
+ * they are at the end). */
+typedef struct pgd_detok {
+    const pgd_tokenizer *tok; /* borrowed */
+    bool first;               /* no text emitted yet (for the SentencePiece leading space) */
+    bool render_special;
+    unsigned char pending[8]; /* bytes of an incomplete UTF-8 sequence */
+    int n_pending;
+} pgd_detok;
+
+void pgd_detok_init(pgd_detok *d, const pgd_tokenizer *t, bool render_special);
+/* Appends the text completed by token id to out (up to cap bytes); returns the number of bytes
+ * written, or a negative status. cap >= 256 + 8 is always enough for one token. */
+int pgd_detok_push(pgd_detok *d, int32_t id, char *out, size_t cap);
+/* Emits whatever is still pending (an incomplete sequence at the end of a stream). */
+int pgd_detok_flush(pgd_detok *d, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,82 @@
+/* mmap of model files; small-file reading for JSON configs. */
+#include "util/mapfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int pgd_mapfile_open(pgd_mapfile *m, const char *path, pgd_err *err) {
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return pgd_err_set(err, PGD_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return pgd_err_set(err, PGD_EIO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return pgd_err_set(err, PGD_EIO, "%s: not a regular file", path);
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return pgd_err_set(err, PGD_EIO, "%s: cannot mmap: %s", path, strerror(e));
+        }
+        m->data = p;
+        m->size = (size_t)st.st_size;
+    }
+    close(fd);
+    return PGD_OK;
+}
+
+void pgd_mapfile_close(pgd_mapfile *m) {
+    if (m->data) munmap((void *)m->data, m->size);
+    m->data = NULL;
+    m->size = 0;
+}
+
+int pgd_read_file(const char *path, char **out, size_t *len, pgd_err *err) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return pgd_err_set(err, errno == ENOENT ? PGD_ENOENT : PGD_EIO, "%s: cannot open: %s",
+                               path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        fclose(f);
+        return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);
+    }
+    for (;;) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        char *nb = realloc(buf, cap * 2 + 1);
+        if (!nb) {
+            free(buf);
+            fclose(f);
+            return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int rerr = ferror(f);
+    fclose(f);
+    if (rerr) {
+        free(buf);
+        return pgd_err_set(err, PGD_EIO, "%s: read error", path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return PGD_OK;
+}

@@ -1,0 +1,20 @@
+/* Read-only memory mapping of a whole file. */
+#ifndef PGD_UTIL_MAPFILE_H
+#define PGD_UTIL_MAPFILE_H
+
+#include <stddef.h>
+#include "util/status.h"
+
+typedef struct pgd_mapfile {
+    const unsigned char *data; /* (size) bytes, read-only; NULL for an empty file */
+    size_t size;
+} pgd_mapfile;
+
+/* Maps path read-only. On failure fills err with "PATH: reason". */
+int pgd_mapfile_open(pgd_mapfile *m, const char *path, pgd_err *err);
+void pgd_mapfile_close(pgd_mapfile *m);
+
+/* Reads a whole (small) file into a NUL-terminated malloc'd buffer; caller frees. */
+int pgd_read_file(const char *path, char **out, size_t *len, pgd_err *err);
+
+#endif

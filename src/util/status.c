@@ -1,0 +1,35 @@
+/* Status strings, error buffers and the always-on assertion. */
+#include "util/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int pgd_err_set(pgd_err *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+const char *pgd_status_str(int code) {
+    switch (code) {
+    case PGD_OK: return "ok";
+    case PGD_EINVAL: return "invalid argument";
+    case PGD_ENOMEM: return "out of memory";
+    case PGD_EIO: return "i/o error";
+    case PGD_EFORMAT: return "malformed input";
+    case PGD_EUNSUPPORTED: return "unsupported";
+    case PGD_ERANGE: return "out of range";
+    case PGD_ENOENT: return "not found";
+    default: return "unknown error";
+    }
+}
+
+_Noreturn void pgd__assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "pagoda: assertion failed: %s (%s:%d)\n", expr, file, line);
+    abort();
+}
