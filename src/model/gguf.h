@@ -101,6 +101,9 @@ int pgd_gguf_get_str(const pgd_gguf *g, const char *key, pgd_str *out);
 int pgd_gguf_get_arr(const pgd_gguf *g, const char *key, pgd_gguf_vtype elem, const pgd_gguf_kv **out);
 
 bool pgd_str_eq(pgd_str s, const char *cstr);
+/* A name made safe for a one-line message: at most 64 bytes, control bytes replaced by '?'. */
+typedef struct pgd_name_buf { char s[72]; } pgd_name_buf;
+const char *pgd_str_safe(pgd_str s, pgd_name_buf *b);
 
 /* Per-type block geometry: elements per block and bytes per block (0 if unknown type). */
 uint32_t pgd_type_block_elems(pgd_type t);

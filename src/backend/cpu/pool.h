@@ -1,0 +1,23 @@
+/* A fixed thread pool created once: pgd_pool_run executes fn(ctx, ith, nth) on every thread
+ * (the caller is thread 0) and returns when all have finished. No allocation per run. */
+#ifndef PGD_BACKEND_CPU_POOL_H
+#define PGD_BACKEND_CPU_POOL_H
+
+#include "util/status.h"
+
+typedef struct pgd_pool pgd_pool;
+typedef void (*pgd_pool_fn)(void *ctx, int ith, int nth);
+
+int pgd_pool_create(int n_threads, pgd_pool **out, pgd_err *err);
+void pgd_pool_run(pgd_pool *p, pgd_pool_fn fn, void *ctx);
+int pgd_pool_n_threads(const pgd_pool *p);
+void pgd_pool_free(pgd_pool *p);
+
+/* Splits [0, n) into nth near-equal contiguous ranges; writes thread ith's range. */
+static inline void pgd_split_range(long n, int ith, int nth, long *lo, long *hi) {
+    long per = n / nth, rem = n % nth;
+    *lo = ith * per + (ith < rem ? ith : rem);
+    *hi = *lo + per + (ith < rem ? 1 : 0);
+}
+
+#endif

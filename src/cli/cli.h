@@ -1,0 +1,23 @@
+/* Subcommands of the pagoda executable. Each takes the arguments after "pagoda" (argv[0] is
+ * the subcommand name) and returns the process exit code. */
+#ifndef PGD_CLI_H
+#define PGD_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+int pgd_cli_generate(int argc, char **argv);
+int pgd_cli_logits(int argc, char **argv);
+int pgd_cli_tokenize(int argc, char **argv);
+int pgd_cli_detokenize(int argc, char **argv);
+
+/* Shared helpers (src/cli/args.c). */
+/* The model path used when -m is not given: $PAGODA_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf */
+const char *pgd_cli_default_model(void);
+/* Parses "1 2 3" / "1,2,3" into a malloc'd id array; returns 0 or -1 on a bad list. */
+int pgd_cli_parse_ids(const char *s, int32_t **ids, size_t *n);
+/* Strict number parsing; return 0 on success, -1 if s is not entirely a number in range. */
+int pgd_cli_parse_long(const char *s, long lo, long hi, long *out);
+int pgd_cli_parse_float(const char *s, float lo, float hi, float *out);
+
+#endif

@@ -1,0 +1,43 @@
+/* The pagoda executable: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"generate", pgd_cli_generate, "generate text from a prompt with a model"},
+    {"tokenize", pgd_cli_tokenize, "print the token ids of a text"},
+    {"detokenize", pgd_cli_detokenize, "print the text of token ids"},
+    {"logits", pgd_cli_logits, "write the logits of every position of a token sequence"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: pagoda COMMAND [OPTIONS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n'pagoda COMMAND --help' describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("pagoda 0.1.0\n");
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "pagoda: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
