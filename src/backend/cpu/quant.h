@@ -34,4 +34,16 @@ void pgd_quantize_act(pgd_type weight_type, const float *x, void *dst, int64_t n
  * pgd_quantize_act(t, ...). */
 float pgd_vec_dot(pgd_type t, const void *w_row, const void *act, int64_t n);
 
+/* Additions (tests, tools, weight conversion).
+ * Activation buffers (pgd_quantize_act's dst, pgd_vec_dot's act) must be 4-byte aligned;
+ * weight rows may have any alignment. */
+/* fp32 -> bf16, round to nearest even, NaN kept quiet (as ggml_compute_fp32_to_bf16). */
+uint16_t pgd_fp32_to_bf16(float f);
+/* The portable scalar reference of pgd_vec_dot; same inputs, same contract. pgd_vec_dot may
+ * differ from it only in the order its float partial sums are added (bound in test_quant.c). */
+float pgd_vec_dot_scalar(pgd_type t, const void *w_row, const void *act, int64_t n);
+/* Expands activations prepared by pgd_quantize_act(weight_type, ...) back to n floats
+ * (d * q per element); lets tests measure the activation quantization error exactly. */
+void pgd_dequantize_act(pgd_type weight_type, const void *act, float *dst, int64_t n);
+
 #endif

@@ -1,0 +1,783 @@
+/* ggml-compatible quantized blocks on the CPU: fp16/bf16 conversion, dequantization, activation
+ * quantization and weight-row x activation dot products (scalar reference + AVX2/FMA).
+ * Every dot product reduces in one fixed order that depends only on n (batch invariance). */
+#include "backend/cpu/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "util/status.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "quant.c reads ggml blocks as little-endian memory"
+#endif
+
+/* ---- Block layouts (bytes, little-endian), exactly as ggml's ggml-common.h -------------------
+ * Q4_0  18 B: fp16 d | qs[16]            value = ((nibble) - 8) * d; low nibbles = elems 0..15
+ * Q4_1  20 B: fp16 d | fp16 m | qs[16]   value = nibble * d + m
+ * Q8_0  34 B: fp16 d | int8 qs[32]       value = q * d
+ * Q4_K 144 B: fp16 d | fp16 dmin | scales[12] (6-bit sc/min x 8) | qs[128]
+ * Q5_K 176 B: fp16 d | fp16 dmin | scales[12] | qh[32] | qs[128]
+ * Q6_K 210 B: ql[128] | qh[64] | int8 scales[16] | fp16 d
+ * Q8_K 292 B: float d | int8 qs[256] | int16 bsums[16] (sum of each 16 qs)
+ * Weight rows are read through memcpy so any byte alignment is accepted. */
+#define Q4_0_BYTES 18
+#define Q4_1_BYTES 20
+#define Q8_0_BYTES 34
+#define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
+#define Q6_K_BYTES 210
+#define Q8_K_BYTES 292
+
+/* Activation block for Q4_0/Q4_1/Q8_0 weights: ggml's Q8_0 with a float scale (one less
+ * rounding than fp16) and the integer sum of qs, which Q4_1's "+ m" term needs (ggml uses Q8_1
+ * for that). Buffers from pgd_vec_dot_act_bytes hold (n / 32) of these back to back. */
+typedef struct act_q8 {
+    float d;        /* scale: x ~= d * qs[i] */
+    int32_t sum;    /* sum of qs[0..31] */
+    int8_t qs[PGD_QK];
+} act_q8;
+
+/* Q8_K offsets (the struct would be the same, written out to keep the ggml byte layout). */
+#define Q8K_D 0
+#define Q8K_QS 4
+#define Q8K_BSUMS (4 + PGD_QK_K)
+
+static uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static float rdf32(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static int16_t rdi16(const uint8_t *p) {
+    int16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* ---- Conversions ------------------------------------------------------------------------- */
+
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float pgd_fp16_to_fp32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t e = (h >> 10) & 0x1f;
+    uint32_t m = h & 0x3ff;
+    if (e == 0) {
+        if (m == 0) return u2f(sign);
+        /* Subnormal m * 2^-24: normalise so the leading 1 lands on bit 10. */
+        e = 113;
+        while (!(m & 0x400)) {
+            m <<= 1;
+            e--;
+        }
+        return u2f(sign | (e << 23) | ((m & 0x3ff) << 13));
+    }
+    if (e == 31) return u2f(sign | 0x7f800000u | (m << 13)); /* inf, NaN payload kept */
+    return u2f(sign | ((e + 112) << 23) | (m << 13));
+}
+
+uint16_t pgd_fp32_to_fp16(float f) {
+    uint32_t x = f2u(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7fffffffu;
+    if (x >= 0x7f800000u) {
+        if (x == 0x7f800000u) return sign | 0x7c00;
+        return (uint16_t)(sign | 0x7e00 | ((x >> 13) & 0x3ff)); /* quiet NaN, as F16C does */
+    }
+    if (x >= 0x477ff000u) return sign | 0x7c00; /* >= 65520 ties/rounds to inf */
+    if (x < 0x38800000u) {                      /* below 2^-14: fp16 subnormal or zero */
+        if (x <= 0x33000000u) return sign;      /* <= 2^-25: rounds (ties to even) to 0 */
+        uint32_t e = x >> 23;
+        uint32_t m = (x & 0x7fffffu) | 0x800000u; /* value = m * 2^(e-150) */
+        uint32_t shift = 126 - e;                 /* in units of 2^-24: m >> shift; 14..24 */
+        uint32_t r = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++; /* may carry into the smallest normal */
+        return (uint16_t)(sign | r);
+    }
+    uint32_t h = ((x >> 23) - 112) << 10 | ((x >> 13) & 0x3ff);
+    uint32_t rem = x & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
+
+float pgd_bf16_to_fp32(uint16_t h) { return u2f((uint32_t)h << 16); }
+
+uint16_t pgd_fp32_to_bf16(float f) {
+    uint32_t u = f2u(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64); /* quiet NaN */
+    return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
+}
+
+#define FP16(p) pgd_fp16_to_fp32(rd16(p))
+
+/* ---- Geometry (own table: gguf.c owns the public one) -------------------------------------- */
+
+static uint32_t blk_elems(pgd_type t) {
+    switch (t) {
+    case PGD_TYPE_F32: case PGD_TYPE_F16: case PGD_TYPE_BF16: return 1;
+    case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q8_0: return PGD_QK;
+    case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K: case PGD_TYPE_Q8_K: return PGD_QK_K;
+    default: return 0;
+    }
+}
+
+/* ---- Dequantization (scalar, operation order as ggml's dequantize_row_*) -------------------- */
+
+/* 6-bit scale and min j (0..7) of a K-quant super-block (ggml's get_scale_min_k4). */
+static void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+static void unpack_k4_scales(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 8; j++) scale_min_k4(j, scales, &sc[j], &mn[j]);
+}
+
+void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
+    const uint8_t *p = src;
+    float *y = dst;
+    uint32_t qk = blk_elems(t);
+    PGD_ASSERT(qk != 0 && n % qk == 0);
+    int64_t nb = n / qk;
+    switch (t) {
+    case PGD_TYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
+    case PGD_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) y[i] = FP16(p + 2 * i);
+        return;
+    case PGD_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) y[i] = pgd_bf16_to_fp32(rd16(p + 2 * i));
+        return;
+    case PGD_TYPE_Q4_0:
+        for (int64_t b = 0; b < nb; b++, p += Q4_0_BYTES, y += PGD_QK) {
+            float d = FP16(p);
+            for (int l = 0; l < 16; l++) {
+                y[l] = (float)((p[2 + l] & 0xF) - 8) * d;
+                y[l + 16] = (float)((p[2 + l] >> 4) - 8) * d;
+            }
+        }
+        return;
+    case PGD_TYPE_Q4_1:
+        for (int64_t b = 0; b < nb; b++, p += Q4_1_BYTES, y += PGD_QK) {
+            float d = FP16(p), m = FP16(p + 2);
+            for (int l = 0; l < 16; l++) {
+                y[l] = (float)(p[4 + l] & 0xF) * d + m;
+                y[l + 16] = (float)(p[4 + l] >> 4) * d + m;
+            }
+        }
+        return;
+    case PGD_TYPE_Q8_0:
+        for (int64_t b = 0; b < nb; b++, p += Q8_0_BYTES, y += PGD_QK) {
+            float d = FP16(p);
+            for (int l = 0; l < PGD_QK; l++) y[l] = (float)(int8_t)p[2 + l] * d;
+        }
+        return;
+    case PGD_TYPE_Q4_K:
+        for (int64_t b = 0; b < nb; b++, p += Q4_K_BYTES) {
+            float d = FP16(p), dmin = FP16(p + 2);
+            uint8_t sc[8], mn[8];
+            unpack_k4_scales(p + 4, sc, mn);
+            const uint8_t *q = p + 16;
+            for (int j = 0; j < 4; j++, q += 32) {
+                float d1 = d * sc[2 * j], m1 = dmin * mn[2 * j];
+                float d2 = d * sc[2 * j + 1], m2 = dmin * mn[2 * j + 1];
+                for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xF) - m1;
+                for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+            }
+        }
+        return;
+    case PGD_TYPE_Q5_K:
+        for (int64_t b = 0; b < nb; b++, p += Q5_K_BYTES) {
+            float d = FP16(p), dmin = FP16(p + 2);
+            uint8_t sc[8], mn[8];
+            unpack_k4_scales(p + 4, sc, mn);
+            const uint8_t *qh = p + 16, *ql = p + 48;
+            for (int j = 0; j < 4; j++, ql += 32) {
+                float d1 = d * sc[2 * j], m1 = dmin * mn[2 * j];
+                float d2 = d * sc[2 * j + 1], m2 = dmin * mn[2 * j + 1];
+                uint8_t u1 = (uint8_t)(1u << (2 * j)), u2 = (uint8_t)(2u << (2 * j));
+                for (int l = 0; l < 32; l++)
+                    *y++ = d1 * (float)((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+                for (int l = 0; l < 32; l++)
+                    *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+            }
+        }
+        return;
+    case PGD_TYPE_Q6_K:
+        for (int64_t b = 0; b < nb; b++, p += Q6_K_BYTES) {
+            float d = FP16(p + 208);
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            for (int c = 0; c < 2; c++, y += 128, ql += 64, qh += 32, sc += 8) {
+                for (int l = 0; l < 32; l++) {
+                    int is = l / 16;
+                    int q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+                    int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    y[l] = d * (float)sc[is] * (float)q1;
+                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+                }
+            }
+        }
+        return;
+    case PGD_TYPE_Q8_K:
+        for (int64_t b = 0; b < nb; b++, p += Q8_K_BYTES, y += PGD_QK_K) {
+            float d = rdf32(p + Q8K_D);
+            for (int l = 0; l < PGD_QK_K; l++) y[l] = d * (float)(int8_t)p[Q8K_QS + l];
+        }
+        return;
+    default: PGD_ASSERT(!"pgd_dequantize_row: unsupported type");
+    }
+}
+
+bool pgd_cpu_type_supported(pgd_type t) {
+    switch (t) {
+    case PGD_TYPE_F32: case PGD_TYPE_F16: case PGD_TYPE_BF16:
+    case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q8_0:
+    case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
+/* ---- Activation quantization ------------------------------------------------------------- */
+
+pgd_type pgd_vec_dot_type(pgd_type wt) {
+    switch (wt) {
+    case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q8_0: return PGD_TYPE_Q8_0;
+    case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K: return PGD_TYPE_Q8_K;
+    default: return PGD_TYPE_F32;
+    }
+}
+
+size_t pgd_vec_dot_act_bytes(pgd_type wt, int64_t n) {
+    switch (pgd_vec_dot_type(wt)) {
+    case PGD_TYPE_Q8_0: return (size_t)(n / PGD_QK) * sizeof(act_q8);
+    case PGD_TYPE_Q8_K: return (size_t)(n / PGD_QK_K) * Q8_K_BYTES;
+    default: return (size_t)n * sizeof(float);
+    }
+}
+
+/* Symmetric 8-bit: d = amax / 127, q = round-to-nearest-even(x / d) clamped to [-127, 127]
+ * (never -128, so the AVX2 kernels' sign tricks cannot overflow). NaN maps to 0. */
+static float q8_scale(const float *x, int n, float *id) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax) amax = a;
+    }
+    float d = amax / 127.0f;
+    *id = d != 0.0f ? 1.0f / d : 0.0f;
+    return d;
+}
+static int8_t q8_round(float v) {
+    if (!(v >= -127.0f)) v = v != v ? 0.0f : -127.0f;
+    if (v > 127.0f) v = 127.0f;
+    return (int8_t)lrintf(v);
+}
+
+void pgd_quantize_act(pgd_type wt, const float *x, void *dst, int64_t n) {
+    switch (pgd_vec_dot_type(wt)) {
+    case PGD_TYPE_Q8_0: {
+        PGD_ASSERT(n % PGD_QK == 0);
+        act_q8 *y = dst;
+        for (int64_t b = 0; b < n / PGD_QK; b++, x += PGD_QK) {
+            act_q8 blk;
+            float id;
+            blk.d = q8_scale(x, PGD_QK, &id);
+            blk.sum = 0;
+            for (int l = 0; l < PGD_QK; l++) {
+                blk.qs[l] = q8_round(x[l] * id);
+                blk.sum += blk.qs[l];
+            }
+            memcpy(&y[b], &blk, sizeof blk);
+        }
+        return;
+    }
+    case PGD_TYPE_Q8_K: {
+        PGD_ASSERT(n % PGD_QK_K == 0);
+        uint8_t *y = dst;
+        for (int64_t b = 0; b < n / PGD_QK_K; b++, x += PGD_QK_K, y += Q8_K_BYTES) {
+            float id;
+            float d = q8_scale(x, PGD_QK_K, &id);
+            memcpy(y + Q8K_D, &d, 4);
+            for (int g = 0; g < PGD_QK_K / 16; g++) {
+                int16_t s = 0;
+                for (int l = 0; l < 16; l++) {
+                    int8_t q = q8_round(x[16 * g + l] * id);
+                    y[Q8K_QS + 16 * g + l] = (uint8_t)q;
+                    s = (int16_t)(s + q);
+                }
+                memcpy(y + Q8K_BSUMS + 2 * g, &s, 2);
+            }
+        }
+        return;
+    }
+    default: memcpy(dst, x, (size_t)n * sizeof(float)); return;
+    }
+}
+
+void pgd_dequantize_act(pgd_type wt, const void *act, float *dst, int64_t n) {
+    switch (pgd_vec_dot_type(wt)) {
+    case PGD_TYPE_Q8_0: {
+        const act_q8 *a = act;
+        for (int64_t b = 0; b < n / PGD_QK; b++)
+            for (int l = 0; l < PGD_QK; l++) dst[b * PGD_QK + l] = a[b].d * (float)a[b].qs[l];
+        return;
+    }
+    case PGD_TYPE_Q8_K: pgd_dequantize_row(PGD_TYPE_Q8_K, act, dst, n); return;
+    default: memcpy(dst, act, (size_t)n * sizeof(float)); return;
+    }
+}
+
+/* ---- Scalar dot products -----------------------------------------------------------------
+ * Integer products within a block are exact; each block adds one float term to a single
+ * accumulator, block after block. Float weights: one accumulator, element after element. */
+
+static float dot_f32_scalar(const uint8_t *w, const float *x, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += rdf32(w + 4 * i) * x[i];
+    return s;
+}
+static float dot_f16_scalar(const uint8_t *w, const float *x, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += FP16(w + 2 * i) * x[i];
+    return s;
+}
+static float dot_bf16_scalar(const uint8_t *w, const float *x, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += pgd_bf16_to_fp32(rd16(w + 2 * i)) * x[i];
+    return s;
+}
+
+static float dot_q8_0_scalar(const uint8_t *w, const act_q8 *a, int64_t nb) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q8_0_BYTES, a++) {
+        int32_t isum = 0;
+        for (int l = 0; l < PGD_QK; l++) isum += (int8_t)w[2 + l] * a->qs[l];
+        s += FP16(w) * a->d * (float)isum;
+    }
+    return s;
+}
+
+static float dot_q4_0_scalar(const uint8_t *w, const act_q8 *a, int64_t nb) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q4_0_BYTES, a++) {
+        int32_t isum = 0;
+        for (int l = 0; l < 16; l++)
+            isum += ((w[2 + l] & 0xF) - 8) * a->qs[l] + ((w[2 + l] >> 4) - 8) * a->qs[l + 16];
+        s += FP16(w) * a->d * (float)isum;
+    }
+    return s;
+}
+
+static float dot_q4_1_scalar(const uint8_t *w, const act_q8 *a, int64_t nb) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q4_1_BYTES, a++) {
+        int32_t isum = 0;
+        for (int l = 0; l < 16; l++)
+            isum += (w[4 + l] & 0xF) * a->qs[l] + (w[4 + l] >> 4) * a->qs[l + 16];
+        s += FP16(w) * a->d * (float)isum + FP16(w + 2) * a->d * (float)a->sum;
+    }
+    return s;
+}
+
+/* sum_j mn[j] * (sum of the 32 activations of sub-block j), from Q8_K's 16-element bsums. */
+static int32_t k4_min_sum(const uint8_t *act, const uint8_t mn[8]) {
+    int32_t s = 0;
+    for (int j = 0; j < 8; j++)
+        s += mn[j] * (rdi16(act + Q8K_BSUMS + 4 * j) + rdi16(act + Q8K_BSUMS + 4 * j + 2));
+    return s;
+}
+
+static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, a += Q8_K_BYTES) {
+        float da = rdf32(a + Q8K_D);
+        uint8_t sc[8], mn[8];
+        unpack_k4_scales(w + 4, sc, mn);
+        const uint8_t *q = w + 16;
+        const int8_t *x = (const int8_t *)(a + Q8K_QS);
+        int32_t isum = 0;
+        for (int j = 0; j < 4; j++, q += 32, x += 64) {
+            int32_t s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                s0 += (q[l] & 0xF) * x[l];
+                s1 += (q[l] >> 4) * x[l + 32];
+            }
+            isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+        }
+        s += FP16(w) * da * (float)isum - FP16(w + 2) * da * (float)k4_min_sum(a, mn);
+    }
+    return s;
+}
+
+static float dot_q5_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, a += Q8_K_BYTES) {
+        float da = rdf32(a + Q8K_D);
+        uint8_t sc[8], mn[8];
+        unpack_k4_scales(w + 4, sc, mn);
+        const uint8_t *qh = w + 16, *ql = w + 48;
+        const int8_t *x = (const int8_t *)(a + Q8K_QS);
+        int32_t isum = 0;
+        for (int j = 0; j < 4; j++, ql += 32, x += 64) {
+            int32_t s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                s0 += ((ql[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4)) * x[l];
+                s1 += ((ql[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4)) * x[l + 32];
+            }
+            isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+        }
+        s += FP16(w) * da * (float)isum - FP16(w + 2) * da * (float)k4_min_sum(a, mn);
+    }
+    return s;
+}
+
+static float dot_q6_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q6_K_BYTES, a += Q8_K_BYTES) {
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const int8_t *x = (const int8_t *)(a + Q8K_QS);
+        int32_t isum = 0;
+        for (int c = 0; c < 2; c++, ql += 64, qh += 32, sc += 8, x += 128) {
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                isum += sc[is] * q1 * x[l] + sc[is + 2] * q2 * x[l + 32] +
+                        sc[is + 4] * q3 * x[l + 64] + sc[is + 6] * q4 * x[l + 96];
+            }
+        }
+        s += FP16(w + 208) * rdf32(a + Q8K_D) * (float)isum;
+    }
+    return s;
+}
+
+float pgd_vec_dot_scalar(pgd_type t, const void *w_row, const void *act, int64_t n) {
+    uint32_t qk = blk_elems(t);
+    PGD_ASSERT(pgd_cpu_type_supported(t) && n % qk == 0);
+    int64_t nb = n / qk;
+    switch (t) {
+    case PGD_TYPE_F32: return dot_f32_scalar(w_row, act, n);
+    case PGD_TYPE_F16: return dot_f16_scalar(w_row, act, n);
+    case PGD_TYPE_BF16: return dot_bf16_scalar(w_row, act, n);
+    case PGD_TYPE_Q8_0: return dot_q8_0_scalar(w_row, act, nb);
+    case PGD_TYPE_Q4_0: return dot_q4_0_scalar(w_row, act, nb);
+    case PGD_TYPE_Q4_1: return dot_q4_1_scalar(w_row, act, nb);
+    case PGD_TYPE_Q4_K: return dot_q4_k_scalar(w_row, act, nb);
+    case PGD_TYPE_Q5_K: return dot_q5_k_scalar(w_row, act, nb);
+    case PGD_TYPE_Q6_K: return dot_q6_k_scalar(w_row, act, nb);
+    default: return 0.0f;
+    }
+}
+
+/* ---- AVX2 + FMA dot products ---------------------------------------------------------------
+ * Same integers per block as the scalar code; the float terms go into 8-lane accumulators
+ * (fixed lane assignment, fixed final tree), so only the float summation order differs. */
+#ifdef __AVX2__
+
+/* Hardware fp16 -> fp32 (exact, so bit-identical to pgd_fp16_to_fp32; per-block scales are on
+ * the hot path, where the software conversion's branches cost ~30% on Q4_0). */
+#ifdef __F16C__
+#define FP16X(p) _cvtsh_ss(rd16(p))
+#else
+#define FP16X(p) FP16(p)
+#endif
+
+static float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Float weights: four 8-lane accumulators over 32 elements, then 8 at a time, then a scalar
+ * tail; the combination order is fixed. `load` turns 8 weights into 8 floats. */
+#define DOT_FLOAT_AVX2(NAME, ESZ, LOAD, SCALAR_ELEM)                                            \
+    static float NAME(const uint8_t *w, const float *x, int64_t n) {                             \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
+        int64_t i = 0;                                                                           \
+        for (; i + 32 <= n; i += 32) {                                                           \
+            a0 = _mm256_fmadd_ps(LOAD(w + (i + 0) * ESZ), _mm256_loadu_ps(x + i + 0), a0);      \
+            a1 = _mm256_fmadd_ps(LOAD(w + (i + 8) * ESZ), _mm256_loadu_ps(x + i + 8), a1);      \
+            a2 = _mm256_fmadd_ps(LOAD(w + (i + 16) * ESZ), _mm256_loadu_ps(x + i + 16), a2);    \
+            a3 = _mm256_fmadd_ps(LOAD(w + (i + 24) * ESZ), _mm256_loadu_ps(x + i + 24), a3);    \
+        }                                                                                        \
+        for (; i + 8 <= n; i += 8)                                                               \
+            a0 = _mm256_fmadd_ps(LOAD(w + i * ESZ), _mm256_loadu_ps(x + i), a0);                 \
+        float tail = 0.0f;                                                                       \
+        for (; i < n; i++) tail += SCALAR_ELEM(w + i * ESZ) * x[i];                              \
+        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;        \
+    }
+
+static __m256 load8_f32(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
+static __m256 load8_f16(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static __m256 load8_bf16(const uint8_t *p) {
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+static float elem_bf16(const uint8_t *p) { return pgd_bf16_to_fp32(rd16(p)); }
+static float elem_f16(const uint8_t *p) { return FP16X(p); }
+
+DOT_FLOAT_AVX2(dot_f32_avx2, 4, load8_f32, rdf32)
+DOT_FLOAT_AVX2(dot_f16_avx2, 2, load8_f16, elem_f16)
+DOT_FLOAT_AVX2(dot_bf16_avx2, 2, load8_bf16, elem_bf16)
+
+/* 8 int32 lanes of pairwise sums of x[i] * y[i], x and y signed bytes (y never -128). */
+static __m256i mul_sum_i8(__m256i x, __m256i y) {
+    __m256i ax = _mm256_sign_epi8(x, x);
+    __m256i sy = _mm256_sign_epi8(y, x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+}
+/* 8 int32 lanes of pairwise sums of x[i] * y[i], x unsigned <= 63, y signed. */
+static __m256i mul_sum_u8_i8(__m256i x, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+}
+/* 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..15), then high (16..31). */
+static __m256i nibbles32(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
+}
+static __m256i act_qs(const act_q8 *a) { return _mm256_loadu_si256((const __m256i *)a->qs); }
+
+/* Two blocks per iteration into two accumulators (hides FMA latency); odd tail into acc0. */
+static float dot_q8_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, w += 2 * Q8_0_BYTES, a += 2) {
+        __m256i p0 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)(w + 2)), act_qs(a));
+        __m256i p1 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)(w + Q8_0_BYTES + 2)),
+                                act_qs(a + 1));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + Q8_0_BYTES) * a[1].d),
+                               _mm256_cvtepi32_ps(p1), acc1);
+    }
+    if (b < nb) {
+        __m256i p0 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)(w + 2)), act_qs(a));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+static float dot_q4_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
+    const __m256i off = _mm256_set1_epi8(8);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, w += 2 * Q4_0_BYTES, a += 2) {
+        __m256i q0 = _mm256_sub_epi8(nibbles32(w + 2), off);
+        __m256i q1 = _mm256_sub_epi8(nibbles32(w + Q4_0_BYTES + 2), off);
+        __m256i p0 = mul_sum_i8(q0, act_qs(a)), p1 = mul_sum_i8(q1, act_qs(a + 1));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + Q4_0_BYTES) * a[1].d),
+                               _mm256_cvtepi32_ps(p1), acc1);
+    }
+    if (b < nb) {
+        __m256i p0 = mul_sum_i8(_mm256_sub_epi8(nibbles32(w + 2), off), act_qs(a));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* The "+ m" term m * d_act * sum(q_act) goes into a scalar accumulator, block by block. */
+static float dot_q4_1_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    float accm = 0.0f;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, w += 2 * Q4_1_BYTES, a += 2) {
+        __m256i p0 = mul_sum_u8_i8(nibbles32(w + 4), act_qs(a));
+        __m256i p1 = mul_sum_u8_i8(nibbles32(w + Q4_1_BYTES + 4), act_qs(a + 1));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + Q4_1_BYTES) * a[1].d),
+                               _mm256_cvtepi32_ps(p1), acc1);
+        accm += FP16X(w + 2) * a[0].d * (float)a[0].sum;
+        accm += FP16X(w + Q4_1_BYTES + 2) * a[1].d * (float)a[1].sum;
+    }
+    if (b < nb) {
+        __m256i p0 = mul_sum_u8_i8(nibbles32(w + 4), act_qs(a));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
+        accm += FP16X(w + 2) * a[0].d * (float)a[0].sum;
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + accm;
+}
+
+/* The 8 scales and 8 mins of a K-quant super-block with 32-bit word ops (ggml's utmp trick);
+ * same values as unpack_k4_scales: bytes 0..7 of the result are the scales, 8..15 the mins. */
+static void unpack_k4_scales_fast(const uint8_t *scales, uint32_t u[4]) {
+    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    uint32_t mins_lo = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = mins_lo;
+    u[0] &= k1;
+}
+
+/* sum_j mins[j] * (bsums[2j] + bsums[2j+1]): the same integer k4_min_sum computes. */
+static int32_t k4_min_sum_avx2(const uint8_t *act, const uint32_t u[4]) {
+    __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)&u[2]));
+    __m128i b0 = _mm_loadu_si128((const __m128i *)(act + Q8K_BSUMS));
+    __m128i b1 = _mm_loadu_si128((const __m128i *)(act + Q8K_BSUMS + 16));
+    __m128i p = _mm_madd_epi16(mins, _mm_hadd_epi16(b0, b1));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(p);
+}
+
+/* Q4_K and Q5_K: per 64 elements, two sub-blocks of 32 with their own 6-bit scale; the mins
+ * term comes from Q8_K's bsums exactly as in the scalar code. */
+static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, a += Q8_K_BYTES) {
+        float da = rdf32(a + Q8K_D);
+        uint32_t u[4];
+        unpack_k4_scales_fast(w + 4, u);
+        const uint8_t *sc = (const uint8_t *)u;
+        const uint8_t *q = w + 16, *x = a + Q8K_QS;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++, q += 32, x += 64) {
+            __m256i bits = _mm256_loadu_si256((const __m256i *)q);
+            __m256i lo = _mm256_and_si256(bits, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
+            __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
+            p0 = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), p0);
+            p1 = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), p1);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * da), _mm256_cvtepi32_ps(sumi), acc);
+        accm += FP16X(w + 2) * da * (float)k4_min_sum_avx2(a, u);
+    }
+    return hsum8(acc) - accm;
+}
+
+static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(16);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, a += Q8_K_BYTES) {
+        float da = rdf32(a + Q8K_D);
+        uint32_t u[4];
+        unpack_k4_scales_fast(w + 4, u);
+        const uint8_t *sc = (const uint8_t *)u;
+        const uint8_t *ql = w + 48, *x = a + Q8K_QS;
+        const __m256i hbits = _mm256_loadu_si256((const __m256i *)(w + 16));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++, ql += 32, x += 64) {
+            __m256i bits = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i mk0 = _mm256_set1_epi8((char)(1 << (2 * j)));
+            __m256i mk1 = _mm256_set1_epi8((char)(2 << (2 * j)));
+            __m256i h0 = _mm256_cmpeq_epi8(_mm256_and_si256(hbits, mk0), mk0);
+            __m256i h1 = _mm256_cmpeq_epi8(_mm256_and_si256(hbits, mk1), mk1);
+            h0 = _mm256_and_si256(h0, b16); /* 16 where the element's fifth bit is set */
+            h1 = _mm256_and_si256(h1, b16);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h0);
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h1);
+            __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
+            __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
+            p0 = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), p0);
+            p1 = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), p1);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * da), _mm256_cvtepi32_ps(sumi), acc);
+        accm += FP16X(w + 2) * da * (float)k4_min_sum_avx2(a, u);
+    }
+    return hsum8(acc) - accm;
+}
+
+/* Q6_K: q in 0..63 via maddubs, minus 32 * (pair sums of the activations), times the int8
+ * scale of each 16 elements (ggml's scheme). */
+static float dot_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    const __m256i m32 = _mm256_set1_epi8(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += Q6_K_BYTES, a += Q8_K_BYTES) {
+        const uint8_t *ql = w, *qh = w + 128, *x = a + Q8K_QS;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++, ql += 64, qh += 32, sc += 8, x += 128) {
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            /* high 2 bits of element groups 0..3, already shifted to bits 4..5 */
+            __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(h, m2), 4);
+            __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4);
+            __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4);
+            __m256i h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l1, m4), h0);
+            q[1] = _mm256_or_si256(_mm256_and_si256(l2, m4), h1);
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), h2);
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4), h3);
+            for (int k = 0; k < 4; k++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * k));
+                __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], xv),
+                                             _mm256_maddubs_epi16(m32, xv));
+                __m256i s =
+                    _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + 208) * rdf32(a + Q8K_D)),
+                              _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+#endif /* __AVX2__ */
+
+float pgd_vec_dot(pgd_type t, const void *w_row, const void *act, int64_t n) {
+#ifdef __AVX2__
+    uint32_t qk = blk_elems(t);
+    PGD_ASSERT(pgd_cpu_type_supported(t) && n % qk == 0);
+    int64_t nb = n / qk;
+    switch (t) {
+    case PGD_TYPE_F32: return dot_f32_avx2(w_row, act, n);
+    case PGD_TYPE_F16: return dot_f16_avx2(w_row, act, n);
+    case PGD_TYPE_BF16: return dot_bf16_avx2(w_row, act, n);
+    case PGD_TYPE_Q8_0: return dot_q8_0_avx2(w_row, act, nb);
+    case PGD_TYPE_Q4_0: return dot_q4_0_avx2(w_row, act, nb);
+    case PGD_TYPE_Q4_1: return dot_q4_1_avx2(w_row, act, nb);
+    case PGD_TYPE_Q4_K: return dot_q4_k_avx2(w_row, act, nb);
+    case PGD_TYPE_Q5_K: return dot_q5_k_avx2(w_row, act, nb);
+    case PGD_TYPE_Q6_K: return dot_q6_k_avx2(w_row, act, nb);
+    default: return 0.0f;
+    }
+#else
+    return pgd_vec_dot_scalar(t, w_row, act, n);
+#endif
+}
