@@ -1,0 +1,347 @@
+/* `pagoda tokenize` and `pagoda detokenize`: the tokenizer on the command line, with a JSONL
+ * batch mode for the integration tests and a throughput benchmark. Loads only the tokenizer,
+ * so vocabulary-only GGUF files work. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "tokenizer/tokenizer.h"
+#include "util/mapfile.h"
+
+static int load_tokenizer(const char *path, pgd_tokenizer **t, pgd_err *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        char tj[4096], tc[4096];
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
+        snprintf(tc, sizeof tc, "%s/tokenizer_config.json", path);
+        return pgd_tokenizer_load_hf(tj, stat(tc, &st) == 0 ? tc : NULL, t, err);
+    }
+    pgd_gguf g;
+    int rc = pgd_gguf_open(&g, path, err);
+    if (rc) return rc;
+    rc = pgd_tokenizer_load_gguf(&g, t, err);
+    pgd_gguf_close(&g);
+    return rc;
+}
+
+/* Encodes into *ids (grown as needed). */
+static int encode(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool special,
+                  int32_t **ids, size_t *cap, size_t *n_out) {
+    for (;;) {
+        int rc = pgd_tokenizer_encode(t, s, n, bos, special, *ids, *cap, n_out);
+        if (rc != PGD_ERANGE) return rc;
+        int32_t *ni = realloc(*ids, sizeof(int32_t) * *n_out);
+        if (!ni) return PGD_ENOMEM;
+        *ids = ni;
+        *cap = *n_out;
+    }
+}
+
+static void print_ids(const int32_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int bench(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool special) {
+    int32_t *ids = NULL;
+    size_t cap = 0, got = 0;
+    double mbs[5];
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s(), el;
+        long reps = 0;
+        do {
+            if (encode(t, s, n, bos, special, &ids, &cap, &got) != 0) {
+                free(ids);
+                return -1;
+            }
+            reps++;
+            el = now_s() - t0;
+        } while (el < 1.0);
+        mbs[r] = (double)n * (double)reps / el / 1e6;
+    }
+    qsort(mbs, 5, sizeof mbs[0], cmp_double);
+    printf("%.2f MB/s (median of 5; %zu bytes -> %zu tokens)\n", mbs[2], n, got);
+    free(ids);
+    return 0;
+}
+
+static void usage_tokenize(FILE *f) {
+    fprintf(f, "usage: pagoda tokenize [-m MODEL] [--no-bos] [--no-special] "
+               "(TEXT | --file F | --jsonl F | --bench F)\n"
+               "  MODEL is a GGUF file or a Hugging Face model directory (tokenizer.json).\n"
+               "  --jsonl F: each line of F is a JSON string; prints one line of ids per line.\n"
+               "  --bench F: prints the tokenizer's throughput on F in MB/s.\n");
+}
+
+int pgd_cli_tokenize(int argc, char **argv) {
+    const char *model = NULL, *file = NULL, *jsonl = NULL, *bench_file = NULL, *text = NULL;
+    bool no_bos = false, no_special = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_val = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_tokenize(stdout);
+            return 0;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_val) {
+            model = argv[++i];
+        } else if (!strcmp(a, "--no-bos")) {
+            no_bos = true;
+        } else if (!strcmp(a, "--no-special")) {
+            no_special = true;
+        } else if (!strcmp(a, "--file") && has_val) {
+            file = argv[++i];
+        } else if (!strcmp(a, "--jsonl") && has_val) {
+            jsonl = argv[++i];
+        } else if (!strcmp(a, "--bench") && has_val) {
+            bench_file = argv[++i];
+        } else if (a[0] == '-' && a[1] != 0 && strcmp(a, "--") != 0) {
+            fprintf(stderr, "pagoda tokenize: unknown or incomplete option '%s'\n", a);
+            usage_tokenize(stderr);
+            return 2;
+        } else {
+            if (!strcmp(a, "--") && i + 1 < argc) a = argv[++i];
+            if (text) {
+                fprintf(stderr, "pagoda tokenize: give the text as one argument (quote it)\n");
+                return 2;
+            }
+            text = a;
+        }
+    }
+    if (!!text + !!file + !!jsonl + !!bench_file != 1) {
+        usage_tokenize(stderr);
+        return 2;
+    }
+    if (!model) model = pgd_cli_default_model();
+    pgd_err err = {{0}};
+    pgd_tokenizer *t = NULL;
+    if (load_tokenizer(model, &t, &err) != 0) {
+        fprintf(stderr, "pagoda: %s\n", err.msg);
+        return 1;
+    }
+    bool bos = !no_bos && pgd_tokenizer_add_bos(t), special = !no_special;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, n = 0;
+    int32_t *ids = NULL;
+    int ret = 1;
+    const char *in_path = file ? file : jsonl ? jsonl : bench_file;
+    if (in_path && pgd_read_file(in_path, &buf, &len, &err) != 0) {
+        fprintf(stderr, "pagoda: %s\n", err.msg);
+        goto done;
+    }
+    if (text) {
+        if (encode(t, text, strlen(text), bos, special, &ids, &cap, &n) != 0) goto enc_fail;
+        print_ids(ids, n);
+    } else if (file) {
+        if (encode(t, buf, len, bos, special, &ids, &cap, &n) != 0) goto enc_fail;
+        print_ids(ids, n);
+    } else if (bench_file) {
+        if (bench(t, buf, len, bos, special) != 0) goto enc_fail;
+    } else {
+        char *line = buf;
+        for (long ln = 1; line < buf + len; ln++) {
+            char *eol = memchr(line, '\n', (size_t)(buf + len - line));
+            size_t ll = eol ? (size_t)(eol - line) : (size_t)(buf + len - line);
+            cJSON *j = cJSON_ParseWithLength(line, ll);
+            if (!cJSON_IsString(j)) {
+                cJSON_Delete(j);
+                fprintf(stderr, "pagoda: %s:%ld: not a JSON string\n", jsonl, ln);
+                goto done;
+            }
+            int rc = encode(t, j->valuestring, strlen(j->valuestring), bos, special, &ids, &cap, &n);
+            cJSON_Delete(j);
+            if (rc != 0) goto enc_fail;
+            print_ids(ids, n);
+            line = eol ? eol + 1 : buf + len;
+        }
+    }
+    ret = 0;
+    goto done;
+enc_fail:
+    fprintf(stderr, "pagoda: tokenizing failed (out of memory)\n");
+done:
+    fflush(stdout);
+    free(ids);
+    free(buf);
+    pgd_tokenizer_free(t);
+    return ret;
+}
+
+/* Copies s into a malloc'd string with every ill-formed subsequence replaced by U+FFFD, as
+ * Rust's String::from_utf8_lossy (and so HF's decode) does: one U+FFFD per maximal subpart. */
+static char *utf8_lossy(const char *s, size_t n) {
+    char *o = malloc(n * 3 + 1);
+    if (!o) return NULL;
+    const unsigned char *u = (const unsigned char *)s;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = u[i];
+        int need = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
+                 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        size_t ok = need ? 1 : 0;
+        while (ok && ok < (size_t)need && i + ok < n) {
+            unsigned char b = u[i + ok];
+            unsigned char lo = 0x80, hi = 0xBF;
+            if (ok == 1) {
+                if (c == 0xE0) lo = 0xA0;
+                else if (c == 0xED) hi = 0x9F;
+                else if (c == 0xF0) lo = 0x90;
+                else if (c == 0xF4) hi = 0x8F;
+            }
+            if (b < lo || b > hi) break;
+            ok++;
+        }
+        if (need && ok == (size_t)need) {
+            memcpy(o + k, s + i, ok);
+            k += ok;
+            i += ok;
+        } else {
+            memcpy(o + k, "\xef\xbf\xbd", 3);
+            k += 3;
+            i += ok ? ok : 1;
+        }
+    }
+    o[k] = 0;
+    return o;
+}
+
+static void usage_detokenize(FILE *f) {
+    fprintf(f, "usage: pagoda detokenize [-m MODEL] [--no-special] (IDS... | --jsonl F)\n"
+               "  prints the text of the ids (special tokens rendered unless --no-special).\n"
+               "  --jsonl F: each line of F is a JSON array of ids; prints one JSON string per "
+               "line.\n");
+}
+
+int pgd_cli_detokenize(int argc, char **argv) {
+    const char *model = NULL, *jsonl = NULL;
+    bool no_special = false;
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    int ret = 1;
+    pgd_tokenizer *t = NULL;
+    char *buf = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_detokenize(stdout);
+            free(ids);
+            return 0;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) {
+            model = argv[++i];
+        } else if (!strcmp(a, "--jsonl") && i + 1 < argc) {
+            jsonl = argv[++i];
+        } else if (!strcmp(a, "--no-special")) {
+            no_special = true;
+        } else {
+            int32_t *more;
+            size_t nm;
+            if (pgd_cli_parse_ids(a, &more, &nm) != 0) {
+                fprintf(stderr, "pagoda detokenize: '%s' is not a list of token ids\n", a);
+                free(ids);
+                return 2;
+            }
+            if (n + nm > cap) {
+                cap = (n + nm) * 2;
+                int32_t *ni = realloc(ids, cap * sizeof *ids);
+                if (!ni) {
+                    free(more);
+                    free(ids);
+                    return 1;
+                }
+                ids = ni;
+            }
+            if (nm) memcpy(ids + n, more, nm * sizeof *ids);
+            n += nm;
+            free(more);
+        }
+    }
+    if (!model) model = pgd_cli_default_model();
+    pgd_err err = {{0}};
+    if (load_tokenizer(model, &t, &err) != 0) {
+        fprintf(stderr, "pagoda: %s\n", err.msg);
+        goto done;
+    }
+    if (!jsonl) {
+        char *s;
+        size_t sl;
+        int rc = pgd_tokenizer_decode(t, ids, n, !no_special, &s, &sl);
+        if (rc != 0) {
+            fprintf(stderr, "pagoda: token id out of range (vocabulary has %d tokens)\n",
+                    pgd_tokenizer_n_vocab(t));
+            goto done;
+        }
+        fwrite(s, 1, sl, stdout);
+        free(s);
+        ret = 0;
+        goto done;
+    }
+    size_t len;
+    if (pgd_read_file(jsonl, &buf, &len, &err) != 0) {
+        fprintf(stderr, "pagoda: %s\n", err.msg);
+        goto done;
+    }
+    char *line = buf;
+    for (long ln = 1; line < buf + len; ln++) {
+        char *eol = memchr(line, '\n', (size_t)(buf + len - line));
+        size_t ll = eol ? (size_t)(eol - line) : (size_t)(buf + len - line);
+        cJSON *j = cJSON_ParseWithLength(line, ll);
+        const cJSON *e;
+        n = 0;
+        bool bad = !cJSON_IsArray(j);
+        cJSON_ArrayForEach(e, j) {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > INT32_MAX) bad = true;
+            if (bad) break;
+            if (n == cap) {
+                cap = cap * 2 + 64;
+                int32_t *ni = realloc(ids, cap * sizeof *ids);
+                if (!ni) {
+                    bad = true;
+                    break;
+                }
+                ids = ni;
+            }
+            ids[n++] = (int32_t)e->valuedouble;
+        }
+        cJSON_Delete(j);
+        char *s = NULL;
+        size_t sl;
+        if (bad || pgd_tokenizer_decode(t, ids, n, !no_special, &s, &sl) != 0) {
+            fprintf(stderr, "pagoda: %s:%ld: not a JSON array of valid token ids\n", jsonl, ln);
+            goto done;
+        }
+        char *clean = utf8_lossy(s, sl);
+        free(s);
+        cJSON *str = clean ? cJSON_CreateString(clean) : NULL;
+        char *js = str ? cJSON_PrintUnformatted(str) : NULL;
+        free(clean);
+        cJSON_Delete(str);
+        if (!js) {
+            fprintf(stderr, "pagoda: out of memory\n");
+            goto done;
+        }
+        puts(js);
+        free(js);
+        line = eol ? eol + 1 : buf + len;
+    }
+    ret = 0;
+done:
+    fflush(stdout);
+    free(buf);
+    free(ids);
+    pgd_tokenizer_free(t);
+    return ret;
+}

@@ -1,0 +1,124 @@
+/* Decoding: token ids back to bytes, whole sequences, and the streaming detokenizer that only
+ * ever releases complete UTF-8 characters. */
+#include "tokenizer/tok_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer/unicode.h"
+
+static bool is_special(const pgd_tokenizer *t, int32_t id) {
+    return t->tok_type[id] == PGD_TOK_CONTROL || t->tok_type[id] == PGD_TOK_UNKNOWN;
+}
+
+/* Decoded bytes of id (borrowed), or NULL when it renders as nothing. */
+static const char *piece(const pgd_tokenizer *t, int32_t id, bool render_special, size_t *n) {
+    if (is_special(t, id) && !render_special) {
+        *n = 0;
+        return NULL;
+    }
+    *n = t->dec_len[id];
+    return t->dec_pool + t->dec_off[id];
+}
+
+int pgd_tokenizer_token_bytes(const pgd_tokenizer *t, int32_t id, bool render_special,
+                              char *buf, size_t cap) {
+    if (id < 0 || id >= t->n_vocab) return PGD_EINVAL;
+    size_t n;
+    const char *p = piece(t, id, render_special, &n);
+    if (n > cap || n > INT32_MAX) return PGD_ERANGE;
+    if (n) memcpy(buf, p, n);
+    return (int)n;
+}
+
+/* SentencePiece with a dummy prefix: the first emitted piece loses its leading space. */
+static bool drops_first_space(const pgd_tokenizer *t) {
+    return t->model == PGD_TOKM_SPM && t->add_space_prefix;
+}
+
+int pgd_tokenizer_decode(const pgd_tokenizer *t, const int32_t *ids, size_t n,
+                         bool render_special, char **out, size_t *out_len) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_vocab) return PGD_EINVAL;
+        size_t l;
+        piece(t, ids[i], render_special, &l);
+        total += l;
+    }
+    char *s = malloc(total + 1);
+    if (!s) return PGD_ENOMEM;
+    size_t k = 0;
+    bool first = true;
+    for (size_t i = 0; i < n; i++) {
+        size_t l;
+        const char *p = piece(t, ids[i], render_special, &l);
+        if (l == 0) continue;
+        if (first && drops_first_space(t) && p[0] == ' ' && !is_special(t, ids[i])) p++, l--;
+        first = false;
+        memcpy(s + k, p, l);
+        k += l;
+    }
+    s[k] = 0;
+    *out = s;
+    *out_len = k;
+    return 0;
+}
+
+void pgd_detok_init(pgd_detok *d, const pgd_tokenizer *t, bool render_special) {
+    memset(d, 0, sizeof *d);
+    d->tok = t;
+    d->first = true;
+    d->render_special = render_special;
+}
+
+/* Can b follow the lead byte in a well-formed sequence? (UTF-8's narrowed second-byte ranges
+ * exclude overlongs, surrogates and code points past U+10FFFF.) */
+static bool second_ok(unsigned char lead, unsigned char b) {
+    switch (lead) {
+    case 0xE0: return b >= 0xA0 && b <= 0xBF;
+    case 0xED: return b >= 0x80 && b <= 0x9F;
+    case 0xF0: return b >= 0x90 && b <= 0xBF;
+    case 0xF4: return b >= 0x80 && b <= 0x8F;
+    default: return (b & 0xC0) == 0x80;
+    }
+}
+
+/* Length of the tail of b[0..n) that is the unfinished start of a UTF-8 character (0..3). */
+static size_t incomplete_tail(const unsigned char *b, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = b[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
+        int need = pgd__utf8_seq_len(c);
+        if (need <= (int)back) return 0; /* complete (or invalid) */
+        if (back >= 2 && !second_ok(c, b[n - back + 1])) return 0;
+        return back;
+    }
+    return 0;
+}
+
+int pgd_detok_push(pgd_detok *d, int32_t id, char *out, size_t cap) {
+    const pgd_tokenizer *t = d->tok;
+    if (id < 0 || id >= t->n_vocab) return PGD_EINVAL;
+    size_t l;
+    const char *p = piece(t, id, d->render_special, &l);
+    if (l == 0) return 0;
+    if (d->first && drops_first_space(t) && p[0] == ' ' && !is_special(t, id)) p++, l--;
+    d->first = false;
+    size_t np = (size_t)d->n_pending;
+    if (np + l > cap) return PGD_ERANGE;
+    memcpy(out, d->pending, np);
+    memcpy(out + np, p, l);
+    size_t total = np + l;
+    size_t hold = incomplete_tail((const unsigned char *)out, total);
+    memcpy(d->pending, out + total - hold, hold);
+    d->n_pending = (int)hold;
+    return (int)(total - hold);
+}
+
+int pgd_detok_flush(pgd_detok *d, char *out, size_t cap) {
+    size_t np = (size_t)d->n_pending;
+    if (np > cap) return PGD_ERANGE;
+    memcpy(out, d->pending, np);
+    d->n_pending = 0;
+    return (int)np;
+}
