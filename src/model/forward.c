@@ -31,22 +31,17 @@ int pgd_session_init(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t
     size_t kv_dim = (size_t)c->n_kv_head * c->head_dim;
     size_t widest = (size_t)c->dim > q_dim ? (size_t)c->dim : q_dim;
     if ((size_t)c->ffn_dim > widest) widest = (size_t)c->ffn_dim;
-    /* Activation rows must hold the widest input of any weight in the model's widest format. */
-    const pgd_weight *all[] = {&m->output};
-    size_t act = 0;
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        size_t b = pgd_vec_dot_act_bytes(all[i]->type, (int64_t)widest);
-        if (b > act) act = b;
-    }
+    /* Activation rows must hold the input of any weight in its dot-product format. */
+    size_t act = pgd_cpu_matmul_act_row_bytes(&m->output);
     for (int il = 0; il < c->n_layer; il++) {
         const pgd_layer *l = &m->layers[il];
         const pgd_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
         for (size_t i = 0; i < 7; i++) {
-            size_t b = pgd_vec_dot_act_bytes(lw[i]->type, (int64_t)widest);
+            size_t b = pgd_cpu_matmul_act_row_bytes(lw[i]);
             if (b > act) act = b;
         }
     }
-    s->act_row_bytes = (act + 63) / 64 * 64;
+    s->act_row_bytes = act;
     bool ok = true;
     s->k_cache = xcalloc((size_t)c->n_layer * (size_t)c->n_ctx * kv_dim, sizeof(float), &ok);
     s->v_cache = xcalloc((size_t)c->n_layer * (size_t)c->n_ctx * kv_dim, sizeof(float), &ok);
@@ -87,54 +82,9 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * scale);
 }
 
-typedef struct matmul_ctx {
-    const pgd_weight *w;
-    const unsigned char *act; /* (n) rows of act_row_bytes */
-    size_t act_row_bytes;
-    const float *x;           /* (n, w->n_in) F32 input, quantized by the threads first */
-    float *y;                 /* (n, w->n_out) */
-    int n;
-} matmul_ctx;
-
-static void matmul_task(void *arg, int ith, int nth) {
-    matmul_ctx *c = arg;
-    const pgd_weight *w = c->w;
-    long lo, hi;
-    /* Rows are split across threads, never the reduction dimension. */
-    pgd_split_range(w->n_out, ith, nth, &lo, &hi);
-    const unsigned char *base = w->data;
-    for (long r = lo; r < hi; r++) {
-        const void *row = base + (size_t)r * w->row_bytes;
-        for (int t = 0; t < c->n; t++)
-            c->y[(size_t)t * w->n_out + r] =
-                pgd_vec_dot(w->type, row, c->act + (size_t)t * c->act_row_bytes, w->n_in);
-    }
-}
-
-typedef struct quant_ctx {
-    const pgd_weight *w;
-    const float *x;
-    unsigned char *act;
-    size_t act_row_bytes;
-    int n;
-} quant_ctx;
-
-static void quant_task(void *arg, int ith, int nth) {
-    quant_ctx *c = arg;
-    long lo, hi;
-    pgd_split_range(c->n, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++)
-        pgd_quantize_act(c->w->type, c->x + (size_t)t * c->w->n_in,
-                         c->act + (size_t)t * c->act_row_bytes, c->w->n_in);
-}
-
 /* y (n, n_out) = x (n, n_in) . W^T */
 static void matmul(pgd_session *s, const pgd_weight *w, const float *x, float *y, int n) {
-    quant_ctx qc = {w, x, s->act, s->act_row_bytes, n};
-    if (n > 1) pgd_pool_run(s->pool, quant_task, &qc);
-    else quant_task(&qc, 0, 1);
-    matmul_ctx mc = {w, s->act, s->act_row_bytes, x, y, n};
-    pgd_pool_run(s->pool, matmul_task, &mc);
+    pgd_cpu_matmul(s->pool, w, x, y, n, s->act, s->act_row_bytes);
 }
 
 static void add_bias(float *y, const float *b, int n_rows, int dim) {

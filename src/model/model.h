@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/cpu/matmul.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
@@ -25,13 +26,6 @@ typedef struct pgd_model_config {
     float *rope_freq_factors; /* (head_dim / 2) or NULL; owned; divides each frequency */
 } pgd_model_config;
 
-/* A 2-D weight: n_out rows of n_in elements, each row row_bytes long (row-major). */
-typedef struct pgd_weight {
-    pgd_type type;
-    int64_t n_in, n_out;
-    size_t row_bytes;
-    const void *data;
-} pgd_weight;
 
 typedef struct pgd_layer {
     const float *attn_norm;           /* (dim) */

@@ -1,0 +1,29 @@
+/* Matrix products of (possibly quantized) weights with F32 activations on the CPU. */
+#ifndef PGD_BACKEND_CPU_MATMUL_H
+#define PGD_BACKEND_CPU_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/pool.h"
+#include "model/gguf.h"
+
+/* A 2-D weight: n_out rows of n_in elements, each row row_bytes long (row-major). */
+typedef struct pgd_weight {
+    pgd_type type;
+    int64_t n_in, n_out;
+    size_t row_bytes;
+    const void *data;
+} pgd_weight;
+
+/* Bytes of one activation row of the scratch buffer pgd_cpu_matmul needs for weight w with
+ * inputs of n_in elements (64-byte multiple). */
+size_t pgd_cpu_matmul_act_row_bytes(const pgd_weight *w);
+
+/* y (n, w->n_out) = x (n, w->n_in) . W^T, split over output rows on the pool.
+ * act is scratch for n rows of act_row_bytes (>= pgd_cpu_matmul_act_row_bytes(w)).
+ * Batch invariant: row t of y depends only on row t of x and W, never on n or the other rows. */
+void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n,
+                    void *act, size_t act_row_bytes);
+
+#endif
