@@ -65,22 +65,75 @@ typedef struct pgd_model_opts {
 int pgd_model_load(const char *path, const pgd_model_opts *opts, pgd_model **out, pgd_err *err);
 void pgd_model_free(pgd_model *m);
 
-/* Per-sequence state for the unbatched forward pass: a contiguous KV cache and scratch buffers
- * sized once at creation for up to max_batch tokens per call (no allocation per step). */
-typedef struct pgd_session {
+/* Paged KV storage: n_blocks blocks of block_size token slots, every layer's K and V for one
+ * logical block id. Slot = block * block_size + offset. */
+typedef struct pgd_kv_cache {
+    pgd_type dtype;           /* F32, F16 or BF16 */
+    int32_t n_layer, n_blocks, block_size, kv_dim;
+    void *k, *v;              /* (n_layer, n_blocks * block_size, kv_dim) elements of dtype */
+} pgd_kv_cache;
+
+/* Allocates storage for n_blocks blocks (zeroed lazily by the OS). */
+int pgd_kv_cache_init(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, int32_t n_blocks,
+                      int32_t block_size, pgd_err *err);
+void pgd_kv_cache_free(pgd_kv_cache *c);
+/* Bytes one token slot takes across all layers (K and V). */
+size_t pgd_kv_cache_bytes_per_token(const pgd_model *m, pgd_type dtype);
+/* Copies the first n slots of block src to block dst in every layer (copy-on-write). */
+void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t n);
+
+/* One forward step over a flattened batch that mixes prefill chunks and decode tokens of
+ * several sequences. Token i belongs to sequence seq[i] at position pos[i] and writes its K/V
+ * into slot[i]; it attends to positions 0..pos[i] of its sequence through that sequence's block
+ * table. All arrays are borrowed for the call. */
+typedef struct pgd_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;        /* (n_tokens) */
+    const int32_t *pos;           /* (n_tokens) */
+    const int32_t *seq;           /* (n_tokens) index into block_tables */
+    const int64_t *slot;          /* (n_tokens) */
+    const int32_t *const *block_tables; /* (n_seqs) each covering positions 0..max pos */
+    int32_t n_logits;
+    const int32_t *logit_rows;    /* (n_logits) token indices whose logits are computed */
+} pgd_batch;
+
+/* Scratch for pgd_model_forward, sized once for up to max_tokens tokens and max_logits logit
+ * rows per step (no allocation per step). */
+typedef struct pgd_fwd {
     const pgd_model *model;  /* borrowed */
     pgd_pool *pool;          /* borrowed */
-    int32_t n_ctx, max_batch, n_past;
-    float *k_cache, *v_cache;/* (n_layer, n_ctx, n_kv_head * head_dim) */
-    float *x, *xb, *xb2;     /* (max_batch, dim) */
-    float *q;                /* (max_batch, n_head * head_dim) */
-    float *k, *v;            /* (max_batch, n_kv_head * head_dim) */
-    float *att;              /* (max_batch, n_head, n_ctx) */
-    float *hb, *hb2;         /* (max_batch, ffn_dim) */
-    void *act;               /* quantized activations, (max_batch) rows of the widest format */
+    int32_t max_tokens, max_logits;
+    float *x, *xb, *xb2;     /* (max_tokens, dim); xb is (max_tokens, max(dim, q_dim)) */
+    float *q;                /* (max_tokens, n_head * head_dim) */
+    float *k, *v;            /* (max_tokens, n_kv_head * head_dim) */
+    float *hb, *hb2;         /* (max_tokens, ffn_dim) */
+    void *act;               /* (max_tokens) rows of act_row_bytes: converted activations */
     size_t act_row_bytes;
-    float *logits;           /* (max_batch, n_vocab) */
-    float *rope_cos, *rope_sin; /* (max_batch, head_dim / 2) for the current call */
+    float *rope_cos, *rope_sin; /* (max_tokens, head_dim / 2) */
+    float *inv_freq;         /* (head_dim / 2) */
+    float *attn_scratch;     /* (n_threads, heads per KV group * (head_dim + 2)) */
+    float *logits;           /* (max_logits, n_vocab) */
+} pgd_fwd;
+
+int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tokens,
+                 int32_t max_logits, pgd_err *err);
+void pgd_fwd_free(pgd_fwd *f);
+/* Runs the batch; logits of batch->logit_rows[i] land in f->logits row i. The logits of a token
+ * are bit-identical whatever else shares its batch and however its sequence was chunked.
+ * Returns PGD_EINVAL for a malformed batch (token id, position or size out of range). */
+int pgd_model_forward(pgd_fwd *f, pgd_kv_cache *kv, const pgd_batch *b);
+
+/* A single sequence over its own small paged cache: the unbatched path used by `pagoda logits`
+ * and as the reference for the engine. Same pgd_model_forward underneath. */
+typedef struct pgd_session {
+    const pgd_model *model;  /* borrowed */
+    int32_t n_ctx, max_batch, n_past;
+    pgd_kv_cache kv;         /* blocks 0..n_ctx/block_size, used in order */
+    pgd_fwd fwd;
+    int32_t *block_table;    /* (n_blocks): the identity */
+    int32_t *pos, *seq, *rows; /* (max_batch) */
+    int64_t *slot;           /* (max_batch) */
+    float *logits;           /* = fwd.logits */
 } pgd_session;
 
 int pgd_session_init(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t max_batch,
