@@ -10,6 +10,7 @@
 #include "backend/cpu/pool.h"
 #include "cli/cli.h"
 #include "model/model.h"
+#include "pagoda/pagoda.h"
 #include "sample/sampler.h"
 #include "util/mapfile.h"
 
@@ -112,7 +113,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Loads the model, pool and session; builds the prompt ids. */
+/* Loads the model, pool and session for `pagoda logits`; parses --ids. */
 typedef struct gen_ctx {
     pgd_model *model;
     pgd_pool *pool;
@@ -161,123 +162,127 @@ static int gen_setup(const gen_opts *o, gen_ctx *g) {
             }
         return PGD_OK;
     }
+    fprintf(stderr, "pagoda: logits needs --ids\n");
+    gen_free(g);
+    return PGD_EINVAL;
+}
+
+/* Tokenizes the prompt the options give (text, file or ids); ids are malloc'd. */
+static int prompt_ids(const gen_opts *o, pgd_engine *e, int32_t **ids, size_t *n) {
+    *ids = NULL;
+    *n = 0;
+    if (o->ids) {
+        if (pgd_cli_parse_ids(o->ids, ids, n)) {
+            fprintf(stderr, "pagoda: --ids: not a list of token ids\n");
+            return PGD_EINVAL;
+        }
+        return PGD_OK;
+    }
     char *text = NULL;
     size_t len = 0;
+    pgd_err err = {{0}};
     if (o->file) {
-        if ((rc = pgd_read_file(o->file, &text, &len, &err))) {
+        int rc = pgd_read_file(o->file, &text, &len, &err);
+        if (rc) {
             fprintf(stderr, "pagoda: %s\n", err.msg);
-            gen_free(g);
             return rc;
         }
     }
     const char *t = o->file ? text : o->prompt ? o->prompt : "";
     if (!o->file) len = strlen(t);
-    size_t cap = len + 8, n = 0;
-    g->prompt = malloc(cap * sizeof *g->prompt);
-    rc = g->prompt ? pgd_tokenizer_encode(g->model->tok, t, len,
-                                          pgd_tokenizer_add_bos(g->model->tok), true, g->prompt,
-                                          cap, &n)
-                   : PGD_ENOMEM;
+    size_t cap = len + 8;
+    *ids = malloc(cap * sizeof **ids);
+    int rc = *ids ? pgd_engine_tokenize(e, t, len, true, true, *ids, cap, n) : PGD_ENOMEM;
     free(text);
-    if (rc) {
-        fprintf(stderr, "pagoda: cannot tokenize the prompt: %s\n", pgd_status_str(rc));
-        gen_free(g);
-        return rc;
-    }
-    g->n_prompt = n;
-    return PGD_OK;
+    if (rc) fprintf(stderr, "pagoda: cannot tokenize the prompt: %s\n", pgd_status_str(rc));
+    return rc;
 }
 
-/* Feeds the prompt in chunks; leaves the last token's logits in sess.logits row 0. */
-static int prefill(gen_ctx *g, const int32_t *ids, size_t n) {
-    for (size_t i = 0; i < n; i += PREFILL_CHUNK) {
-        int32_t c = (int32_t)(n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK);
-        int rc = pgd_session_forward(&g->sess, ids + i, c, false);
-        if (rc) return rc;
-    }
-    return PGD_OK;
-}
-
+/* `pagoda generate`: one request through the engine (a batch of one). */
 int pgd_cli_generate(int argc, char **argv) {
     gen_opts o;
     int prc = parse_gen(argc, argv, &o, false);
     if (prc) return prc > 0 ? 0 : 2;
-    gen_ctx g;
-    if (gen_setup(&o, &g)) return 1;
-    pgd_err err = {{0}};
-    const pgd_model_config *c = &g.model->cfg;
-    int exit_code = 1;
-    pgd_sampler smp = {0};
-    pgd_sampler_params sp = {.temperature = o.temperature, .top_p = o.top_p,
-                             .top_k = (int32_t)o.top_k,
-                             .seed = o.seed_set ? o.seed : (uint64_t)time(NULL) ^ (uint64_t)getpid()};
-    if (pgd_sampler_init(&smp, &sp, c->n_vocab, &err)) {
-        fprintf(stderr, "pagoda: %s\n", err.msg);
-        goto done;
+    pgd_engine_config ec;
+    pgd_engine_config_default(&ec);
+    ec.model_path = o.model;
+    ec.weights_f32 = o.weights_f32;
+    ec.n_threads = (int32_t)o.threads;
+    ec.n_ctx = (int32_t)o.ctx;
+    ec.max_num_seqs = 1;
+    char err[512];
+    pgd_engine *e = NULL;
+    if (pgd_engine_create(&ec, &e, err, sizeof err)) {
+        fprintf(stderr, "pagoda: %s\n", err);
+        return 1;
     }
-    if (g.n_prompt == 0) {
+    int exit_code = 1;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (prompt_ids(&o, e, &ids, &n_ids)) goto done;
+    if (n_ids == 0) {
         fprintf(stderr, "pagoda: the prompt is empty and the model adds no BOS token; "
                         "nothing to generate from\n");
         goto done;
     }
-    if ((long)g.n_prompt >= c->n_ctx) {
-        fprintf(stderr, "pagoda: the prompt has %zu tokens; the context holds %d\n", g.n_prompt,
-                c->n_ctx);
+    if (o.n_predict == 0) {
+        exit_code = 0;
         goto done;
     }
-    double t0 = now_s();
-    int rc = prefill(&g, g.prompt, g.n_prompt);
-    double t1 = now_s();
-    if (rc) {
-        fprintf(stderr, "pagoda: forward pass failed: %s\n", pgd_status_str(rc));
+    long room = (long)pgd_engine_n_ctx(e) - (long)n_ids;
+    if (room < 1) {
+        fprintf(stderr, "pagoda: the prompt has %zu tokens; the context holds %d\n", n_ids,
+                pgd_engine_n_ctx(e));
         goto done;
     }
-    pgd_detok dt;
-    pgd_detok_init(&dt, g.model->tok, false);
-    char buf[1024];
+    pgd_request_params rp = {
+        .prompt = ids, .n_prompt = (int32_t)n_ids,
+        .max_tokens = (int32_t)(o.n_predict < room ? o.n_predict : room),
+        .temperature = o.temperature, .top_p = o.top_p, .top_k = (int32_t)o.top_k,
+        .seed = o.seed_set ? o.seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16),
+        .ignore_eos = o.ignore_eos,
+    };
+    uint64_t rid;
+    if (pgd_engine_submit(e, &rp, &rid, err, sizeof err)) {
+        fprintf(stderr, "pagoda: %s\n", err);
+        goto done;
+    }
+    double t0 = now_s(), t_first = 0;
     long n_gen = 0;
-    for (; n_gen < o.n_predict; n_gen++) {
-        int32_t id = pgd_sampler_sample(&smp, g.sess.logits);
-        if (!o.ignore_eos && pgd_tokenizer_is_eog(g.model->tok, id)) break;
-        if (o.print_ids) {
-            printf(n_gen ? " %d" : "%d", id);
-        } else {
-            int nb = pgd_detok_push(&dt, id, buf, sizeof buf);
-            if (nb > 0) fwrite(buf, 1, (size_t)nb, stdout);
+    bool finished = false;
+    pgd_event ev[16];
+    while (!finished) {
+        pgd_engine_step(e);
+        int n = pgd_engine_poll(e, ev, 16, 0);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].type == PGD_EVENT_TOKEN) {
+                if (n_gen++ == 0) t_first = now_s();
+                if (o.print_ids) printf(n_gen > 1 ? " %d" : "%d", ev[i].token);
+            } else {
+                finished = true;
+                if (ev[i].finish_reason == PGD_FINISH_ERROR) {
+                    fprintf(stderr, "pagoda: %s\n", ev[i].error);
+                    goto done;
+                }
+            }
+            if (!o.print_ids && ev[i].text_len)
+                fwrite(ev[i].text, 1, (size_t)ev[i].text_len, stdout);
         }
         fflush(stdout);
-        if (n_gen + 1 == o.n_predict) {
-            n_gen++;
-            break;
-        }
-        if (g.sess.n_past >= c->n_ctx) {
-            n_gen++;
-            fprintf(stderr, "pagoda: context full (%d tokens)\n", c->n_ctx);
-            break;
-        }
-        if ((rc = pgd_session_forward(&g.sess, &id, 1, false))) {
-            fprintf(stderr, "pagoda: forward pass failed: %s\n", pgd_status_str(rc));
-            goto done;
-        }
     }
-    if (o.print_ids) {
-        printf("\n");
-    } else {
-        int nb = pgd_detok_flush(&dt, buf, sizeof buf);
-        if (nb > 0) fwrite(buf, 1, (size_t)nb, stdout);
-    }
+    if (o.print_ids) printf("\n");
     fflush(stdout);
     double t2 = now_s();
-    /* n_gen tokens were sampled; n_gen - 1 of them went through a decode step. */
-    long n_dec = n_gen > 1 ? n_gen - 1 : 0;
-    fprintf(stderr, "\nprefill: %zu tokens in %.3f s (%.1f tokens/s)\n", g.n_prompt, t1 - t0,
-            (double)g.n_prompt / (t1 - t0));
-    fprintf(stderr, "decode: %ld tokens in %.3f s (%.1f tokens/s)\n", n_gen, t2 - t1,
-            n_dec ? (double)n_dec / (t2 - t1) : 0.0);
+    if (n_gen == 0) t_first = t2;
+    /* the first token comes out of the prefill; the rest each cost one decode step */
+    fprintf(stderr, "\nprefill: %zu tokens in %.3f s (%.1f tokens/s)\n", n_ids, t_first - t0,
+            (double)n_ids / (t_first - t0));
+    fprintf(stderr, "decode: %ld tokens in %.3f s (%.1f tokens/s)\n", n_gen, t2 - t_first,
+            n_gen > 1 ? (double)(n_gen - 1) / (t2 - t_first) : 0.0);
     exit_code = 0;
 done:
-    pgd_sampler_free(&smp);
-    gen_free(&g);
+    free(ids);
+    pgd_engine_free(e);
     return exit_code;
 }
 

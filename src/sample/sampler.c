@@ -27,7 +27,8 @@ static uint64_t next_u64(uint64_t s[4]) {
 
 double pgd_sampler_uniform(pgd_sampler *s) { return (double)(next_u64(s->rng) >> 11) * 0x1.0p-53; }
 
-int pgd_sampler_init(pgd_sampler *s, const pgd_sampler_params *p, int32_t n_vocab, pgd_err *err) {
+int pgd_sampler_init_with(pgd_sampler *s, const pgd_sampler_params *p, int32_t n_vocab,
+                          pgd_token_prob *scratch, pgd_err *err) {
     memset(s, 0, sizeof *s);
     if (n_vocab < 1) return pgd_err_set(err, PGD_EINVAL, "sampler: empty vocabulary");
     if (!(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) || p->top_k < 0)
@@ -37,14 +38,26 @@ int pgd_sampler_init(pgd_sampler *s, const pgd_sampler_params *p, int32_t n_voca
     s->n_vocab = n_vocab;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
-    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
-    if (!s->cand) return pgd_err_set(err, PGD_ENOMEM, "sampler: out of memory");
+    s->cand = scratch;
+    return PGD_OK;
+}
+
+int pgd_sampler_init(pgd_sampler *s, const pgd_sampler_params *p, int32_t n_vocab, pgd_err *err) {
+    pgd_token_prob *c = malloc((size_t)(n_vocab > 0 ? n_vocab : 1) * sizeof *c);
+    if (!c) return pgd_err_set(err, PGD_ENOMEM, "sampler: out of memory");
+    int rc = pgd_sampler_init_with(s, p, n_vocab, c, err);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    s->owns_cand = true;
     return PGD_OK;
 }
 
 void pgd_sampler_free(pgd_sampler *s) {
-    free(s->cand);
+    if (s->owns_cand) free(s->cand);
     s->cand = NULL;
+    s->owns_cand = false;
 }
 
 int32_t pgd_argmax(const float *logits, int32_t n) {

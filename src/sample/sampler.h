@@ -4,6 +4,7 @@
 #ifndef PGD_SAMPLE_SAMPLER_H
 #define PGD_SAMPLE_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "util/status.h"
@@ -24,10 +25,15 @@ typedef struct pgd_sampler {
     pgd_sampler_params params;
     int32_t n_vocab;
     uint64_t rng[4];        /* xoshiro256** state */
-    pgd_token_prob *cand;   /* (n_vocab) scratch, allocated once */
+    pgd_token_prob *cand;   /* (n_vocab) scratch, allocated once or borrowed */
+    bool owns_cand;
 } pgd_sampler;
 
 int pgd_sampler_init(pgd_sampler *s, const pgd_sampler_params *p, int32_t n_vocab, pgd_err *err);
+/* Same, with a borrowed scratch of n_vocab candidates (samplers used by one thread at a time can
+ * share one). */
+int pgd_sampler_init_with(pgd_sampler *s, const pgd_sampler_params *p, int32_t n_vocab,
+                          pgd_token_prob *scratch, pgd_err *err);
 void pgd_sampler_free(pgd_sampler *s);
 /* Picks the next token from logits (n_vocab floats, not modified). */
 int32_t pgd_sampler_sample(pgd_sampler *s, const float *logits);

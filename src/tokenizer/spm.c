@@ -58,10 +58,37 @@ static void try_bigram(const pgd_tokenizer *t, const char *s, const spm_sym *sy,
     push(h, nh, (bigram){t->scores ? t->scores[id] : 0.0f, l, r, size});
 }
 
+static int spm_chunk(const pgd_tokenizer *t, const char *s, size_t n, pgd_tok_out *o,
+                     pgd_tok_scratch *sc);
+
+static bool is_meta(const char *s, size_t i, size_t n) {
+    return i + 3 <= n && s[i] == (char)0xE2 && s[i + 1] == (char)0x96 && s[i + 2] == (char)0x81;
+}
+
 int pgd__spm_encode(const pgd_tokenizer *t, const char *s, size_t n, pgd_tok_out *o,
                     pgd_tok_scratch *sc) {
+    if (!t->spm_split_words) {
+        return t->spm_by_score ? spm_chunk(t, s, n, o, sc) : pgd__bpe_chars(t, s, n, o, sc);
+    }
+    /* No token has "▁" right after another character, so no merge crosses the start of a
+     * "▁" run that follows other text: merging each such word on its own gives the same
+     * result (candidates never interact across the boundary) with a small, cache-resident heap. */
+    size_t a = 0;
+    while (a < n) {
+        size_t b = a;
+        while (b < n && is_meta(s, b, n)) b += 3;
+        while (b < n && !is_meta(s, b, n)) b++;
+        int rc = t->spm_by_score ? spm_chunk(t, s + a, b - a, o, sc)
+                                 : pgd__bpe_chars(t, s + a, b - a, o, sc);
+        if (rc) return rc;
+        a = b;
+    }
+    return 0;
+}
+
+static int spm_chunk(const pgd_tokenizer *t, const char *s, size_t n, pgd_tok_out *o,
+                     pgd_tok_scratch *sc) {
     if (n == 0) return 0;
-    if (!t->spm_by_score) return pgd__bpe_chars(t, s, n, o, sc);
     if (n > INT32_MAX / 4) return PGD_ERANGE;
     char *mem = pgd__tok_scratch_get(sc, n * sizeof(spm_sym) + 3 * n * sizeof(bigram));
     if (!mem) return PGD_ENOMEM;

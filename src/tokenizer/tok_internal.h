@@ -57,6 +57,7 @@ struct pgd_tokenizer {
     bool ignore_merges;    /* a word that is a whole token is emitted as is (Llama 3) */
     bool add_space_prefix; /* SPM: prepend "▁" to each text fragment */
     bool spm_by_score;     /* SPM: merge by piece score (GGUF), else by merge rank (HF) */
+    bool spm_split_words;  /* SPM: no token has "▁" after another character (see spm.c) */
 
     int32_t n_vocab;
     char *pool;            /* token texts, back to back, each NUL-terminated */

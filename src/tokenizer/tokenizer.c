@@ -285,6 +285,16 @@ int pgd__tok_finish(pgd_tokenizer *t, const char *name, pgd_err *err) {
                     if (strcmp((const char *)s, eog_texts[k]) == 0) t->eog[i] = true;
         }
     }
+    /* SentencePiece: can words starting at a "▁" run be merged independently? */
+    t->spm_split_words = t->model == PGD_TOKM_SPM;
+    for (int32_t i = 0; i < nv && t->spm_split_words; i++) {
+        const char *s = pgd__tok_text(t, i);
+        for (uint32_t k = 1; k + 3 <= t->tok_len[i]; k++)
+            if (s[k] == (char)0xE2 && s[k + 1] == (char)0x96 && s[k + 2] == (char)0x81 &&
+                !(k >= 3 && s[k - 3] == (char)0xE2 && s[k - 2] == (char)0x96 &&
+                  s[k - 1] == (char)0x81))
+                t->spm_split_words = false;
+    }
     qsort_r(t->specials, (size_t)t->n_specials, sizeof *t->specials, special_cmp, t);
     int32_t k = 0;
     for (int b = 0; b <= 256; b++) {

@@ -1,13 +1,322 @@
 /* Matrix products: activations are converted once per call into the weight's dot-product
- * format, then output rows are split across the pool; each (row, token) dot product is one
- * pgd_vec_dot call with a fixed reduction order. */
+ * format, then output rows are split across the pool. Q8_0/Q4_0/Q4_1 and F32/F16/BF16 weights go
+ * through register-tiled kernels (up to 4 rows x 3 tokens per tile, each weight block loaded once
+ * per tile); the K-quants use one pgd_vec_dot per (row, token).
+ *
+ * Batch invariance: every (row, token) pair owns one accumulator that takes exactly the same
+ * instruction sequence, block after block, whatever the tile shape it is computed in; so row t of
+ * y is bit-identical for any n and any neighbouring rows (tests/unit/test_matmul.c). */
 #include "backend/cpu/matmul.h"
 
+#include <string.h>
+
 #include "backend/cpu/quant.h"
+#include "util/status.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+/* quant.c's activation block for Q4_0/Q4_1/Q8_0 weights: float d | int32 sum | int8 qs[32]. */
+#define ACT_Q8_BYTES 40
+#define Q8_0_BYTES 34
+#define Q4_0_BYTES 18
+#define Q4_1_BYTES 20
+#define TILE_R 4 /* weight rows per register tile */
+#define TILE_T 3 /* tokens per register tile */
+/* Tokens whose activations stay in L2 while a thread sweeps its rows over them. */
+#define ACT_L2_BYTES (192 * 1024)
+
+static bool tiled_type(pgd_type t) {
+#ifdef __AVX2__
+    switch (t) {
+    case PGD_TYPE_Q8_0: case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1:
+    case PGD_TYPE_F32: case PGD_TYPE_F16: case PGD_TYPE_BF16: return true;
+    default: return false;
+    }
+#else
+    (void)t;
+    return false;
+#endif
+}
+
+/* Activation row layout: pgd_quantize_act's blocks, then for Q4_1 one float per block,
+ * d * sum (the term Q4_1's offset m multiplies), so the tiles can sum it 8 blocks at a time. */
+static size_t act_ds_offset(const pgd_weight *w) {
+    return (pgd_vec_dot_act_bytes(w->type, w->n_in) + 31) / 32 * 32;
+}
 
 size_t pgd_cpu_matmul_act_row_bytes(const pgd_weight *w) {
-    return (pgd_vec_dot_act_bytes(w->type, w->n_in) + 63) / 64 * 64;
+    size_t b = pgd_vec_dot_act_bytes(w->type, w->n_in);
+    if (w->type == PGD_TYPE_Q4_1) b = act_ds_offset(w) + (size_t)(w->n_in / 32) * sizeof(float);
+    return (b + 63) / 64 * 64;
 }
+
+static void quantize_row(const pgd_weight *w, const float *x, unsigned char *act) {
+    pgd_quantize_act(w->type, x, act, w->n_in);
+    if (w->type == PGD_TYPE_Q4_1) {
+        float *ds = (float *)(act + act_ds_offset(w));
+        for (int64_t b = 0; b < w->n_in / 32; b++) {
+            float d;
+            int32_t sum;
+            memcpy(&d, act + b * ACT_Q8_BYTES, 4);
+            memcpy(&sum, act + b * ACT_Q8_BYTES + 4, 4);
+            ds[b] = d * (float)sum;
+        }
+    }
+}
+
+/* ---- Register tiles ------------------------------------------------------------------------
+ * A tile computes y[t][r] for NR rows x NT tokens. NR and NT are compile-time constants in every
+ * instantiation (always_inline + constant arguments), so acc[][] lives in registers. */
+#ifdef __AVX2__
+
+typedef struct tile {
+    const uint8_t *w;   /* first weight row of the tile; rows w_stride apart */
+    size_t w_stride;
+    const uint8_t *a;   /* first token's activation row; rows a_stride apart */
+    size_t a_stride;
+    float *y;           /* y[t * y_stride + r] */
+    size_t y_stride;
+    int64_t n;          /* elements per row */
+    size_t ds_off;      /* Q4_1: offset of the d * sum floats in an activation row */
+} tile;
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+INLINE uint16_t ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+INLINE float ldf(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+INLINE __m256 bcast_f16(const uint8_t *p) { return _mm256_set1_ps(_cvtsh_ss(ld16(p))); }
+/* 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..15), then high (16..31). */
+INLINE __m256i nibbles32(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
+}
+
+/* Q8_0 and Q4_0 (signed weights): per (row, token) and block,
+ *   acc += (d_w * d_a) * float(sum of w * a in 8 lanes)  (one FMA; products exact in int32). */
+INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
+    const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi8(8);
+    const int64_t nb = g->n / 32;
+    const int bsz = q4 ? Q4_0_BYTES : Q8_0_BYTES;
+    __m256 acc[TILE_R][TILE_T];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i aq[TILE_T];
+        __m256 da[TILE_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
+            da[t] = _mm256_set1_ps(ldf(ab));
+            aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * bsz;
+            __m256i wq = q4 ? _mm256_sub_epi8(nibbles32(wb + 2), off)
+                            : _mm256_loadu_si256((const __m256i *)(wb + 2));
+            __m256i aw = _mm256_sign_epi8(wq, wq);
+            __m256 dw = bcast_f16(wb);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(aq[t], wq));
+                p = _mm256_madd_epi16(p, ones);
+                acc[r][t] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(dw, da[t]), _mm256_cvtepi32_ps(p), acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) g->y[(size_t)t * g->y_stride + r] = hsum8(acc[r][t]);
+}
+
+/* Sum over blocks of m_w[b] * ds_a[b] for Q4_1: lane l takes blocks = l (mod 8), 8 at a time,
+ * then the remaining blocks one by one in order (a fixed order for a given n). */
+#define Q41_CHUNK 64 /* blocks whose offsets m are staged as floats (a multiple of 8) */
+
+/* Q4_1 (unsigned nibbles q, value q * d + m): acc += (d_w * d_a) * float(sum q * a) per block,
+ * plus the offset term sum_b m_b * (d_a * sum a)_b, vectorised over blocks in chunks. */
+INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t nb = g->n / 32, nb8 = nb / 8 * 8;
+    __m256 acc[TILE_R][TILE_T], accm[TILE_R][TILE_T];
+    float tailm[TILE_R][TILE_T];
+    float mf[TILE_R][Q41_CHUNK] __attribute__((aligned(32)));
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            acc[r][t] = accm[r][t] = _mm256_setzero_ps();
+            tailm[r][t] = 0.0f;
+        }
+    for (int64_t b0 = 0; b0 < nb; b0 += Q41_CHUNK) {
+        int64_t b1 = b0 + Q41_CHUNK < nb ? b0 + Q41_CHUNK : nb;
+        for (int64_t b = b0; b < b1; b++) {
+            __m256i aq[TILE_T];
+            __m256 da[TILE_T];
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
+                da[t] = _mm256_set1_ps(ldf(ab));
+                aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * Q4_1_BYTES;
+                __m256i wq = nibbles32(wb + 4);
+                __m256 dw = bcast_f16(wb);
+                mf[r][b - b0] = _cvtsh_ss(ld16(wb + 2));
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, aq[t]), ones);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da[t]), _mm256_cvtepi32_ps(p),
+                                                acc[r][t]);
+                }
+            }
+        }
+        /* Offset term of this chunk: full groups of 8 blocks, then the tail (last chunk only). */
+        int64_t g8 = (b1 < nb8 ? b1 : nb8);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const float *ds = (const float *)(g->a + (size_t)t * g->a_stride + g->ds_off);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                __m256 m = accm[r][t];
+                for (int64_t b = b0; b < g8; b += 8)
+                    m = _mm256_fmadd_ps(_mm256_load_ps(&mf[r][b - b0]), _mm256_loadu_ps(ds + b), m);
+                accm[r][t] = m;
+                float s = tailm[r][t];
+                for (int64_t b = g8 > b0 ? g8 : b0; b < b1; b++)
+                    s = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(mf[r][b - b0]), _mm_set_ss(ds[b]),
+                                                   _mm_set_ss(s)));
+                tailm[r][t] = s;
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+            g->y[(size_t)t * g->y_stride + r] =
+                hsum8(acc[r][t]) + (hsum8(accm[r][t]) + tailm[r][t]);
+}
+
+/* Float weights (F32, F16, BF16) with F32 activations: acc += w[i..i+8] * x[i..i+8] per pair,
+ * then a scalar FMA tail for n % 8 elements. */
+enum { WF32, WF16, WBF16 };
+INLINE __m256 load8w(const uint8_t *p, const int kind) {
+    if (kind == WF32) return _mm256_loadu_ps((const float *)p);
+    if (kind == WF16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+INLINE float load1w(const uint8_t *p, const int kind) {
+    if (kind == WF32) return ldf(p);
+    if (kind == WF16) return _cvtsh_ss(ld16(p));
+    return pgd_bf16_to_fp32(ld16(p));
+}
+
+INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind) {
+    const int esz = kind == WF32 ? 4 : 2;
+    const int64_t n8 = g->n / 8 * 8;
+    __m256 acc[TILE_R][TILE_T];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 xv[TILE_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+            xv[t] = _mm256_loadu_ps((const float *)(g->a + (size_t)t * g->a_stride) + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m256 wv = load8w(g->w + (size_t)r * g->w_stride + (size_t)i * esz, kind);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const uint8_t *wr = g->w + (size_t)r * g->w_stride;
+            const float *x = (const float *)(g->a + (size_t)t * g->a_stride);
+            __m128 s = _mm_setzero_ps();
+            for (int64_t i = n8; i < g->n; i++)
+                s = _mm_fmadd_ss(_mm_set_ss(load1w(wr + (size_t)i * esz, kind)), _mm_set_ss(x[i]),
+                                 s);
+            g->y[(size_t)t * g->y_stride + r] = hsum8(acc[r][t]) + _mm_cvtss_f32(s);
+        }
+}
+
+/* One function per (type, NR, NT) so each tile shape is compiled with constant bounds. */
+typedef void (*tile_fn)(const tile *g);
+#define TILE_FNS(NAME, BODY)                                                                     \
+    static void NAME##_1_1(const tile *g) { BODY(g, 1, 1); }                                     \
+    static void NAME##_1_2(const tile *g) { BODY(g, 1, 2); }                                     \
+    static void NAME##_1_3(const tile *g) { BODY(g, 1, 3); }                                     \
+    static void NAME##_2_1(const tile *g) { BODY(g, 2, 1); }                                     \
+    static void NAME##_2_2(const tile *g) { BODY(g, 2, 2); }                                     \
+    static void NAME##_2_3(const tile *g) { BODY(g, 2, 3); }                                     \
+    static void NAME##_3_1(const tile *g) { BODY(g, 3, 1); }                                     \
+    static void NAME##_3_2(const tile *g) { BODY(g, 3, 2); }                                     \
+    static void NAME##_3_3(const tile *g) { BODY(g, 3, 3); }                                     \
+    static void NAME##_4_1(const tile *g) { BODY(g, 4, 1); }                                     \
+    static void NAME##_4_2(const tile *g) { BODY(g, 4, 2); }                                     \
+    static void NAME##_4_3(const tile *g) { BODY(g, 4, 3); }                                     \
+    static const tile_fn NAME[TILE_R][TILE_T] = {{NAME##_1_1, NAME##_1_2, NAME##_1_3},         \
+                                                 {NAME##_2_1, NAME##_2_2, NAME##_2_3},         \
+                                                 {NAME##_3_1, NAME##_3_2, NAME##_3_3},         \
+                                                 {NAME##_4_1, NAME##_4_2, NAME##_4_3}};
+
+#define Q8_0_BODY(g, R, T) tile_q8(g, R, T, false)
+#define Q4_0_BODY(g, R, T) tile_q8(g, R, T, true)
+#define Q4_1_BODY(g, R, T) tile_q4_1(g, R, T)
+#define F32_BODY(g, R, T) tile_float(g, R, T, WF32)
+#define F16_BODY(g, R, T) tile_float(g, R, T, WF16)
+#define BF16_BODY(g, R, T) tile_float(g, R, T, WBF16)
+TILE_FNS(tiles_q8_0, Q8_0_BODY)
+TILE_FNS(tiles_q4_0, Q4_0_BODY)
+TILE_FNS(tiles_q4_1, Q4_1_BODY)
+TILE_FNS(tiles_f32, F32_BODY)
+TILE_FNS(tiles_f16, F16_BODY)
+TILE_FNS(tiles_bf16, BF16_BODY)
+
+static const tile_fn (*tiles_for(pgd_type t))[TILE_T] {
+    switch (t) {
+    case PGD_TYPE_Q8_0: return tiles_q8_0;
+    case PGD_TYPE_Q4_0: return tiles_q4_0;
+    case PGD_TYPE_Q4_1: return tiles_q4_1;
+    case PGD_TYPE_F32: return tiles_f32;
+    case PGD_TYPE_F16: return tiles_f16;
+    case PGD_TYPE_BF16: return tiles_bf16;
+    default: return NULL;
+    }
+}
+#endif /* __AVX2__ */
+
+/* ---- Pool tasks ---------------------------------------------------------------------------- */
 
 typedef struct matmul_ctx {
     const pgd_weight *w;
@@ -23,17 +332,53 @@ static void quant_task(void *arg, int ith, int nth) {
     long lo, hi;
     pgd_split_range(c->n, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++)
-        pgd_quantize_act(c->w->type, c->x + (size_t)t * c->w->n_in,
-                         c->act + (size_t)t * c->act_row_bytes, c->w->n_in);
+        quantize_row(c->w, c->x + (size_t)t * c->w->n_in, c->act + (size_t)t * c->act_row_bytes);
+}
+
+/* Rows are split across threads in whole tiles, never the reduction dimension. */
+static void thread_rows(const matmul_ctx *c, int ith, int nth, long *lo, long *hi) {
+    long n_tiles = (long)((c->w->n_out + TILE_R - 1) / TILE_R);
+    pgd_split_range(n_tiles, ith, nth, lo, hi);
+    *lo *= TILE_R;
+    *hi *= TILE_R;
+    if (*hi > c->w->n_out) *hi = (long)c->w->n_out;
 }
 
 static void matmul_task(void *arg, int ith, int nth) {
     matmul_ctx *c = arg;
     const pgd_weight *w = c->w;
     long lo, hi;
-    /* Rows are split across threads, never the reduction dimension. */
-    pgd_split_range(w->n_out, ith, nth, &lo, &hi);
+    thread_rows(c, ith, nth, &lo, &hi);
     const unsigned char *base = w->data;
+#ifdef __AVX2__
+    const tile_fn (*fns)[TILE_T] = tiles_for(w->type);
+    if (fns) {
+        const bool is_float = pgd_vec_dot_type(w->type) == PGD_TYPE_F32;
+        tile g = {.w_stride = w->row_bytes,
+                  .a_stride = is_float ? (size_t)w->n_in * sizeof(float) : c->act_row_bytes,
+                  .y_stride = (size_t)w->n_out,
+                  .n = w->n_in,
+                  .ds_off = act_ds_offset(w)};
+        /* Float weights read x directly: no conversion pass. */
+        const unsigned char *a0 = is_float ? (const unsigned char *)c->x : c->act;
+        long tb = (long)(ACT_L2_BYTES / g.a_stride) / TILE_T * TILE_T;
+        if (tb < TILE_T) tb = TILE_T;
+        for (long t0 = 0; t0 < c->n; t0 += tb) {
+            long t1 = t0 + tb < c->n ? t0 + tb : c->n;
+            for (long r = lo; r < hi; r += TILE_R) {
+                int nr = hi - r < TILE_R ? (int)(hi - r) : TILE_R;
+                g.w = base + (size_t)r * w->row_bytes;
+                for (long t = t0; t < t1; t += TILE_T) {
+                    int nt = t1 - t < TILE_T ? (int)(t1 - t) : TILE_T;
+                    g.a = a0 + (size_t)t * g.a_stride;
+                    g.y = c->y + (size_t)t * w->n_out + r;
+                    fns[nr - 1][nt - 1](&g);
+                }
+            }
+        }
+        return;
+    }
+#endif
     for (long r = lo; r < hi; r++) {
         const void *row = base + (size_t)r * w->row_bytes;
         for (int t = 0; t < c->n; t++)
@@ -44,8 +389,11 @@ static void matmul_task(void *arg, int ith, int nth) {
 
 void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n,
                     void *act, size_t act_row_bytes) {
+    PGD_ASSERT(act_row_bytes >= pgd_cpu_matmul_act_row_bytes(w));
     matmul_ctx c = {w, x, act, act_row_bytes, y, n};
-    if (n > 1) pgd_pool_run(pool, quant_task, &c);
-    else quant_task(&c, 0, 1);
+    if (!(tiled_type(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32)) {
+        if (n > 1) pgd_pool_run(pool, quant_task, &c);
+        else quant_task(&c, 0, 1);
+    }
     pgd_pool_run(pool, matmul_task, &c);
 }

@@ -1,0 +1,126 @@
+/* Pagoda's public C API: embed the inference engine without HTTP.
+ *
+ * An engine owns one model, a paged KV cache and a scheduler. Submit requests (token ids and
+ * sampling parameters); every step re-forms the batch from the running requests (continuous
+ * batching with chunked prefill, prefix caching and preemption by recompute) and produces
+ * events: token deltas with their text, and one finish (or error) event per request.
+ *
+ * Two ways to drive it:
+ *  - synchronously: call pgd_engine_step() in a loop and read events with pgd_engine_poll();
+ *  - on its own thread: pgd_engine_start(), then submit/abort/poll from any thread; a notify
+ *    callback (e.g. uv_async_send) tells the consumer that events are waiting.
+ * Ownership: arrays and strings passed in are borrowed for the duration of the call (copied). */
+#ifndef PAGODA_H
+#define PAGODA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pgd_engine pgd_engine;
+
+typedef enum { PGD_KV_F32 = 0, PGD_KV_F16 = 1, PGD_KV_BF16 = 30 } pgd_kv_dtype;
+
+typedef struct pgd_engine_config {
+    const char *model_path;         /* GGUF file or Hugging Face directory */
+    bool weights_f32;               /* dequantize weights at load (reference path) */
+    int32_t n_threads;              /* 0: all online CPUs */
+    int32_t n_ctx;                  /* 0: the model's context length */
+    int32_t block_size;             /* KV block size in tokens (default 16) */
+    size_t kv_cache_bytes;          /* KV pool budget (default 512 MiB) */
+    pgd_kv_dtype kv_dtype;          /* default F32 */
+    int32_t max_num_batched_tokens; /* token budget per step (default 512) */
+    int32_t max_num_seqs;           /* running sequences cap (default 64) */
+    bool no_prefix_caching;         /* prefix caching is on unless this is set */
+    int32_t max_waiting;            /* 0: unbounded waiting queue */
+} pgd_engine_config;
+
+typedef struct pgd_request_params {
+    const int32_t *prompt;          /* token ids (copied) */
+    int32_t n_prompt;
+    int32_t max_tokens;             /* > 0 */
+    float temperature;              /* 0: greedy */
+    float top_p;                    /* (0, 1]; 0 means 1 */
+    int32_t top_k;                  /* 0: off */
+    uint64_t seed;
+    bool ignore_eos;
+    const char *const *stop;        /* stop strings (copied); the text ends before the match */
+    int32_t n_stop;
+    uint64_t user_data;             /* returned in every event */
+} pgd_request_params;
+
+typedef enum { PGD_EVENT_TOKEN = 1, PGD_EVENT_FINISH = 2 } pgd_event_type;
+
+typedef enum {
+    PGD_FINISH_STOP = 1,   /* end-of-generation token or a stop string */
+    PGD_FINISH_LENGTH = 2, /* max_tokens or the context length */
+    PGD_FINISH_ABORT = 3,  /* cancelled */
+    PGD_FINISH_ERROR = 4,  /* rejected or failed; error holds the reason */
+} pgd_finish_reason;
+
+#define PGD_EVENT_TEXT_MAX 288
+
+typedef struct pgd_event {
+    pgd_event_type type;
+    uint64_t request_id, user_data;
+    int32_t token;                   /* TOKEN: the sampled token id */
+    int32_t text_len;                /* TOKEN/FINISH: bytes of text completed by this event */
+    char text[PGD_EVENT_TEXT_MAX];   /* complete UTF-8 only; FINISH carries held-back text */
+    pgd_finish_reason finish_reason; /* FINISH */
+    int32_t n_prompt, n_completion, n_cached; /* FINISH: token counts (cached = prefix hits) */
+    char error[160];                 /* FINISH with PGD_FINISH_ERROR */
+} pgd_event;
+
+typedef struct pgd_engine_stats {
+    int32_t num_running, num_waiting;
+    int32_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
+    double kv_usage_perc, kv_fragmentation_perc;
+    int64_t prefix_cache_queries, prefix_cache_hits; /* tokens */
+    int64_t num_preemptions, prompt_tokens_total, generation_tokens_total, prefill_tokens_total;
+    int64_t steps;
+    int32_t last_step_seqs, last_step_tokens;
+} pgd_engine_stats;
+
+/* Fills c with the defaults. */
+void pgd_engine_config_default(pgd_engine_config *c);
+/* Loads the model and sizes the KV pool. On failure writes one line into err (errlen bytes). */
+int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, size_t errlen);
+void pgd_engine_free(pgd_engine *e);
+
+/* Tokenizes text with the engine's tokenizer (BOS per model metadata when add_bos, special
+ * tokens parsed when parse_special). Writes up to cap ids; *n_out gets the count needed. */
+int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bos,
+                        bool parse_special, int32_t *out, size_t cap, size_t *n_out);
+int32_t pgd_engine_n_ctx(const pgd_engine *e);
+bool pgd_engine_add_bos(const pgd_engine *e);
+
+/* Queues a request; *id receives its id. Fails (negative, err filled) when the request can
+ * never fit: prompt + max_tokens beyond the context or the whole KV pool, empty prompt, bad
+ * parameters, or a full waiting queue (PGD_ERANGE there). */
+int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, char *err,
+                      size_t errlen);
+/* Cancels a request at any time; its blocks are released at the next step. */
+void pgd_engine_abort(pgd_engine *e, uint64_t id);
+
+/* Runs one step (synchronous use only). Returns the number of tokens computed, 0 when idle. */
+int pgd_engine_step(pgd_engine *e);
+bool pgd_engine_has_work(pgd_engine *e);
+/* Moves up to max events into out; waits up to timeout_ms (0: don't wait) for at least one. */
+int pgd_engine_poll(pgd_engine *e, pgd_event *out, int max, int timeout_ms);
+
+/* Runs the step loop on a thread of its own; notify (may be NULL) is called from the engine
+ * thread whenever events are queued. */
+int pgd_engine_start(pgd_engine *e, void (*notify)(void *), void *notify_arg);
+/* Stops the thread (in-flight requests stay queued; call before pgd_engine_free). */
+void pgd_engine_stop(pgd_engine *e);
+
+void pgd_engine_get_stats(pgd_engine *e, pgd_engine_stats *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,776 @@
+/* The engine: request lifecycle, the scheduler, the runner and detokenization.
+ *
+ * Every step re-forms the batch under a token budget: running decodes first (preempting the
+ * most recently admitted sequence by recompute when a block is missing), then prefill chunks of
+ * partially prefilled sequences, then waiting requests in arrival order while blocks, budget
+ * and the sequence cap allow. The scheduler sees sequences and block counts, the runner builds
+ * the flattened batch, the block manager (src/kv) sees only token and block ids. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/cpu/pool.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "pagoda/pagoda.h"
+#include "sample/sampler.h"
+
+#define MAX_STOP 16
+#define MAX_STOP_LEN 64
+
+typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
+
+typedef struct seq {
+    uint64_t id, user_data;
+    int32_t *tokens;          /* (n_prompt + max_tokens): prompt, then generated tokens */
+    int32_t n_prompt, n_tokens, max_tokens;
+    int32_t n_computed;       /* tokens whose K/V are in the cache */
+    int32_t n_cached;         /* prompt tokens served by the prefix cache at first admission */
+    bool admitted_once;
+    pgd_kv_seq kv;
+    pgd_sampler sampler;
+    bool ignore_eos, aborted;
+    char *stop[MAX_STOP];
+    int32_t n_stop, hold;     /* hold: bytes held back that may start a stop string */
+    char *text;               /* (text_cap) generated text so far */
+    size_t text_len, text_cap, emitted;
+    pgd_detok detok;
+    seq_state state;
+    struct seq *prev, *next;  /* in waiting or running */
+    int32_t sched_n;          /* tokens scheduled this step */
+    int32_t logit_row;        /* row of this step's logits, or -1 */
+} seq;
+
+typedef struct seq_list {
+    seq *head, *tail;
+    int32_t n;
+} seq_list;
+
+struct pgd_engine {
+    pgd_engine_config cfg;
+    pgd_model *model;
+    pgd_pool *pool;
+    pgd_fwd fwd;
+    pgd_kv_cache kv;
+    pgd_kv_mgr mgr;
+    int32_t n_ctx, max_blocks_per_seq;
+    pgd_token_prob *sample_scratch; /* (n_vocab), shared by every sequence's sampler */
+
+    seq_list waiting, running;
+    uint64_t next_id;
+
+    /* step buffers, sized once */
+    int32_t *b_tokens, *b_pos, *b_seq, *b_rows; /* (max_num_batched_tokens) */
+    int64_t *b_slot;                            /* (max_num_batched_tokens) */
+    const int32_t **b_tables;                   /* (max_num_seqs) */
+    seq **b_seqs;                               /* (max_num_seqs) sequences in this step */
+
+    /* inbox: submissions and aborts from other threads */
+    pthread_mutex_t in_mu;
+    seq_list incoming;
+    uint64_t *aborts;
+    size_t n_aborts, cap_aborts;
+    int32_t n_pending;         /* incoming + waiting, for the queue bound */
+
+    /* outbox */
+    pthread_mutex_t out_mu;
+    pthread_cond_t out_cv;
+    pgd_event *events;
+    size_t n_events, cap_events;
+
+    /* thread */
+    pthread_t thread;
+    bool thread_running;
+    volatile bool stop_thread;
+    pthread_cond_t in_cv;
+    void (*notify)(void *);
+    void *notify_arg;
+
+    pgd_engine_stats stats;    /* updated by the step, read under out_mu */
+};
+
+/* ---- lists ---- */
+
+static void list_push_back(seq_list *l, seq *s) {
+    s->prev = l->tail;
+    s->next = NULL;
+    if (l->tail) l->tail->next = s;
+    else l->head = s;
+    l->tail = s;
+    l->n++;
+}
+
+static void list_push_front(seq_list *l, seq *s) {
+    s->next = l->head;
+    s->prev = NULL;
+    if (l->head) l->head->prev = s;
+    else l->tail = s;
+    l->head = s;
+    l->n++;
+}
+
+static void list_remove(seq_list *l, seq *s) {
+    if (s->prev) s->prev->next = s->next;
+    else l->head = s->next;
+    if (s->next) s->next->prev = s->prev;
+    else l->tail = s->prev;
+    s->prev = s->next = NULL;
+    l->n--;
+}
+
+/* ---- sequences ---- */
+
+static void seq_free(seq *s) {
+    if (!s) return;
+    free(s->tokens);
+    pgd_kv_seq_free(&s->kv);
+    pgd_sampler_free(&s->sampler);
+    for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
+    free(s->text);
+    free(s);
+}
+
+/* ---- events ---- */
+
+static pgd_event *event_push(pgd_engine *e) {
+    if (e->n_events == e->cap_events) {
+        size_t nc = e->cap_events ? e->cap_events * 2 : 256;
+        pgd_event *n = realloc(e->events, nc * sizeof *n);
+        if (!n) return NULL;
+        e->events = n;
+        e->cap_events = nc;
+    }
+    pgd_event *ev = &e->events[e->n_events++];
+    memset(ev, 0, offsetof(pgd_event, text));
+    ev->text_len = 0;
+    return ev;
+}
+
+static void emit_finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char *error) {
+    pthread_mutex_lock(&e->out_mu);
+    pgd_event *ev = event_push(e);
+    if (ev) {
+        ev->type = PGD_EVENT_FINISH;
+        ev->request_id = s->id;
+        ev->user_data = s->user_data;
+        ev->token = -1;
+        ev->finish_reason = why;
+        ev->n_prompt = s->n_prompt;
+        ev->n_completion = s->n_tokens - s->n_prompt;
+        ev->n_cached = s->n_cached;
+        size_t rest = s->text_len > s->emitted ? s->text_len - s->emitted : 0;
+        if (rest > PGD_EVENT_TEXT_MAX) rest = PGD_EVENT_TEXT_MAX;
+        if (rest) memcpy(ev->text, s->text + s->emitted, rest);
+        ev->text_len = (int32_t)rest;
+        s->emitted += rest;
+        ev->error[0] = 0;
+        if (error) snprintf(ev->error, sizeof ev->error, "%s", error);
+    }
+    pthread_cond_broadcast(&e->out_cv);
+    pthread_mutex_unlock(&e->out_mu);
+}
+
+/* ---- configuration ---- */
+
+void pgd_engine_config_default(pgd_engine_config *c) {
+    memset(c, 0, sizeof *c);
+    c->block_size = 16;
+    c->kv_cache_bytes = (size_t)512 << 20;
+    c->kv_dtype = PGD_KV_F32;
+    c->max_num_batched_tokens = 512;
+    c->max_num_seqs = 64;
+}
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, const char *arg) {
+    if (err && errlen) snprintf(err, errlen, fmt, arg);
+    return rc;
+}
+
+int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, size_t errlen) {
+    *out = NULL;
+    pgd_err perr = {{0}};
+    if (c->block_size < 1 || c->block_size > 1024 || c->max_num_batched_tokens < 1 ||
+        c->max_num_seqs < 1 || c->max_num_seqs > 4096)
+        return fail(err, errlen, PGD_EINVAL, "%s", "invalid engine configuration (block size, "
+                    "max-num-batched-tokens or max-num-seqs)");
+    pgd_engine *e = calloc(1, sizeof *e);
+    if (!e) return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+    e->cfg = *c;
+    e->next_id = 1;
+    pthread_mutex_init(&e->in_mu, NULL);
+    pthread_mutex_init(&e->out_mu, NULL);
+    pthread_cond_init(&e->out_cv, NULL);
+    pthread_cond_init(&e->in_cv, NULL);
+    pgd_model_opts mo = {.weights_f32 = c->weights_f32, .n_ctx = c->n_ctx};
+    int rc = pgd_model_load(c->model_path, &mo, &e->model, &perr);
+    if (rc) goto fail_perr;
+    e->n_ctx = e->model->cfg.n_ctx;
+    long nt = c->n_threads > 0 ? c->n_threads : sysconf(_SC_NPROCESSORS_ONLN);
+    if ((rc = pgd_pool_create(nt > 0 ? (int)nt : 1, &e->pool, &perr))) goto fail_perr;
+    pgd_type kdt = (pgd_type)c->kv_dtype;
+    size_t per_block = pgd_kv_cache_bytes_per_token(e->model, kdt) * (size_t)c->block_size;
+    size_t n_blocks = c->kv_cache_bytes / per_block;
+    e->max_blocks_per_seq = (e->n_ctx + c->block_size - 1) / c->block_size;
+    if (n_blocks < 1) {
+        rc = pgd_err_set(&perr, PGD_EINVAL, "KV cache budget of %zu bytes holds no block of %d "
+                         "tokens (%zu bytes each)", c->kv_cache_bytes, c->block_size, per_block);
+        goto fail_perr;
+    }
+    if (n_blocks > (size_t)INT32_MAX / (size_t)c->block_size) n_blocks = (size_t)INT32_MAX / (size_t)c->block_size;
+    if ((rc = pgd_kv_cache_init(&e->kv, e->model, kdt, (int32_t)n_blocks, c->block_size, &perr)))
+        goto fail_perr;
+    if ((rc = pgd_kv_mgr_init(&e->mgr, (int32_t)n_blocks, c->block_size, !c->no_prefix_caching,
+                              &perr)))
+        goto fail_perr;
+    if ((rc = pgd_fwd_init(&e->fwd, e->model, e->pool, c->max_num_batched_tokens, c->max_num_seqs,
+                           &perr)))
+        goto fail_perr;
+    size_t T = (size_t)c->max_num_batched_tokens, S = (size_t)c->max_num_seqs;
+    e->b_tokens = malloc(T * sizeof *e->b_tokens);
+    e->b_pos = malloc(T * sizeof *e->b_pos);
+    e->b_seq = malloc(T * sizeof *e->b_seq);
+    e->b_rows = malloc(S * sizeof *e->b_rows);
+    e->b_slot = malloc(T * sizeof *e->b_slot);
+    e->b_tables = malloc(S * sizeof *e->b_tables);
+    e->b_seqs = malloc(S * sizeof *e->b_seqs);
+    e->sample_scratch = malloc((size_t)e->model->cfg.n_vocab * sizeof *e->sample_scratch);
+    if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_rows || !e->b_slot || !e->b_tables ||
+        !e->b_seqs || !e->sample_scratch) {
+        rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
+        goto fail_perr;
+    }
+    e->stats.kv_blocks_total = (int32_t)n_blocks;
+    *out = e;
+    return PGD_OK;
+fail_perr:
+    if (err && errlen) snprintf(err, errlen, "%s", perr.msg);
+    pgd_engine_free(e);
+    return rc;
+}
+
+static void free_list(seq_list *l) {
+    for (seq *s = l->head, *n; s; s = n) {
+        n = s->next;
+        seq_free(s);
+    }
+    memset(l, 0, sizeof *l);
+}
+
+void pgd_engine_free(pgd_engine *e) {
+    if (!e) return;
+    pgd_engine_stop(e);
+    free_list(&e->waiting);
+    free_list(&e->running);
+    free_list(&e->incoming);
+    pgd_fwd_free(&e->fwd);
+    pgd_kv_cache_free(&e->kv);
+    pgd_kv_mgr_free(&e->mgr);
+    pgd_pool_free(e->pool);
+    pgd_model_free(e->model);
+    free(e->b_tokens);
+    free(e->b_pos);
+    free(e->b_seq);
+    free(e->b_rows);
+    free(e->b_slot);
+    free(e->b_tables);
+    free(e->b_seqs);
+    free(e->sample_scratch);
+    free(e->aborts);
+    free(e->events);
+    pthread_mutex_destroy(&e->in_mu);
+    pthread_mutex_destroy(&e->out_mu);
+    pthread_cond_destroy(&e->out_cv);
+    pthread_cond_destroy(&e->in_cv);
+    free(e);
+}
+
+int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bos,
+                        bool parse_special, int32_t *out, size_t cap, size_t *n_out) {
+    return pgd_tokenizer_encode(e->model->tok, text, len,
+                                add_bos && pgd_tokenizer_add_bos(e->model->tok), parse_special,
+                                out, cap, n_out);
+}
+
+int32_t pgd_engine_n_ctx(const pgd_engine *e) { return e->n_ctx; }
+bool pgd_engine_add_bos(const pgd_engine *e) { return pgd_tokenizer_add_bos(e->model->tok); }
+
+/* ---- submission ---- */
+
+int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, char *err,
+                      size_t errlen) {
+    char msg[200];
+    const pgd_model_config *mc = &e->model->cfg;
+    if (p->n_prompt < 1 || !p->prompt)
+        return fail(err, errlen, PGD_EINVAL, "%s", "the prompt is empty");
+    if (p->max_tokens < 1)
+        return fail(err, errlen, PGD_EINVAL, "%s", "max_tokens must be at least 1");
+    for (int32_t i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= mc->n_vocab) {
+            snprintf(msg, sizeof msg, "token id %d is outside the vocabulary (0..%d)",
+                     p->prompt[i], mc->n_vocab - 1);
+            return fail(err, errlen, PGD_EINVAL, "%s", msg);
+        }
+    if ((int64_t)p->n_prompt + p->max_tokens > e->n_ctx) {
+        snprintf(msg, sizeof msg, "the prompt (%d tokens) plus max_tokens (%d) exceeds the "
+                 "context length (%d tokens)", p->n_prompt, p->max_tokens, e->n_ctx);
+        return fail(err, errlen, PGD_EINVAL, "%s", msg);
+    }
+    int64_t need = ((int64_t)p->n_prompt + p->max_tokens + e->cfg.block_size - 1) /
+                   e->cfg.block_size;
+    if (need > e->mgr.n_blocks) {
+        snprintf(msg, sizeof msg, "the prompt (%d tokens) plus max_tokens (%d) needs %lld KV "
+                 "blocks; the whole pool has %d", p->n_prompt, p->max_tokens, (long long)need,
+                 e->mgr.n_blocks);
+        return fail(err, errlen, PGD_EINVAL, "%s", msg);
+    }
+    if (!(p->temperature >= 0) || !(p->top_p >= 0 && p->top_p <= 1) || p->top_k < 0)
+        return fail(err, errlen, PGD_EINVAL, "%s", "temperature must be >= 0, top_p in [0, 1], "
+                    "top_k >= 0");
+    if (p->n_stop < 0 || p->n_stop > MAX_STOP)
+        return fail(err, errlen, PGD_EINVAL, "%s", "at most 16 stop strings");
+    for (int32_t i = 0; i < p->n_stop; i++) {
+        size_t l = p->stop[i] ? strlen(p->stop[i]) : 0;
+        if (l == 0 || l > MAX_STOP_LEN)
+            return fail(err, errlen, PGD_EINVAL, "%s", "stop strings must be 1 to 64 bytes");
+    }
+    seq *s = calloc(1, sizeof *s);
+    if (!s) return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+    s->tokens = malloc(((size_t)p->n_prompt + (size_t)p->max_tokens) * sizeof *s->tokens);
+    s->text_cap = (size_t)p->max_tokens * 8 + 64;
+    s->text = malloc(s->text_cap);
+    pgd_sampler_params sp = {.temperature = p->temperature,
+                             .top_p = p->top_p > 0 ? p->top_p : 1.0f,
+                             .top_k = p->top_k, .seed = p->seed};
+    if (!s->tokens || !s->text || pgd_kv_seq_init(&s->kv, e->max_blocks_per_seq) ||
+        pgd_sampler_init_with(&s->sampler, &sp, mc->n_vocab, e->sample_scratch, NULL)) {
+        seq_free(s);
+        return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+    }
+    memcpy(s->tokens, p->prompt, (size_t)p->n_prompt * sizeof *s->tokens);
+    s->n_prompt = s->n_tokens = p->n_prompt;
+    s->max_tokens = p->max_tokens;
+    s->user_data = p->user_data;
+    s->ignore_eos = p->ignore_eos;
+    for (int32_t i = 0; i < p->n_stop; i++) {
+        s->stop[i] = strdup(p->stop[i]);
+        if (!s->stop[i]) {
+            seq_free(s);
+            return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+        }
+        s->n_stop++;
+        int32_t l = (int32_t)strlen(p->stop[i]);
+        if (l - 1 > s->hold) s->hold = l - 1;
+    }
+    pgd_detok_init(&s->detok, e->model->tok, false);
+    s->logit_row = -1;
+    pthread_mutex_lock(&e->in_mu);
+    if (e->cfg.max_waiting > 0 && e->n_pending >= e->cfg.max_waiting) {
+        pthread_mutex_unlock(&e->in_mu);
+        seq_free(s);
+        return fail(err, errlen, PGD_ERANGE, "%s", "the waiting queue is full");
+    }
+    s->id = e->next_id++;
+    *id = s->id;
+    e->n_pending++;
+    list_push_back(&e->incoming, s);
+    pthread_cond_signal(&e->in_cv);
+    pthread_mutex_unlock(&e->in_mu);
+    return PGD_OK;
+}
+
+void pgd_engine_abort(pgd_engine *e, uint64_t id) {
+    pthread_mutex_lock(&e->in_mu);
+    if (e->n_aborts == e->cap_aborts) {
+        size_t nc = e->cap_aborts ? e->cap_aborts * 2 : 64;
+        uint64_t *n = realloc(e->aborts, nc * sizeof *n);
+        if (!n) {
+            pthread_mutex_unlock(&e->in_mu);
+            return; /* cannot record: the request simply runs to completion */
+        }
+        e->aborts = n;
+        e->cap_aborts = nc;
+    }
+    e->aborts[e->n_aborts++] = id;
+    pthread_cond_signal(&e->in_cv);
+    pthread_mutex_unlock(&e->in_mu);
+}
+
+/* ---- the step ---- */
+
+static void finish_seq(pgd_engine *e, seq *s, pgd_finish_reason why, const char *error) {
+    list_remove(s->state == SEQ_RUNNING ? &e->running : &e->waiting, s);
+    if (s->state == SEQ_WAITING) {
+        pthread_mutex_lock(&e->in_mu);
+        e->n_pending--;
+        pthread_mutex_unlock(&e->in_mu);
+    }
+    pgd_kv_release(&e->mgr, &s->kv);
+    if (why != PGD_FINISH_ABORT && why != PGD_FINISH_ERROR) {
+        char buf[16];
+        int nb = pgd_detok_flush(&s->detok, buf, sizeof buf);
+        if (nb > 0 && s->text_len + (size_t)nb <= s->text_cap) {
+            memcpy(s->text + s->text_len, buf, (size_t)nb);
+            s->text_len += (size_t)nb;
+        }
+    }
+    emit_finish(e, s, why, error);
+    seq_free(s);
+}
+
+static void drain_inbox(pgd_engine *e) {
+    pthread_mutex_lock(&e->in_mu);
+    seq_list in = e->incoming;
+    memset(&e->incoming, 0, sizeof e->incoming);
+    size_t na = e->n_aborts;
+    uint64_t small[64], *ab = na <= 64 ? small : malloc(na * sizeof *ab);
+    if (ab) memcpy(ab, e->aborts, na * sizeof *ab);
+    else na = 0; /* out of memory: aborts retried next step */
+    e->n_aborts -= na;
+    pthread_mutex_unlock(&e->in_mu);
+    for (seq *s = in.head, *n; s; s = n) {
+        n = s->next;
+        s->state = SEQ_WAITING;
+        list_push_back(&e->waiting, s);
+    }
+    for (size_t i = 0; i < na; i++) {
+        seq *lists[2] = {e->waiting.head, e->running.head};
+        for (int l = 0; l < 2; l++)
+            for (seq *s = lists[l]; s; s = s->next)
+                if (s->id == ab[i]) {
+                    finish_seq(e, s, PGD_FINISH_ABORT, NULL);
+                    l = 2;
+                    break;
+                }
+    }
+    if (ab != small) free(ab);
+}
+
+/* Recompute preemption: drop the sequence's KV and put it back at the head of the queue. */
+static void preempt(pgd_engine *e, seq *s) {
+    list_remove(&e->running, s);
+    pgd_kv_release(&e->mgr, &s->kv);
+    s->n_computed = 0;
+    s->sched_n = 0;
+    s->state = SEQ_WAITING;
+    list_push_front(&e->waiting, s);
+    pthread_mutex_lock(&e->in_mu);
+    e->n_pending++;
+    pthread_mutex_unlock(&e->in_mu);
+    e->stats.num_preemptions++;
+}
+
+/* Reserves blocks for n more tokens of s; performs a copy-on-write copy if one is needed. */
+static bool reserve(pgd_engine *e, seq *s, int32_t n) {
+    pgd_kv_copy cp;
+    if (pgd_kv_reserve(&e->mgr, &s->kv, s->n_computed, s->n_computed + n, &cp)) return false;
+    if (cp.n) pgd_kv_cache_copy_block(&e->kv, cp.src, cp.dst, cp.n);
+    return true;
+}
+
+/* Largest n <= want whose blocks fit in the free pool. */
+static int32_t fit_tokens(pgd_engine *e, seq *s, int32_t want) {
+    int32_t bs = e->cfg.block_size;
+    int32_t have = s->kv.n_blocks * bs - s->n_computed; /* slots left in reserved blocks */
+    if (have < 0) have = 0;
+    int64_t can = (int64_t)have + (int64_t)pgd_kv_n_free(&e->mgr) * bs;
+    return want < can ? want : (int32_t)can;
+}
+
+static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
+    int32_t budget = e->cfg.max_num_batched_tokens, used = 0, ns = 0;
+    /* 1. running decodes, in admission order */
+    for (seq *s = e->running.head, *next; s && used < budget; s = next) {
+        next = s->next;
+        if (s->n_tokens - s->n_computed != 1) continue;
+        bool ok = true;
+        while (!reserve(e, s, 1)) {
+            seq *victim = e->running.tail;
+            if (victim == next) next = next->next; /* never happens before s, but keep next valid */
+            preempt(e, victim);
+            if (victim == s) {
+                ok = false;
+                break;
+            }
+        }
+        if (!ok) continue;
+        s->sched_n = 1;
+        sched[ns++] = s;
+        used++;
+    }
+    /* 2. prefill chunks of running sequences */
+    for (seq *s = e->running.head; s && used < budget; s = s->next) {
+        int32_t rem = s->n_tokens - s->n_computed;
+        if (rem <= 1 || s->sched_n) continue;
+        int32_t n = fit_tokens(e, s, rem < budget - used ? rem : budget - used);
+        if (n <= 0 || !reserve(e, s, n)) continue;
+        s->sched_n = n;
+        sched[ns++] = s;
+        used += n;
+    }
+    /* 3. waiting requests, in order (preempted ones first) */
+    while (e->waiting.head && used < budget && e->running.n < e->cfg.max_num_seqs) {
+        seq *s = e->waiting.head;
+        int64_t q0 = e->mgr.stats.prefix_queries, h0 = e->mgr.stats.prefix_hits;
+        int32_t hit = pgd_kv_match_prefix(&e->mgr, &s->kv, s->tokens, s->n_tokens);
+        s->n_computed = hit;
+        int32_t rem = s->n_tokens - s->n_computed;
+        int32_t n = fit_tokens(e, s, rem < budget - used ? rem : budget - used);
+        if (n <= 0 || !reserve(e, s, n)) {
+            /* does not fit now: undo the lookup and wait (first come, first served) */
+            pgd_kv_release(&e->mgr, &s->kv);
+            s->n_computed = 0;
+            e->mgr.stats.prefix_queries = q0;
+            e->mgr.stats.prefix_hits = h0;
+            break;
+        }
+        if (!s->admitted_once) {
+            s->n_cached = hit;
+            s->admitted_once = true;
+            e->stats.prompt_tokens_total += s->n_prompt;
+        }
+        list_remove(&e->waiting, s);
+        pthread_mutex_lock(&e->in_mu);
+        e->n_pending--;
+        pthread_mutex_unlock(&e->in_mu);
+        s->state = SEQ_RUNNING;
+        list_push_back(&e->running, s);
+        s->sched_n = n;
+        sched[ns++] = s;
+        used += n;
+    }
+    *n_sched = ns;
+    return used;
+}
+
+/* Appends the text of token id and decides whether s is finished. */
+static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_event *ev) {
+    s->tokens[s->n_tokens++] = id;
+    ev->type = PGD_EVENT_TOKEN;
+    ev->request_id = s->id;
+    ev->user_data = s->user_data;
+    ev->token = id;
+    ev->text_len = 0;
+    if (!s->ignore_eos && pgd_tokenizer_is_eog(e->model->tok, id)) return PGD_FINISH_STOP;
+    char buf[PGD_EVENT_TEXT_MAX];
+    int nb = pgd_detok_push(&s->detok, id, buf, sizeof buf);
+    if (nb > 0) {
+        if (s->text_len + (size_t)nb > s->text_cap) {
+            size_t nc = (s->text_len + (size_t)nb) * 2;
+            char *t = realloc(s->text, nc); /* rare: text longer than 8 bytes per token */
+            if (t) {
+                s->text = t;
+                s->text_cap = nc;
+            } else {
+                nb = 0;
+            }
+        }
+        memcpy(s->text + s->text_len, buf, (size_t)nb);
+        s->text_len += (size_t)nb;
+    }
+    pgd_finish_reason why = 0;
+    for (int i = 0; i < s->n_stop; i++) {
+        /* a match must start at or after emitted: earlier text was checked when emitted */
+        size_t from = s->emitted;
+        char *hit = memmem(s->text + from, s->text_len - from, s->stop[i], strlen(s->stop[i]));
+        if (hit) {
+            s->text_len = (size_t)(hit - s->text);
+            why = PGD_FINISH_STOP;
+        }
+    }
+    if (!why && (s->n_tokens - s->n_prompt >= s->max_tokens || s->n_tokens >= e->n_ctx))
+        why = PGD_FINISH_LENGTH;
+    size_t end = s->text_len;
+    if (!why && s->hold) {
+        end = s->text_len > (size_t)s->hold ? s->text_len - (size_t)s->hold : 0;
+        while (end > s->emitted && (s->text[end] & 0xC0) == 0x80) end--; /* UTF-8 boundary */
+    }
+    if (end > s->emitted) {
+        size_t k = end - s->emitted;
+        if (k > PGD_EVENT_TEXT_MAX) k = PGD_EVENT_TEXT_MAX;
+        memcpy(ev->text, s->text + s->emitted, k);
+        ev->text_len = (int32_t)k;
+        s->emitted += k;
+    }
+    return why;
+}
+
+/* Publishes the engine-thread-owned counters for other threads; O(running sequences). Called
+ * with out_mu held. */
+static void snapshot_stats(pgd_engine *e) {
+    pgd_engine_stats *s = &e->stats;
+    s->num_running = e->running.n;
+    s->num_waiting = e->waiting.n;
+    s->kv_blocks_total = e->mgr.n_blocks;
+    s->kv_blocks_used = e->mgr.n_blocks - e->mgr.n_free;
+    s->kv_blocks_cached = e->mgr.n_cached;
+    s->kv_usage_perc = 100.0 * s->kv_blocks_used / (double)s->kv_blocks_total;
+    s->prefix_cache_queries = e->mgr.stats.prefix_queries;
+    s->prefix_cache_hits = e->mgr.stats.prefix_hits;
+    int64_t reserved = 0, filled = 0;
+    for (seq *q = e->running.head; q; q = q->next) {
+        int64_t r = (int64_t)q->kv.n_blocks * e->cfg.block_size;
+        reserved += r;
+        filled += q->n_computed < r ? q->n_computed : r;
+    }
+    s->kv_fragmentation_perc = reserved ? 100.0 * (double)(reserved - filled) / (double)reserved : 0;
+}
+
+int pgd_engine_step(pgd_engine *e) {
+    drain_inbox(e);
+    int32_t ns = 0;
+    int32_t used = schedule(e, e->b_seqs, &ns);
+    while (ns == 0 && e->running.n > 0) {
+        /* nothing fits (every running sequence is mid-prefill and the pool is full): free room
+         * by preempting the most recent one; a single sequence always fits (admission check) */
+        preempt(e, e->running.tail);
+        used = schedule(e, e->b_seqs, &ns);
+    }
+    if (ns == 0) {
+        pthread_mutex_lock(&e->out_mu);
+        snapshot_stats(e);
+        pthread_mutex_unlock(&e->out_mu);
+        return 0;
+    }
+
+    /* runner: flatten the batch */
+    int32_t nt = 0, nl = 0, bs = e->cfg.block_size;
+    for (int32_t i = 0; i < ns; i++) {
+        seq *s = e->b_seqs[i];
+        e->b_tables[i] = s->kv.table;
+        for (int32_t j = 0; j < s->sched_n; j++) {
+            int32_t p = s->n_computed + j;
+            e->b_tokens[nt] = s->tokens[p];
+            e->b_pos[nt] = p;
+            e->b_seq[nt] = i;
+            e->b_slot[nt] = (int64_t)s->kv.table[p / bs] * bs + p % bs;
+            nt++;
+        }
+        s->logit_row = -1;
+        if (s->n_computed + s->sched_n == s->n_tokens) {
+            s->logit_row = nl;
+            e->b_rows[nl++] = nt - 1;
+        }
+    }
+    PGD_ASSERT(nt == used);
+    pgd_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
+                   .slot = e->b_slot, .block_tables = e->b_tables, .n_logits = nl,
+                   .logit_rows = e->b_rows};
+    int rc = pgd_model_forward(&e->fwd, &e->kv, &b);
+    int32_t n_prefill = 0;
+    for (int32_t i = 0; i < ns; i++) {
+        seq *s = e->b_seqs[i];
+        if (s->sched_n > 1 || s->n_computed < s->n_prompt) n_prefill += s->sched_n;
+    }
+
+    pthread_mutex_lock(&e->out_mu);
+    for (int32_t i = 0; i < ns; i++) {
+        seq *s = e->b_seqs[i];
+        int32_t n = s->sched_n;
+        s->sched_n = 0;
+        if (rc) {
+            pthread_mutex_unlock(&e->out_mu);
+            finish_seq(e, s, PGD_FINISH_ERROR, "internal error in the forward pass");
+            pthread_mutex_lock(&e->out_mu);
+            continue;
+        }
+        s->n_computed += n;
+        pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
+        if (s->logit_row < 0) continue;
+        int32_t id = pgd_sampler_sample(&s->sampler,
+                                        e->fwd.logits + (size_t)s->logit_row * e->model->cfg.n_vocab);
+        pgd_event *ev = event_push(e);
+        pgd_event dummy;
+        pgd_finish_reason why = accept_token(e, s, id, ev ? ev : &dummy);
+        e->stats.generation_tokens_total++;
+        if (why) {
+            pthread_mutex_unlock(&e->out_mu);
+            finish_seq(e, s, why, NULL);
+            pthread_mutex_lock(&e->out_mu);
+        }
+    }
+    e->stats.steps++;
+    e->stats.last_step_seqs = ns;
+    e->stats.last_step_tokens = nt;
+    e->stats.prefill_tokens_total += n_prefill;
+    snapshot_stats(e);
+    pthread_cond_broadcast(&e->out_cv);
+    pthread_mutex_unlock(&e->out_mu);
+    if (e->notify) e->notify(e->notify_arg);
+    return nt;
+}
+
+bool pgd_engine_has_work(pgd_engine *e) {
+    pthread_mutex_lock(&e->in_mu);
+    bool w = e->incoming.n > 0 || e->n_aborts > 0;
+    pthread_mutex_unlock(&e->in_mu);
+    return w || e->waiting.n > 0 || e->running.n > 0;
+}
+
+int pgd_engine_poll(pgd_engine *e, pgd_event *out, int max, int timeout_ms) {
+    pthread_mutex_lock(&e->out_mu);
+    if (e->n_events == 0 && timeout_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        while (e->n_events == 0)
+            if (pthread_cond_timedwait(&e->out_cv, &e->out_mu, &ts) != 0) break;
+    }
+    int n = (int)(e->n_events < (size_t)max ? e->n_events : (size_t)max);
+    memcpy(out, e->events, (size_t)n * sizeof *out);
+    memmove(e->events, e->events + n, (e->n_events - (size_t)n) * sizeof *e->events);
+    e->n_events -= (size_t)n;
+    pthread_mutex_unlock(&e->out_mu);
+    return n;
+}
+
+static void *engine_main(void *arg) {
+    pgd_engine *e = arg;
+    while (!e->stop_thread) {
+        if (!pgd_engine_has_work(e)) {
+            pthread_mutex_lock(&e->in_mu);
+            while (!e->stop_thread && e->incoming.n == 0 && e->n_aborts == 0)
+                pthread_cond_wait(&e->in_cv, &e->in_mu);
+            pthread_mutex_unlock(&e->in_mu);
+            continue;
+        }
+        pgd_engine_step(e);
+    }
+    return NULL;
+}
+
+int pgd_engine_start(pgd_engine *e, void (*notify)(void *), void *notify_arg) {
+    if (e->thread_running) return PGD_EINVAL;
+    e->notify = notify;
+    e->notify_arg = notify_arg;
+    e->stop_thread = false;
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) return PGD_ENOMEM;
+    e->thread_running = true;
+    return PGD_OK;
+}
+
+void pgd_engine_stop(pgd_engine *e) {
+    if (!e->thread_running) return;
+    pthread_mutex_lock(&e->in_mu);
+    e->stop_thread = true;
+    pthread_cond_broadcast(&e->in_cv);
+    pthread_mutex_unlock(&e->in_mu);
+    pthread_join(e->thread, NULL);
+    e->thread_running = false;
+}
+
+void pgd_engine_get_stats(pgd_engine *e, pgd_engine_stats *out) {
+    pthread_mutex_lock(&e->out_mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->out_mu);
+    pthread_mutex_lock(&e->in_mu);
+    out->num_waiting += e->incoming.n;
+    pthread_mutex_unlock(&e->in_mu);
+}
