@@ -8,6 +8,7 @@
 
 int pgd_cli_generate(int argc, char **argv);
 int pgd_cli_logits(int argc, char **argv);
+int pgd_cli_batch(int argc, char **argv);
 int pgd_cli_tokenize(int argc, char **argv);
 int pgd_cli_detokenize(int argc, char **argv);
 

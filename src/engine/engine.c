@@ -365,6 +365,9 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         if (l - 1 > s->hold) s->hold = l - 1;
     }
     pgd_detok_init(&s->detok, e->model->tok, false);
+    /* SentencePiece decoders drop the leading space of the text's first piece; generated text
+     * continues the prompt, so that applies only when the prompt is BOS alone. */
+    s->detok.first = p->n_prompt == 1 && p->prompt[0] == pgd_tokenizer_bos(e->model->tok);
     s->logit_row = -1;
     pthread_mutex_lock(&e->in_mu);
     if (e->cfg.max_waiting > 0 && e->n_pending >= e->cfg.max_waiting) {

@@ -1,0 +1,448 @@
+/* `pagoda batch`: offline batch inference. Reads one JSON request per line, runs them all
+ * through the engine at once, writes one JSON result per line in input order, with a progress
+ * bar and a summary on stderr. A bad line gets an error result; the others still run. */
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "pagoda/pagoda.h"
+#include "util/mapfile.h"
+
+typedef struct result {
+    cJSON *id;            /* the request's "id" (a copy), or null */
+    char *error;          /* set for a bad line or a failed request */
+    char *text;
+    size_t text_len, text_cap;
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    const char *finish;
+    int32_t n_prompt, n_completion, n_cached;
+    bool done;
+} result;
+
+typedef struct pending {
+    pgd_request_params p;
+    int32_t *prompt;
+    char *stop[16];
+    int line;
+} pending;
+
+static void usage_batch(FILE *f) {
+    fprintf(f,
+            "usage: pagoda batch [-m MODEL] --input IN.jsonl --output OUT.jsonl [options]\n"
+            "Each input line: {\"id\": ..., \"prompt\": \"...\" or [token ids], \"max_tokens\": N,\n"
+            "  \"temperature\": T, \"top_p\": P, \"top_k\": K, \"seed\": S, \"stop\": [...],\n"
+            "  \"ignore_eos\": false}\n"
+            "Each output line (input order): {\"id\", \"text\", \"token_ids\", \"finish_reason\",\n"
+            "  \"prompt_tokens\", \"completion_tokens\", \"cached_tokens\"} or {\"id\", \"error\"}.\n"
+            "options:\n"
+            "  -t, --threads N               worker threads (default: all CPUs)\n"
+            "  --max-num-batched-tokens N    token budget per step = prefill chunk (default 512)\n"
+            "  --max-num-seqs N              running sequences cap (default 64)\n"
+            "  --kv-cache-memory SIZE        KV pool budget, e.g. 512MiB, 2GiB (default 512MiB)\n"
+            "  --block-size N                KV block size in tokens (default 16)\n"
+            "  --kv-dtype f32|f16|bf16       KV cache element type (default f32)\n"
+            "  --no-prefix-caching           turn the prefix cache off\n"
+            "  --weights-f32                 dequantize weights to F32 at load\n"
+            "  --stagger N                   submit one request every N steps (default: all at once)\n"
+            "  --stats FILE                  write the run's statistics as JSON\n"
+            "  --no-progress                 no progress bar\n");
+}
+
+static int parse_size(const char *s, size_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0)) return -1;
+    double mul = 1;
+    if (!strcasecmp(end, "kib") || !strcasecmp(end, "k")) mul = 1024.0;
+    else if (!strcasecmp(end, "mib") || !strcasecmp(end, "m")) mul = 1048576.0;
+    else if (!strcasecmp(end, "gib") || !strcasecmp(end, "g")) mul = 1073741824.0;
+    else if (*end) return -1;
+    if (v * mul > 1e15) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+static void set_error(result *r, const char *msg) {
+    free(r->error);
+    r->error = strdup(msg);
+    r->done = true;
+}
+
+/* Parses one request line into p (prompt tokenized with the engine's tokenizer). */
+static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg, size_t ml) {
+    memset(&pd->p, 0, sizeof pd->p);
+    pd->p.max_tokens = 16;
+    pd->p.temperature = 1.0f;
+    pd->p.top_p = 1.0f;
+    cJSON *x;
+    if ((x = cJSON_GetObjectItemCaseSensitive(j, "id"))) r->id = cJSON_Duplicate(x, true);
+    cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    if (cJSON_IsString(pr)) {
+        size_t len = strlen(pr->valuestring), cap = len + 8, n = 0;
+        pd->prompt = malloc(cap * sizeof *pd->prompt);
+        if (!pd->prompt ||
+            pgd_engine_tokenize(e, pr->valuestring, len, true, true, pd->prompt, cap, &n)) {
+            snprintf(msg, ml, "cannot tokenize the prompt");
+            return -1;
+        }
+        pd->p.n_prompt = (int32_t)n;
+    } else if (cJSON_IsArray(pr)) {
+        int n = cJSON_GetArraySize(pr);
+        pd->prompt = malloc((size_t)(n > 0 ? n : 1) * sizeof *pd->prompt);
+        if (!pd->prompt) {
+            snprintf(msg, ml, "out of memory");
+            return -1;
+        }
+        int i = 0;
+        cJSON_ArrayForEach(x, pr) {
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 2147483647.0 ||
+                x->valuedouble != (double)(int32_t)x->valuedouble) {
+                snprintf(msg, ml, "\"prompt\" must be a string or an array of token ids");
+                return -1;
+            }
+            pd->prompt[i++] = (int32_t)x->valuedouble;
+        }
+        pd->p.n_prompt = n;
+    } else {
+        snprintf(msg, ml, "\"prompt\" must be a string or an array of token ids");
+        return -1;
+    }
+    pd->p.prompt = pd->prompt;
+    double mt = 16, temp = 1.0, tp = 1.0, tk = 0, seed = (double)pd->line;
+    const struct { const char *key; double lo, hi; bool integer; double *dst; } nums[5] = {
+        {"max_tokens", 1, 1e7, true, &mt},
+        {"temperature", 0, 100, false, &temp},
+        {"top_p", 0, 1, false, &tp},
+        {"top_k", 0, 1e9, true, &tk},
+        {"seed", 0, 9007199254740991.0, true, &seed},
+    };
+    for (int i = 0; i < 5; i++) {
+        x = cJSON_GetObjectItemCaseSensitive(j, nums[i].key);
+        if (!x || cJSON_IsNull(x)) continue;
+        if (!cJSON_IsNumber(x) || x->valuedouble < nums[i].lo || x->valuedouble > nums[i].hi ||
+            (nums[i].integer && x->valuedouble != (double)(int64_t)x->valuedouble)) {
+            snprintf(msg, ml, "\"%s\" must be a %s in [%g, %g]", nums[i].key,
+                     nums[i].integer ? "whole number" : "number", nums[i].lo, nums[i].hi);
+            return -1;
+        }
+        *nums[i].dst = x->valuedouble;
+    }
+    pd->p.max_tokens = (int32_t)mt;
+    pd->p.temperature = (float)temp;
+    pd->p.top_p = (float)tp;
+    pd->p.top_k = (int32_t)tk;
+    pd->p.seed = (uint64_t)seed;
+    x = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos");
+    if (x && !cJSON_IsBool(x)) {
+        snprintf(msg, ml, "\"ignore_eos\" must be a boolean");
+        return -1;
+    }
+    pd->p.ignore_eos = cJSON_IsTrue(x);
+    x = cJSON_GetObjectItemCaseSensitive(j, "stop");
+    if (cJSON_IsString(x)) {
+        pd->stop[0] = strdup(x->valuestring);
+        pd->p.n_stop = 1;
+    } else if (cJSON_IsArray(x)) {
+        cJSON *y;
+        cJSON_ArrayForEach(y, x) {
+            if (!cJSON_IsString(y) || pd->p.n_stop >= 16) {
+                snprintf(msg, ml, "\"stop\" must be a string or up to 16 strings");
+                return -1;
+            }
+            pd->stop[pd->p.n_stop++] = strdup(y->valuestring);
+        }
+    } else if (x && !cJSON_IsNull(x)) {
+        snprintf(msg, ml, "\"stop\" must be a string or up to 16 strings");
+        return -1;
+    }
+    for (int i = 0; i < pd->p.n_stop; i++)
+        if (!pd->stop[i]) {
+            snprintf(msg, ml, "out of memory");
+            return -1;
+        }
+    pd->p.stop = (const char *const *)pd->stop;
+    return 0;
+}
+
+static void append(result *r, const pgd_event *ev) {
+    if (ev->text_len > 0) {
+        if (r->text_len + (size_t)ev->text_len + 1 > r->text_cap) {
+            size_t nc = (r->text_cap + (size_t)ev->text_len + 1) * 2;
+            char *t = realloc(r->text, nc);
+            if (!t) return;
+            r->text = t;
+            r->text_cap = nc;
+        }
+        memcpy(r->text + r->text_len, ev->text, (size_t)ev->text_len);
+        r->text_len += (size_t)ev->text_len;
+        r->text[r->text_len] = 0;
+    }
+    if (ev->type == PGD_EVENT_TOKEN) {
+        if (r->n_ids == r->cap_ids) {
+            size_t nc = r->cap_ids ? r->cap_ids * 2 : 64;
+            int32_t *n = realloc(r->ids, nc * sizeof *n);
+            if (!n) return;
+            r->ids = n;
+            r->cap_ids = nc;
+        }
+        r->ids[r->n_ids++] = ev->token;
+    }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void progress(int done, int total, long tokens, double t0, bool final) {
+    double dt = now_s() - t0;
+    int w = 30, fill = total ? done * w / total : w;
+    fprintf(stderr, "\r[");
+    for (int i = 0; i < w; i++) fputc(i < fill ? '#' : '.', stderr);
+    fprintf(stderr, "] %d/%d requests, %ld tokens, %.1f tokens/s%s", done, total, tokens,
+            dt > 0 ? (double)tokens / dt : 0.0, final ? "\n" : "");
+}
+
+int pgd_cli_batch(int argc, char **argv) {
+    pgd_engine_config ec;
+    pgd_engine_config_default(&ec);
+    ec.model_path = pgd_cli_default_model();
+    const char *in_path = NULL, *out_path = NULL, *stats_path = NULL;
+    long stagger = 0;
+    bool show_progress = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long l;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_batch(stdout);
+            return 0;
+        } else if (!strcmp(a, "--no-prefix-caching")) {
+            ec.no_prefix_caching = true;
+            continue;
+        } else if (!strcmp(a, "--weights-f32")) {
+            ec.weights_f32 = true;
+            continue;
+        } else if (!strcmp(a, "--no-progress")) {
+            show_progress = false;
+            continue;
+        } else if (!v) {
+            fprintf(stderr, "pagoda: option %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) ec.model_path = v;
+        else if (!strcmp(a, "--input")) in_path = v;
+        else if (!strcmp(a, "--output")) out_path = v;
+        else if (!strcmp(a, "--stats")) stats_path = v;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (pgd_cli_parse_long(v, 1, 1024, &l)) goto bad;
+            ec.n_threads = (int32_t)l;
+        } else if (!strcmp(a, "--max-num-batched-tokens")) {
+            if (pgd_cli_parse_long(v, 1, 1 << 20, &l)) goto bad;
+            ec.max_num_batched_tokens = (int32_t)l;
+        } else if (!strcmp(a, "--max-num-seqs")) {
+            if (pgd_cli_parse_long(v, 1, 4096, &l)) goto bad;
+            ec.max_num_seqs = (int32_t)l;
+        } else if (!strcmp(a, "--block-size")) {
+            if (pgd_cli_parse_long(v, 1, 1024, &l)) goto bad;
+            ec.block_size = (int32_t)l;
+        } else if (!strcmp(a, "--stagger")) {
+            if (pgd_cli_parse_long(v, 0, 1 << 20, &stagger)) goto bad;
+        } else if (!strcmp(a, "--kv-cache-memory")) {
+            if (parse_size(v, &ec.kv_cache_bytes)) goto bad;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (!strcmp(v, "f32")) ec.kv_dtype = PGD_KV_F32;
+            else if (!strcmp(v, "f16")) ec.kv_dtype = PGD_KV_F16;
+            else if (!strcmp(v, "bf16")) ec.kv_dtype = PGD_KV_BF16;
+            else goto bad;
+        } else {
+            fprintf(stderr, "pagoda: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "pagoda: invalid value '%s' for %s\n", v, a);
+        return 2;
+    }
+    if (!in_path || !out_path) {
+        usage_batch(stderr);
+        return 2;
+    }
+    char *input = NULL;
+    size_t in_len = 0;
+    pgd_err perr = {{0}};
+    if (pgd_read_file(in_path, &input, &in_len, &perr)) {
+        fprintf(stderr, "pagoda: %s\n", perr.msg);
+        return 1;
+    }
+    FILE *out = fopen(out_path, "w");
+    if (!out) {
+        perror(out_path);
+        free(input);
+        return 1;
+    }
+    char err[512];
+    pgd_engine *e = NULL;
+    if (pgd_engine_create(&ec, &e, err, sizeof err)) {
+        fprintf(stderr, "pagoda: %s\n", err);
+        fclose(out);
+        free(input);
+        return 1;
+    }
+    /* split lines (blank lines are skipped, not counted) */
+    int n_lines = 0, cap_lines = 64;
+    char **lines = malloc((size_t)cap_lines * sizeof *lines);
+    for (char *p = input, *nl; lines && p < input + in_len; p = nl + 1) {
+        nl = memchr(p, '\n', (size_t)(input + in_len - p));
+        if (!nl) nl = input + in_len;
+        *nl = 0;
+        char *q = p;
+        while (*q == ' ' || *q == '\t' || *q == '\r') q++;
+        if (!*q) continue;
+        if (n_lines == cap_lines) {
+            char **nls = realloc(lines, (size_t)cap_lines * 2 * sizeof *nls);
+            if (!nls) break;
+            lines = nls;
+            cap_lines *= 2;
+        }
+        lines[n_lines++] = p;
+    }
+    result *res = calloc((size_t)(n_lines ? n_lines : 1), sizeof *res);
+    pending *pend = calloc((size_t)(n_lines ? n_lines : 1), sizeof *pend);
+    int exit_code = 1;
+    if (!lines || !res || !pend) {
+        fprintf(stderr, "pagoda: out of memory\n");
+        goto done;
+    }
+    int n_valid = 0;
+    for (int i = 0; i < n_lines; i++) {
+        pend[i].line = i;
+        cJSON *j = cJSON_Parse(lines[i]);
+        char msg[256];
+        if (!cJSON_IsObject(j)) set_error(&res[i], "the line is not a JSON object");
+        else if (parse_line(e, j, &pend[i], &res[i], msg, sizeof msg)) set_error(&res[i], msg);
+        else n_valid++;
+        cJSON_Delete(j);
+    }
+    double t0 = now_s(), last_draw = 0;
+    int next = 0, n_done = 0;
+    long steps = 0, tokens = 0;
+    pgd_event ev[256];
+    while (n_done < n_valid) {
+        /* submit: everything at once, or one request every `stagger` steps */
+        while (next < n_lines && (stagger == 0 || steps >= (long)next * stagger)) {
+            pending *pd = &pend[next];
+            result *r = &res[next];
+            next++;
+            if (r->done) continue;
+            pd->p.user_data = (uint64_t)pd->line;
+            uint64_t rid;
+            if (pgd_engine_submit(e, &pd->p, &rid, err, sizeof err)) {
+                set_error(r, err);
+                n_done++;
+            }
+            if (stagger) break;
+        }
+        if (n_done >= n_valid) break;
+        pgd_engine_step(e);
+        steps++;
+        int n;
+        while ((n = pgd_engine_poll(e, ev, 256, 0)) > 0)
+            for (int i = 0; i < n; i++) {
+                result *r = &res[ev[i].user_data];
+                append(r, &ev[i]);
+                if (ev[i].type == PGD_EVENT_TOKEN) tokens++;
+                if (ev[i].type != PGD_EVENT_FINISH) continue;
+                static const char *names[] = {"", "stop", "length", "abort", "error"};
+                r->finish = names[ev[i].finish_reason];
+                r->n_prompt = ev[i].n_prompt;
+                r->n_completion = ev[i].n_completion;
+                r->n_cached = ev[i].n_cached;
+                if (ev[i].finish_reason == PGD_FINISH_ERROR) set_error(r, ev[i].error);
+                r->done = true;
+                n_done++;
+            }
+        if (show_progress && now_s() - last_draw > 0.2) {
+            progress(n_done, n_valid, tokens, t0, false);
+            last_draw = now_s();
+        }
+    }
+    double dt = now_s() - t0;
+    if (show_progress) progress(n_done, n_valid, tokens, t0, true);
+    for (int i = 0; i < n_lines; i++) {
+        result *r = &res[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "id", r->id ? r->id : cJSON_CreateNull());
+        r->id = NULL;
+        if (r->error) {
+            cJSON *eo = cJSON_AddObjectToObject(o, "error");
+            cJSON_AddStringToObject(eo, "message", r->error);
+        } else {
+            cJSON_AddStringToObject(o, "text", r->text ? r->text : "");
+            cJSON *ids = cJSON_AddArrayToObject(o, "token_ids");
+            for (size_t k = 0; k < r->n_ids; k++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->ids[k]));
+            cJSON_AddStringToObject(o, "finish_reason", r->finish ? r->finish : "");
+            cJSON_AddNumberToObject(o, "prompt_tokens", r->n_prompt);
+            cJSON_AddNumberToObject(o, "completion_tokens", r->n_completion);
+            cJSON_AddNumberToObject(o, "cached_tokens", r->n_cached);
+        }
+        char *txt = cJSON_PrintUnformatted(o);
+        if (txt) fprintf(out, "%s\n", txt);
+        free(txt);
+        cJSON_Delete(o);
+    }
+    int n_failed = 0;
+    for (int i = 0; i < n_lines; i++) n_failed += res[i].error != NULL;
+    pgd_engine_stats st;
+    pgd_engine_get_stats(e, &st);
+    double hit = st.prefix_cache_queries ? 100.0 * st.prefix_cache_hits / st.prefix_cache_queries : 0;
+    fprintf(stderr, "requests: %d (%d failed), prompt tokens: %lld, generated tokens: %lld, "
+            "time: %.2f s, %.1f generated tokens/s, %.1f total tokens/s\n", n_lines,
+            n_failed, (long long)st.prompt_tokens_total,
+            (long long)st.generation_tokens_total, dt, st.generation_tokens_total / dt,
+            (st.prefill_tokens_total + st.generation_tokens_total) / dt);
+    fprintf(stderr, "prefix cache: %.1f%% of %lld prompt tokens hit; prefilled tokens: %lld; "
+            "preemptions: %lld; steps: %lld\n", hit, (long long)st.prefix_cache_queries,
+            (long long)st.prefill_tokens_total, (long long)st.num_preemptions, (long long)st.steps);
+    if (stats_path) {
+        FILE *sf = fopen(stats_path, "w");
+        if (sf) {
+            fprintf(sf, "{\"requests\": %d, \"prompt_tokens\": %lld, \"generation_tokens\": %lld, "
+                    "\"prefill_tokens\": %lld, \"prefix_cache_queries\": %lld, "
+                    "\"prefix_cache_hits\": %lld, \"preemptions\": %lld, \"steps\": %lld, "
+                    "\"seconds\": %.6f, \"kv_blocks_total\": %d, \"kv_blocks_used\": %d}\n",
+                    n_lines, (long long)st.prompt_tokens_total,
+                    (long long)st.generation_tokens_total, (long long)st.prefill_tokens_total,
+                    (long long)st.prefix_cache_queries, (long long)st.prefix_cache_hits,
+                    (long long)st.num_preemptions, (long long)st.steps, dt, st.kv_blocks_total,
+                    st.kv_blocks_used);
+            fclose(sf);
+        }
+    }
+    exit_code = 0;
+done:
+    for (int i = 0; res && i < n_lines; i++) {
+        cJSON_Delete(res[i].id);
+        free(res[i].error);
+        free(res[i].text);
+        free(res[i].ids);
+    }
+    for (int i = 0; pend && i < n_lines; i++) {
+        free(pend[i].prompt);
+        for (int k = 0; k < pend[i].p.n_stop; k++) free(pend[i].stop[k]);
+    }
+    free(res);
+    free(pend);
+    free(lines);
+    free(input);
+    if (fclose(out) != 0) exit_code = 1;
+    pgd_engine_free(e);
+    return exit_code;
+}
