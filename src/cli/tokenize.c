@@ -162,7 +162,8 @@ int pgd_cli_tokenize(int argc, char **argv) {
                 fprintf(stderr, "pagoda: %s:%ld: not a JSON string\n", jsonl, ln);
                 goto done;
             }
-            int rc = encode(t, j->valuestring, strlen(j->valuestring), bos, special, &ids, &cap, &n);
+            int rc =
+                encode(t, j->valuestring, strlen(j->valuestring), bos, special, &ids, &cap, &n);
             cJSON_Delete(j);
             if (rc != 0) goto enc_fail;
             print_ids(ids, n);

@@ -119,7 +119,8 @@ int pgd__bpe_word(const pgd_tokenizer *t, const unsigned char *w, size_t n, pgd_
         /* HF's ignore_merges: a word that is itself a token is not split */
         char *bl = mem + n * sizeof(sym) + 3 * n * sizeof(cand);
         size_t k = 0;
-        for (size_t i = 0; i < n; i++) k += (size_t)pgd__utf8_encode(pgd__bytelevel_cp(w[i]), bl + k);
+        for (size_t i = 0; i < n; i++)
+            k += (size_t)pgd__utf8_encode(pgd__bytelevel_cp(w[i]), bl + k);
         int32_t id = pgd__tok_lookup(t, bl, k);
         if (id >= 0) {
             pgd__tok_emit(o, id);

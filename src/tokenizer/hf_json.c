@@ -57,7 +57,8 @@ static int byte_level_pre(const cJSON *pre) {
 static int spm_normalizer(const cJSON *n, bool *prefix) {
     *prefix = false;
     if (!n || cJSON_IsNull(n)) return 0;
-    const cJSON *seq = jtype(n, "Sequence") ? cJSON_GetObjectItemCaseSensitive(n, "normalizers") : NULL;
+    const cJSON *seq =
+        jtype(n, "Sequence") ? cJSON_GetObjectItemCaseSensitive(n, "normalizers") : NULL;
     int cnt = seq ? cJSON_GetArraySize(seq) : 1;
     for (int i = 0; i < cnt; i++) {
         const cJSON *e = seq ? cJSON_GetArrayItem(seq, i) : n;
@@ -266,7 +267,8 @@ int pgd_tokenizer_load_hf(const char *path, const char *config_path, pgd_tokeniz
     /* BOS from the post-processor: TemplateProcessing whose single template starts with a
      * special token (Llama 2 / 3 style) */
     const cJSON *post = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
-    const cJSON *posts = jtype(post, "Sequence") ? cJSON_GetObjectItemCaseSensitive(post, "processors") : NULL;
+    const cJSON *posts =
+        jtype(post, "Sequence") ? cJSON_GetObjectItemCaseSensitive(post, "processors") : NULL;
     for (int k = 0; k < (posts ? cJSON_GetArraySize(posts) : 1); k++) {
         const cJSON *pp = posts ? cJSON_GetArrayItem(posts, k) : post;
         if (!jtype(pp, "TemplateProcessing")) continue;

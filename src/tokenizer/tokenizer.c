@@ -147,7 +147,8 @@ int pgd__tok_create(pgd_tokenizer **out, int32_t n_vocab, const pgd_str *texts,
         uint32_t s = (uint32_t)pgd__tok_hash(texts[i].ptr, n) & mask;
         for (;; s = (s + 1) & mask) {
             int32_t id = t->vocab.slots[s];
-            if (id < 0 || (t->tok_len[id] == n && memcmp(pgd__tok_text(t, id), texts[i].ptr, n) == 0)) {
+            if (id < 0 ||
+                (t->tok_len[id] == n && memcmp(pgd__tok_text(t, id), texts[i].ptr, n) == 0)) {
                 t->vocab.slots[s] = i;
                 break;
             }
@@ -211,7 +212,8 @@ static int special_cmp(const void *pa, const void *pb, void *ctx) {
     unsigned char ca = (unsigned char)pgd__tok_text(t, a->id)[0];
     unsigned char cb = (unsigned char)pgd__tok_text(t, b->id)[0];
     if (ca != cb) return ca < cb ? -1 : 1;
-    if (t->tok_len[a->id] != t->tok_len[b->id]) return t->tok_len[a->id] > t->tok_len[b->id] ? -1 : 1;
+    if (t->tok_len[a->id] != t->tok_len[b->id])
+        return t->tok_len[a->id] > t->tok_len[b->id] ? -1 : 1;
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
@@ -328,7 +330,8 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     int rc;
     *out = NULL;
     if (pgd_gguf_get_str(g, "tokenizer.ggml.model", &model_s) != 0)
-        return pgd_err_set(err, PGD_EFORMAT, "%s: tokenizer.ggml.model missing (no tokenizer)", name);
+        return pgd_err_set(err, PGD_EFORMAT, "%s: tokenizer.ggml.model missing (no tokenizer)",
+                           name);
     pgd_tok_model model;
     if (pgd_str_eq(model_s, "gpt2")) model = PGD_TOKM_BPE;
     else if (pgd_str_eq(model_s, "llama")) model = PGD_TOKM_SPM;
@@ -336,7 +339,8 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: tokenizer.ggml.model '%.*s' not supported",
                            name, (int)model_s.len, model_s.ptr);
     if (pgd_gguf_get_arr(g, "tokenizer.ggml.tokens", PGD_GGUF_STRING, &toks) != 0)
-        return pgd_err_set(err, PGD_EFORMAT, "%s: tokenizer.ggml.tokens missing or not strings", name);
+        return pgd_err_set(err, PGD_EFORMAT, "%s: tokenizer.ggml.tokens missing or not strings",
+                           name);
     if (toks->arr_n == 0 || toks->arr_n > INT32_MAX)
         return pgd_err_set(err, PGD_EFORMAT, "%s: tokenizer.ggml.tokens has %llu entries", name,
                            (unsigned long long)toks->arr_n);
@@ -347,7 +351,8 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
         pre = PGD_PRE_GPT2;
         if (pgd_gguf_get_str(g, "tokenizer.ggml.pre", &pre_s) == 0) {
             if (pgd_str_eq(pre_s, "smollm")) pre = PGD_PRE_SMOLLM;
-            else if (pgd_str_eq(pre_s, "llama-bpe") || pgd_str_eq(pre_s, "llama3")) pre = PGD_PRE_LLAMA3;
+            else if (pgd_str_eq(pre_s, "llama-bpe") || pgd_str_eq(pre_s, "llama3"))
+                pre = PGD_PRE_LLAMA3;
             else if (pgd_str_eq(pre_s, "qwen2")) pre = PGD_PRE_QWEN2;
             else if (pgd_str_eq(pre_s, "gpt-2") || pgd_str_eq(pre_s, "default")) pre = PGD_PRE_GPT2;
             else
@@ -366,7 +371,8 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     }
     kv = pgd_gguf_find(g, "tokenizer.ggml.scores");
     if (kv) {
-        if (kv->type != PGD_GGUF_ARRAY || kv->arr_n != toks->arr_n || kv->arr_type != PGD_GGUF_F32)
+        if (kv->type != PGD_GGUF_ARRAY || kv->arr_n != toks->arr_n ||
+            kv->arr_type != PGD_GGUF_F32)
             return pgd_err_set(err, PGD_EFORMAT, "%s: tokenizer.ggml.scores malformed", name);
         scores_kv = kv;
     }

@@ -239,7 +239,8 @@ static void test_qwen2_specials_and_stream(void) {
     free(ids);
 
     /* an emoji ZWJ sequence fed token by token never emits a partial character */
-    const char *emoji = "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 ok";
+    const char *emoji = "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d"
+                        "\xf0\x9f\x91\xa7 ok";
     n = enc(t, emoji, strlen(emoji), false, false, &ids);
     pgd_detok_init(&d, t, false);
     total = 0;
@@ -273,7 +274,8 @@ static void test_utf8_and_nfc(void) {
     uint32_t cp;
     CHECK_EQ_INT(pgd__utf8_decode((const unsigned char *)"\xc0\x80", 2, &cp), 1); /* overlong */
     CHECK(cp & PGD_UNI_INVALID);
-    CHECK_EQ_INT(pgd__utf8_decode((const unsigned char *)"\xed\xa0\x80", 3, &cp), 1); /* surrogate */
+    /* a surrogate */
+    CHECK_EQ_INT(pgd__utf8_decode((const unsigned char *)"\xed\xa0\x80", 3, &cp), 1);
     CHECK(cp & PGD_UNI_INVALID);
     CHECK_EQ_INT(pgd__utf8_decode((const unsigned char *)"\xf0\x9f\x98\x80", 4, &cp), 4);
     CHECK_EQ_INT(cp, 0x1F600);
@@ -306,7 +308,8 @@ static void test_errors(void) {
     CHECK(pgd_gguf_open(&g, "tests/data/models/stories260K.gguf", &err) == 0);
     pgd_gguf_close(&g);
     pgd_tokenizer *t = NULL;
-    CHECK(pgd_tokenizer_load_hf("tests/data/nonexistent/tokenizer.json", NULL, &t, &err) < 0);
+    int rc = pgd_tokenizer_load_hf("tests/data/nonexistent/tokenizer.json", NULL, &t, &err);
+    CHECK(rc < 0);
     CHECK(t == NULL);
     CHECK(strstr(err.msg, "tokenizer.json") != NULL);
     CHECK(strchr(err.msg, '\n') == NULL);
