@@ -16,6 +16,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "pagoda/pagoda.h"
+#include "engine/engine_internal.h"
 #include "sample/sampler.h"
 
 #define MAX_STOP 16
@@ -776,4 +777,15 @@ void pgd_engine_get_stats(pgd_engine *e, pgd_engine_stats *out) {
     pthread_mutex_lock(&e->in_mu);
     out->num_waiting += e->incoming.n;
     pthread_mutex_unlock(&e->in_mu);
+}
+
+int pgd__engine_check(pgd_engine *e) {
+    int rc = pgd_kv_check(&e->mgr);
+    if (rc) return rc;
+    if (e->running.n == 0 && e->waiting.n == 0) {
+        if (e->mgr.n_free != e->mgr.n_blocks) return PGD_EFORMAT;
+        for (int32_t b = 0; b < e->mgr.n_blocks; b++)
+            if (e->mgr.blocks[b].ref != 0) return PGD_EFORMAT;
+    }
+    return PGD_OK;
 }
