@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Creates (or reuses) the test-time Python virtualenv in a cache folder outside the checkout,
-# keyed by the hash of tests/requirements.txt. Prints the venv path on stdout.
+# Creates (or reuses) a Python virtualenv in a cache folder outside the checkout, keyed by the
+# hash of a requirements file (default tests/requirements.txt; bench/requirements.txt for the
+# benchmarks). Prints the venv path on stdout.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-req="$root/tests/requirements.txt"
+req="${1:-$root/tests/requirements.txt}"
 cache="${PAGODA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pagoda}"
 hash=$(sha256sum "$req" | cut -c1-16)
 venv="$cache/venv-$hash"

@@ -37,6 +37,8 @@ typedef struct pgd_engine_config {
     int32_t max_num_seqs;           /* running sequences cap (default 64) */
     bool no_prefix_caching;         /* prefix caching is on unless this is set */
     int32_t max_waiting;            /* 0: unbounded waiting queue */
+    bool static_batching;           /* baseline for benchmarks: admit a new batch only when the
+                                       previous one has completely finished */
 } pgd_engine_config;
 
 typedef struct pgd_request_params {

@@ -51,6 +51,9 @@ static void usage_batch(FILE *f) {
             "  --weights-f32                 dequantize weights to F32 at load\n"
             "  --stagger N                   submit one request every N steps (default: all at once)\n"
             "  --stats FILE                  write the run's statistics as JSON\n"
+            "  --trace FILE                  write one line per step: seconds, running, waiting,\n"
+            "                                tokens in the step\n"
+            "  --static-batching             baseline: admit a new batch only when the last is done\n"
             "  --no-progress                 no progress bar\n");
 }
 
@@ -214,7 +217,8 @@ int pgd_cli_batch(int argc, char **argv) {
     pgd_engine_config ec;
     pgd_engine_config_default(&ec);
     ec.model_path = pgd_cli_default_model();
-    const char *in_path = NULL, *out_path = NULL, *stats_path = NULL;
+    const char *in_path = NULL, *out_path = NULL, *stats_path = NULL, *trace_path = NULL;
+    FILE *trace = NULL;
     long stagger = 0;
     bool show_progress = true;
     for (int i = 1; i < argc; i++) {
@@ -229,6 +233,9 @@ int pgd_cli_batch(int argc, char **argv) {
         } else if (!strcmp(a, "--weights-f32")) {
             ec.weights_f32 = true;
             continue;
+        } else if (!strcmp(a, "--static-batching")) {
+            ec.static_batching = true;
+            continue;
         } else if (!strcmp(a, "--no-progress")) {
             show_progress = false;
             continue;
@@ -241,6 +248,7 @@ int pgd_cli_batch(int argc, char **argv) {
         else if (!strcmp(a, "--input")) in_path = v;
         else if (!strcmp(a, "--output")) out_path = v;
         else if (!strcmp(a, "--stats")) stats_path = v;
+        else if (!strcmp(a, "--trace")) trace_path = v;
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (pgd_cli_parse_long(v, 1, 1024, &l)) goto bad;
             ec.n_threads = (int32_t)l;
@@ -331,6 +339,10 @@ int pgd_cli_batch(int argc, char **argv) {
         else n_valid++;
         cJSON_Delete(j);
     }
+    if (trace_path && !(trace = fopen(trace_path, "w"))) {
+        perror(trace_path);
+        goto done;
+    }
     double t0 = now_s(), last_draw = 0;
     int next = 0, n_done = 0;
     long steps = 0, tokens = 0;
@@ -351,8 +363,14 @@ int pgd_cli_batch(int argc, char **argv) {
             if (stagger) break;
         }
         if (n_done >= n_valid) break;
-        pgd_engine_step(e);
+        int step_tokens = pgd_engine_step(e);
         steps++;
+        if (trace) {
+            pgd_engine_stats ts;
+            pgd_engine_get_stats(e, &ts);
+            fprintf(trace, "%.6f %d %d %d\n", now_s() - t0, ts.last_step_seqs, ts.num_waiting,
+                    step_tokens);
+        }
         int n;
         while ((n = pgd_engine_poll(e, ev, 256, 0)) > 0)
             for (int i = 0; i < n; i++) {
@@ -438,6 +456,7 @@ done:
         free(pend[i].prompt);
         for (int k = 0; k < pend[i].p.n_stop; k++) free(pend[i].stop[k]);
     }
+    if (trace) fclose(trace);
     free(res);
     free(pend);
     free(lines);

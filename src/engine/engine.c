@@ -91,6 +91,7 @@ struct pgd_engine {
     void *notify_arg;
 
     pgd_engine_stats stats;    /* updated by the step, read under out_mu */
+    bool admitting;            /* static batching: the current batch is still being filled */
 };
 
 /* ---- lists ---- */
@@ -515,7 +516,9 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
         used += n;
     }
     /* 3. waiting requests, in order (preempted ones first) */
-    while (e->waiting.head && used < budget && e->running.n < e->cfg.max_num_seqs) {
+    bool admit = !e->cfg.static_batching || e->running.n == 0 || e->admitting;
+    e->admitting = false;
+    while (admit && e->waiting.head && used < budget && e->running.n < e->cfg.max_num_seqs) {
         seq *s = e->waiting.head;
         int64_t q0 = e->mgr.stats.prefix_queries, h0 = e->mgr.stats.prefix_hits;
         int32_t hit = pgd_kv_match_prefix(&e->mgr, &s->kv, s->tokens, s->n_tokens);
@@ -544,7 +547,10 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
         s->sched_n = n;
         sched[ns++] = s;
         used += n;
+        /* static batching fills its batch over as many steps as the token budget needs */
+        e->admitting = e->cfg.static_batching && e->running.n < e->cfg.max_num_seqs;
     }
+    if (!e->waiting.head) e->admitting = false;
     *n_sched = ns;
     return used;
 }
