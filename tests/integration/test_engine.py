@@ -130,6 +130,18 @@ def test_preemption_keeps_outputs(long_model, tmp_path, chunk):
     assert_same(res, ref)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_precision_kv_batched_equals_alone(long_model, tmp_path, dtype):
+    # Narrower KV changes the numbers, not the invariance: batched f16/bf16 runs must equal the
+    # alone runs with the same KV type.
+    reqs = make_requests(n=24, seed=5)
+    ref, _ = run_batch(long_model, tmp_path, "alone", reqs, "--max-num-seqs", "1",
+                       "--no-prefix-caching", "--kv-dtype", dtype)
+    res, _ = run_batch(long_model, tmp_path, "batched", reqs, "--kv-dtype", dtype,
+                       "--max-num-batched-tokens", "64")
+    assert_same(res, ref)
+
+
 def test_prefix_cache_prefills_only_the_suffix(long_model, tmp_path):
     rng = random.Random(7)
     system = [1] + [rng.randrange(3, 512) for _ in range(999)]  # 1,000 tokens

@@ -20,7 +20,60 @@ static uint32_t rnd(uint32_t n) {
 
 #define MAXREQ 4096
 
+/* Runs 12 greedy requests through e, synchronously or on the engine thread (submitting from
+ * this thread while it runs), and collects each request's tokens. */
+static void run_requests(pgd_engine *e, bool threaded, int32_t out[12][40], int32_t n_out[12]) {
+    uint64_t ids[12];
+    char err[256];
+    memset(n_out, 0, 12 * sizeof *n_out);
+    if (threaded) CHECK_EQ_INT(pgd_engine_start(e, NULL, NULL), 0);
+    for (int r = 0; r < 12; r++) {
+        int32_t prompt[64];
+        prompt[0] = 1;
+        for (int i = 1; i < 10 + r * 4; i++) prompt[i] = 3 + (i * 37 + r * 11) % 500;
+        pgd_request_params p = {.prompt = prompt, .n_prompt = 10 + r * 4, .max_tokens = 40,
+                                .ignore_eos = true};
+        CHECK_EQ_INT(pgd_engine_submit(e, &p, &ids[r], err, sizeof err), 0);
+    }
+    int done = 0;
+    pgd_event ev[64];
+    while (done < 12) {
+        if (!threaded) pgd_engine_step(e);
+        int n = pgd_engine_poll(e, ev, 64, threaded ? 1000 : 0);
+        for (int i = 0; i < n; i++) {
+            int r = (int)(ev[i].request_id - ids[0]);
+            CHECK(r >= 0 && r < 12);
+            if (r < 0 || r >= 12) continue;
+            if (ev[i].type == PGD_EVENT_TOKEN && n_out[r] < 40) out[r][n_out[r]++] = ev[i].token;
+            if (ev[i].type == PGD_EVENT_FINISH) done++;
+        }
+    }
+    if (threaded) pgd_engine_stop(e);
+}
+
+static void test_threaded_matches_sync(void) {
+    pgd_engine_config c;
+    pgd_engine_config_default(&c);
+    c.model_path = "tests/data/models/stories260K.gguf";
+    c.n_threads = 2;
+    pgd_engine *e;
+    char err[256];
+    CHECK_EQ_INT(pgd_engine_create(&c, &e, err, sizeof err), 0);
+    static int32_t a[12][40], b[12][40];
+    int32_t na[12], nb[12];
+    run_requests(e, false, a, na);
+    run_requests(e, true, b, nb);
+    for (int r = 0; r < 12; r++) {
+        CHECK_EQ_INT(na[r], 40);
+        CHECK_EQ_INT(nb[r], 40);
+        CHECK(memcmp(a[r], b[r], sizeof a[r]) == 0);
+    }
+    CHECK_EQ_INT(pgd__engine_check(e), 0);
+    pgd_engine_free(e);
+}
+
 int main(void) {
+    test_threaded_matches_sync();
     pgd_engine_config c;
     pgd_engine_config_default(&c);
     c.model_path = "tests/data/models/stories260K.gguf";
