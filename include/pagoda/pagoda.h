@@ -53,6 +53,18 @@ typedef struct pgd_request_params {
     const char *const *stop;        /* stop strings (copied); the text ends before the match */
     int32_t n_stop;
     uint64_t user_data;             /* returned in every event */
+    /* the full sampler (issue 6); zero values mean "off" */
+    float min_p;                    /* [0, 1] */
+    float presence_penalty;         /* [-2, 2], OpenAI semantics */
+    float frequency_penalty;        /* [-2, 2], OpenAI semantics */
+    float repetition_penalty;       /* > 0; 0 or 1 = off (HF/vLLM semantics) */
+    const int32_t *logit_bias_ids;  /* (n_logit_bias) token ids (copied) */
+    const float *logit_bias;        /* (n_logit_bias) added to those logits, [-100, 100] */
+    int32_t n_logit_bias;
+    int32_t min_tokens;             /* no end-of-generation before this many tokens */
+    int32_t logprobs;               /* report the chosen token's logprob and this many top
+                                       alternatives (0..20); -1 = no logprobs at all */
+    bool no_speculation;            /* opt out of speculative decoding */
 } pgd_request_params;
 
 typedef enum { PGD_EVENT_TOKEN = 1, PGD_EVENT_FINISH = 2 } pgd_event_type;
@@ -64,12 +76,17 @@ typedef enum {
     PGD_FINISH_ERROR = 4,  /* rejected or failed; error holds the reason */
 } pgd_finish_reason;
 
-#define PGD_EVENT_TEXT_MAX 288
+#define PGD_EVENT_TEXT_MAX 384
+#define PGD_MAX_TOP_LOGPROBS 20
 
 typedef struct pgd_event {
     pgd_event_type type;
     uint64_t request_id, user_data;
     int32_t token;                   /* TOKEN: the sampled token id */
+    float logprob;                   /* TOKEN, when requested: log-probability of token */
+    int32_t n_top;                   /* TOKEN: number of alternatives below */
+    int32_t top_ids[PGD_MAX_TOP_LOGPROBS];
+    float top_logprobs[PGD_MAX_TOP_LOGPROBS];
     int32_t text_len;                /* TOKEN/FINISH: bytes of text completed by this event */
     char text[PGD_EVENT_TEXT_MAX];   /* complete UTF-8 only; FINISH carries held-back text */
     pgd_finish_reason finish_reason; /* FINISH */
