@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Pagoda needs to build and test (idempotent; skips when present).
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libcjson-dev clang python3-venv)
+pkgs=(build-essential cmake pkg-config libcjson-dev libuv1-dev libmicrohttpd-dev libsystemd-dev clang
+      python3-venv curl)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

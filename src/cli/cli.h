@@ -9,8 +9,10 @@
 int pgd_cli_generate(int argc, char **argv);
 int pgd_cli_logits(int argc, char **argv);
 int pgd_cli_batch(int argc, char **argv);
+int pgd_cli_serve(int argc, char **argv);
 int pgd_cli_tokenize(int argc, char **argv);
 int pgd_cli_detokenize(int argc, char **argv);
+int pgd_cli_bench(int argc, char **argv);
 
 /* Shared helpers (src/cli/args.c). */
 /* The model path used when -m is not given: $PAGODA_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf */

@@ -9,11 +9,13 @@ static const struct {
     int (*fn)(int, char **);
     const char *help;
 } commands[] = {
+    {"serve", pgd_cli_serve, "serve the OpenAI-compatible HTTP API"},
     {"generate", pgd_cli_generate, "generate text from a prompt with a model"},
     {"batch", pgd_cli_batch, "offline batch inference over a JSONL file of requests"},
     {"tokenize", pgd_cli_tokenize, "print the token ids of a text"},
     {"detokenize", pgd_cli_detokenize, "print the text of token ids"},
     {"logits", pgd_cli_logits, "write the logits of every position of a token sequence"},
+    {"bench", pgd_cli_bench, "prefill/decode tokens/s against the hardware roofline"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,20 @@
+/* Chat prompts: the model's own Jinja chat template rendered with the variables Hugging Face
+ * passes (messages, add_generation_prompt, bos_token, eos_token, tools). */
+#ifndef PGD_API_CHAT_H
+#define PGD_API_CHAT_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "api/jinja.h"
+#include "tokenizer/tokenizer.h"
+
+/* Renders into a malloc'd *out. messages and tools (may be NULL) are borrowed. On failure
+ * returns a negative status and writes the template's message (e.g. its raise_exception text)
+ * into err. Thread-safe: t and tok are immutable. */
+int pgd_chat_render(const pgd_jinja_tmpl *t, const pgd_tokenizer *tok, const cJSON *messages,
+                    const cJSON *tools, bool add_generation_prompt, char **out, char *err,
+                    size_t errlen);
+
+#endif

@@ -1,0 +1,573 @@
+/* OpenAI request parsing/validation and response bodies. Every check names the parameter and
+ * the accepted range, so a client can fix its request from the message alone. */
+#include "api/openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void pgd_api_error_set(pgd_api_error *e, int status, const char *type, const char *param,
+                       const char *code, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+char *pgd_api_error_json(const pgd_api_error *e) {
+    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(er, "message", e->message);
+    cJSON_AddStringToObject(er, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0]) cJSON_AddStringToObject(er, "param", e->param);
+    else cJSON_AddNullToObject(er, "param");
+    if (e->code[0]) cJSON_AddStringToObject(er, "code", e->code);
+    else cJSON_AddNullToObject(er, "code");
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+#define BAD(param, ...)                                                                          \
+    do {                                                                                         \
+        pgd_api_error_set(err, 400, "invalid_request_error", param, NULL, __VA_ARGS__);         \
+        goto fail;                                                                               \
+    } while (0)
+
+static bool is_int(const cJSON *x) {
+    return cJSON_IsNumber(x) && isfinite(x->valuedouble) &&
+           x->valuedouble == floor(x->valuedouble) && fabs(x->valuedouble) < 9.007199254740992e15;
+}
+
+/* Optional number in [lo, hi]; absent or null leaves *out unchanged. */
+static int get_num(const cJSON *o, const char *key, double lo, double hi, bool integer,
+                   double *out, pgd_api_error *err) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) {
+        pgd_api_error_set(err, 400, "invalid_request_error", key, NULL, "'%s' must be %s", key,
+                          integer ? "an integer" : "a number");
+        return -1;
+    }
+    if (integer && !is_int(x)) {
+        pgd_api_error_set(err, 400, "invalid_request_error", key, NULL,
+                          "'%s' must be an integer, got %g", key, x->valuedouble);
+        return -1;
+    }
+    if (x->valuedouble < lo || x->valuedouble > hi) {
+        pgd_api_error_set(err, 400, "invalid_request_error", key, NULL,
+                          "'%s' must be between %g and %g, got %g", key, lo, hi, x->valuedouble);
+        return -1;
+    }
+    *out = x->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *key, bool *out, pgd_api_error *err) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (!cJSON_IsBool(x)) {
+        pgd_api_error_set(err, 400, "invalid_request_error", key, NULL, "'%s' must be a boolean",
+                          key);
+        return -1;
+    }
+    *out = cJSON_IsTrue(x);
+    return 0;
+}
+
+/* A token-id array prompt. */
+static int parse_ids(const cJSON *a, const pgd_api_limits *lim, pgd_api_prompt *p,
+                     pgd_api_error *err) {
+    int n = cJSON_GetArraySize(a);
+    if (n > lim->max_prompt_tokens) {
+        pgd_api_error_set(err, 400, "invalid_request_error", "prompt", "context_length_exceeded",
+                          "the prompt has %d tokens; at most %d are allowed", n,
+                          lim->max_prompt_tokens);
+        return -1;
+    }
+    p->ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *p->ids);
+    if (!p->ids) {
+        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        if (!is_int(x) || x->valuedouble < 0 || x->valuedouble >= lim->n_vocab) {
+            pgd_api_error_set(err, 400, "invalid_request_error", "prompt", NULL,
+                              "token ids in 'prompt' must be integers in [0, %d)", lim->n_vocab);
+            return -1;
+        }
+        p->ids[p->n_ids++] = (int32_t)x->valuedouble;
+    }
+    return 0;
+}
+
+static int add_prompt(pgd_api_request *r, const cJSON *x, const pgd_api_limits *lim,
+                      pgd_api_error *err) {
+    if (r->n_prompts >= lim->max_prompts) {
+        pgd_api_error_set(err, 400, "invalid_request_error", "prompt", NULL,
+                          "at most %d prompts per request", lim->max_prompts);
+        return -1;
+    }
+    pgd_api_prompt *p = &r->prompts[r->n_prompts++];
+    memset(p, 0, sizeof *p);
+    if (cJSON_IsString(x)) {
+        p->text = strdup(x->valuestring);
+        if (!p->text) {
+            pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
+        return 0;
+    }
+    if (cJSON_IsArray(x)) return parse_ids(x, lim, p, err);
+    pgd_api_error_set(err, 400, "invalid_request_error", "prompt", NULL,
+                      "'prompt' must be a string, an array of strings, an array of token ids or "
+                      "an array of token-id arrays");
+    return -1;
+}
+
+static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    if (!m) {
+        pgd_api_error_set(err, 400, "invalid_request_error", "messages", NULL,
+                          "'messages' is required");
+        return -1;
+    }
+    if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) == 0) {
+        pgd_api_error_set(err, 400, "invalid_request_error", "messages", NULL,
+                          "'messages' must be a non-empty array");
+        return -1;
+    }
+    /* Normalize: content given as text parts becomes one string, as the templates expect. */
+    r->messages = cJSON_CreateArray();
+    const cJSON *msg;
+    int i = 0;
+    cJSON_ArrayForEach(msg, m) {
+        char param[48];
+        snprintf(param, sizeof param, "messages[%d]", i++);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+        if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) {
+            pgd_api_error_set(err, 400, "invalid_request_error", param, NULL,
+                              "%s must be an object with a string 'role'", param);
+            return -1;
+        }
+        const char *rs = role->valuestring;
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
+            strcmp(rs, "developer") && strcmp(rs, "tool")) {
+            pgd_api_error_set(err, 400, "invalid_request_error", param, NULL,
+                              "%s.role must be one of system, developer, user, assistant, tool",
+                              param);
+            return -1;
+        }
+        cJSON *nm = cJSON_Duplicate(msg, true);
+        if (!strcmp(rs, "developer")) cJSON_ReplaceItemInObject(nm, "role", cJSON_CreateString("system"));
+        if (cJSON_IsArray(content)) {
+            size_t cap = 256, len = 0;
+            char *buf = malloc(cap);
+            const cJSON *part;
+            cJSON_ArrayForEach(part, content) {
+                const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
+                const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+                if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
+                    free(buf);
+                    cJSON_Delete(nm);
+                    pgd_api_error_set(err, 400, "invalid_request_error", param, NULL,
+                                      "%s.content parts must be {\"type\": \"text\", \"text\": "
+                                      "...} (this model reads text only)", param);
+                    return -1;
+                }
+                size_t l = strlen(tx->valuestring);
+                if (len + l + 1 > cap) {
+                    cap = (len + l + 1) * 2;
+                    char *nb = realloc(buf, cap);
+                    if (!nb) break;
+                    buf = nb;
+                }
+                memcpy(buf + len, tx->valuestring, l);
+                len += l;
+            }
+            buf[len] = 0;
+            cJSON_ReplaceItemInObject(nm, "content", cJSON_CreateString(buf));
+            free(buf);
+        } else if (!cJSON_IsString(content) && !(cJSON_IsNull(content) && !strcmp(rs, "assistant"))) {
+            cJSON_Delete(nm);
+            pgd_api_error_set(err, 400, "invalid_request_error", param, NULL,
+                              "%s.content must be a string or an array of text parts", param);
+            return -1;
+        }
+        cJSON_AddItemToArray(r->messages, nm);
+    }
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
+    if (tools && !cJSON_IsNull(tools)) {
+        if (!cJSON_IsArray(tools)) {
+            pgd_api_error_set(err, 400, "invalid_request_error", "tools", NULL,
+                              "'tools' must be an array");
+            return -1;
+        }
+        r->tools = cJSON_Duplicate(tools, true);
+    }
+    return 0;
+}
+
+int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits *lim,
+                  pgd_api_request *r, pgd_api_error *err) {
+    memset(r, 0, sizeof *r);
+    r->chat = chat;
+    r->n = 1;
+    r->logprobs = -1;
+    r->temperature = 1.0f;
+    r->top_p = 1.0f;
+    r->max_tokens = chat ? 0 : 16;
+    r->add_generation_prompt = true;
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o) {
+        pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_json",
+                          "the request body is not valid JSON");
+        return -1;
+    }
+    if (!cJSON_IsObject(o)) BAD(NULL, "the request body must be a JSON object");
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("model", "'model' must be a string");
+    if (cJSON_IsString(x) && !(r->model = strdup(x->valuestring))) goto oom;
+
+    if (chat) {
+        if (parse_messages(r, o, err)) goto fail;
+    } else {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+        if (!p) BAD("prompt", "'prompt' is required");
+        int n = cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 1;
+        r->prompts = calloc((size_t)(n > 0 ? n : 1), sizeof *r->prompts);
+        if (!r->prompts) goto oom;
+        const cJSON *first = cJSON_IsArray(p) ? cJSON_GetArrayItem(p, 0) : NULL;
+        if (cJSON_IsArray(p) && n == 0) BAD("prompt", "'prompt' must not be an empty array");
+        if (cJSON_IsString(p) || (cJSON_IsArray(p) && cJSON_IsNumber(first))) {
+            if (add_prompt(r, p, lim, err)) goto fail;
+        } else if (cJSON_IsArray(p)) {
+            cJSON_ArrayForEach(x, p) if (add_prompt(r, x, lim, err)) goto fail;
+        } else {
+            BAD("prompt", "'prompt' must be a string, an array of strings, an array of token ids "
+                "or an array of token-id arrays");
+        }
+        for (int i = 0; i < r->n_prompts; i++)
+            if ((r->prompts[i].text && !r->prompts[i].text[0]) ||
+                (!r->prompts[i].text && r->prompts[i].n_ids == 0))
+                BAD("prompt", "the prompt must not be empty");
+        const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(o, "suffix");
+        if (sfx && !cJSON_IsNull(sfx) && !(cJSON_IsString(sfx) && !sfx->valuestring[0]))
+            BAD("suffix", "'suffix' (fill-in-the-middle) is not supported by this model");
+        if (get_bool(o, "echo", &r->echo, err)) goto fail;
+    }
+
+    double v;
+    v = r->max_tokens;
+    if (get_num(o, "max_tokens", 1, lim->max_tokens_limit, true, &v, err)) goto fail;
+    if (chat && get_num(o, "max_completion_tokens", 1, lim->max_tokens_limit, true, &v, err))
+        goto fail;
+    r->max_tokens = (int32_t)v;
+    v = 1;
+    if (get_num(o, "n", 1, lim->max_n, true, &v, err)) goto fail;
+    r->n = (int32_t)v;
+    struct { const char *key; double lo, hi; float *dst; } fl[] = {
+        {"temperature", 0, 2, &r->temperature},   {"top_p", 0, 1, &r->top_p},
+        {"min_p", 0, 1, &r->min_p},               {"presence_penalty", -2, 2, &r->presence_penalty},
+        {"frequency_penalty", -2, 2, &r->frequency_penalty},
+        {"repetition_penalty", 0.01, 10, &r->repetition_penalty},
+    };
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) {
+        v = *fl[i].dst;
+        if (get_num(o, fl[i].key, fl[i].lo, fl[i].hi, false, &v, err)) goto fail;
+        *fl[i].dst = (float)v;
+    }
+    if (r->top_p == 0) BAD("top_p", "'top_p' must be greater than 0");
+    v = 0;
+    if (get_num(o, "top_k", -1, 1e9, true, &v, err)) goto fail;
+    r->top_k = v < 0 ? 0 : (int32_t)v; /* -1 means off, as in vLLM */
+    v = 0;
+    if (get_num(o, "min_tokens", 0, lim->max_tokens_limit, true, &v, err)) goto fail;
+    r->min_tokens = (int32_t)v;
+    x = cJSON_GetObjectItemCaseSensitive(o, "seed");
+    if (x && !cJSON_IsNull(x)) {
+        if (!is_int(x)) BAD("seed", "'seed' must be an integer");
+        r->has_seed = true;
+        r->seed = (uint64_t)(int64_t)x->valuedouble;
+    }
+    if (get_bool(o, "stream", &r->stream, err) || get_bool(o, "ignore_eos", &r->ignore_eos, err))
+        goto fail;
+    if (chat && get_bool(o, "add_generation_prompt", &r->add_generation_prompt, err)) goto fail;
+    x = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
+    if (x && !cJSON_IsNull(x)) {
+        if (!cJSON_IsObject(x)) BAD("stream_options", "'stream_options' must be an object");
+        if (!r->stream) BAD("stream_options", "'stream_options' is only allowed with stream=true");
+        if (get_bool(x, "include_usage", &r->include_usage, err)) goto fail;
+    }
+    /* logprobs: completions take an integer; chat a boolean plus top_logprobs */
+    x = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+    if (chat) {
+        bool lp = false;
+        if (get_bool(o, "logprobs", &lp, err)) goto fail;
+        v = 0;
+        if (get_num(o, "top_logprobs", 0, lim->max_logprobs, true, &v, err)) goto fail;
+        if (v > 0 && !lp) BAD("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+        r->logprobs = lp ? (int32_t)v : -1;
+    } else if (x && !cJSON_IsNull(x)) {
+        v = 0;
+        if (get_num(o, "logprobs", 0, lim->max_logprobs, true, &v, err)) goto fail;
+        r->logprobs = (int32_t)v;
+    }
+    x = cJSON_GetObjectItemCaseSensitive(o, "stop");
+    if (cJSON_IsString(x)) {
+        if (!x->valuestring[0]) BAD("stop", "stop strings must not be empty");
+        if (strlen(x->valuestring) > 64) BAD("stop", "stop strings are limited to 64 bytes");
+        if (!(r->stop[r->n_stop++] = strdup(x->valuestring))) goto oom;
+    } else if (cJSON_IsArray(x)) {
+        if (cJSON_GetArraySize(x) > 4) BAD("stop", "at most 4 stop sequences");
+        const cJSON *y;
+        cJSON_ArrayForEach(y, x) {
+            if (!cJSON_IsString(y) || !y->valuestring[0] || strlen(y->valuestring) > 64)
+                BAD("stop", "'stop' must be a string or up to 4 non-empty strings of at most 64 "
+                    "bytes");
+            if (!(r->stop[r->n_stop++] = strdup(y->valuestring))) goto oom;
+        }
+    } else if (x && !cJSON_IsNull(x)) {
+        BAD("stop", "'stop' must be a string or an array of strings");
+    }
+    x = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
+    if (x && !cJSON_IsNull(x)) {
+        if (!cJSON_IsObject(x)) BAD("logit_bias", "'logit_bias' must be an object");
+        int n = cJSON_GetArraySize(x);
+        if (n > 300) BAD("logit_bias", "at most 300 entries in 'logit_bias'");
+        r->bias_ids = malloc((size_t)(n ? n : 1) * sizeof *r->bias_ids);
+        r->bias = malloc((size_t)(n ? n : 1) * sizeof *r->bias);
+        if (!r->bias_ids || !r->bias) goto oom;
+        const cJSON *y;
+        cJSON_ArrayForEach(y, x) {
+            char *end;
+            long id = strtol(y->string, &end, 10);
+            if (*end || end == y->string || id < 0 || id >= lim->n_vocab)
+                BAD("logit_bias", "'logit_bias' keys must be token ids in [0, %d)", lim->n_vocab);
+            if (!cJSON_IsNumber(y) || y->valuedouble < -100 || y->valuedouble > 100)
+                BAD("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+            r->bias_ids[r->n_bias] = (int32_t)id;
+            r->bias[r->n_bias++] = (float)y->valuedouble;
+        }
+    }
+    x = cJSON_GetObjectItemCaseSensitive(o, "user");
+    if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("user", "'user' must be a string");
+    cJSON_Delete(o);
+    return 0;
+oom:
+    pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+fail:
+    cJSON_Delete(o);
+    pgd_api_request_free(r);
+    return -1;
+}
+
+void pgd_api_request_free(pgd_api_request *r) {
+    free(r->model);
+    for (int i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].ids);
+    }
+    free(r->prompts);
+    cJSON_Delete(r->messages);
+    cJSON_Delete(r->tools);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->bias_ids);
+    free(r->bias);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- responses ---- */
+
+static cJSON *string_n(const char *s, size_t n) {
+    char *c = malloc(n + 1);
+    if (!c) return cJSON_CreateString("");
+    memcpy(c, s, n);
+    c[n] = 0;
+    cJSON *j = cJSON_CreateString(c);
+    free(c);
+    return j;
+}
+
+static void add_usage(cJSON *o, int32_t prompt, int32_t completion) {
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+}
+
+char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long created,
+                              const char *model, pgd_api_choice *choices, int n_choices,
+                              int32_t prompt_tokens, int32_t completion_tokens) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", r->chat ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)created);
+    cJSON_AddStringToObject(o, "model", model);
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < n_choices; i++) {
+        pgd_api_choice *c = &choices[i];
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddNumberToObject(ch, "index", i);
+        if (r->chat) {
+            cJSON *m = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddItemToObject(m, "content", string_n(c->text ? c->text : "", c->text_len));
+            cJSON_AddNullToObject(m, "refusal");
+        } else {
+            cJSON_AddItemToObject(ch, "text", string_n(c->text ? c->text : "", c->text_len));
+        }
+        if (c->logprobs) {
+            cJSON_AddItemToObject(ch, "logprobs", c->logprobs);
+            c->logprobs = NULL;
+        } else {
+            cJSON_AddNullToObject(ch, "logprobs");
+        }
+        cJSON_AddStringToObject(ch, "finish_reason", c->finish_reason ? c->finish_reason : "stop");
+        cJSON_AddItemToArray(arr, ch);
+    }
+    add_usage(o, prompt_tokens, completion_tokens);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static char *sse(cJSON *o) {
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!js) return NULL;
+    size_t n = strlen(js);
+    char *out = malloc(n + 9);
+    if (out) {
+        memcpy(out, "data: ", 6);
+        memcpy(out + 6, js, n);
+        memcpy(out + 6 + n, "\n\n", 3);
+    }
+    free(js);
+    return out;
+}
+
+static cJSON *chunk_base(const pgd_api_request *r, const char *id, long created, const char *model) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", r->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)created);
+    cJSON_AddStringToObject(o, "model", model);
+    return o;
+}
+
+char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
+                        const char *model, int index, const char *text, size_t text_len,
+                        bool role_first, const char *finish, cJSON *logprobs) {
+    cJSON *o = chunk_base(r, id, created, model);
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", index);
+    if (r->chat) {
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        if (role_first) cJSON_AddStringToObject(d, "role", "assistant");
+        if (text_len || role_first) cJSON_AddItemToObject(d, "content", string_n(text, text_len));
+    } else {
+        cJSON_AddItemToObject(ch, "text", string_n(text, text_len));
+    }
+    if (logprobs) cJSON_AddItemToObject(ch, "logprobs", logprobs);
+    else cJSON_AddNullToObject(ch, "logprobs");
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    cJSON_AddItemToArray(arr, ch);
+    if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+    return sse(o);
+}
+
+char *pgd_api_usage_chunk_sse(const pgd_api_request *r, const char *id, long created,
+                              const char *model, int32_t prompt_tokens,
+                              int32_t completion_tokens) {
+    cJSON *o = chunk_base(r, id, created, model);
+    cJSON_AddArrayToObject(o, "choices");
+    add_usage(o, prompt_tokens, completion_tokens);
+    return sse(o);
+}
+
+/* ---- logprobs ---- */
+
+static bool valid_utf8(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!k || i + k > n) return false;
+        for (size_t j = 1; j < k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return false;
+        i += k;
+    }
+    return true;
+}
+
+/* A token's text as a JSON string; a piece of a multi-byte character is written as
+ * "bytes:\\xNN..." the way OpenAI reports such tokens. */
+static cJSON *token_string(const char *t, size_t n) {
+    if (valid_utf8((const unsigned char *)t, n)) return string_n(t, n);
+    char buf[6 + 4 * 64 + 1];
+    size_t k = 0;
+    k += (size_t)snprintf(buf, sizeof buf, "bytes:");
+    for (size_t i = 0; i < n && i < 64; i++)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "\\x%02x", (unsigned char)t[i]);
+    return cJSON_CreateString(buf);
+}
+
+static cJSON *bytes_array(const char *t, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)t[i]));
+    return a;
+}
+
+void pgd_api_logprobs_add(const pgd_api_request *r, cJSON **lp, const char *tok, size_t tok_len,
+                          float logprob, int n_top, const char *const *top_tok,
+                          const size_t *top_len, const float *top_lp, size_t text_offset) {
+    if (!*lp) {
+        *lp = cJSON_CreateObject();
+        if (r->chat) {
+            cJSON_AddArrayToObject(*lp, "content");
+            cJSON_AddNullToObject(*lp, "refusal");
+        } else {
+            cJSON_AddArrayToObject(*lp, "tokens");
+            cJSON_AddArrayToObject(*lp, "token_logprobs");
+            cJSON_AddArrayToObject(*lp, "top_logprobs");
+            cJSON_AddArrayToObject(*lp, "text_offset");
+        }
+    }
+    if (r->chat) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToObject(e, "token", token_string(tok, tok_len));
+        cJSON_AddNumberToObject(e, "logprob", logprob);
+        cJSON_AddItemToObject(e, "bytes", bytes_array(tok, tok_len));
+        cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int i = 0; i < n_top; i++) {
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddItemToObject(t, "token", token_string(top_tok[i], top_len[i]));
+            cJSON_AddNumberToObject(t, "logprob", top_lp[i]);
+            cJSON_AddItemToObject(t, "bytes", bytes_array(top_tok[i], top_len[i]));
+            cJSON_AddItemToArray(tops, t);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "content"), e);
+        return;
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "tokens"), token_string(tok, tok_len));
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "token_logprobs"),
+                         cJSON_CreateNumber(logprob));
+    cJSON *tops = cJSON_CreateObject();
+    for (int i = 0; i < n_top; i++) {
+        cJSON *k = token_string(top_tok[i], top_len[i]);
+        if (!cJSON_GetObjectItemCaseSensitive(tops, k->valuestring))
+            cJSON_AddNumberToObject(tops, k->valuestring, top_lp[i]);
+        cJSON_Delete(k);
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "top_logprobs"), tops);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "text_offset"),
+                         cJSON_CreateNumber((double)text_offset));
+}

@@ -1,0 +1,98 @@
+/* The OpenAI API surface: request JSON -> a validated pgd_api_request, and the response bodies
+ * (completion, chat completion, stream chunks, error objects). No I/O, no scheduling: the
+ * server owns sockets, the engine owns compute. Only this layer maps problems to HTTP statuses. */
+#ifndef PGD_API_OPENAI_H
+#define PGD_API_OPENAI_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct pgd_api_error {
+    int status;         /* HTTP status */
+    const char *type;   /* "invalid_request_error", "authentication_error", ... */
+    char param[64];     /* offending parameter or "" */
+    char code[64];      /* machine-readable code or "" */
+    char message[512];
+} pgd_api_error;
+
+/* Server-side bounds on requests. */
+typedef struct pgd_api_limits {
+    int32_t max_n;            /* n <= max_n */
+    int32_t max_logprobs;     /* logprobs / top_logprobs <= this (<= 20) */
+    int32_t max_tokens_limit; /* max_tokens <= this */
+    int32_t max_prompts;      /* completions: prompts per request */
+    int32_t max_prompt_tokens;/* token-array prompts: ids per prompt */
+    int32_t n_vocab;          /* token ids must be < n_vocab */
+} pgd_api_limits;
+
+typedef struct pgd_api_prompt {
+    char *text;               /* owned, or NULL when ids are given */
+    int32_t *ids;             /* owned token ids (from the request, or filled by tokenization) */
+    int32_t n_ids;
+} pgd_api_prompt;
+
+typedef struct pgd_api_request {
+    bool chat;
+    char *model;                   /* owned */
+    pgd_api_prompt *prompts;       /* (n_prompts), completions; chat fills one after rendering */
+    int32_t n_prompts;
+    cJSON *messages, *tools;       /* chat, owned */
+    int32_t max_tokens;            /* 0: until the context is full (chat default) */
+    int32_t n;
+    int32_t logprobs;              /* -1: none; else number of alternatives (chat: top_logprobs) */
+    bool echo, stream, include_usage, ignore_eos, add_generation_prompt;
+    float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
+    int32_t top_k, min_tokens;
+    bool has_seed;
+    uint64_t seed;
+    char *stop[4];
+    int32_t n_stop;
+    int32_t *bias_ids;             /* (n_bias) */
+    float *bias;
+    int32_t n_bias;
+} pgd_api_request;
+
+/* Parses and validates a /v1/completions (chat=false) or /v1/chat/completions body. On failure
+ * fills err (status 400 with param and message) and returns -1; out is then empty. */
+int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits *lim,
+                  pgd_api_request *out, pgd_api_error *err);
+void pgd_api_request_free(pgd_api_request *r);
+
+void pgd_api_error_set(pgd_api_error *e, int status, const char *type, const char *param,
+                       const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error": {"message", "type", "param", "code"}} as a malloc'd string. */
+char *pgd_api_error_json(const pgd_api_error *e);
+
+/* One generated choice, accumulated by the server from engine events. */
+typedef struct pgd_api_choice {
+    char *text;
+    size_t text_len, text_cap;
+    int32_t n_tokens;
+    const char *finish_reason;     /* "stop", "length" or NULL while running */
+    cJSON *logprobs;               /* built incrementally when requested, or NULL */
+    int32_t n_prompt, n_cached;
+} pgd_api_choice;
+
+/* Appends one token's logprobs to *lp (created on first use) in the request's format:
+ * completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, chat
+ * {"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal"}. */
+void pgd_api_logprobs_add(const pgd_api_request *r, cJSON **lp, const char *tok, size_t tok_len,
+                          float logprob, int n_top, const char *const *top_tok,
+                          const size_t *top_len, const float *top_lp, size_t text_offset);
+
+/* Response bodies (malloc'd strings). */
+char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long created,
+                              const char *model, pgd_api_choice *choices, int n_choices,
+                              int32_t prompt_tokens, int32_t completion_tokens);
+/* One SSE "data: {...}\n\n" frame for a streamed delta of choice index. role_first: chat's
+ * first frame carries the assistant role. finish may be NULL. */
+char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
+                        const char *model, int index, const char *text, size_t text_len,
+                        bool role_first, const char *finish, cJSON *logprobs);
+char *pgd_api_usage_chunk_sse(const pgd_api_request *r, const char *id, long created,
+                              const char *model, int32_t prompt_tokens,
+                              int32_t completion_tokens);
+
+#endif

@@ -1,0 +1,274 @@
+/* The declarative configuration table and its three sources. */
+#include "server/config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "util/mapfile.h"
+
+typedef enum { T_STR, T_INT, T_SIZE, T_BOOL, T_KEYS } opt_type;
+
+typedef struct opt {
+    const char *name;   /* flag without dashes; also the JSON key */
+    char short_name;
+    opt_type type;
+    size_t offset;
+    const char *dflt;
+    double lo, hi;
+    const char *env;    /* environment variable or NULL */
+    const char *help;
+} opt;
+
+#define OFF(f) offsetof(pgd_server_config, f)
+
+static const opt table[] = {
+    {"model", 'm', T_STR, OFF(model), "models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, 0, "PAGODA_MODEL",
+     "GGUF file or Hugging Face model directory"},
+    {"served-model-name", 0, T_STR, OFF(served_model_name), NULL, 0, 0, NULL,
+     "model name in the API (default: the model file's base name)"},
+    {"host", 0, T_STR, OFF(host), "127.0.0.1", 0, 0, NULL, "address to bind"},
+    {"port", 'p', T_INT, OFF(port), "8000", 0, 65535, NULL, "port to listen on (0: any free port)"},
+    {"api-key", 0, T_KEYS, OFF(api_keys), NULL, 0, 0, "PAGODA_API_KEY",
+     "accepted API key (repeat for several; the variable takes a comma-separated list)"},
+    {"protect-health", 0, T_BOOL, OFF(protect_health), "false", 0, 0, NULL,
+     "require the API key for /health and /metrics too"},
+    {"threads", 't', T_INT, OFF(threads), "0", 0, 1024, NULL, "compute threads (0: all CPUs)"},
+    {"ctx", 0, T_INT, OFF(ctx), "0", 0, 1 << 24, NULL, "context length (0: the model's)"},
+    {"max-num-batched-tokens", 0, T_INT, OFF(max_num_batched_tokens), "512", 1, 1 << 20, NULL,
+     "token budget per engine step (= prefill chunk size)"},
+    {"max-num-seqs", 0, T_INT, OFF(max_num_seqs), "64", 1, 4096, NULL,
+     "sequences running at once"},
+    {"kv-cache-memory", 0, T_SIZE, OFF(kv_cache_bytes), "512MiB", 1, 1e15, NULL,
+     "KV cache budget (e.g. 512MiB, 4GiB)"},
+    {"kv-dtype", 0, T_STR, OFF(kv_dtype), "f32", 0, 0, NULL, "KV cache type: f32, f16 or bf16"},
+    {"block-size", 0, T_INT, OFF(block_size), "16", 1, 1024, NULL, "KV block size in tokens"},
+    {"no-prefix-caching", 0, T_BOOL, OFF(no_prefix_caching), "false", 0, 0, NULL,
+     "turn the prefix cache off"},
+    {"weights-f32", 0, T_BOOL, OFF(weights_f32), "false", 0, 0, NULL,
+     "dequantize weights to F32 at load"},
+    {"max-waiting", 0, T_INT, OFF(max_waiting), "1024", 1, 1 << 20, NULL,
+     "waiting-queue bound; beyond it requests get 429 with Retry-After"},
+    {"max-body-bytes", 0, T_SIZE, OFF(max_body_bytes), "4MiB", 1024, 1e9, NULL,
+     "largest request body (413 beyond)"},
+    {"max-header-bytes", 0, T_INT, OFF(max_header_bytes), "32768", 4096, 1 << 20, NULL,
+     "memory for one connection's request headers"},
+    {"max-tokens-limit", 0, T_INT, OFF(max_tokens_limit), "65536", 1, 1 << 24, NULL,
+     "largest max_tokens a request may ask for"},
+    {"max-n", 0, T_INT, OFF(max_n), "16", 1, 128, NULL, "largest n (choices per prompt)"},
+    {"max-logprobs", 0, T_INT, OFF(max_logprobs), "20", 0, 20, NULL,
+     "largest logprobs / top_logprobs"},
+    {"max-prompts", 0, T_INT, OFF(max_prompts), "64", 1, 4096, NULL,
+     "largest number of prompts in one completions request"},
+    {"max-prompt-tokens", 0, T_INT, OFF(max_prompt_tokens), "131072", 1, 1 << 24, NULL,
+     "largest prompt in tokens before the context check"},
+    {"max-connections", 0, T_INT, OFF(max_connections), "1024", 1, 1 << 20, NULL,
+     "concurrent connections"},
+    {"connection-timeout", 0, T_INT, OFF(connection_timeout), "60", 1, 86400, NULL,
+     "seconds an idle or slow client may take before it is disconnected"},
+    {"drain-timeout", 0, T_INT, OFF(drain_timeout), "30", 0, 86400, NULL,
+     "seconds SIGTERM waits for in-flight requests"},
+    {"log-requests", 0, T_BOOL, OFF(log_requests), "true", 0, 0, NULL,
+     "one structured access-log line per request on stderr"},
+};
+#define N_OPTS (sizeof table / sizeof table[0])
+
+static int parse_size(const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0)) return -1;
+    double mul = 1;
+    if (!strcasecmp(end, "kib") || !strcasecmp(end, "k") || !strcasecmp(end, "kb")) mul = 1024.0;
+    else if (!strcasecmp(end, "mib") || !strcasecmp(end, "m") || !strcasecmp(end, "mb")) mul = 1048576.0;
+    else if (!strcasecmp(end, "gib") || !strcasecmp(end, "g") || !strcasecmp(end, "gb")) mul = 1073741824.0;
+    else if (*end) return -1;
+    if (v * mul > 1e15) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+static int set_opt(pgd_server_config *c, const opt *o, const char *v, const char *src) {
+    char *base = (char *)c + o->offset;
+    switch (o->type) {
+    case T_STR: {
+        char **p = (char **)base;
+        free(*p);
+        *p = v ? strdup(v) : NULL;
+        return 0;
+    }
+    case T_KEYS: {
+        /* comma-separated list; each occurrence of the flag appends */
+        char *dup = strdup(v), *save = NULL;
+        if (!dup) return -1;
+        for (char *k = strtok_r(dup, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
+            if (!*k) continue;
+            if (c->n_api_keys >= PGD_MAX_API_KEYS) {
+                fprintf(stderr, "pagoda: at most %d API keys\n", PGD_MAX_API_KEYS);
+                free(dup);
+                return -1;
+            }
+            c->api_keys[c->n_api_keys++] = strdup(k);
+        }
+        free(dup);
+        return 0;
+    }
+    case T_BOOL: {
+        bool *b = (bool *)base;
+        if (!v || !strcmp(v, "true") || !strcmp(v, "1")) *b = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "0")) *b = false;
+        else goto bad;
+        return 0;
+    }
+    case T_INT: {
+        char *end;
+        errno = 0;
+        long x = strtol(v, &end, 10);
+        if (errno || *end || end == v || x < o->lo || x > o->hi) goto bad;
+        *(int *)base = (int)x;
+        return 0;
+    }
+    case T_SIZE: {
+        size_t x;
+        if (parse_size(v, &x) || (double)x < o->lo || (double)x > o->hi) goto bad;
+        *(size_t *)base = x;
+        return 0;
+    }
+    }
+bad:
+    fprintf(stderr, "pagoda: invalid value '%s' for %s (from %s)%s\n", v ? v : "", o->name, src,
+            o->type == T_INT ? "; see --help for the range" : "");
+    return -1;
+}
+
+static const opt *find_long(const char *name) {
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (!strcmp(table[i].name, name)) return &table[i];
+    return NULL;
+}
+
+void pgd_server_config_help(FILE *f) {
+    fprintf(f, "usage: pagoda serve [options]\n\nOptions (also keys of the JSON file given with "
+               "--config, without dashes):\n");
+    fprintf(f, "  %-30s %s\n", "--config FILE", "JSON configuration file (see configs/)");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt *o = &table[i];
+        char flag[64];
+        snprintf(flag, sizeof flag, "%s%c%s--%s%s", o->short_name ? "-" : "",
+                 o->short_name ? o->short_name : ' ', o->short_name ? ", " : "", o->name,
+                 o->type == T_BOOL ? "" : " V");
+        fprintf(f, "  %-30s %s", flag + (o->short_name ? 0 : 1), o->help);
+        if (o->dflt) fprintf(f, " [%s]", o->dflt);
+        if (o->env) fprintf(f, " (env %s)", o->env);
+        fputc('\n', f);
+    }
+}
+
+static int load_file(pgd_server_config *c, const char *path) {
+    char *txt;
+    pgd_err err;
+    if (pgd_read_file(path, &txt, NULL, &err)) {
+        fprintf(stderr, "pagoda: %s\n", err.msg);
+        return -1;
+    }
+    cJSON *j = cJSON_Parse(txt);
+    free(txt);
+    if (!cJSON_IsObject(j)) {
+        fprintf(stderr, "pagoda: %s: not a JSON object\n", path);
+        cJSON_Delete(j);
+        return -1;
+    }
+    const cJSON *x;
+    int rc = 0;
+    cJSON_ArrayForEach(x, j) {
+        const opt *o = find_long(x->string);
+        if (!o) {
+            fprintf(stderr, "pagoda: %s: unknown option '%s'\n", path, x->string);
+            rc = -1;
+            break;
+        }
+        char buf[64];
+        const char *v = NULL;
+        if (cJSON_IsString(x)) v = x->valuestring;
+        else if (cJSON_IsBool(x)) v = cJSON_IsTrue(x) ? "true" : "false";
+        else if (cJSON_IsNumber(x)) snprintf(buf, sizeof buf, "%.17g", x->valuedouble), v = buf;
+        if (o->type == T_KEYS) {
+            fprintf(stderr, "pagoda: %s: API keys belong in PAGODA_API_KEY, not in a file\n", path);
+            rc = -1;
+            break;
+        }
+        if (!v || set_opt(c, o, v, path)) {
+            if (!v) fprintf(stderr, "pagoda: %s: '%s' has the wrong type\n", path, x->string);
+            rc = -1;
+            break;
+        }
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (table[i].dflt && set_opt(c, &table[i], table[i].dflt, "defaults")) return -1;
+    /* --config first, so that flags override the file */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            pgd_server_config_help(stdout);
+            return 1;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "pagoda: --config needs a file\n");
+                return -1;
+            }
+            if (load_file(c, argv[i + 1])) return -1;
+            c->config_file = strdup(argv[i + 1]);
+        }
+    }
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *e = table[i].env ? getenv(table[i].env) : NULL;
+        if (e && *e && set_opt(c, &table[i], e, table[i].env)) return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--config")) {
+            i++;
+            continue;
+        }
+        const opt *o = NULL;
+        if (a[0] == '-' && a[1] == '-') o = find_long(a + 2);
+        else if (a[0] == '-' && a[1] && !a[2])
+            for (size_t k = 0; k < N_OPTS && !o; k++)
+                if (table[k].short_name == a[1]) o = &table[k];
+        if (!o) {
+            fprintf(stderr, "pagoda: unknown option '%s' (see pagoda serve --help)\n", a);
+            return -1;
+        }
+        const char *v = NULL;
+        if (o->type != T_BOOL) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "pagoda: option %s needs a value\n", a);
+                return -1;
+            }
+            v = argv[++i];
+        }
+        if (set_opt(c, o, v, "the command line")) return -1;
+    }
+    if (strcmp(c->kv_dtype, "f32") && strcmp(c->kv_dtype, "f16") && strcmp(c->kv_dtype, "bf16")) {
+        fprintf(stderr, "pagoda: --kv-dtype must be f32, f16 or bf16\n");
+        return -1;
+    }
+    return 0;
+}
+
+void pgd_server_config_free(pgd_server_config *c) {
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (table[i].type == T_STR) free(*(char **)((char *)c + table[i].offset));
+    for (int i = 0; i < c->n_api_keys; i++) free(c->api_keys[i]);
+    free(c->config_file);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,31 @@
+/* Server configuration from one declarative table: CLI flags, an optional JSON config file
+ * (--config FILE, keys are the flag names without dashes) and environment variables for secrets
+ * (PAGODA_API_KEY). --help is generated from the same table. Precedence: flags > environment >
+ * config file > defaults. */
+#ifndef PGD_SERVER_CONFIG_H
+#define PGD_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#define PGD_MAX_API_KEYS 16
+
+typedef struct pgd_server_config {
+    char *model, *host, *served_model_name, *kv_dtype, *config_file;
+    int port, threads, ctx, max_num_batched_tokens, max_num_seqs, block_size, max_waiting;
+    size_t kv_cache_bytes, max_body_bytes;
+    int max_tokens_limit, max_n, max_logprobs, max_prompts, max_prompt_tokens;
+    int max_connections, connection_timeout, drain_timeout, max_header_bytes;
+    bool no_prefix_caching, weights_f32, protect_health, log_requests;
+    char *api_keys[PGD_MAX_API_KEYS];
+    int n_api_keys;
+} pgd_server_config;
+
+/* Fills c from defaults, the config file, the environment and argv (argv[0] is "serve").
+ * Returns 0, 1 after printing --help, or -1 after printing a one-line error. */
+int pgd_server_config_load(pgd_server_config *c, int argc, char **argv);
+void pgd_server_config_free(pgd_server_config *c);
+void pgd_server_config_help(FILE *f);
+
+#endif

@@ -1,0 +1,132 @@
+/* Prometheus text exposition format 0.0.4. */
+#include "server/metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double ttft_b[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80};
+static const double itl_b[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                               1, 2.5, 5, 7.5, 10, 20, 40, 80};
+static const double e2e_b[] = {0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60,
+                               120, 240, 480, 960, 1920, 7680};
+
+void pgd_metrics_init(pgd_metrics *m) {
+    memset(m, 0, sizeof *m);
+    struct { const char *n, *h; const double *b; int nb; } defs[PGD_H_COUNT] = {
+        {"time_to_first_token_seconds", "Time to first token in seconds.", ttft_b,
+         (int)(sizeof ttft_b / sizeof *ttft_b)},
+        {"inter_token_latency_seconds", "Time between successive output tokens in seconds.",
+         itl_b, (int)(sizeof itl_b / sizeof *itl_b)},
+        {"e2e_request_latency_seconds", "End-to-end request latency in seconds.", e2e_b,
+         (int)(sizeof e2e_b / sizeof *e2e_b)},
+        {"request_queue_time_seconds", "Time requests spent waiting before their first token "
+         "was scheduled, in seconds.", e2e_b, (int)(sizeof e2e_b / sizeof *e2e_b)},
+    };
+    for (int i = 0; i < PGD_H_COUNT; i++) {
+        m->h[i].name = defs[i].n;
+        m->h[i].help = defs[i].h;
+        m->h[i].bounds = defs[i].b;
+        m->h[i].n_buckets = defs[i].nb;
+    }
+}
+
+void pgd_metrics_free(pgd_metrics *m) { (void)m; }
+
+void pgd_metrics_observe(pgd_metrics *m, pgd_histogram_id id, double v) {
+    pgd_histogram *h = &m->h[id];
+    int b = 0;
+    while (b < h->n_buckets && v > h->bounds[b]) b++;
+    h->counts[b]++;
+    h->sum += v;
+    h->count++;
+}
+
+void pgd_metrics_count_finish(pgd_metrics *m, const char *reason, bool aborted) {
+    if (aborted) m->finished_abort++;
+    else if (!strcmp(reason, "length")) m->finished_length++;
+    else m->finished_stop++;
+}
+
+typedef struct buf {
+    char *p;
+    size_t n, cap;
+} buf;
+
+static void bprintf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bprintf(buf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) return;
+        if (b->p && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t nc = (b->cap + (size_t)k + 1) * 2;
+        char *np = realloc(b->p, nc);
+        if (!np) return;
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+static void gauge(buf *b, const char *model, const char *name, const char *type, const char *help,
+                  double v) {
+    bprintf(b, "# HELP pagoda:%s %s\n# TYPE pagoda:%s %s\npagoda:%s{model_name=\"%s\"} %.17g\n",
+            name, help, name, type, name, model, v);
+}
+
+char *pgd_metrics_render(const pgd_metrics *m, pgd_engine *e, const char *model) {
+    buf b = {0};
+    pgd_engine_stats st;
+    memset(&st, 0, sizeof st);
+    if (e) pgd_engine_get_stats(e, &st);
+    gauge(&b, model, "num_requests_running", "gauge", "Requests in the running batch.", st.num_running);
+    gauge(&b, model, "num_requests_waiting", "gauge", "Requests waiting to be scheduled.", st.num_waiting);
+    gauge(&b, model, "kv_cache_usage_perc", "gauge", "KV-cache block usage (1 = full).",
+          st.kv_usage_perc / 100.0);
+    gauge(&b, model, "kv_cache_fragmentation_perc", "gauge",
+          "Unused token slots inside allocated KV blocks over reserved slots (1 = all unused).",
+          st.kv_fragmentation_perc / 100.0);
+    gauge(&b, model, "kv_cache_blocks_used", "gauge", "KV blocks in use.", st.kv_blocks_used);
+    gauge(&b, model, "kv_cache_blocks_total", "gauge", "KV blocks in the pool.", st.kv_blocks_total);
+    gauge(&b, model, "prefix_cache_queries_total", "counter",
+          "Prompt tokens looked up in the prefix cache.", (double)st.prefix_cache_queries);
+    gauge(&b, model, "prefix_cache_hits_total", "counter",
+          "Prompt tokens served from the prefix cache.", (double)st.prefix_cache_hits);
+    gauge(&b, model, "num_preemptions_total", "counter", "Preempted sequences (recompute).",
+          (double)st.num_preemptions);
+    gauge(&b, model, "prompt_tokens_total", "counter", "Prompt tokens admitted.",
+          (double)st.prompt_tokens_total);
+    gauge(&b, model, "generation_tokens_total", "counter", "Generated tokens.",
+          (double)st.generation_tokens_total);
+    bprintf(&b, "# HELP pagoda:request_success_total Finished requests by reason.\n"
+                "# TYPE pagoda:request_success_total counter\n");
+    bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"stop\"} %llu\n",
+            model, (unsigned long long)m->finished_stop);
+    bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"length\"} %llu\n",
+            model, (unsigned long long)m->finished_length);
+    bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"abort\"} %llu\n",
+            model, (unsigned long long)m->finished_abort);
+    for (int i = 0; i < PGD_H_COUNT; i++) {
+        const pgd_histogram *h = &m->h[i];
+        bprintf(&b, "# HELP pagoda:%s %s\n# TYPE pagoda:%s histogram\n", h->name, h->help, h->name);
+        uint64_t cum = 0;
+        for (int k = 0; k < h->n_buckets; k++) {
+            cum += h->counts[k];
+            bprintf(&b, "pagoda:%s_bucket{model_name=\"%s\",le=\"%g\"} %llu\n", h->name, model,
+                    h->bounds[k], (unsigned long long)cum);
+        }
+        cum += h->counts[h->n_buckets];
+        bprintf(&b, "pagoda:%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", h->name, model,
+                (unsigned long long)cum);
+        bprintf(&b, "pagoda:%s_sum{model_name=\"%s\"} %.9g\npagoda:%s_count{model_name=\"%s\"} %llu\n",
+                h->name, model, h->sum, h->name, model, (unsigned long long)h->count);
+    }
+    return b.p;
+}

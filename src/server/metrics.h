@@ -1,0 +1,36 @@
+/* Prometheus metrics with vLLM's names under the `pagoda:` prefix. Counters and histograms are
+ * updated on the I/O thread only; engine gauges are read from pgd_engine_get_stats. */
+#ifndef PGD_SERVER_METRICS_H
+#define PGD_SERVER_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pagoda/pagoda.h"
+
+typedef enum { PGD_H_TTFT, PGD_H_ITL, PGD_H_E2E, PGD_H_QUEUE, PGD_H_COUNT } pgd_histogram_id;
+
+#define PGD_H_MAX_BUCKETS 24
+
+typedef struct pgd_histogram {
+    const char *name, *help;
+    int n_buckets;
+    const double *bounds;          /* (n_buckets) upper bounds */
+    uint64_t counts[PGD_H_MAX_BUCKETS + 1]; /* last: +Inf */
+    double sum;
+    uint64_t count;
+} pgd_histogram;
+
+typedef struct pgd_metrics {
+    pgd_histogram h[PGD_H_COUNT];
+    uint64_t finished_stop, finished_length, finished_abort;
+} pgd_metrics;
+
+void pgd_metrics_init(pgd_metrics *m);
+void pgd_metrics_free(pgd_metrics *m);
+void pgd_metrics_observe(pgd_metrics *m, pgd_histogram_id h, double seconds);
+void pgd_metrics_count_finish(pgd_metrics *m, const char *reason, bool aborted);
+/* The text exposition (malloc'd). engine may be NULL while loading. */
+char *pgd_metrics_render(const pgd_metrics *m, pgd_engine *engine, const char *model);
+
+#endif

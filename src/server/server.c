@@ -1,0 +1,1005 @@
+/* `pagoda serve`: the OpenAI-compatible HTTP server.
+ *
+ * Threads: one I/O thread runs a libuv loop that drives libmicrohttpd in external-event-loop
+ * mode (MHD's epoll descriptor watched by a uv_poll_t, its timeout by a uv_timer_t); the engine
+ * runs on its own thread; tokenization and chat-template rendering run on the libuv thread pool.
+ * The I/O thread never computes and the engine thread never touches a socket: the engine posts
+ * events and wakes the loop with uv_async_send; connections waiting for tokens are suspended and
+ * resumed from that callback.
+ *
+ * A request context is shared by its connection and by its engine requests (one per choice):
+ * it is freed only when the connection has completed AND every engine request has finished
+ * (deferred free), so neither side can touch freed memory. */
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+#ifdef PGD_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+#include "api/chat.h"
+#include "api/openai.h"
+#include "model/gguf.h"
+#include "pagoda/pagoda.h"
+#include "server/config.h"
+#include "server/metrics.h"
+#include "tokenizer/tokenizer.h"
+
+typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE } route;
+typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
+
+typedef struct server server;
+
+typedef struct req_ctx {
+    server *s;
+    struct MHD_Connection *conn;
+    int refs;                  /* 1 for the connection + 1 per engine request in flight */
+    bool conn_done;
+    route rt;
+    phase ph;
+    char *body;
+    size_t body_len, body_cap;
+    bool too_large;
+    pgd_api_request api;
+    bool api_parsed;
+    pgd_api_error err;
+    bool has_err;
+    int status;
+    char *resp;                /* response body for non-streaming answers */
+    char id[48];
+    long created;
+    double t_arrival, t_first, t_last, t_submitted;
+    int n_choices, n_finished;
+    pgd_api_choice *choices;
+    uint64_t *engine_ids;      /* (n_choices) */
+    bool *submitted;           /* (n_choices) */
+    bool *role_sent;
+    int32_t prompt_tokens, completion_tokens;
+    size_t *echo_len;          /* per choice: bytes of echoed prompt at the start of text */
+    /* streaming output buffer */
+    char *out;
+    size_t out_len, out_cap, out_off;
+    bool stream_done, suspended;
+    uv_work_t work;
+    char method[16], path[64]; /* for the access log (JSON-safe: printable, no quotes) */
+} req_ctx;
+
+struct server {
+    pgd_server_config cfg;
+    uv_loop_t loop;
+    uv_poll_t poll;
+    uv_timer_t timer, drain_timer;
+    uv_async_t async;
+    uv_signal_t sigterm, sigint;
+    uv_work_t load_work;
+    struct MHD_Daemon *mhd;
+    pgd_engine *engine;
+    pgd_tokenizer *tok;
+    pgd_jinja_tmpl *tmpl;      /* the model's chat template, or NULL */
+    pgd_api_limits limits;
+    char model_name[256];
+    char load_error[512];
+    volatile bool ready;
+    bool draining, load_failed;
+    int in_flight;             /* requests accepted and not yet answered */
+    uint64_t next_req;
+    pgd_metrics metrics;
+    pgd_event *events;         /* (256) poll buffer */
+    int exit_code;
+};
+
+/* ---- small helpers ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void ctx_unref(req_ctx *c) {
+    if (--c->refs > 0) return;
+    if (c->api_parsed) pgd_api_request_free(&c->api);
+    for (int i = 0; i < c->n_choices; i++) {
+        free(c->choices[i].text);
+        cJSON_Delete(c->choices[i].logprobs);
+    }
+    free(c->choices);
+    free(c->engine_ids);
+    free(c->submitted);
+    free(c->role_sent);
+    free(c->echo_len);
+    free(c->body);
+    free(c->resp);
+    free(c->out);
+    free(c);
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *conn, int status, const char *body,
+                                 const char *ctype, const char *retry_after) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_error(req_ctx *c, struct MHD_Connection *conn, const pgd_api_error *e) {
+    char *js = pgd_api_error_json(e);
+    if (c) c->status = e->status;
+    const char *retry = e->status == 429 || e->status == 503 ? "1" : NULL;
+    enum MHD_Result r = send_body(conn, e->status, js ? js : "{}", "application/json", retry);
+    free(js);
+    return r;
+}
+
+static void out_append(req_ctx *c, const char *data, size_t n) {
+    if (!data) return;
+    if (c->out_len + n > c->out_cap) {
+        size_t nc = (c->out_len + n) * 2 + 256;
+        char *o = realloc(c->out, nc);
+        if (!o) return;
+        c->out = o;
+        c->out_cap = nc;
+    }
+    memcpy(c->out + c->out_len, data, n);
+    c->out_len += n;
+}
+
+static void choice_append(pgd_api_choice *ch, const char *t, size_t n) {
+    if (ch->text_len + n + 1 > ch->text_cap) {
+        size_t nc = (ch->text_len + n + 1) * 2 + 64;
+        char *x = realloc(ch->text, nc);
+        if (!x) return;
+        ch->text = x;
+        ch->text_cap = nc;
+    }
+    memcpy(ch->text + ch->text_len, t, n);
+    ch->text_len += n;
+    ch->text[ch->text_len] = 0;
+}
+
+static void resume(req_ctx *c) {
+    if (c->suspended && !c->conn_done) {
+        c->suspended = false;
+        MHD_resume_connection(c->conn);
+    }
+}
+
+/* ---- the MHD <-> libuv glue ---- */
+
+static void mhd_timer_cb(uv_timer_t *t);
+
+static void run_mhd(server *s) {
+    if (!s->mhd) return;
+    MHD_run(s->mhd);
+    MHD_UNSIGNED_LONG_LONG to;
+    if (MHD_get_timeout(s->mhd, &to) == MHD_YES)
+        uv_timer_start(&s->timer, mhd_timer_cb, to > 1000 ? 1000 : to, 0);
+    else
+        uv_timer_start(&s->timer, mhd_timer_cb, 1000, 0);
+}
+
+static void mhd_timer_cb(uv_timer_t *t) { run_mhd(t->data); }
+static void mhd_poll_cb(uv_poll_t *p, int status, int events) {
+    (void)status, (void)events;
+    run_mhd(p->data);
+}
+
+/* ---- engine events ---- */
+
+static const char *finish_name(pgd_finish_reason r) {
+    return r == PGD_FINISH_LENGTH ? "length" : "stop";
+}
+
+static int choice_of(req_ctx *c, uint64_t engine_id) {
+    for (int i = 0; i < c->n_choices; i++)
+        if (c->submitted[i] && c->engine_ids[i] == engine_id) return i;
+    return -1;
+}
+
+static void add_logprobs(server *s, req_ctx *c, pgd_api_choice *ch, cJSON **dst,
+                         const pgd_event *ev, size_t text_offset) {
+    char tok[256], tops[PGD_MAX_TOP_LOGPROBS][256];
+    const char *tp[PGD_MAX_TOP_LOGPROBS];
+    size_t tl[PGD_MAX_TOP_LOGPROBS];
+    int n = pgd_tokenizer_token_bytes(s->tok, ev->token, true, tok, sizeof tok);
+    if (n < 0) n = 0;
+    int k = ev->n_top < c->api.logprobs ? ev->n_top : c->api.logprobs;
+    for (int i = 0; i < k; i++) {
+        int m = pgd_tokenizer_token_bytes(s->tok, ev->top_ids[i], true, tops[i], sizeof tops[i]);
+        tp[i] = tops[i];
+        tl[i] = m > 0 ? (size_t)m : 0;
+    }
+    (void)ch;
+    pgd_api_logprobs_add(&c->api, dst, tok, (size_t)n, ev->logprob, k, tp, tl, ev->top_logprobs,
+                         text_offset);
+}
+
+static void finish_request(server *s, req_ctx *c);
+
+static void handle_event(server *s, const pgd_event *ev) {
+    req_ctx *c = (req_ctx *)(uintptr_t)ev->user_data;
+    int i = choice_of(c, ev->request_id);
+    if (i < 0) return;
+    pgd_api_choice *ch = &c->choices[i];
+    double t = now_s();
+    if (ev->type == PGD_EVENT_TOKEN) {
+        if (c->t_first == 0) {
+            c->t_first = t;
+            pgd_metrics_observe(&s->metrics, PGD_H_TTFT, t - c->t_arrival);
+        } else {
+            pgd_metrics_observe(&s->metrics, PGD_H_ITL, t - c->t_last);
+        }
+        c->t_last = t;
+        ch->n_tokens++;
+    }
+    if (c->conn_done) {
+        /* the client is gone: keep accounting, drop the text */
+    } else if (c->api.stream && c->ph == PH_STREAMING) {
+        cJSON *lp = NULL;
+        if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
+            add_logprobs(s, c, ch, &lp, ev, ch->text_len);
+        const char *fin = ev->type == PGD_EVENT_FINISH ? finish_name(ev->finish_reason) : NULL;
+        if (ev->text_len || lp || fin || !c->role_sent[i]) {
+            char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, ev->text,
+                                        (size_t)ev->text_len, c->api.chat && !c->role_sent[i], fin,
+                                        lp);
+            c->role_sent[i] = true;
+            if (f) out_append(c, f, strlen(f));
+            free(f);
+        }
+        ch->text_len += (size_t)ev->text_len; /* offsets only; the text itself went out */
+        resume(c);
+    } else {
+        if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
+            add_logprobs(s, c, ch, &ch->logprobs, ev, ch->text_len);
+        choice_append(ch, ev->text, (size_t)ev->text_len);
+    }
+    if (ev->type != PGD_EVENT_FINISH) return;
+    c->submitted[i] = false; /* no more events for this choice */
+    c->n_finished++;
+    if (ev->finish_reason == PGD_FINISH_ERROR && !c->has_err) {
+        pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "request %s failed: %s",
+                          c->id, ev->error);
+        c->has_err = true;
+    }
+    ch->finish_reason = finish_name(ev->finish_reason);
+    c->completion_tokens += ev->n_completion;
+    pgd_metrics_count_finish(&s->metrics, ch->finish_reason, ev->finish_reason == PGD_FINISH_ABORT);
+    if (c->n_finished == c->n_choices) finish_request(s, c);
+    ctx_unref(c);
+}
+
+static void finish_request(server *s, req_ctx *c) {
+    double t = now_s();
+    pgd_metrics_observe(&s->metrics, PGD_H_E2E, t - c->t_arrival);
+    if (c->conn_done) return;
+    if (c->api.stream && c->ph == PH_STREAMING) {
+        if (c->api.include_usage) {
+            char *u = pgd_api_usage_chunk_sse(&c->api, c->id, c->created, s->model_name,
+                                              c->prompt_tokens, c->completion_tokens);
+            if (u) out_append(c, u, strlen(u));
+            free(u);
+        }
+        static const char done[] = "data: [DONE]\n\n";
+        out_append(c, done, sizeof done - 1);
+        c->stream_done = true;
+    } else if (!c->has_err) {
+        c->resp = pgd_api_completion_json(&c->api, c->id, c->created, s->model_name, c->choices,
+                                          c->n_choices, c->prompt_tokens, c->completion_tokens);
+        c->status = 200;
+        c->ph = PH_RESPOND;
+    } else {
+        c->ph = PH_RESPOND;
+    }
+    resume(c);
+}
+
+static void async_cb(uv_async_t *a) {
+    server *s = a->data;
+    int n;
+    while ((n = pgd_engine_poll(s->engine, s->events, 256, 0)) > 0)
+        for (int i = 0; i < n; i++) handle_event(s, &s->events[i]);
+    run_mhd(s);
+}
+
+static void engine_notify(void *arg) { uv_async_send(arg); }
+
+/* ---- request work on the thread pool: render + tokenize ---- */
+
+static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prompt *p) {
+    size_t len = strlen(text), cap = len + 8, n = 0;
+    p->ids = malloc(cap * sizeof *p->ids);
+    if (!p->ids) return PGD_ENOMEM;
+    int rc = pgd_tokenizer_encode(s->tok, text, len, add_bos && pgd_tokenizer_add_bos(s->tok),
+                                  true, p->ids, cap, &n);
+    p->n_ids = (int32_t)n;
+    return rc;
+}
+
+static void work_cb(uv_work_t *w) {
+    req_ctx *c = w->data;
+    server *s = c->s;
+    pgd_api_request *r = &c->api;
+    if (r->chat) {
+        char *prompt = NULL;
+        char msg[512];
+        int rc = pgd_chat_render(s->tmpl, s->tok, r->messages, r->tools,
+                                 r->add_generation_prompt, &prompt, msg, sizeof msg);
+        if (rc) {
+            pgd_api_error_set(&c->err, 400, "invalid_request_error", "messages", NULL,
+                              "the chat template failed: %s", msg);
+            c->has_err = true;
+            return;
+        }
+        r->prompts = calloc(1, sizeof *r->prompts);
+        if (!r->prompts) {
+            free(prompt);
+            pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
+            c->has_err = true;
+            return;
+        }
+        r->n_prompts = 1;
+        /* the template writes the BOS text itself where the model wants it */
+        rc = tokenize_into(s, prompt, false, &r->prompts[0]);
+        free(prompt);
+        if (rc) {
+            pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "tokenization failed");
+            c->has_err = true;
+        }
+        return;
+    }
+    for (int i = 0; i < r->n_prompts; i++) {
+        pgd_api_prompt *p = &r->prompts[i];
+        if (p->text && tokenize_into(s, p->text, true, p)) {
+            pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "tokenization failed");
+            c->has_err = true;
+            return;
+        }
+    }
+}
+
+static void submit_all(server *s, req_ctx *c) {
+    pgd_api_request *r = &c->api;
+    int32_t n_ctx = pgd_engine_n_ctx(s->engine);
+    c->n_choices = r->n_prompts * r->n;
+    c->choices = calloc((size_t)c->n_choices, sizeof *c->choices);
+    c->engine_ids = calloc((size_t)c->n_choices, sizeof *c->engine_ids);
+    c->submitted = calloc((size_t)c->n_choices, sizeof *c->submitted);
+    c->role_sent = calloc((size_t)c->n_choices, sizeof *c->role_sent);
+    c->echo_len = calloc((size_t)c->n_choices, sizeof *c->echo_len);
+    if (!c->choices || !c->engine_ids || !c->submitted || !c->role_sent || !c->echo_len) {
+        pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
+        c->has_err = true;
+        return;
+    }
+    uint64_t seed0 = r->has_seed ? r->seed : ((uint64_t)time(NULL) << 20) ^ (s->next_req * 7919);
+    for (int p = 0; p < r->n_prompts; p++) {
+        pgd_api_prompt *pr = &r->prompts[p];
+        if (pr->n_ids == 0) {
+            pgd_api_error_set(&c->err, 400, "invalid_request_error", "prompt", NULL,
+                              "the prompt is empty");
+            c->has_err = true;
+            return;
+        }
+        int32_t max_tokens = r->max_tokens > 0 ? r->max_tokens : n_ctx - pr->n_ids;
+        if (pr->n_ids + (int64_t)max_tokens > n_ctx || max_tokens < 1) {
+            pgd_api_error_set(&c->err, 400, "invalid_request_error",
+                              r->chat ? "messages" : "prompt", "context_length_exceeded",
+                              "this model's maximum context length is %d tokens; the prompt has "
+                              "%d tokens and max_tokens is %d", n_ctx, pr->n_ids,
+                              r->max_tokens > 0 ? r->max_tokens : 0);
+            c->has_err = true;
+            return;
+        }
+        c->prompt_tokens += pr->n_ids;
+        for (int k = 0; k < r->n; k++) {
+            int i = p * r->n + k;
+            pgd_request_params rp = {
+                .prompt = pr->ids, .n_prompt = pr->n_ids, .max_tokens = max_tokens,
+                .temperature = r->temperature, .top_p = r->top_p, .top_k = r->top_k,
+                .seed = seed0 + (uint64_t)i, .ignore_eos = r->ignore_eos,
+                .stop = (const char *const *)r->stop, .n_stop = r->n_stop,
+                .user_data = (uint64_t)(uintptr_t)c, .min_p = r->min_p,
+                .presence_penalty = r->presence_penalty, .frequency_penalty = r->frequency_penalty,
+                .repetition_penalty = r->repetition_penalty, .logit_bias_ids = r->bias_ids,
+                .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
+                .logprobs = r->logprobs,
+            };
+            char err[256];
+            int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);
+            if (rc) {
+                /* cancel the choices already submitted; their finish events release refs */
+                for (int j = 0; j < i; j++) pgd_engine_abort(s->engine, c->engine_ids[j]);
+                if (rc == PGD_ERANGE)
+                    pgd_api_error_set(&c->err, 429, "rate_limit_error", NULL, "queue_full",
+                                      "the server is busy (%s); retry later", err);
+                else
+                    pgd_api_error_set(&c->err, 400, "invalid_request_error", NULL, NULL, "%s", err);
+                c->has_err = true;
+                c->n_choices = i; /* only these will report back */
+                return;
+            }
+            c->submitted[i] = true;
+            c->refs++;
+            if (r->echo && pr->text) {
+                choice_append(&c->choices[i], pr->text, strlen(pr->text));
+                c->echo_len[i] = strlen(pr->text);
+            }
+        }
+    }
+}
+
+static void after_work_cb(uv_work_t *w, int status) {
+    req_ctx *c = w->data;
+    server *s = c->s;
+    (void)status;
+    if (!c->has_err && !c->conn_done) submit_all(s, c);
+    if (c->has_err) {
+        c->ph = PH_RESPOND;
+        /* choices that were submitted before an error still report back and unref */
+        for (int i = 0; i < c->n_choices; i++)
+            if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
+    } else {
+        c->ph = c->api.stream ? PH_STREAMING : PH_RUNNING;
+        c->t_submitted = now_s();
+        if (c->api.stream) {
+            /* echo goes out first */
+            for (int i = 0; i < c->n_choices; i++)
+                if (c->echo_len[i]) {
+                    char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
+                                                c->choices[i].text, c->echo_len[i], false, NULL,
+                                                NULL);
+                    if (f) out_append(c, f, strlen(f));
+                    free(f);
+                }
+        }
+    }
+    if (c->has_err || c->api.stream) resume(c); /* non-streaming answers wait for the finish */
+    ctx_unref(c); /* the work's reference */
+    run_mhd(s);
+}
+
+/* ---- streaming body ---- */
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    req_ctx *c = cls;
+    (void)pos;
+    if (c->out_off < c->out_len) {
+        size_t n = c->out_len - c->out_off;
+        if (n > max) n = max;
+        memcpy(buf, c->out + c->out_off, n);
+        c->out_off += n;
+        if (c->out_off == c->out_len) c->out_off = c->out_len = 0;
+        return (ssize_t)n;
+    }
+    if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
+    /* nothing yet: park the connection until the engine posts more */
+    c->suspended = true;
+    MHD_suspend_connection(c->conn);
+    return 0;
+}
+
+/* ---- simple endpoints ---- */
+
+static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "pagoda");
+    cJSON_AddNumberToObject(m, "max_model_len", s->ready ? pgd_engine_n_ctx(s->engine) : 0);
+    cJSON_AddItemToArray(d, m);
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    enum MHD_Result r = send_body(conn, 200, js ? js : "{}", "application/json", NULL);
+    free(js);
+    return r;
+}
+
+static enum MHD_Result answer_tokenize(server *s, req_ctx *c, struct MHD_Connection *conn) {
+    pgd_api_error e;
+    cJSON *o = cJSON_ParseWithLength(c->body ? c->body : "", c->body_len);
+    cJSON *out = NULL;
+    if (!cJSON_IsObject(o)) {
+        pgd_api_error_set(&e, 400, "invalid_request_error", NULL, "invalid_json",
+                          "the request body must be a JSON object");
+        goto err;
+    }
+    if (c->rt == R_TOKENIZE) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(o, "add_special_tokens");
+        if (!cJSON_IsString(p)) {
+            pgd_api_error_set(&e, 400, "invalid_request_error", "prompt", NULL,
+                              "'prompt' must be a string");
+            goto err;
+        }
+        if (ab && !cJSON_IsBool(ab)) {
+            pgd_api_error_set(&e, 400, "invalid_request_error", "add_special_tokens", NULL,
+                              "'add_special_tokens' must be a boolean");
+            goto err;
+        }
+        pgd_api_prompt pr = {0};
+        if (tokenize_into(s, p->valuestring, !ab || cJSON_IsTrue(ab), &pr)) {
+            free(pr.ids);
+            pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "tokenization failed");
+            goto err;
+        }
+        out = cJSON_CreateObject();
+        cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
+        for (int i = 0; i < pr.n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(pr.ids[i]));
+        cJSON_AddNumberToObject(out, "count", pr.n_ids);
+        cJSON_AddNumberToObject(out, "max_model_len", pgd_engine_n_ctx(s->engine));
+        free(pr.ids);
+    } else {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens"), *x;
+        int n = cJSON_GetArraySize(t);
+        int32_t *ids = cJSON_IsArray(t) ? malloc((size_t)(n ? n : 1) * sizeof *ids) : NULL;
+        if (!ids) {
+            pgd_api_error_set(&e, 400, "invalid_request_error", "tokens", NULL,
+                              "'tokens' must be an array of token ids");
+            goto err;
+        }
+        int k = 0;
+        cJSON_ArrayForEach(x, t) {
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 ||
+                x->valuedouble >= pgd_tokenizer_n_vocab(s->tok) ||
+                x->valuedouble != floor(x->valuedouble)) {
+                free(ids);
+                pgd_api_error_set(&e, 400, "invalid_request_error", "tokens", NULL,
+                                  "'tokens' must hold token ids in [0, %d)",
+                                  pgd_tokenizer_n_vocab(s->tok));
+                goto err;
+            }
+            ids[k++] = (int32_t)x->valuedouble;
+        }
+        char *text = NULL;
+        size_t len = 0;
+        int rc = pgd_tokenizer_decode(s->tok, ids, (size_t)k, false, &text, &len);
+        free(ids);
+        if (rc) {
+            pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "detokenization failed");
+            goto err;
+        }
+        out = cJSON_CreateObject();
+        cJSON_AddStringToObject(out, "prompt", text);
+        free(text);
+    }
+    cJSON_Delete(o);
+    char *js = cJSON_PrintUnformatted(out);
+    cJSON_Delete(out);
+    c->status = 200;
+    enum MHD_Result r = send_body(conn, 200, js ? js : "{}", "application/json", NULL);
+    free(js);
+    return r;
+err:
+    cJSON_Delete(o);
+    return send_error(c, conn, &e);
+}
+
+/* ---- the access handler ---- */
+
+static bool authorized(server *s, struct MHD_Connection *conn) {
+    if (s->cfg.n_api_keys == 0) return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    for (int i = 0; i < s->cfg.n_api_keys; i++) {
+        /* constant-time compare of equal-length keys */
+        const char *k = s->cfg.api_keys[i], *g = h + 7;
+        size_t kl = strlen(k), gl = strlen(g);
+        unsigned diff = kl != gl;
+        for (size_t j = 0; j < kl && j < gl; j++) diff |= (unsigned char)(k[j] ^ g[j]);
+        if (!diff) return true;
+    }
+    return false;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls) {
+    server *s = cls;
+    (void)version;
+    req_ctx *c = *con_cls;
+    pgd_api_error e;
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (!c) return MHD_NO;
+        c->s = s;
+        c->conn = conn;
+        c->refs = 1;
+        c->t_arrival = now_s();
+        c->created = (long)time(NULL);
+        c->status = 0;
+        snprintf(c->method, sizeof c->method, "%s", method);
+        snprintf(c->path, sizeof c->path, "%s", url);
+        for (char *p = c->method; *p; p++) if (*p < 0x20 || *p == '"' || *p == '\\' || *p > 0x7e) *p = '?';
+        for (char *p = c->path; *p; p++) if (*p < 0x20 || *p == '"' || *p == '\\' || *p > 0x7e) *p = '?';
+        *con_cls = c;
+        bool is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET");
+        struct { const char *path; bool post; int rt; } routes[] = {
+            {"/v1/completions", true, R_COMPLETIONS}, {"/v1/chat/completions", true, R_CHAT},
+            {"/tokenize", true, R_TOKENIZE},          {"/detokenize", true, R_DETOKENIZE},
+            {"/v1/models", false, -1},                {"/health", false, -2},
+            {"/metrics", false, -3},
+        };
+        int found = -100;
+        bool post_route = false;
+        for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+            if (!strcmp(url, routes[i].path)) {
+                found = routes[i].rt;
+                post_route = routes[i].post;
+            }
+        if (found == -100) {
+            pgd_api_error_set(&e, 404, "invalid_request_error", NULL, "not_found",
+                              "no route %s %s", method, url);
+            return send_error(c, conn, &e);
+        }
+        if ((post_route && !is_post) || (!post_route && !is_get)) {
+            pgd_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                              "%s does not accept %s; use %s", url, method,
+                              post_route ? "POST" : "GET");
+            return send_error(c, conn, &e);
+        }
+        bool public_route = found == -2 || found == -3;
+        if ((!public_route || s->cfg.protect_health) && !authorized(s, conn)) {
+            pgd_api_error_set(&e, 401, "authentication_error", NULL, "invalid_api_key",
+                              "missing or incorrect API key (send 'Authorization: Bearer KEY')");
+            return send_error(c, conn, &e);
+        }
+        if (found == -2) {
+            c->status = s->ready ? 200 : 503;
+            return send_body(conn, c->status,
+                             s->ready ? "{\"status\":\"ok\"}"
+                                      : (s->load_failed ? "{\"status\":\"failed\"}"
+                                                        : "{\"status\":\"loading\"}"),
+                             "application/json", s->ready ? NULL : "5");
+        }
+        if (found == -3) {
+            char *txt = pgd_metrics_render(&s->metrics, s->ready ? s->engine : NULL, s->model_name);
+            c->status = 200;
+            enum MHD_Result r = send_body(conn, 200, txt ? txt : "",
+                                          "text/plain; version=0.0.4; charset=utf-8", NULL);
+            free(txt);
+            return r;
+        }
+        if (found == -1) {
+            c->status = 200;
+            return answer_models(s, conn);
+        }
+        if (!s->ready || s->draining) {
+            pgd_api_error_set(&e, 503, "server_error", NULL, s->draining ? "shutting_down" : "loading",
+                              s->draining ? "the server is shutting down"
+                                          : "the model is still loading");
+            return send_error(c, conn, &e);
+        }
+        c->rt = (route)found;
+        c->ph = PH_RECEIVING;
+        return MHD_YES;
+    }
+    if (c->ph == PH_RECEIVING) {
+        if (*upload_size) {
+            if (!c->too_large && c->body_len + *upload_size > s->cfg.max_body_bytes) {
+                c->too_large = true;
+            } else if (!c->too_large) {
+                if (c->body_len + *upload_size + 1 > c->body_cap) {
+                    size_t nc = (c->body_len + *upload_size + 1) * 2;
+                    if (nc > s->cfg.max_body_bytes + 1) nc = s->cfg.max_body_bytes + 1;
+                    char *b = realloc(c->body, nc);
+                    if (!b) return MHD_NO;
+                    c->body = b;
+                    c->body_cap = nc;
+                }
+                memcpy(c->body + c->body_len, upload, *upload_size);
+                c->body_len += *upload_size;
+                c->body[c->body_len] = 0;
+            }
+            *upload_size = 0;
+            return MHD_YES;
+        }
+        if (c->too_large) {
+            pgd_api_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                              "the request body exceeds %zu bytes", s->cfg.max_body_bytes);
+            return send_error(c, conn, &e);
+        }
+        if (c->rt == R_TOKENIZE || c->rt == R_DETOKENIZE) return answer_tokenize(s, c, conn);
+        if (pgd_api_parse(c->body ? c->body : "", c->body_len, c->rt == R_CHAT, &s->limits,
+                          &c->api, &e))
+            return send_error(c, conn, &e);
+        c->api_parsed = true;
+        if (c->api.model && strcmp(c->api.model, s->model_name)) {
+            pgd_api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                              "the model '%.200s' does not exist; this server serves '%s'",
+                              c->api.model, s->model_name);
+            e.status = 400;
+            return send_error(c, conn, &e);
+        }
+        if (c->rt == R_CHAT && !s->tmpl) {
+            pgd_api_error_set(&e, 400, "invalid_request_error", "messages", NULL,
+                              "this model has no chat template; use /v1/completions");
+            return send_error(c, conn, &e);
+        }
+        if (!c->api.chat && c->api.echo && c->api.logprobs >= 0) {
+            pgd_api_error_set(&e, 400, "invalid_request_error", "echo", NULL,
+                              "'echo' together with 'logprobs' is not supported");
+            return send_error(c, conn, &e);
+        }
+        snprintf(c->id, sizeof c->id, "%s-%016" PRIx64, c->rt == R_CHAT ? "chatcmpl" : "cmpl",
+                 ((uint64_t)c->created << 24) ^ ++s->next_req);
+        c->ph = PH_WORKING;
+        c->refs++; /* held by the work item */
+        s->in_flight++;
+        c->work.data = c;
+        c->suspended = true;
+        MHD_suspend_connection(conn);
+        if (uv_queue_work(&s->loop, &c->work, work_cb, after_work_cb)) {
+            c->suspended = false;
+            MHD_resume_connection(conn);
+            c->refs--;
+            pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "cannot schedule the request");
+            return send_error(c, conn, &e);
+        }
+        return MHD_YES;
+    }
+    if (c->ph == PH_WORKING || c->ph == PH_RUNNING) {
+        /* resumed early (should not happen): wait again */
+        c->suspended = true;
+        MHD_suspend_connection(conn);
+        return MHD_YES;
+    }
+    if (c->ph == PH_STREAMING) {
+        if (c->status) return MHD_YES; /* response already queued */
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, NULL);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        c->status = 200;
+        enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    /* PH_RESPOND */
+    if (c->status && c->resp == NULL && !c->has_err) return MHD_YES;
+    if (c->has_err) return send_error(c, conn, &c->err);
+    return send_body(conn, c->status ? c->status : 200, c->resp ? c->resp : "{}",
+                     "application/json", NULL);
+}
+
+static void log_request(server *s, req_ctx *c, int term) {
+    if (!s->cfg.log_requests) return;
+    double t = now_s();
+    fprintf(stderr,
+            "{\"event\":\"request\",\"id\":\"%s\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
+            "\"prompt_tokens\":%d,\"completion_tokens\":%d,\"ttft_ms\":%.1f,\"total_ms\":%.1f,"
+            "\"client_closed\":%s}\n",
+            c->id[0] ? c->id : "-", c->method, c->path, c->status,
+            c->prompt_tokens, c->completion_tokens,
+            c->t_first ? 1000 * (c->t_first - c->t_arrival) : 0.0, 1000 * (t - c->t_arrival),
+            term == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "false" : "true");
+}
+
+static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    server *s = cls;
+    req_ctx *c = *con_cls;
+    if (!c) return;
+    *con_cls = NULL;
+    c->conn_done = true;
+    bool aborted = false;
+    for (int i = 0; i < c->n_choices; i++)
+        if (c->submitted[i]) {
+            pgd_engine_abort(s->engine, c->engine_ids[i]); /* the client left: free its blocks */
+            aborted = true;
+        }
+    log_request(s, c, aborted ? -1 : (int)toe);
+    if (c->ph != PH_RECEIVING) s->in_flight--;
+    ctx_unref(c);
+}
+
+/* ---- lifecycle ---- */
+
+static void load_work_cb(uv_work_t *w) {
+    server *s = w->data;
+    pgd_engine_config ec;
+    pgd_engine_config_default(&ec);
+    ec.model_path = s->cfg.model;
+    ec.weights_f32 = s->cfg.weights_f32;
+    ec.n_threads = s->cfg.threads;
+    ec.n_ctx = s->cfg.ctx;
+    ec.block_size = s->cfg.block_size;
+    ec.kv_cache_bytes = s->cfg.kv_cache_bytes;
+    ec.kv_dtype = !strcmp(s->cfg.kv_dtype, "f16") ? PGD_KV_F16
+                  : !strcmp(s->cfg.kv_dtype, "bf16") ? PGD_KV_BF16 : PGD_KV_F32;
+    ec.max_num_batched_tokens = s->cfg.max_num_batched_tokens;
+    ec.max_num_seqs = s->cfg.max_num_seqs;
+    ec.no_prefix_caching = s->cfg.no_prefix_caching;
+    ec.max_waiting = s->cfg.max_waiting;
+    if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;
+    /* the server's own tokenizer handle, for the thread pool (tokenizers are immutable) */
+    pgd_err err = {{0}};
+    struct stat st;
+    int rc;
+    if (stat(s->cfg.model, &st) == 0 && S_ISDIR(st.st_mode)) {
+        char tj[4096], tc[4096];
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", s->cfg.model);
+        snprintf(tc, sizeof tc, "%s/tokenizer_config.json", s->cfg.model);
+        rc = pgd_tokenizer_load_hf(tj, stat(tc, &st) == 0 ? tc : NULL, &s->tok, &err);
+    } else {
+        pgd_gguf g;
+        rc = pgd_gguf_open(&g, s->cfg.model, &err);
+        if (!rc) {
+            rc = pgd_tokenizer_load_gguf(&g, &s->tok, &err);
+            pgd_gguf_close(&g);
+        }
+    }
+    if (rc) {
+        snprintf(s->load_error, sizeof s->load_error, "%s", err.msg);
+        pgd_engine_free(s->engine);
+        s->engine = NULL;
+        return;
+    }
+    const char *tmpl = pgd_tokenizer_chat_template(s->tok);
+    if (tmpl && pgd_jinja_parse(tmpl, strlen(tmpl), &s->tmpl, &err))
+        fprintf(stderr, "{\"event\":\"warning\",\"message\":\"the chat template does not parse; "
+                        "chat completions are off\"}\n");
+    s->limits.n_vocab = pgd_tokenizer_n_vocab(s->tok);
+}
+
+static void load_done_cb(uv_work_t *w, int status) {
+    server *s = w->data;
+    (void)status;
+    if (!s->engine) {
+        fprintf(stderr, "pagoda: %s\n", s->load_error);
+        s->load_failed = true;
+        s->exit_code = 1;
+        uv_stop(&s->loop);
+        return;
+    }
+    if (pgd_engine_start(s->engine, engine_notify, &s->async)) {
+        fprintf(stderr, "pagoda: cannot start the engine thread\n");
+        s->exit_code = 1;
+        uv_stop(&s->loop);
+        return;
+    }
+    s->ready = true;
+    fprintf(stderr, "{\"event\":\"ready\",\"model\":\"%s\",\"context\":%d}\n", s->model_name,
+            pgd_engine_n_ctx(s->engine));
+#ifdef PGD_HAVE_SYSTEMD
+    sd_notify(0, "READY=1");
+#endif
+}
+
+static void close_walk_cb(uv_handle_t *h, void *arg) {
+    (void)arg;
+    if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+static void drain_check_cb(uv_timer_t *t) {
+    server *s = t->data;
+    static double started;
+    if (started == 0) started = now_s();
+    if (s->in_flight <= 0 || now_s() - started > s->cfg.drain_timeout) {
+        if (s->in_flight > 0)
+            fprintf(stderr, "{\"event\":\"drain_timeout\",\"in_flight\":%d}\n", s->in_flight);
+        uv_stop(&s->loop);
+    }
+}
+
+static void signal_cb(uv_signal_t *sig, int signum) {
+    server *s = sig->data;
+    if (s->draining) return;
+    s->draining = true;
+    fprintf(stderr, "{\"event\":\"draining\",\"signal\":%d,\"in_flight\":%d}\n", signum,
+            s->in_flight);
+#ifdef PGD_HAVE_SYSTEMD
+    sd_notify(0, "STOPPING=1");
+#endif
+    /* stop accepting: close the listening socket; connections already open get 503 for new
+     * requests and their in-flight ones finish */
+    if (s->mhd) {
+        MHD_socket fd = MHD_quiesce_daemon(s->mhd);
+        if (fd != MHD_INVALID_SOCKET) close(fd);
+    }
+    uv_timer_start(&s->drain_timer, drain_check_cb, 0, 50);
+}
+
+int pgd_serve(const pgd_server_config *cfg) {
+    server *s = calloc(1, sizeof *s);
+    if (!s) return 1;
+    s->cfg = *cfg;
+    s->events = calloc(256, sizeof *s->events);
+    const char *base = strrchr(cfg->model, '/');
+    base = base && base[1] ? base + 1 : cfg->model;
+    snprintf(s->model_name, sizeof s->model_name, "%s",
+             cfg->served_model_name ? cfg->served_model_name : base);
+    for (char *p = s->model_name; *p; p++) /* safe inside JSON logs and Prometheus labels */
+        if ((unsigned char)*p < 0x20 || *p == '"' || *p == '\\') *p = '_';
+    s->limits = (pgd_api_limits){.max_n = cfg->max_n, .max_logprobs = cfg->max_logprobs,
+                                 .max_tokens_limit = cfg->max_tokens_limit,
+                                 .max_prompts = cfg->max_prompts,
+                                 .max_prompt_tokens = cfg->max_prompt_tokens, .n_vocab = 1};
+    pgd_metrics_init(&s->metrics);
+    uv_loop_init(&s->loop);
+    struct sockaddr_storage addr;
+    memset(&addr, 0, sizeof addr);
+    if (uv_ip4_addr(cfg->host, cfg->port, (struct sockaddr_in *)&addr) &&
+        uv_ip6_addr(cfg->host, cfg->port, (struct sockaddr_in6 *)&addr)) {
+        fprintf(stderr, "pagoda: --host '%s' is not an IP address\n", cfg->host);
+        return 1;
+    }
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &addr,
+                              MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout,
+                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)cfg->max_header_bytes,
+                              MHD_OPTION_END);
+    if (!s->mhd) {
+        fprintf(stderr, "pagoda: cannot listen on %s:%d\n", cfg->host, cfg->port);
+        return 1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    const union MHD_DaemonInfo *pi = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    fprintf(stderr, "{\"event\":\"listening\",\"host\":\"%s\",\"port\":%u}\n", cfg->host,
+            pi ? pi->port : (unsigned)cfg->port);
+    uv_poll_init(&s->loop, &s->poll, di->epoll_fd);
+    s->poll.data = s;
+    uv_poll_start(&s->poll, UV_READABLE, mhd_poll_cb);
+    uv_timer_init(&s->loop, &s->timer);
+    s->timer.data = s;
+    uv_timer_init(&s->loop, &s->drain_timer);
+    s->drain_timer.data = s;
+    uv_async_init(&s->loop, &s->async, async_cb);
+    s->async.data = s;
+    uv_signal_init(&s->loop, &s->sigterm);
+    uv_signal_init(&s->loop, &s->sigint);
+    s->sigterm.data = s->sigint.data = s;
+    uv_signal_start(&s->sigterm, signal_cb, SIGTERM);
+    uv_signal_start(&s->sigint, signal_cb, SIGINT);
+    signal(SIGPIPE, SIG_IGN);
+    s->load_work.data = s;
+    uv_queue_work(&s->loop, &s->load_work, load_work_cb, load_done_cb);
+    run_mhd(s);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    /* shutdown: engine first (no more events), then HTTP, then the loop's handles */
+    if (s->engine) pgd_engine_stop(s->engine);
+    MHD_stop_daemon(s->mhd); /* completes every connection, aborting their requests */
+    s->mhd = NULL;
+    if (s->engine) {
+        /* let the engine report those aborts so every request context is released */
+        for (;;) {
+            int n;
+            while ((n = pgd_engine_poll(s->engine, s->events, 256, 0)) > 0)
+                for (int i = 0; i < n; i++) handle_event(s, &s->events[i]);
+            if (!pgd_engine_has_work(s->engine)) break;
+            pgd_engine_step(s->engine);
+        }
+    }
+    uv_walk(&s->loop, close_walk_cb, NULL);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&s->loop);
+    int code = s->exit_code;
+    if (!code) fprintf(stderr, "{\"event\":\"stopped\"}\n");
+    pgd_engine_free(s->engine);
+    if (s->tok) pgd_tokenizer_free(s->tok);
+    if (s->tmpl) pgd_jinja_free(s->tmpl);
+    free(s->events);
+    pgd_metrics_free(&s->metrics);
+    free(s);
+    return code;
+}
