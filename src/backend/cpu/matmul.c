@@ -23,7 +23,7 @@
 #define Q4_0_BYTES 18
 #define Q4_1_BYTES 20
 #define TILE_R 4 /* weight rows per register tile */
-#define TILE_T 3 /* tokens per register tile */
+#define TILE_T 6 /* tokens per register tile (at most) */
 /* Tokens whose activations stay in L2 while a thread sweeps its rows over them. */
 #define ACT_L2_BYTES (192 * 1024)
 
@@ -100,6 +100,12 @@ INLINE float ldf(const uint8_t *p) {
     memcpy(&v, p, 4);
     return v;
 }
+/* Hides that v is a broadcast: otherwise GCC turns each per-pair vmulps of two broadcasts into
+ * vmulss + vbroadcastss (same bits, one more instruction per pair). */
+INLINE __m256 opaque(__m256 v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
 INLINE __m256 bcast_f16(const uint8_t *p) { return _mm256_set1_ps(_cvtsh_ss(ld16(p))); }
 /* 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..15), then high (16..31). */
 INLINE __m256i nibbles32(const uint8_t *qs) {
@@ -117,7 +123,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
     __m256 acc[TILE_R][TILE_T];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i aq[TILE_T];
@@ -125,7 +131,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
-            da[t] = _mm256_set1_ps(ldf(ab));
+            da[t] = opaque(_mm256_set1_ps(ldf(ab)));
             aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
         }
 #pragma GCC unroll 4
@@ -146,7 +152,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < NT; t++) g->y[(size_t)t * g->y_stride + r] = hsum8(acc[r][t]);
 }
 
@@ -177,7 +183,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
-                da[t] = _mm256_set1_ps(ldf(ab));
+                da[t] = opaque(_mm256_set1_ps(ldf(ab)));
                 aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
             }
 #pragma GCC unroll 4
@@ -242,23 +248,37 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
     __m256 acc[TILE_R][TILE_T];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n8; i += 8) {
-        __m256 xv[TILE_T];
+        /* Keep the smaller side of the tile in registers (16 ymm registers in all). */
+        if (NT <= 3) {
+            __m256 xv[TILE_T];
+#pragma GCC unroll 6
+            for (int t = 0; t < NT; t++)
+                xv[t] = _mm256_loadu_ps((const float *)(g->a + (size_t)t * g->a_stride) + i);
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++)
-            xv[t] = _mm256_loadu_ps((const float *)(g->a + (size_t)t * g->a_stride) + i);
+            for (int r = 0; r < NR; r++) {
+                __m256 wv = load8w(g->w + (size_t)r * g->w_stride + (size_t)i * esz, kind);
+#pragma GCC unroll 6
+                for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        } else {
+            __m256 wv[TILE_R];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            __m256 wv = load8w(g->w + (size_t)r * g->w_stride + (size_t)i * esz, kind);
+            for (int r = 0; r < NR; r++)
+                wv[r] = load8w(g->w + (size_t)r * g->w_stride + (size_t)i * esz, kind);
+#pragma GCC unroll 6
+            for (int t = 0; t < NT; t++) {
+                __m256 xv = _mm256_loadu_ps((const float *)(g->a + (size_t)t * g->a_stride) + i);
 #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+                for (int r = 0; r < NR; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+            }
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < NT; t++) {
             const uint8_t *wr = g->w + (size_t)r * g->w_stride;
             const float *x = (const float *)(g->a + (size_t)t * g->a_stride);
@@ -272,23 +292,23 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
 
 /* One function per (type, NR, NT) so each tile shape is compiled with constant bounds. */
 typedef void (*tile_fn)(const tile *g);
-#define TILE_FNS(NAME, BODY)                                                                     \
-    static void NAME##_1_1(const tile *g) { BODY(g, 1, 1); }                                     \
-    static void NAME##_1_2(const tile *g) { BODY(g, 1, 2); }                                     \
-    static void NAME##_1_3(const tile *g) { BODY(g, 1, 3); }                                     \
-    static void NAME##_2_1(const tile *g) { BODY(g, 2, 1); }                                     \
-    static void NAME##_2_2(const tile *g) { BODY(g, 2, 2); }                                     \
-    static void NAME##_2_3(const tile *g) { BODY(g, 2, 3); }                                     \
-    static void NAME##_3_1(const tile *g) { BODY(g, 3, 1); }                                     \
-    static void NAME##_3_2(const tile *g) { BODY(g, 3, 2); }                                     \
-    static void NAME##_3_3(const tile *g) { BODY(g, 3, 3); }                                     \
-    static void NAME##_4_1(const tile *g) { BODY(g, 4, 1); }                                     \
-    static void NAME##_4_2(const tile *g) { BODY(g, 4, 2); }                                     \
-    static void NAME##_4_3(const tile *g) { BODY(g, 4, 3); }                                     \
+#define TF(NAME, BODY, R, T)                                                                     \
+    static void NAME##_##R##_##T(const tile *g) { BODY(g, R, T); }
+#define TF_ROW3(NAME, BODY, R) TF(NAME, BODY, R, 1) TF(NAME, BODY, R, 2) TF(NAME, BODY, R, 3)
+#define TF_ROW6(NAME, BODY, R)                                                                   \
+    TF_ROW3(NAME, BODY, R) TF(NAME, BODY, R, 4) TF(NAME, BODY, R, 5) TF(NAME, BODY, R, 6)
+#define TILES3(NAME, BODY)                                                                       \
+    TF_ROW3(NAME, BODY, 1) TF_ROW3(NAME, BODY, 2) TF_ROW3(NAME, BODY, 3) TF_ROW3(NAME, BODY, 4) \
     static const tile_fn NAME[TILE_R][TILE_T] = {{NAME##_1_1, NAME##_1_2, NAME##_1_3},         \
                                                  {NAME##_2_1, NAME##_2_2, NAME##_2_3},         \
                                                  {NAME##_3_1, NAME##_3_2, NAME##_3_3},         \
                                                  {NAME##_4_1, NAME##_4_2, NAME##_4_3}};
+#define ROW6(NAME, R) {NAME##_##R##_1, NAME##_##R##_2, NAME##_##R##_3,                           \
+                       NAME##_##R##_4, NAME##_##R##_5, NAME##_##R##_6}
+#define TILES6(NAME, BODY)                                                                       \
+    TF_ROW6(NAME, BODY, 1) TF_ROW6(NAME, BODY, 2) TF_ROW6(NAME, BODY, 3) TF_ROW6(NAME, BODY, 4) \
+    static const tile_fn NAME[TILE_R][TILE_T] = {ROW6(NAME, 1), ROW6(NAME, 2), ROW6(NAME, 3),   \
+                                                 ROW6(NAME, 4)};
 
 #define Q8_0_BODY(g, R, T) tile_q8(g, R, T, false)
 #define Q4_0_BODY(g, R, T) tile_q8(g, R, T, true)
@@ -296,22 +316,30 @@ typedef void (*tile_fn)(const tile *g);
 #define F32_BODY(g, R, T) tile_float(g, R, T, WF32)
 #define F16_BODY(g, R, T) tile_float(g, R, T, WF16)
 #define BF16_BODY(g, R, T) tile_float(g, R, T, WBF16)
-TILE_FNS(tiles_q8_0, Q8_0_BODY)
-TILE_FNS(tiles_q4_0, Q4_0_BODY)
-TILE_FNS(tiles_q4_1, Q4_1_BODY)
-TILE_FNS(tiles_f32, F32_BODY)
-TILE_FNS(tiles_f16, F16_BODY)
-TILE_FNS(tiles_bf16, BF16_BODY)
+TILES3(tiles_q8_0, Q8_0_BODY)
+TILES3(tiles_q4_0, Q4_0_BODY)
+TILES3(tiles_q4_1, Q4_1_BODY)
+TILES6(tiles_f32, F32_BODY)
+TILES6(tiles_f16, F16_BODY)
+TILES6(tiles_bf16, BF16_BODY)
 
-static const tile_fn (*tiles_for(pgd_type t))[TILE_T] {
+/* Tile shapes per type: (rows x tokens) for n > 1, and rows for n == 1. Integer kernels reuse
+ * a weight block across 3 tokens in 12 accumulators; float kernels are limited by the F16/BF16
+ * conversion, so they convert 2 rows once for 6 tokens. Decode streams 4 rows at a time. */
+typedef struct tile_plan {
+    const tile_fn (*fns)[TILE_T];
+    int mr, mt, mr1;
+} tile_plan;
+
+static bool plan_for(pgd_type t, tile_plan *p) {
     switch (t) {
-    case PGD_TYPE_Q8_0: return tiles_q8_0;
-    case PGD_TYPE_Q4_0: return tiles_q4_0;
-    case PGD_TYPE_Q4_1: return tiles_q4_1;
-    case PGD_TYPE_F32: return tiles_f32;
-    case PGD_TYPE_F16: return tiles_f16;
-    case PGD_TYPE_BF16: return tiles_bf16;
-    default: return NULL;
+    case PGD_TYPE_Q8_0: *p = (tile_plan){tiles_q8_0, 4, 3, 4}; return true;
+    case PGD_TYPE_Q4_0: *p = (tile_plan){tiles_q4_0, 4, 3, 4}; return true;
+    case PGD_TYPE_Q4_1: *p = (tile_plan){tiles_q4_1, 4, 3, 4}; return true;
+    case PGD_TYPE_F32: *p = (tile_plan){tiles_f32, 4, 3, 4}; return true;
+    case PGD_TYPE_F16: *p = (tile_plan){tiles_f16, 4, 3, 4}; return true;
+    case PGD_TYPE_BF16: *p = (tile_plan){tiles_bf16, 4, 3, 4}; return true;
+    default: return false;
     }
 }
 #endif /* __AVX2__ */
@@ -325,34 +353,22 @@ typedef struct matmul_ctx {
     size_t act_row_bytes;
     float *y;             /* (n, w->n_out) */
     int n;
+    long chunk_rows;      /* output rows per chunk of work (a multiple of 4) */
 } matmul_ctx;
 
-static void quant_task(void *arg, int ith, int nth) {
+static void quant_chunk(void *arg, long t, int ith) {
+    (void)ith;
     matmul_ctx *c = arg;
-    long lo, hi;
-    pgd_split_range(c->n, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++)
-        quantize_row(c->w, c->x + (size_t)t * c->w->n_in, c->act + (size_t)t * c->act_row_bytes);
+    quantize_row(c->w, c->x + (size_t)t * c->w->n_in, c->act + (size_t)t * c->act_row_bytes);
 }
 
-/* Rows are split across threads in whole tiles, never the reduction dimension. */
-static void thread_rows(const matmul_ctx *c, int ith, int nth, long *lo, long *hi) {
-    long n_tiles = (long)((c->w->n_out + TILE_R - 1) / TILE_R);
-    pgd_split_range(n_tiles, ith, nth, lo, hi);
-    *lo *= TILE_R;
-    *hi *= TILE_R;
-    if (*hi > c->w->n_out) *hi = (long)c->w->n_out;
-}
-
-static void matmul_task(void *arg, int ith, int nth) {
-    matmul_ctx *c = arg;
+/* Rows [lo, hi) of y for all n tokens. Chunks split output rows, never the reduction. */
+static void matmul_rows(const matmul_ctx *c, long lo, long hi) {
     const pgd_weight *w = c->w;
-    long lo, hi;
-    thread_rows(c, ith, nth, &lo, &hi);
     const unsigned char *base = w->data;
 #ifdef __AVX2__
-    const tile_fn (*fns)[TILE_T] = tiles_for(w->type);
-    if (fns) {
+    tile_plan pl;
+    if (plan_for(w->type, &pl)) {
         const bool is_float = pgd_vec_dot_type(w->type) == PGD_TYPE_F32;
         tile g = {.w_stride = w->row_bytes,
                   .a_stride = is_float ? (size_t)w->n_in * sizeof(float) : c->act_row_bytes,
@@ -361,18 +377,19 @@ static void matmul_task(void *arg, int ith, int nth) {
                   .ds_off = act_ds_offset(w)};
         /* Float weights read x directly: no conversion pass. */
         const unsigned char *a0 = is_float ? (const unsigned char *)c->x : c->act;
-        long tb = (long)(ACT_L2_BYTES / g.a_stride) / TILE_T * TILE_T;
-        if (tb < TILE_T) tb = TILE_T;
+        const int mr = c->n == 1 ? pl.mr1 : pl.mr, mt = pl.mt;
+        long tb = (long)(ACT_L2_BYTES / g.a_stride) / mt * mt;
+        if (tb < mt) tb = mt;
         for (long t0 = 0; t0 < c->n; t0 += tb) {
             long t1 = t0 + tb < c->n ? t0 + tb : c->n;
-            for (long r = lo; r < hi; r += TILE_R) {
-                int nr = hi - r < TILE_R ? (int)(hi - r) : TILE_R;
+            for (long r = lo; r < hi; r += mr) {
+                int nr = hi - r < mr ? (int)(hi - r) : mr;
                 g.w = base + (size_t)r * w->row_bytes;
-                for (long t = t0; t < t1; t += TILE_T) {
-                    int nt = t1 - t < TILE_T ? (int)(t1 - t) : TILE_T;
+                for (long t = t0; t < t1; t += mt) {
+                    int nt = t1 - t < mt ? (int)(t1 - t) : mt;
                     g.a = a0 + (size_t)t * g.a_stride;
                     g.y = c->y + (size_t)t * w->n_out + r;
-                    fns[nr - 1][nt - 1](&g);
+                    pl.fns[nr - 1][nt - 1](&g);
                 }
             }
         }
@@ -387,13 +404,26 @@ static void matmul_task(void *arg, int ith, int nth) {
     }
 }
 
+static void matmul_chunk(void *arg, long chunk, int ith) {
+    (void)ith;
+    matmul_ctx *c = arg;
+    long lo = chunk * c->chunk_rows, hi = lo + c->chunk_rows;
+    if (hi > c->w->n_out) hi = (long)c->w->n_out;
+    matmul_rows(c, lo, hi);
+}
+
 void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n,
                     void *act, size_t act_row_bytes) {
     PGD_ASSERT(act_row_bytes >= pgd_cpu_matmul_act_row_bytes(w));
-    matmul_ctx c = {w, x, act, act_row_bytes, y, n};
+    int nth = pgd_pool_n_threads(pool);
+    /* About 8 chunks per thread (dynamic balance on a shared machine), at least 16 rows each. */
+    long rows = (long)((w->n_out + 8 * nth - 1) / (8 * nth));
+    if (rows < 16) rows = 16;
+    rows = (rows + TILE_R - 1) / TILE_R * TILE_R;
+    matmul_ctx c = {w, x, act, act_row_bytes, y, n, rows};
     if (!(tiled_type(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32)) {
-        if (n > 1) pgd_pool_run(pool, quant_task, &c);
-        else quant_task(&c, 0, 1);
+        if (n > 1) pgd_pool_run_chunks(pool, quant_chunk, &c, n);
+        else quant_chunk(&c, 0, 0);
     }
-    pgd_pool_run(pool, matmul_task, &c);
+    pgd_pool_run_chunks(pool, matmul_chunk, &c, (long)((w->n_out + rows - 1) / rows));
 }

@@ -1,0 +1,351 @@
+/* `pagoda bench`: llama-bench-style throughput (pp = prefill of a prompt, tg = decode one token
+ * at a time, batched = one forward call of b tokens) with a memory-bandwidth probe and a peak
+ * FLOP/s probe, so each figure is reported as a fraction of its hardware roofline. */
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/cpu/pool.h"
+#include "cli/cli.h"
+#include "model/model.h"
+
+#define MAX_BATCHES 16
+
+typedef struct bench_opts {
+    const char *model;
+    long n_prompt, n_gen, threads, reps;
+    long batches[MAX_BATCHES];
+    int n_batches;
+    bool json;
+} bench_opts;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: pagoda bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS]\n"
+            "                    [--batch 1,4,16,64] [--json]\n"
+            "Measures pp (prefill tokens/s of a -p token prompt), tg (decode tokens/s, -n)\n"
+            "and batched tokens/s (one forward call of b tokens; a proxy for a batch of b\n"
+            "decodes until the engine batches sequences), median of -r runs (default 5), with the\n"
+            "memory bandwidth (read-only sum over 1 GiB, best of 5) and peak FP32 FLOP/s (FMA\n"
+            "loop on every thread, best of 5) of this machine, and each figure's fraction of\n"
+            "its roofline.\n");
+}
+
+static int parse_batches(const char *s, bench_opts *o) {
+    o->n_batches = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 4096 || o->n_batches == MAX_BATCHES) return -1;
+        o->batches[o->n_batches++] = v;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, bench_opts *o) {
+    long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+    *o = (bench_opts){.model = pgd_cli_default_model(), .n_prompt = 512, .n_gen = 128,
+                      .threads = nproc > 0 ? nproc : 1, .reps = 5,
+                      .batches = {1, 4, 16, 64}, .n_batches = 4};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!v) goto bad;
+        int rc = 0;
+        if (!strcmp(a, "-m")) o->model = v;
+        else if (!strcmp(a, "-p")) rc = pgd_cli_parse_long(v, 0, 1 << 16, &o->n_prompt);
+        else if (!strcmp(a, "-n")) rc = pgd_cli_parse_long(v, 0, 1 << 16, &o->n_gen);
+        else if (!strcmp(a, "-t")) rc = pgd_cli_parse_long(v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "-r")) rc = pgd_cli_parse_long(v, 1, 1000, &o->reps);
+        else if (!strcmp(a, "--batch")) rc = parse_batches(v, o);
+        else goto bad;
+        if (rc != 0) {
+            fprintf(stderr, "pagoda bench: bad value '%s' for %s\n", v, a);
+            return -1;
+        }
+        i++;
+        continue;
+    bad:
+        fprintf(stderr, "pagoda bench: unknown or incomplete option '%s'\n", a);
+        usage(stderr);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- Hardware probes ------------------------------------------------------------------------ */
+
+typedef struct bw_ctx {
+    const float *buf; /* (n) */
+    size_t n;
+    float sums[1024];
+} bw_ctx;
+
+static void bw_task(void *arg, int ith, int nth) {
+    bw_ctx *c = arg;
+    long lo, hi;
+    pgd_split_range((long)(c->n / 64), ith, nth, &lo, &hi);
+    const float *p = c->buf + (size_t)lo * 64;
+    __m256 s[8];
+    for (int k = 0; k < 8; k++) s[k] = _mm256_setzero_ps();
+    for (long i = lo; i < hi; i++, p += 64)
+        for (int k = 0; k < 8; k++) s[k] = _mm256_add_ps(s[k], _mm256_load_ps(p + 8 * k));
+    for (int k = 1; k < 8; k++) s[0] = _mm256_add_ps(s[0], s[k]);
+    float out[8];
+    _mm256_storeu_ps(out, s[0]);
+    if (ith < 1024) c->sums[ith] = out[0];
+}
+
+/* Read bandwidth in bytes/s: every thread sums its part of a 1 GiB buffer; best of 5. */
+static double probe_bandwidth(pgd_pool *pool) {
+    size_t bytes = (size_t)1 << 30;
+    float *buf = aligned_alloc(64, bytes);
+    if (!buf) return 0;
+    memset(buf, 0, bytes);
+    bw_ctx c = {.buf = buf, .n = bytes / sizeof(float)};
+    double best = 0;
+    for (int r = 0; r < 6; r++) {
+        double t = now_s();
+        pgd_pool_run(pool, bw_task, &c);
+        t = now_s() - t;
+        if (r > 0 && (double)bytes / t > best) best = (double)bytes / t; /* run 0 warms up */
+    }
+    free(buf);
+    return best;
+}
+
+typedef struct flops_ctx {
+    long iters;
+    float sink[1024];
+} flops_ctx;
+
+/* 10 independent FMA chains (more than latency x throughput = 2 x 4 on current cores). */
+static void flops_task(void *arg, int ith, int nth) {
+    (void)nth;
+    flops_ctx *c = arg;
+    __m256 a[10];
+    const __m256 m = _mm256_set1_ps(0.9999f), k = _mm256_set1_ps(1e-4f);
+#pragma GCC unroll 10
+    for (int i = 0; i < 10; i++) a[i] = _mm256_set1_ps((float)(i + ith) * 1e-3f);
+    for (long it = 0; it < c->iters; it++) {
+#pragma GCC unroll 10
+        for (int i = 0; i < 10; i++) a[i] = _mm256_fmadd_ps(a[i], m, k);
+        __asm__("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]), "+x"(a[5]),
+                "+x"(a[6]), "+x"(a[7]), "+x"(a[8]), "+x"(a[9]));
+    }
+    for (int i = 1; i < 10; i++) a[0] = _mm256_add_ps(a[0], a[i]);
+    float out[8];
+    _mm256_storeu_ps(out, a[0]);
+    if (ith < 1024) c->sink[ith] = out[0];
+}
+
+/* Peak FP32 FLOP/s on all threads (AVX2 FMA: 16 flops per instruction); best of 5. */
+static double probe_flops(pgd_pool *pool) {
+    flops_ctx c = {.iters = 20 * 1000 * 1000};
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t = now_s();
+        pgd_pool_run(pool, flops_task, &c);
+        t = now_s() - t;
+        double f = (double)c.iters * 10 * 16 * pgd_pool_n_threads(pool) / t;
+        if (f > best) best = f;
+    }
+    return best;
+}
+
+/* ---- Model figures ------------------------------------------------------------------------ */
+
+typedef struct model_cost {
+    double layer_params, head_params; /* multiply-adds per token: layers, LM head */
+    double layer_bytes, head_bytes;   /* weight bytes read per forward call */
+} model_cost;
+
+static void add_weight(const pgd_weight *w, double *params, double *bytes) {
+    *params += (double)w->n_in * (double)w->n_out;
+    *bytes += (double)w->row_bytes * (double)w->n_out;
+}
+
+static model_cost cost_of(const pgd_model *m) {
+    model_cost c = {0};
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        const pgd_layer *l = &m->layers[il];
+        const pgd_weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
+                                  &l->w_down};
+        for (int i = 0; i < 7; i++) add_weight(ws[i], &c.layer_params, &c.layer_bytes);
+    }
+    add_weight(&m->output, &c.head_params, &c.head_bytes);
+    return c;
+}
+
+typedef struct result {
+    const char *test;
+    long tokens;        /* per measured unit (prompt, generated tokens, batch) */
+    double tps;         /* median tokens/s */
+    double roof_tps;    /* roofline tokens/s */
+    const char *bound;  /* "bandwidth" or "compute" */
+} result;
+
+int pgd_cli_bench(int argc, char **argv) {
+    bench_opts o;
+    if (parse_args(argc, argv, &o) != 0) return 2;
+    pgd_err err = {{0}};
+    pgd_model *m = NULL;
+    pgd_pool *pool = NULL;
+    pgd_session s;
+    bool have_session = false;
+    int rc = 1;
+    int32_t *tokens = NULL;
+    long max_batch = o.n_prompt > 1 ? o.n_prompt : 1;
+    for (int i = 0; i < o.n_batches; i++)
+        if (o.batches[i] > max_batch) max_batch = o.batches[i];
+    long n_ctx = max_batch > o.n_gen ? max_batch : o.n_gen;
+    pgd_model_opts mo = {.n_ctx = (int32_t)(n_ctx + 8)};
+    if (pgd_model_load(o.model, &mo, &m, &err) != 0) {
+        fprintf(stderr, "pagoda bench: %s\n", err.msg);
+        goto done;
+    }
+    if (m->cfg.n_ctx < n_ctx) {
+        fprintf(stderr, "pagoda bench: the model's context (%d) is shorter than %ld tokens\n",
+                m->cfg.n_ctx, n_ctx);
+        goto done;
+    }
+    if (pgd_pool_create((int)o.threads, &pool, &err) != 0 ||
+        pgd_session_init(&s, m, pool, (int32_t)max_batch, &err) != 0) {
+        fprintf(stderr, "pagoda bench: %s\n", err.msg);
+        goto done;
+    }
+    have_session = true;
+    tokens = malloc(sizeof *tokens * (size_t)max_batch);
+    if (!tokens) goto done;
+    uint64_t rng = 0x853c49e6748fea9bull;
+    for (long i = 0; i < max_batch; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        tokens[i] = (int32_t)((rng >> 33) % (uint64_t)m->cfg.n_vocab);
+    }
+
+    if (!o.json) fprintf(stderr, "probing memory bandwidth and peak FLOP/s...\n");
+    double bw = probe_bandwidth(pool), peak = probe_flops(pool);
+    model_cost mc = cost_of(m);
+    double step_bytes = mc.layer_bytes + mc.head_bytes;
+    double *times = calloc((size_t)o.reps, sizeof *times);
+    result res[2 + MAX_BATCHES];
+    int n_res = 0;
+    if (!times) goto done;
+
+    /* One untimed warm-up call: page in the weights, settle the threads. */
+    s.n_past = 0;
+    if (pgd_session_forward(&s, tokens, 1, false) != 0) goto done;
+
+    if (o.n_prompt > 0) {
+        for (long r = 0; r < o.reps; r++) {
+            s.n_past = 0;
+            double t = now_s();
+            pgd_session_forward(&s, tokens, (int32_t)o.n_prompt, false);
+            times[r] = now_s() - t;
+        }
+        double t = median(times, (int)o.reps);
+        /* Compute roofline: 2 flops per multiply-add, LM head for the last token only. */
+        double flops = 2.0 * (mc.layer_params * (double)o.n_prompt + mc.head_params);
+        res[n_res++] = (result){"pp", o.n_prompt, (double)o.n_prompt / t,
+                                (double)o.n_prompt * peak / flops, "compute"};
+    }
+    if (o.n_gen > 0) {
+        for (long r = 0; r < o.reps; r++) {
+            s.n_past = 0;
+            double t = now_s();
+            for (long i = 0; i < o.n_gen; i++)
+                pgd_session_forward(&s, &tokens[i % max_batch], 1, false);
+            times[r] = now_s() - t;
+        }
+        double t = median(times, (int)o.reps);
+        res[n_res++] = (result){"tg", o.n_gen, (double)o.n_gen / t, bw / step_bytes, "bandwidth"};
+    }
+    for (int bi = 0; bi < o.n_batches; bi++) {
+        long b = o.batches[bi];
+        for (long r = 0; r < o.reps; r++) {
+            s.n_past = 0;
+            double t = now_s();
+            pgd_session_forward(&s, tokens, (int32_t)b, true);
+            times[r] = now_s() - t;
+        }
+        double t = median(times, (int)o.reps);
+        /* A step reads the weights once and computes every token's logits. */
+        double t_bw = step_bytes / bw;
+        double t_fl = 2.0 * (mc.layer_params + mc.head_params) * (double)b / peak;
+        res[n_res++] = (result){"batch", b, (double)b / t, (double)b / (t_bw > t_fl ? t_bw : t_fl),
+                                t_bw > t_fl ? "bandwidth" : "compute"};
+    }
+    free(times);
+
+    const char *wtype = pgd_type_name(m->layers[0].wq.type);
+    const char *htype = pgd_type_name(m->output.type);
+    double params = mc.layer_params + mc.head_params;
+    if (o.json) {
+        printf("{\"model\":\"%s\",\"weight_type\":\"%s\",\"head_type\":\"%s\",\"params\":%.0f,"
+               "\"weight_bytes_per_step\":%.0f,\"threads\":%ld,\"reps\":%ld,"
+               "\"bandwidth_gbs\":%.3f,\"peak_gflops\":%.3f,\"results\":[",
+               m->path, wtype, htype, params, step_bytes, o.threads, o.reps, bw / 1e9, peak / 1e9);
+        for (int i = 0; i < n_res; i++)
+            printf("%s{\"test\":\"%s%ld\",\"tokens_per_s\":%.3f,\"roofline_tokens_per_s\":%.3f,"
+                   "\"fraction\":%.4f,\"bound\":\"%s\"%s}",
+                   i ? "," : "", res[i].test, res[i].tokens, res[i].tps, res[i].roof_tps,
+                   res[i].tps / res[i].roof_tps, res[i].bound,
+                   strcmp(res[i].test, "batch")
+                       ? ""
+                       : ",\"proxy\":\"one forward call of b tokens of one sequence\"");
+        printf("]}\n");
+    } else {
+        printf("model: %s (%s weights, %s head, %.1fM params, %.1f MB read per step)\n", m->path,
+               wtype, htype, params / 1e6, step_bytes / 1e6);
+        printf("machine: %ld threads, read bandwidth %.2f GB/s, peak FP32 %.1f GFLOP/s "
+               "(best of 5)\n",
+               o.threads, bw / 1e9, peak / 1e9);
+        printf("| %-10s | %12s | %14s | %8s | %-9s |\n", "test", "t/s (median)", "roofline t/s",
+               "fraction", "bound");
+        printf("|------------|--------------|----------------|----------|-----------|\n");
+        for (int i = 0; i < n_res; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "%s%ld%s", res[i].test, res[i].tokens,
+                     strcmp(res[i].test, "batch") ? "" : "*");
+            printf("| %-10s | %12.2f | %14.2f | %7.1f%% | %-9s |\n", name, res[i].tps,
+                   res[i].roof_tps, 100.0 * res[i].tps / res[i].roof_tps, res[i].bound);
+        }
+        if (o.n_batches)
+            printf("* batchB: one forward call of B tokens of one sequence (a proxy for B decodes "
+                   "until the engine batches sequences), median of %ld\n",
+                   o.reps);
+    }
+    rc = 0;
+done:
+    free(tokens);
+    if (have_session) pgd_session_free(&s);
+    pgd_pool_free(pool);
+    pgd_model_free(m);
+    return rc;
+}

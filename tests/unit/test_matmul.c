@@ -1,0 +1,196 @@
+/* Tests for backend/cpu/matmul: batch invariance (a token's output row is bit-identical whatever
+ * the batch size and its neighbours), agreement of every weight type's matmul with the scalar
+ * reference dot product within test_quant.c's bound, and thread counts that split rows unevenly. */
+#include "backend/cpu/matmul.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/pool.h"
+#include "backend/cpu/quant.h"
+
+static int g_fail = 0;
+static int g_checks = 0;
+#define CHECK(cond, ...)                                                                          \
+    do {                                                                                          \
+        g_checks++;                                                                               \
+        if (!(cond)) {                                                                            \
+            if (g_fail < 30) {                                                                    \
+                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);          \
+                fprintf(stderr, __VA_ARGS__);                                                     \
+                fprintf(stderr, "\n");                                                            \
+            }                                                                                     \
+            g_fail++;                                                                             \
+        }                                                                                         \
+    } while (0)
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static uint64_t rnd_u64(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rnd_sym(float a) {
+    return (2.0f * (float)(rnd_u64() >> 40) / (float)(1 << 24) - 1.0f) * a;
+}
+static void wr16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+typedef struct tinfo {
+    pgd_type t;
+    const char *name;
+    int qk, bytes;
+} tinfo;
+
+static const tinfo k_types[] = {
+    {PGD_TYPE_F32, "F32", 1, 4},       {PGD_TYPE_F16, "F16", 1, 2},
+    {PGD_TYPE_BF16, "BF16", 1, 2},     {PGD_TYPE_Q8_0, "Q8_0", 32, 34},
+    {PGD_TYPE_Q4_0, "Q4_0", 32, 18},   {PGD_TYPE_Q4_1, "Q4_1", 32, 20},
+    {PGD_TYPE_Q4_K, "Q4_K", 256, 144}, {PGD_TYPE_Q5_K, "Q5_K", 256, 176},
+    {PGD_TYPE_Q6_K, "Q6_K", 256, 210},
+};
+#define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
+
+/* Random blocks with finite scales (as test_quant.c's fill_blocks, mode 0). */
+static void fill_blocks(const tinfo *ti, uint8_t *p, int64_t nb, float scale) {
+    for (int64_t i = 0; i < nb * ti->bytes; i++) p[i] = (uint8_t)rnd_u64();
+    for (int64_t b = 0; b < nb; b++, p += ti->bytes) {
+        switch (ti->t) {
+        case PGD_TYPE_F32: {
+            float v = rnd_sym(1.0f);
+            memcpy(p, &v, 4);
+            break;
+        }
+        case PGD_TYPE_F16: wr16(p, pgd_fp32_to_fp16(rnd_sym(1.0f))); break;
+        case PGD_TYPE_BF16: wr16(p, pgd_fp32_to_bf16(rnd_sym(1.0f))); break;
+        case PGD_TYPE_Q8_0: case PGD_TYPE_Q4_0: wr16(p, pgd_fp32_to_fp16(rnd_sym(scale))); break;
+        case PGD_TYPE_Q4_1: case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K:
+            wr16(p, pgd_fp32_to_fp16(rnd_sym(scale)));
+            wr16(p + 2, pgd_fp32_to_fp16(rnd_sym(scale)));
+            break;
+        case PGD_TYPE_Q6_K: wr16(p + 208, pgd_fp32_to_fp16(rnd_sym(scale))); break;
+        default: break;
+        }
+    }
+}
+
+/* Weights with every quant zeroed: the offset term (see test_quant.c's zero_quants). */
+static void zero_quants(const tinfo *ti, uint8_t *p, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, p += ti->bytes) {
+        switch (ti->t) {
+        case PGD_TYPE_F32: case PGD_TYPE_F16: case PGD_TYPE_BF16: memset(p, 0, ti->bytes); break;
+        case PGD_TYPE_Q8_0: memset(p + 2, 0, 32); break;
+        case PGD_TYPE_Q4_0: memset(p + 2, 0, 16); break;
+        case PGD_TYPE_Q4_1: memset(p + 4, 0, 16); break;
+        case PGD_TYPE_Q4_K: memset(p + 16, 0, 128); break;
+        case PGD_TYPE_Q5_K: memset(p + 16, 0, 160); break;
+        case PGD_TYPE_Q6_K: memset(p, 0, 192); break;
+        default: break;
+        }
+    }
+}
+
+enum { N_TOK = 64 };
+
+static void run(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n) {
+    size_t arb = pgd_cpu_matmul_act_row_bytes(w);
+    void *act = aligned_alloc(64, arb * (size_t)n);
+    pgd_cpu_matmul(pool, w, x, y, n, act, arb);
+    free(act);
+}
+
+static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_out) {
+    int64_t nb = n_in / T->qk;
+    size_t row_bytes = (size_t)(nb * T->bytes);
+    /* One spare byte in front: weight rows need not be aligned. */
+    uint8_t *buf = malloc(row_bytes * (size_t)n_out + 1), *wdata = buf + 1;
+    uint8_t *wz = malloc(row_bytes);
+    fill_blocks(T, wdata, nb * n_out, 0.02f);
+    pgd_weight w = {T->t, n_in, n_out, row_bytes, wdata};
+
+    float *x = malloc(sizeof(float) * (size_t)(N_TOK * n_in));
+    for (int64_t i = 0; i < N_TOK * n_in; i++) {
+        x[i] = rnd_sym(2.0f);
+        if (rnd_u64() % 61 == 0) x[i] *= 30.0f;
+    }
+    size_t ysz = sizeof(float) * (size_t)(N_TOK * n_out);
+    float *y_all = malloc(ysz), *y = malloc(ysz);
+    run(pool, &w, x, y_all, N_TOK);
+
+    /* Batch invariance: alone, and in batches of 3 and 16 at several offsets. */
+    int bad1 = 0;
+    for (int t = 0; t < N_TOK; t++) {
+        run(pool, &w, x + t * n_in, y, 1);
+        bad1 += memcmp(y, y_all + t * n_out, sizeof(float) * (size_t)n_out) != 0;
+    }
+    CHECK(bad1 == 0, "%s %lldx%lld: %d of %d rows differ at n=1", T->name, (long long)n_out,
+          (long long)n_in, bad1, N_TOK);
+    const int sizes[] = {3, 16, 5, 63};
+    const int offs[] = {0, 1, 7, 13, 30, 48};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+        for (size_t oi = 0; oi < sizeof offs / sizeof offs[0]; oi++) {
+            int b = sizes[si], o = offs[oi];
+            if (o + b > N_TOK) continue;
+            run(pool, &w, x + o * n_in, y, b);
+            CHECK(memcmp(y, y_all + o * n_out, sizeof(float) * (size_t)(b * n_out)) == 0,
+                  "%s %lldx%lld: batch %d at offset %d differs from n=%d", T->name,
+                  (long long)n_out, (long long)n_in, b, o, N_TOK);
+        }
+
+    /* Against the scalar reference: |y - scalar| <= 2 (nb + 8) eps M (test_quant.c's bound). */
+    size_t abytes = pgd_vec_dot_act_bytes(T->t, n_in);
+    void *act = malloc(abytes);
+    float *wf = malloc(sizeof(float) * (size_t)n_in), *zf = malloc(sizeof(float) * (size_t)n_in);
+    float *af = malloc(sizeof(float) * (size_t)n_in);
+    int nbad = 0;
+    for (int t = 0; t < N_TOK; t += 5) {
+        pgd_quantize_act(T->t, x + t * n_in, act, n_in);
+        pgd_dequantize_act(T->t, act, af, n_in);
+        for (int64_t r = 0; r < n_out; r++) {
+            const uint8_t *row = wdata + (size_t)r * row_bytes;
+            memcpy(wz, row, row_bytes);
+            zero_quants(T, wz, nb);
+            pgd_dequantize_row(T->t, row, wf, n_in);
+            pgd_dequantize_row(T->t, wz, zf, n_in);
+            double M = 0;
+            for (int64_t i = 0; i < n_in; i++)
+                M += (fabs((double)wf[i] - zf[i]) + fabs((double)zf[i])) * fabs((double)af[i]);
+            double tol = 2.0 * (double)(nb + 8) * FLT_EPSILON * M + 1e-35;
+            float ref = pgd_vec_dot_scalar(T->t, row, act, n_in);
+            float got = y_all[t * n_out + r];
+            if (!(fabs((double)got - ref) <= tol)) {
+                if (nbad++ < 3)
+                    fprintf(stderr, "%s row %lld tok %d: %.9g scalar %.9g tol %.3g\n", T->name,
+                            (long long)r, t, (double)got, (double)ref, tol);
+            }
+        }
+    }
+    CHECK(nbad == 0, "%s %lldx%lld: %d products outside the bound", T->name, (long long)n_out,
+          (long long)n_in, nbad);
+    free(buf), free(wz), free(x), free(y_all), free(y), free(act), free(wf), free(zf), free(af);
+}
+
+int main(void) {
+    pgd_err err;
+    for (int nth = 1; nth <= 3; nth++) {
+        pgd_pool *pool;
+        if (pgd_pool_create(nth, &pool, &err) != 0) {
+            fprintf(stderr, "pool: %s\n", err.msg);
+            return 1;
+        }
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            const tinfo *T = &k_types[ti];
+            /* Ragged shapes: rows not a multiple of the tile, blocks not a multiple of 8 (Q4_1's
+             * offset term), float lengths not a multiple of 8; and one long row (> 64 blocks). */
+            int64_t n_in = T->qk == 1 ? 771 : T->qk == 32 ? 32 * 19 : 256 * 3;
+            check_type(pool, T, n_in, 37);
+            if (nth == 2) check_type(pool, T, T->qk == 1 ? 2056 : 4096 + (T->qk == 32) * 96, 9);
+        }
+        pgd_pool_free(pool);
+    }
+    printf("test_matmul: %d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
