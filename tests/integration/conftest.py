@@ -17,3 +17,16 @@ def pagoda_bin():
 def default_model():
     assert util.DEFAULT_MODEL.exists(), "run scripts/fetch-default-model.sh first"
     return util.DEFAULT_MODEL
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """Builds (once per script version, cached) the tiny random Llama / Llama-3-rope / Qwen2
+    models of make_tiny_models.py; returns {name: {arch, hf_dir, gguf_F32, gguf_F16, gguf_Q8_0}}."""
+    import json
+    import subprocess
+
+    script = Path(__file__).parent / "make_tiny_models.py"
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, f"make_tiny_models.py failed:\n{p.stderr}"
+    return json.loads(p.stdout.strip().splitlines()[-1])

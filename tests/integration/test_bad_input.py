@@ -167,7 +167,7 @@ def test_huge_array_count(tmp_path, stories_bytes):
 
 
 def test_vocab_only_gguf_is_not_a_model():
-    expect_error(DATA / "vocab" / "ggml-vocab-llama-spm.gguf", "missing metadata")
+    expect_error(DATA / "vocab" / "ggml-vocab-llama-spm.gguf", "missing tensor")
 
 
 def test_directory_without_config(tmp_path):

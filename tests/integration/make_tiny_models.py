@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+"""Builds the tiny random models the forward-pass tests compare against transformers.
+
+Each model is written twice over: as a Hugging Face directory (config.json, model.safetensors
+in F32, tokenizer.json, tokenizer_config.json) and as GGUF files in F32, F16 and Q8_0 laid out
+the way llama.cpp's convert_hf_to_gguf.py lays out these architectures (metadata keys, tensor
+names and types, the Q/K row permutation for llama, rope_freqs for llama3 rope scaling, the
+tokenizer.ggml.* keys copied from the real vocabulary GGUFs under tests/data/vocab).
+
+Usage: make_tiny_models.py [OUT_DIR]   (default ~/.cache/pagoda/tiny-models-<script hash>)
+Prints a JSON manifest (model name -> paths) on stdout; does nothing if OUT_DIR is complete.
+"""
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SCRIPT = Path(__file__).resolve()
+ROOT = SCRIPT.parents[2]
+VOCAB_DIR = ROOT / "tests" / "data" / "vocab"
+SEED = 1234
+
+# Shapes are tiny but keep every feature the engine must get right: GQA (4 query heads share
+# 2 KV heads), head_dim 16 (so the rope pairing of convert's permutation matters), rows that
+# are multiples of 32 (Q8_0 blocks), and real 32k / 152k vocabularies (tokenizer, big lm_head).
+COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+SPECS = {
+    # Llama 2 layout: untied lm_head, plain rope.
+    "llama": dict(arch="llama", vocab="ggml-vocab-llama-spm.gguf",
+                  config=dict(COMMON, vocab_size=32000, head_dim=16, rope_theta=10000.0,
+                              rms_norm_eps=1e-5, tie_word_embeddings=False,
+                              bos_token_id=1, eos_token_id=2, hidden_act="silu")),
+    # Llama 3.1 rope scaling with original_max_position_embeddings=32: with head_dim 16 and
+    # theta 1e4 the wavelengths 2*pi/theta^(-2i/16) are 6.3, 19.9, 62.8, ... so the eight
+    # frequency pairs fall in all three regimes (kept: < 32/4, smoothed: 8..32, divided by 8:
+    # > 32). Tied embeddings (no output.weight in the GGUF).
+    "llama3rope": dict(arch="llama", vocab="ggml-vocab-llama-spm.gguf",
+                       config=dict(COMMON, vocab_size=32000, head_dim=16, rope_theta=10000.0,
+                                   rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                   bos_token_id=1, eos_token_id=2, hidden_act="silu",
+                                   rope_scaling=dict(rope_type="llama3", factor=8.0,
+                                                     low_freq_factor=1.0, high_freq_factor=4.0,
+                                                     original_max_position_embeddings=32))),
+    # Qwen2: q/k/v biases, tied embeddings, theta 1e6, the 151,936-token vocabulary (the
+    # embedding is 151936 x 64 = 39 MB in F32; the tokenizer conversion is the slow part).
+    "qwen2": dict(arch="qwen2", vocab="ggml-vocab-qwen2.gguf",
+                  config=dict(COMMON, vocab_size=151936, rope_theta=1000000.0,
+                              rms_norm_eps=1e-6, tie_word_embeddings=True,
+                              bos_token_id=151643, eos_token_id=151643, hidden_act="silu",
+                              use_sliding_window=False)),
+}
+
+GGUF_TYPES = ("F32", "F16", "Q8_0")
+
+
+def script_hash():
+    return hashlib.sha256(SCRIPT.read_bytes()).hexdigest()[:16]
+
+
+def default_out_dir():
+    cache = Path(os.environ.get("PAGODA_CACHE", Path.home() / ".cache" / "pagoda"))
+    return cache / f"tiny-models-{script_hash()}"
+
+
+def manifest(out):
+    m = {}
+    for name, spec in SPECS.items():
+        # "hf" is the same directory under the name test_bad_input.py uses.
+        m[name] = dict(arch=spec["arch"], hf_dir=str(out / name), hf=str(out / name),
+                       **{f"gguf_{t}": str(out / f"{name}.{t}.gguf") for t in GGUF_TYPES})
+    return m
+
+
+def hf_config(name, spec):
+    """Returns (transformers config object, config.json dict in the classic on-hub layout).
+
+    transformers 5 saves rope settings as `rope_parameters`; released checkpoints (Llama 3.x,
+    Qwen2.5) carry top-level `rope_theta` and `rope_scaling`, so config.json is written that way.
+    """
+    from transformers import LlamaConfig, Qwen2Config
+    cls = LlamaConfig if spec["arch"] == "llama" else Qwen2Config
+    cfg = dict(spec["config"])
+    arch_name = "LlamaForCausalLM" if spec["arch"] == "llama" else "Qwen2ForCausalLM"
+    on_disk = dict(architectures=[arch_name], model_type=spec["arch"], torch_dtype="float32",
+                   attention_bias=spec["arch"] == "qwen2", **cfg)
+    if spec["arch"] == "qwen2":
+        on_disk.pop("attention_bias")  # Qwen2 always has q/k/v biases; the key is llama's
+    else:
+        on_disk.update(mlp_bias=False, pretraining_tp=1)
+    return cls(**cfg), on_disk
+
+
+def init_weights(model, arch, gen):
+    """Random weights large enough that logits are far from flat and greedy decoding wanders.
+
+    Embedding N(0, 1); linear weights N(0, 0.25^2): with smaller weights (0.08, 0.15) the
+    residual stream stays dominated by the current token's own embedding, and with a tied
+    lm_head the model then predicts its input token forever (greedy = one repeated token).
+    At 0.25 the 64 greedy tokens are ~60 distinct ones and the top-2 logit gaps have a median
+    ~1 against logits of ~40. q_proj/k_proj get N(0, 0.1^2): at 0.25 attention is so sharp that
+    the net amplifies weight rounding ~10x (F16 weights gave 4.4e-3 relative logit error, Q8_0
+    9e-2); at 0.1 it is 1.7e-3 and 3e-2, closer to what the formats themselves cost.
+    Norm gains 1 + N(0, 0.1^2) so a missing or misapplied gain shows; Qwen2 q/k/v biases N(0, 0.5^2) so that dropping a bias changes attention measurably.
+    """
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif pname.endswith("embed_tokens.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif pname.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif pname.endswith(("q_proj.weight", "k_proj.weight")):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif pname == "lm_head.weight":
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.25 * torch.randn(p.shape, generator=gen))
+
+
+def llama_permute(w, n_head, n_head_kv):
+    """convert_hf_to_gguf.py's LlamaModel.permute: HF's rotate-half rope layout -> GGML's
+    interleaved pairs (rows (h, 2, d/2) -> (h, d/2, 2))."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def llama3_rope_factors(cfg):
+    """rope_freqs.weight as convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors computes it."""
+    rs = cfg["rope_scaling"]
+    base = cfg.get("rope_theta", 10000.0)
+    dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = rs.get("factor", 8.0)
+    low_freq_factor = rs.get("low_freq_factor", 1.0)
+    high_freq_factor = rs.get("high_freq_factor", 4.0)
+    old_context_len = rs.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+HF_TO_GGUF = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+
+
+def gguf_tensors(sd, arch, cfg):
+    """Yields (gguf name, float32 array in HF [out, in] order) like convert_hf_to_gguf.py."""
+    if arch == "llama" and cfg.get("rope_scaling", {}).get("rope_type") == "llama3":
+        yield "rope_freqs.weight", llama3_rope_factors(cfg)
+    for name, t in sd.items():
+        a = t.detach().to(torch.float32).numpy()
+        if name == "model.embed_tokens.weight":
+            yield "token_embd.weight", a
+        elif name == "model.norm.weight":
+            yield "output_norm.weight", a
+        elif name == "lm_head.weight":
+            if not cfg["tie_word_embeddings"]:
+                yield "output.weight", a
+        else:
+            parts = name.split(".")  # model.layers.<il>.<module...>.<weight|bias>
+            assert parts[:2] == ["model", "layers"], name
+            il, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
+            if arch == "llama" and module == "self_attn.q_proj":
+                a = llama_permute(a, cfg["num_attention_heads"], cfg["num_attention_heads"])
+            elif arch == "llama" and module == "self_attn.k_proj":
+                a = llama_permute(a, cfg["num_attention_heads"], cfg["num_key_value_heads"])
+            yield f"blk.{il}.{HF_TO_GGUF[module]}.{kind}", a
+
+
+def write_gguf(path, arch, cfg, sd, vocab_kv, qtype_name):
+    import gguf
+    ftype = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+             "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype_name]
+    wtype = gguf.GGMLQuantizationType[qtype_name]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(f"tiny-{arch}-{Path(path).stem}")
+    # TextModel.set_gguf_parameters
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if "head_dim" in cfg:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    w.add_file_type(ftype)
+    # LlamaModel.set_gguf_parameters adds these two; Qwen2Model does not (a real Qwen2 GGUF has
+    # neither key: n_vocab comes from the token list, the rope dimension from n_embd / n_head).
+    if arch == "llama":
+        w.add_vocab_size(cfg["vocab_size"])
+        w.add_rope_dimension_count(cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))
+    copy_tokenizer_kv(w, vocab_kv)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    for name, a in gguf_tensors(sd, arch, cfg):
+        # prepare_tensors: 1-D tensors and norms stay F32; everything else takes the file type.
+        qt = gguf.GGMLQuantizationType.F32 if (a.ndim <= 1 or name.endswith("_norm.weight")) else wtype
+        data = gguf.quants.quantize(a, qt)
+        w.add_tensor(name, data, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def read_gguf_kv(path):
+    """Reads a GGUF file's metadata: {key: (value type, element type or None, value)}, strings
+    as str. gguf.GGUFReader takes ~13 s on a 152k-token vocabulary; this takes a fraction."""
+    import struct
+    import gguf
+    T = gguf.GGUFValueType
+    scalar = {T.UINT8: "<B", T.INT8: "<b", T.UINT16: "<H", T.INT16: "<h", T.UINT32: "<I",
+              T.INT32: "<i", T.FLOAT32: "<f", T.BOOL: "<?", T.UINT64: "<Q", T.INT64: "<q",
+              T.FLOAT64: "<d"}
+    buf = Path(path).read_bytes()
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from(fmt, buf, pos)[0]
+        pos += struct.calcsize(fmt)
+        return v
+
+    def string():
+        nonlocal pos
+        n = take("<Q")
+        s = buf[pos:pos + n].decode("utf-8", errors="surrogateescape")
+        pos += n
+        return s
+
+    def value(t):
+        if t == T.STRING:
+            return string()
+        return take(scalar[t])
+
+    magic, version = buf[:4], struct.unpack_from("<I", buf, 4)[0]
+    assert magic == b"GGUF" and version == 3, (magic, version)
+    pos = 8
+    take("<Q")  # tensor count
+    n_kv = take("<Q")
+    kv = {}
+    for _ in range(n_kv):
+        key = string()
+        t = T(take("<I"))
+        if t == T.ARRAY:
+            sub = T(take("<I"))
+            n = take("<Q")
+            if sub == T.STRING:
+                vals = [string() for _ in range(n)]
+            else:
+                dt = np.dtype(scalar[sub])
+                vals = np.frombuffer(buf, dtype=dt, count=n, offset=pos).tolist()
+                pos += n * dt.itemsize
+            kv[key] = (t, sub, vals)
+        else:
+            kv[key] = (t, None, value(t))
+    return kv
+
+
+def copy_tokenizer_kv(w, vocab_kv):
+    """Copies every tokenizer.* key of the vocabulary GGUF verbatim, element types included."""
+    import gguf
+    packed = {}
+    for key, (t, sub, val) in vocab_kv.items():
+        if key.startswith("tokenizer."):
+            w.add_key_value(key, val, t, sub_type=sub)
+            if t == gguf.GGUFValueType.ARRAY:
+                packed[id(val)] = None
+    # GGUFWriter packs arrays one element at a time in Python (~1 s per file for the Qwen2
+    # vocabulary): pack each big array once per vocabulary and reuse the bytes.
+    orig = w._pack_val
+    cache = vocab_kv.setdefault("__packed__", (None, None, {}))[2]
+
+    def pack_val(val, vtype, add_vtype, sub_type=None):
+        if id(val) not in packed:
+            return orig(val, vtype, add_vtype, sub_type)
+        k = (id(val), add_vtype)
+        if k not in cache:
+            cache[k] = orig(val, vtype, add_vtype, sub_type)
+        return cache[k]
+    w._pack_val = pack_val
+
+
+def check_tokenizer(tok, vocab_name):
+    """Returns how many of llama.cpp's reference strings for the vocabulary `tok` encodes
+    differently from the reference ids (and how many there are)."""
+    inp = (VOCAB_DIR / f"{vocab_name}.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    out = (VOCAB_DIR / f"{vocab_name}.out").read_text(encoding="utf-8").splitlines()
+    bad = 0
+    for text, ids in zip(inp, out):
+        bad += tok.encode(text, add_special_tokens=False).ids != [int(x) for x in ids.split()]
+    return bad, len(out)
+
+
+def build_tokenizer(vocab_kv):
+    """Builds (tokenizers.Tokenizer, tokenizer_config dict) from a vocabulary GGUF, in the layout
+    of the released checkpoints' tokenizer.json (Llama 2: always-prepended SentencePiece dummy
+    prefix, BPE with byte fallback; Qwen2: NFC, Qwen2 split regex, byte-level BPE).
+
+    transformers' own GGUF conversion is not used: it takes ~25 s for the Qwen2 vocabulary and,
+    for Llama 2, uses Metaspace(prepend_scheme="first"), which drops the dummy prefix of text
+    starting with a space (15 of llama.cpp's 46 reference strings come out different).
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers, processors
+
+    f = {k: v[2] for k, v in vocab_kv.items()}
+    kind = f["tokenizer.ggml.model"]
+    tokens = f["tokenizer.ggml.tokens"]
+    types = f["tokenizer.ggml.token_type"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ids = {k: int(f[f"tokenizer.ggml.{k}_token_id"])
+           for k in ("bos", "eos", "unknown", "padding") if f"tokenizer.ggml.{k}_token_id" in f}
+    special = [AddedToken(tokens[i], special=True, normalized=False)
+               for i, ty in enumerate(types) if ty in (2, 3)]  # UNKNOWN, CONTROL
+    if kind == "llama":
+        scores = f["tokenizer.ggml.scores"]
+        # transformers' SentencePieceExtractor: every split of a piece into two pieces is a
+        # merge, ranked by the merged piece's score (descending), then longer left/right first.
+        merges = []
+        for piece, i in vocab.items():
+            for k in range(1, len(piece)):
+                l, r = piece[:k], piece[k:]
+                if l in vocab and r in vocab:
+                    merges.append((l, r, scores[i]))
+        merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+        unk = tokens[ids["unknown"]]
+        tok = Tokenizer(models.BPE(vocab, [(l, r) for l, r, _ in merges], unk_token=unk,
+                                   fuse_unk=True, byte_fallback=True))
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                               normalizers.Replace(" ", "\u2581")])
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        bos = tokens[ids["bos"]]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, ids["bos"])])
+        tok_cfg = dict(add_bos_token=True, add_eos_token=False, bos_token=bos,
+                       eos_token=tokens[ids["eos"]], unk_token=unk, pad_token=None,
+                       clean_up_tokenization_spaces=False, legacy=True)
+    elif kind == "gpt2":
+        assert f["tokenizer.ggml.pre"] == "qwen2"
+        merges = [tuple(m.split(" ", 1)) for m in f["tokenizer.ggml.merges"]]
+        tok = Tokenizer(models.BPE(vocab, merges, byte_fallback=False, fuse_unk=False))
+        tok.normalizer = normalizers.NFC()
+        pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        tok_cfg = dict(add_bos_token=False, bos_token=None, eos_token=tokens[ids["eos"]],
+                       pad_token=tokens[ids.get("padding", ids["eos"])], unk_token=None,
+                       clean_up_tokenization_spaces=False)
+    else:
+        raise ValueError(f"unsupported tokenizer.ggml.model {kind!r}")
+    tok.add_special_tokens(special)
+    tok_cfg.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=131072)
+    if "tokenizer.chat_template" in f:
+        tok_cfg["chat_template"] = f["tokenizer.chat_template"]
+    return tok, tok_cfg
+
+
+def build_one(out, name, spec, vocab_cache):
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+
+    gen = torch.Generator().manual_seed(SEED + sum(map(ord, name)))
+    config, on_disk = hf_config(name, spec)
+    cls = LlamaForCausalLM if spec["arch"] == "llama" else Qwen2ForCausalLM
+    torch.manual_seed(SEED)
+    model = cls(config).to(torch.float32).eval()
+    init_weights(model, spec["arch"], gen)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+
+    hf = out / f"{name}.tmp"
+    shutil.rmtree(hf, ignore_errors=True)
+    hf.mkdir(parents=True)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)  # as save_pretrained writes a tied checkpoint
+    save_file(sd, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    (hf / "config.json").write_text(json.dumps(on_disk, indent=2) + "\n")
+
+    vocab_kv = vocab_cache.get(spec["vocab"]) or read_gguf_kv(VOCAB_DIR / spec["vocab"])
+    vocab_cache[spec["vocab"]] = vocab_kv
+    tok, tok_cfg = build_tokenizer(vocab_kv)
+    bad, n = check_tokenizer(tok, spec["vocab"])
+    if bad:
+        raise SystemExit(f"{name}: tokenizer.json differs from llama.cpp on {bad}/{n} test strings")
+    tok.save(str(hf / "tokenizer.json"))
+    (hf / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+
+    for t in GGUF_TYPES:
+        tmp = out / f"{name}.{t}.gguf.tmp"
+        write_gguf(tmp, spec["arch"], spec["config"], sd, vocab_kv, t)
+        tmp.rename(out / f"{name}.{t}.gguf")
+    final = out / name
+    shutil.rmtree(final, ignore_errors=True)
+    hf.rename(final)
+
+
+def main():
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else default_out_dir()
+    done = out / ".complete"
+    if not done.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+        vocab_cache = {}
+        for name, spec in SPECS.items():
+            build_one(out, name, spec, vocab_cache)
+        (out / "manifest.json").write_text(json.dumps(manifest(out), indent=2) + "\n")
+        done.write_text(script_hash() + "\n")
+    print(json.dumps(manifest(out)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Pagoda's forward pass against transformers on tiny random Llama, Llama-3-rope and Qwen2 models.
+
+Every model is read in each form Pagoda loads (HF safetensors directory, GGUF F32 / F16 / Q8_0)
+and compared with transformers on the same token ids: teacher-forced logits over a 64-token
+prompt, and 64-token greedy continuations.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import util  # noqa: E402
+
+torch.set_num_threads(2)
+
+MODELS = ("llama", "llama3rope", "qwen2")
+N_PROMPT = 64
+N_GEN = 64
+
+# Relative error is max|pagoda - ref| / max|ref| over all 64 x n_vocab logits.
+# F32 everywhere: both sides sum the same products in a different order; float32 rounding
+# (2^-24 per op, a few hundred accumulations, two layers) stays near 1e-6, so 1e-4 leaves two
+# orders of magnitude and still catches any real mistake (a wrong rope pair, bias or eps
+# moves logits by O(1) on this network).
+F32_BOUND = 1e-4
+# F16 weights against transformers on the same F16-rounded weights: the weights agree exactly,
+# and what is left is how Pagoda multiplies them. If it converts activations to F16 (as ggml's
+# CPU F16 dot does) it adds rounding of the same size as rounding the weights, which on these
+# models moves logits by 1.7e-3 of max|ref| (measured, see make_tiny_models.init_weights);
+# 1e-2 allows ~5x that and is still ~100x below what a misread tensor does.
+F16_BOUND = 1e-2
+# Q8_0 against transformers on the dequantized Q8_0 weights: again the weights agree exactly;
+# Pagoda also quantizes each activation row to 8 bits per block of 32 (as ggml's Q8_0 dot
+# does). That is the same format applied to the other operand, and rounding the weights to
+# Q8_0 moved logits by 2.7e-2..3.3e-2 of max|ref| on these models (measured); activation
+# rounding at the same relative precision should cost about as much, so the bound is 3x that.
+Q8_0_BOUND = 1e-1
+# Loading a quantized file with --weights-f32 dequantizes at load and then runs the F32 path,
+# so it must match transformers on the dequantized weights as tightly as F32 does.
+BOUNDS = {"hf": F32_BOUND, "F32": F32_BOUND, "F16": F16_BOUND, "Q8_0": Q8_0_BOUND,
+          "F16-weights-f32": F32_BOUND, "Q8_0-weights-f32": F32_BOUND}
+FORMATS = tuple(BOUNDS)
+
+
+def prompt_ids(name, n_vocab):
+    # Random ids below the vocabulary's special tokens (Qwen2's start at 151643, Llama's
+    # <unk> <s> </s> are 0..2), seeded per model.
+    lo, hi = (3, n_vocab) if name != "qwen2" else (0, 151643)
+    rng = np.random.default_rng(20240 + sum(map(ord, name)))
+    return rng.integers(lo, hi, size=N_PROMPT).tolist()
+
+
+def model_path(m, fmt):
+    return m["hf_dir"] if fmt == "hf" else m["gguf_" + fmt.split("-")[0]]
+
+
+def extra_args(fmt):
+    return ["--weights-f32"] if fmt.endswith("weights-f32") else []
+
+
+class Refs:
+    """transformers reference models for one tiny model, one per weight format."""
+
+    def __init__(self, name, m):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from safetensors.torch import load_file, save_file
+
+        self.name, self.m = name, m
+        self.f32 = AutoModelForCausalLM.from_pretrained(m["hf_dir"], dtype=torch.float32).eval()
+        self.config = AutoConfig.from_pretrained(m["hf_dir"])
+        sd = self.f32.state_dict()
+        # The F16 GGUF keeps 1-D tensors (norms, biases) in F32; round the rest, as the file does.
+        self.f16 = self._with({k: (v.half().float() if v.ndim >= 2 else v) for k, v in sd.items()})
+        # transformers dequantizes the Q8_0 GGUF itself. The result is cached: reading GGUF
+        # metadata with the gguf package takes seconds for these vocabularies. The GGUF
+        # carries no rope_scaling (llama3 rope lives in rope_freqs.weight, which transformers
+        # ignores), so the weights go into a model built from the HF config.
+        cache = Path(m["hf_dir"]).parent / "refs" / f"{name}.Q8_0.dequantized.safetensors"
+        if not cache.exists():
+            d, f = m["gguf_Q8_0"].rsplit("/", 1)
+            g = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+            cache.parent.mkdir(exist_ok=True)
+            qsd = {k: v.detach().clone().contiguous() for k, v in g.state_dict().items()}
+            save_file(qsd, str(cache.with_suffix(".tmp")))
+            cache.with_suffix(".tmp").rename(cache)
+        self.q8 = self._with(load_file(str(cache)))
+
+    def _with(self, sd):
+        model = type(self.f32)(self.config).to(torch.float32).eval()
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        if self.config.tie_word_embeddings:
+            model.tie_weights()
+        return model
+
+    def model(self, fmt):
+        return {"hf": self.f32, "F32": self.f32, "F16": self.f16, "Q8_0": self.q8}[fmt.split("-")[0]]
+
+    @torch.no_grad()
+    def logits(self, fmt, ids):
+        return self.model(fmt)(torch.tensor([ids])).logits[0].numpy()
+
+    @torch.no_grad()
+    def greedy(self, fmt, ids):
+        model = self.model(fmt)
+        model.generation_config.eos_token_id = None  # like --ignore-eos: eos is just a token
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=N_GEN,
+                             pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_models):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = Refs(name, tiny_models[name])
+        return cache[name]
+    return get
+
+
+def pagoda_logits(model, ids, extra, tmp_path):
+    out = tmp_path / "logits.f32"
+    p = util.run_pagoda("logits", "-m", model, "--ids", " ".join(map(str, ids)),
+                        "--out", out, *extra)
+    n_vocab = int(p.stdout.split()[-1])
+    a = np.fromfile(out, dtype="<f4")
+    assert a.size == len(ids) * n_vocab, (a.size, len(ids), n_vocab)
+    return a.reshape(len(ids), n_vocab)
+
+
+def pagoda_greedy(model, ids, extra):
+    p = util.run_pagoda("generate", "-m", model, "--ids", " ".join(map(str, ids)), "-n", N_GEN,
+                        "--temperature", "0", "--ignore-eos", "--print-ids", *extra)
+    return [int(x) for x in p.stdout.split()]
+
+
+def describe_worst(a, ref, bound):
+    """Where Pagoda and the reference part: the first position over the bound, the worst logit."""
+    d = np.abs(a - ref)
+    per_pos = d.max(1) / np.abs(ref).max()
+    i, j = np.unravel_index(d.argmax(), d.shape)
+    return (f"first position over the bound: {int(np.argmax(per_pos > bound))}; worst at position "
+            f"{i}, token {j}: pagoda {a[i, j]:.6g} vs ref {ref[i, j]:.6g}; per-position rel err "
+            f"(first 8): {np.array2string(per_pos[:8], precision=2)}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", MODELS)
+def test_logits(pagoda_bin, tiny_models, refs, name, fmt, tmp_path):
+    r = refs(name)
+    ids = prompt_ids(name, r.config.vocab_size)
+    ref = r.logits(fmt, ids)
+    a = pagoda_logits(model_path(tiny_models[name], fmt), ids, extra_args(fmt), tmp_path)
+    assert a.shape == ref.shape
+    rel = float(np.abs(a - ref).max() / np.abs(ref).max())
+    print(f"{name} {fmt}: rel err {rel:.3e} (bound {BOUNDS[fmt]:.0e}), "
+          f"argmax agreement {np.mean(a.argmax(1) == ref.argmax(1)):.3f}")
+    assert rel <= BOUNDS[fmt], f"{name} {fmt}: rel err {rel:.3e} > {BOUNDS[fmt]}; " + describe_worst(a, ref, BOUNDS[fmt])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy(pagoda_bin, tiny_models, refs, name, fmt, tmp_path):
+    """Greedy continuations.
+
+    Exact formats (F32, HF dir, --weights-f32) must reproduce transformers' generate() token for
+    token. For F16/Q8_0 a different token is allowed only at a near-tie. The reference is
+    teacher-forced on Pagoda's own tokens (after a flip the two continuations are different
+    texts, so comparing later positions with generate() would say nothing), and so is Pagoda
+    (`pagoda logits`). Let err be |pagoda - ref| over all those logits and margin
+    = 2 * p99.9(err): Pagoda can only prefer b over the reference's best a if
+    ref[a] - ref[b] <= |err_a| + |err_b|, which for errors at or below their 99.9th percentile
+    is below the margin. Checked at every step: ref[pagoda token] >= max(ref) - margin. It
+    implies agreement with generate() up to the first near-tie.
+    """
+    r = refs(name)
+    ids = prompt_ids(name, r.config.vocab_size)
+    got = pagoda_greedy(model_path(tiny_models[name], fmt), ids, extra_args(fmt))
+    assert len(got) == N_GEN, got
+    want = r.greedy(fmt, ids)
+    assert len(want) == N_GEN
+    first_diff = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    print(f"{name} {fmt}: first difference from generate() at step {first_diff}")
+    if BOUNDS[fmt] == F32_BOUND:
+        assert got == want, f"{name} {fmt}: differs from generate() first at step {first_diff}"
+        return
+    ref = r.logits(fmt, ids + got)[len(ids) - 1:-1]  # row i predicts got[i]
+    pg = pagoda_logits(model_path(tiny_models[name], fmt), ids + got, extra_args(fmt), tmp_path)
+    margin = 2 * float(np.quantile(np.abs(pg[len(ids) - 1:-1] - ref), 0.999))
+    short = ref.max(1) - ref[np.arange(N_GEN), got]
+    bad = [i for i in range(N_GEN) if short[i] > margin]
+    ties = [(i, round(float(short[i]), 4)) for i in range(N_GEN) if 0 < short[i] <= margin]
+    print(f"  near-tie choices (step, ref gap): {ties}; margin {margin:.3f}")
+    assert not bad, (f"{name} {fmt}: at steps {bad} Pagoda chose a token the reference ranks "
+                     f"{[round(float(short[i]), 3) for i in bad]} below its best (margin {margin:.3f})")
