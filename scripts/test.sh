@@ -17,10 +17,25 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGODA_SANITIZE=ON 
     -DPAGODA_WERROR=ON -DCMAKE_C_COMPILER=clang >/dev/null
 cmake --build build-asan -j"$jobs"
 
+# The CUDA build (issue 7): compiles and links wherever nvcc is found, GPU or not; its CPU tests
+# run below (without a GPU the CUDA backend reports "no CUDA device" and the CPU one is used).
+have_cuda=0
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    have_cuda=1
+    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON -DPAGODA_WERROR=ON \
+        -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >/dev/null
+    cmake --build build-cuda -j"$jobs"
+fi
+
 echo "== C unit tests (release)"
 ctest --test-dir build --output-on-failure
 echo "== C unit tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure
+
+if [ "$have_cuda" = 1 ]; then
+    echo "== C unit tests (CUDA build, CPU backend)"
+    ctest --test-dir build-cuda --output-on-failure
+fi
 
 echo "== integration tests"
 PAGODA_BUILD="$root/build" PAGODA_ASAN_BUILD="$root/build-asan" \

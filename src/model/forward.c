@@ -1,32 +1,28 @@
-/* The forward pass of the Llama family and Qwen2 on the CPU, over a flattened batch of tokens
- * from several sequences with a paged KV cache:
- *   RMSNorm -> Q/K/V (+bias) -> RoPE -> K/V into their slots -> paged attention (online softmax,
- *   each K/V row loaded once per GQA group) -> O -> residual -> RMSNorm -> SwiGLU -> residual,
- *   then the LM head for the rows that need logits.
+/* The forward pass of the Llama family and Qwen2, written once against the backend ops table
+ * (backend.h), over a flattened batch of tokens from several sequences with a paged KV cache:
+ *   RMSNorm -> Q/K/V (+bias) -> RoPE -> K/V into their slots -> paged attention -> O ->
+ *   [all-reduce] -> residual + RMSNorm -> SwiGLU -> down -> [all-reduce] -> residual,
+ *   then the LM head for the rows that need logits ([gather of the vocab slices]).
+ * Tensor parallel: one thread per rank runs this program on its shard (model.h, pgd_shard);
+ * with one rank nothing is sharded and no collective runs.
  * Batch invariance: every per-token computation (matmul rows, attention over the sequence's own
  * keys in position order) has a fixed reduction order, so a token's results never depend on what
  * else shares the step or how its prompt was chunked. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
+#include "comm/comm.h"
 #include "model/model.h"
-
-static void *xcalloc(size_t n, size_t sz, bool *ok) {
-    void *p = calloc(n ? n : 1, sz);
-    if (!p) *ok = false;
-    return p;
-}
 
 /* ---- KV storage ---- */
 
-static size_t dtype_size(pgd_type t) { return t == PGD_TYPE_F32 ? 4 : 2; }
-
 size_t pgd_kv_cache_bytes_per_token(const pgd_model *m, pgd_type dtype) {
     return 2 * (size_t)m->cfg.n_layer * (size_t)m->cfg.n_kv_head * (size_t)m->cfg.head_dim *
-           dtype_size(dtype);
+           pgd_dtype_size(dtype);
 }
 
 int pgd_kv_cache_init(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, int32_t n_blocks,
@@ -40,60 +36,114 @@ int pgd_kv_cache_init(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, int32
     c->n_layer = m->cfg.n_layer;
     c->n_blocks = n_blocks;
     c->block_size = block_size;
-    c->kv_dim = m->cfg.n_kv_head * m->cfg.head_dim;
+    c->model = m;
+    c->n_ranks = m->n_ranks;
+    c->kv_dim = m->shards[0].n_kv_head * m->cfg.head_dim;
     size_t n = (size_t)c->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)c->kv_dim;
-    c->k = calloc(n, dtype_size(dtype));
-    c->v = calloc(n, dtype_size(dtype));
-    if (!c->k || !c->v) {
-        pgd_kv_cache_free(c);
-        return pgd_err_set(err, PGD_ENOMEM, "KV cache: cannot allocate %d blocks of %d tokens",
-                           n_blocks, block_size);
+    for (int r = 0; r < c->n_ranks; r++) {
+        pgd_backend *be = &m->shards[r].be;
+        c->rk[r] = be->ops->alloc(be, n * pgd_dtype_size(dtype));
+        c->rv[r] = be->ops->alloc(be, n * pgd_dtype_size(dtype));
+        if (!c->rk[r] || !c->rv[r]) {
+            pgd_kv_cache_free(c);
+            return pgd_err_set(err, PGD_ENOMEM, "KV cache: cannot allocate %d blocks of %d tokens",
+                               n_blocks, block_size);
+        }
     }
+    c->k = c->rk[0];
+    c->v = c->rv[0];
     return PGD_OK;
 }
 
 void pgd_kv_cache_free(pgd_kv_cache *c) {
-    free(c->k);
-    free(c->v);
+    for (int r = 0; r < c->n_ranks; r++) {
+        pgd_backend *be = &c->model->shards[r].be;
+        if (c->rk[r]) be->ops->mem_free(be, c->rk[r]);
+        if (c->rv[r]) be->ops->mem_free(be, c->rv[r]);
+    }
     memset(c, 0, sizeof *c);
 }
 
+static pgd_kv_layer kv_layer(const pgd_kv_cache *c, int rank, int il) {
+    size_t per_layer = (size_t)c->n_blocks * (size_t)c->block_size * (size_t)c->kv_dim *
+                       pgd_dtype_size(c->dtype);
+    pgd_kv_layer l = {
+        .dtype = c->dtype,
+        .k = (char *)c->rk[rank] + (size_t)il * per_layer,
+        .v = (char *)c->rv[rank] + (size_t)il * per_layer,
+        .block_size = c->block_size,
+        .kv_dim = c->kv_dim,
+    };
+    return l;
+}
+
 void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t n) {
-    size_t es = dtype_size(c->dtype), row = (size_t)c->kv_dim * es;
-    size_t per_layer = (size_t)c->n_blocks * (size_t)c->block_size * row;
-    for (int il = 0; il < c->n_layer; il++) {
-        size_t base = (size_t)il * per_layer;
-        size_t so = base + (size_t)src * c->block_size * row;
-        size_t d = base + (size_t)dst * c->block_size * row;
-        memcpy((char *)c->k + d, (char *)c->k + so, (size_t)n * row);
-        memcpy((char *)c->v + d, (char *)c->v + so, (size_t)n * row);
+    for (int r = 0; r < c->n_ranks; r++) {
+        pgd_backend *be = (pgd_backend *)&c->model->shards[r].be;
+        for (int il = 0; il < c->n_layer; il++) {
+            pgd_kv_layer l = kv_layer(c, r, il);
+            be->ops->copy_block(be, &l, src, dst, n);
+        }
     }
-}
-
-static void store_row(pgd_type dt, void *base, size_t idx, const float *x, int n) {
-    if (dt == PGD_TYPE_F32) {
-        memcpy((float *)base + idx, x, (size_t)n * sizeof *x);
-    } else if (dt == PGD_TYPE_F16) {
-        uint16_t *d = (uint16_t *)base + idx;
-        for (int i = 0; i < n; i++) d[i] = pgd_fp32_to_fp16(x[i]);
-    } else {
-        uint16_t *d = (uint16_t *)base + idx;
-        for (int i = 0; i < n; i++) d[i] = pgd_fp32_to_bf16(x[i]);
-    }
-}
-
-/* Returns a pointer to n floats of row idx: the storage itself for F32, else tmp converted. */
-static const float *load_row(pgd_type dt, const void *base, size_t idx, float *tmp, int n) {
-    if (dt == PGD_TYPE_F32) return (const float *)base + idx;
-    const uint16_t *s = (const uint16_t *)base + idx;
-    if (dt == PGD_TYPE_F16)
-        for (int i = 0; i < n; i++) tmp[i] = pgd_fp16_to_fp32(s[i]);
-    else
-        for (int i = 0; i < n; i++) tmp[i] = pgd_bf16_to_fp32(s[i]);
-    return tmp;
 }
 
 /* ---- scratch ---- */
+
+typedef struct pgd_fwd_rank {
+    struct pgd_fwd *f;
+    int rank;
+    pgd_backend be;          /* this rank's instance: pool / stream, op scratch */
+    pgd_pool *own_pool;      /* ranks > 0 on the CPU: their own threads */
+    float *x, *xb, *xb2;     /* (max_tokens, dim); xb is (max_tokens, max(dim, q_dim)) */
+    float *q;                /* (max_tokens, n_head * head_dim) of this rank */
+    float *k, *v;            /* (max_tokens, n_kv_head * head_dim) of this rank */
+    float *hb, *hb2;         /* (max_tokens, ffn_dim) of this rank */
+    float *logits;           /* (max_logits, n_vocab of this rank); == f->logits when shared */
+    pthread_t thread;
+    bool started;
+    int rc;
+} pgd_fwd_rank;
+
+typedef struct pgd_fwd_sync {
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;            /* step counter: a rank runs when it sees a new value */
+    int n_done;
+    bool quit;
+    pgd_kv_cache *kv;        /* the step being run (borrowed) */
+    const pgd_batch *b;
+} pgd_fwd_sync;
+
+static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b);
+
+static void *rank_main(void *arg) {
+    pgd_fwd_rank *r = arg;
+    pgd_fwd_sync *s = r->f->sync;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->quit && s->gen == seen) pthread_cond_wait(&s->go, &s->mu);
+        if (s->quit) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        seen = s->gen;
+        pgd_kv_cache *kv = s->kv;
+        const pgd_batch *b = s->b;
+        pthread_mutex_unlock(&s->mu);
+        int rc = forward_rank(r->f, r, kv, b);
+        pthread_mutex_lock(&s->mu);
+        r->rc = rc;
+        if (++s->n_done == r->f->n_ranks - 1) pthread_cond_signal(&s->done);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+static void *balloc(pgd_backend *be, size_t n, size_t sz, bool *ok) {
+    void *p = be->ops->alloc(be, (n ? n : 1) * sz);
+    if (!p) *ok = false;
+    return p;
+}
 
 int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tokens,
                  int32_t max_logits, pgd_err *err) {
@@ -106,161 +156,198 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
     f->pool = pool;
     f->max_tokens = max_tokens;
     f->max_logits = max_logits;
-    size_t B = (size_t)max_tokens, q_dim = (size_t)c->n_head * c->head_dim;
-    size_t kv_dim = (size_t)c->n_kv_head * c->head_dim, half = (size_t)c->head_dim / 2;
-    size_t wide = (size_t)c->dim > q_dim ? (size_t)c->dim : q_dim;
-    /* Activation rows must hold the input of any weight in its dot-product format. */
-    size_t act = pgd_cpu_matmul_act_row_bytes(&m->output);
-    for (int il = 0; il < c->n_layer; il++) {
-        const pgd_layer *l = &m->layers[il];
-        const pgd_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
-        for (size_t i = 0; i < 7; i++) {
-            size_t b = pgd_cpu_matmul_act_row_bytes(lw[i]);
-            if (b > act) act = b;
-        }
-    }
-    f->act_row_bytes = act;
-    int nth = pgd_pool_n_threads(pool);
-    size_t group = (size_t)(c->n_head / c->n_kv_head);
+    f->n_ranks = m->n_ranks;
+    size_t B = (size_t)max_tokens, half = (size_t)c->head_dim / 2;
+    int rc = PGD_OK;
     bool ok = true;
-    f->x = xcalloc(B * (size_t)c->dim, sizeof(float), &ok);
-    f->xb = xcalloc(B * wide, sizeof(float), &ok);
-    f->xb2 = xcalloc(B * (size_t)c->dim, sizeof(float), &ok);
-    f->q = xcalloc(B * q_dim, sizeof(float), &ok);
-    f->k = xcalloc(B * kv_dim, sizeof(float), &ok);
-    f->v = xcalloc(B * kv_dim, sizeof(float), &ok);
-    f->hb = xcalloc(B * (size_t)c->ffn_dim, sizeof(float), &ok);
-    f->hb2 = xcalloc(B * (size_t)c->ffn_dim, sizeof(float), &ok);
-    f->act = xcalloc(B * f->act_row_bytes, 1, &ok);
-    f->rope_cos = xcalloc(B * half, sizeof(float), &ok);
-    f->rope_sin = xcalloc(B * half, sizeof(float), &ok);
-    f->inv_freq = xcalloc(half, sizeof(float), &ok);
-    f->attn_scratch = xcalloc((size_t)nth * (group * ((size_t)c->head_dim + 2) + 2 * (size_t)c->head_dim),
-                              sizeof(float), &ok);
-    f->logits = xcalloc((size_t)max_logits * (size_t)c->n_vocab, sizeof(float), &ok);
-    if (!ok) {
-        pgd_fwd_free(f);
-        return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory for %d tokens per step", m->path,
-                           max_tokens);
-    }
+    f->inv_freq = calloc(half ? half : 1, sizeof(float));
+    f->logits = calloc((size_t)max_logits * (size_t)c->n_vocab, sizeof(float));
+    f->ranks = calloc((size_t)f->n_ranks, sizeof *f->ranks);
+    f->sync = calloc(1, sizeof *f->sync);
+    if (!f->inv_freq || !f->logits || !f->ranks || !f->sync) goto nomem;
     for (size_t i = 0; i < half; i++) {
         /* As transformers computes it, in float32: inv_freq = 1 / theta^(2i/d). */
         float inv = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
         if (c->rope_freq_factors) inv /= c->rope_freq_factors[i];
         f->inv_freq[i] = inv;
     }
+    int nth = pool ? pgd_pool_n_threads(pool) : 1;
+    for (int ri = 0; ri < f->n_ranks; ri++) {
+        const pgd_shard *sh = &m->shards[ri];
+        pgd_fwd_rank *r = &f->ranks[ri];
+        r->f = f;
+        r->rank = ri;
+        r->be = sh->be;
+        r->be.impl = NULL;
+        r->be.pool = pool;
+        if (ri > 0 && sh->be.ops->host_memory) {
+            /* Thread counts never change results (work is split over output rows only). */
+            int per = nth / f->n_ranks > 0 ? nth / f->n_ranks : 1;
+            if ((rc = pgd_pool_create(per, &r->own_pool, err))) goto fail;
+            r->be.pool = r->own_pool;
+        }
+        /* Activation rows must hold the input of any weight in its dot-product format. */
+        size_t act = pgd_cpu_matmul_act_row_bytes(&sh->output);
+        for (int il = 0; il < c->n_layer; il++) {
+            const pgd_layer *l = &sh->layers[il];
+            const pgd_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
+                                      &l->w_down};
+            for (size_t i = 0; i < 7; i++) {
+                size_t bb = pgd_cpu_matmul_act_row_bytes(lw[i]);
+                if (bb > act) act = bb;
+            }
+        }
+        if ((rc = r->be.ops->init(&r->be, max_tokens, act, sh->n_head, sh->n_kv_head,
+                                  c->head_dim, err)))
+            goto fail;
+        size_t q_dim = (size_t)sh->n_head * c->head_dim;
+        size_t kv_dim = (size_t)sh->n_kv_head * c->head_dim;
+        size_t wide = (size_t)c->dim > q_dim ? (size_t)c->dim : q_dim;
+        pgd_backend *be = &r->be;
+        r->x = balloc(be, B * (size_t)c->dim, sizeof(float), &ok);
+        r->xb = balloc(be, B * wide, sizeof(float), &ok);
+        r->xb2 = balloc(be, B * (size_t)c->dim, sizeof(float), &ok);
+        r->q = balloc(be, B * q_dim, sizeof(float), &ok);
+        r->k = balloc(be, B * kv_dim, sizeof(float), &ok);
+        r->v = balloc(be, B * kv_dim, sizeof(float), &ok);
+        r->hb = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
+        r->hb2 = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
+        if (f->n_ranks == 1 && be->ops->host_memory) r->logits = f->logits;
+        else r->logits = balloc(be, (size_t)max_logits * (size_t)sh->n_vocab, sizeof(float), &ok);
+        if (!ok) goto nomem;
+    }
+    if (f->n_ranks > 1) {
+        size_t wide_all = B * (size_t)c->dim;
+        if (m->device != PGD_DEVICE_CPU) {
+            rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: tensor parallel on %s needs NCCL "
+                             "(not wired into the forward pass yet; use --device cpu)", m->path,
+                             m->shards[0].be.ops->name);
+            goto fail;
+        }
+        if ((rc = pgd_comm_inproc_create(f->n_ranks, wide_all, &f->comm, err))) goto fail;
+        pthread_mutex_init(&f->sync->mu, NULL);
+        pthread_cond_init(&f->sync->go, NULL);
+        pthread_cond_init(&f->sync->done, NULL);
+        for (int ri = 1; ri < f->n_ranks; ri++) {
+            if (pthread_create(&f->ranks[ri].thread, NULL, rank_main, &f->ranks[ri])) {
+                rc = pgd_err_set(err, PGD_ENOMEM, "cannot start the thread of rank %d", ri);
+                goto fail;
+            }
+            f->ranks[ri].started = true;
+        }
+    }
     return PGD_OK;
+nomem:
+    rc = pgd_err_set(err, PGD_ENOMEM, "%s: out of memory for %d tokens per step", m->path,
+                     max_tokens);
+fail:
+    pgd_fwd_free(f);
+    return rc;
 }
 
 void pgd_fwd_free(pgd_fwd *f) {
-    void *bufs[] = {f->x, f->xb, f->xb2, f->q, f->k, f->v, f->hb, f->hb2, f->act,
-                    f->rope_cos, f->rope_sin, f->inv_freq, f->attn_scratch, f->logits};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    if (f->sync && f->n_ranks > 1) {
+        bool any = false;
+        for (int ri = 1; ri < f->n_ranks; ri++) any |= f->ranks && f->ranks[ri].started;
+        if (any) {
+            pthread_mutex_lock(&f->sync->mu);
+            f->sync->quit = true;
+            pthread_cond_broadcast(&f->sync->go);
+            pthread_mutex_unlock(&f->sync->mu);
+            for (int ri = 1; ri < f->n_ranks; ri++)
+                if (f->ranks[ri].started) pthread_join(f->ranks[ri].thread, NULL);
+        }
+        if (f->comm) {
+            pthread_mutex_destroy(&f->sync->mu);
+            pthread_cond_destroy(&f->sync->go);
+            pthread_cond_destroy(&f->sync->done);
+        }
+    }
+    for (int ri = 0; f->ranks && ri < f->n_ranks; ri++) {
+        pgd_fwd_rank *r = &f->ranks[ri];
+        pgd_backend *be = &r->be;
+        if (!be->ops) continue;
+        float *bufs[] = {r->x, r->xb, r->xb2, r->q, r->k, r->v, r->hb, r->hb2,
+                         r->logits != f->logits ? r->logits : NULL};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) be->ops->mem_free(be, bufs[i]);
+        if (be->impl) be->ops->free(be);
+        if (r->own_pool) pgd_pool_free(r->own_pool);
+    }
+    pgd_comm_free(f->comm);
+    free(f->ranks);
+    free(f->sync);
+    free(f->inv_freq);
+    free(f->logits);
     memset(f, 0, sizeof *f);
 }
 
-/* ---- ops ---- */
+/* ---- the layer program ---- */
 
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float scale = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * scale);
+static int all_reduce(pgd_fwd *f, pgd_fwd_rank *r, float *buf, size_t n) {
+    if (f->n_ranks == 1) return PGD_OK;
+    return f->comm->ops->all_reduce_sum(f->comm, r->rank, buf, n);
 }
 
-static void matmul(pgd_fwd *f, const pgd_weight *w, const float *x, float *y, int n) {
-    pgd_cpu_matmul(f->pool, w, x, y, n, f->act, f->act_row_bytes);
-}
+static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
+    const pgd_model *m = f->model;
+    const pgd_model_config *c = &m->cfg;
+    const pgd_shard *sh = &m->shards[r->rank];
+    pgd_backend *be = &r->be;
+    const pgd_backend_ops *o = be->ops;
+    int n = b->n_tokens, dim = c->dim, rc;
+    int q_dim = sh->n_head * c->head_dim, kv_dim = sh->n_kv_head * c->head_dim;
+    pgd_step s = {
+        .n_tokens = n, .tokens = b->tokens, .pos = b->pos, .seq = b->seq, .slot = b->slot,
+        .block_tables = b->block_tables, .n_logits = b->n_logits, .logit_rows = b->logit_rows,
+    };
+    pgd_rope_params rp = {.mode = c->rope_mode == PGD_ROPE_NEOX, .head_dim = c->head_dim,
+                          .inv_freq = f->inv_freq};
+    if ((rc = o->begin(be, &s, &rp))) return rc;
 
-static void add_bias(float *y, const float *b, int n_rows, int dim) {
-    if (!b) return;
-    for (int t = 0; t < n_rows; t++)
-        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
-}
-
-/* Rotates each head of x (n rows of n_heads * head_dim) by the angles in f->rope_*. */
-static void rope(const pgd_fwd *f, float *x, int n, int n_heads) {
-    const pgd_model_config *c = &f->model->cfg;
-    int hd = c->head_dim, half = hd / 2;
-    bool neox = c->rope_mode == PGD_ROPE_NEOX;
-    for (int t = 0; t < n; t++) {
-        const float *cs = f->rope_cos + (size_t)t * half, *sn = f->rope_sin + (size_t)t * half;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + ((size_t)t * n_heads + h) * hd;
-            for (int i = 0; i < half; i++) {
-                int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-                float a = v[i0], b = v[i1];
-                v[i0] = a * cs[i] - b * sn[i];
-                v[i1] = b * cs[i] + a * sn[i];
-            }
-        }
+    o->embed(be, &sh->tok_embd, sh->vocab_lo, &s, r->x);
+    if ((rc = all_reduce(f, r, r->x, (size_t)n * dim))) return rc;
+    for (int il = 0; il < c->n_layer; il++) {
+        const pgd_layer *l = &sh->layers[il];
+        /* xb: the normalized input of the block; xb2: the (reduced) output of the last one. */
+        if (il == 0) o->rms_norm(be, r->x, l->attn_norm, r->xb, n, dim, c->rms_eps);
+        else o->add_rms_norm(be, r->x, r->xb2, l->attn_norm, r->xb, n, dim, c->rms_eps);
+        o->matmul(be, &l->wq, r->xb, r->q, n);
+        o->matmul(be, &l->wk, r->xb, r->k, n);
+        o->matmul(be, &l->wv, r->xb, r->v, n);
+        if (l->bq) o->add_bias(be, r->q, l->bq, n, q_dim);
+        if (l->bk) o->add_bias(be, r->k, l->bk, n, kv_dim);
+        if (l->bv) o->add_bias(be, r->v, l->bv, n, kv_dim);
+        o->rope(be, r->q, n, sh->n_head, &rp);
+        o->rope(be, r->k, n, sh->n_kv_head, &rp);
+        pgd_kv_layer kl = kv_layer(kv, r->rank, il);
+        o->kv_store(be, &kl, r->k, r->v, &s);
+        o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s);
+        o->matmul(be, &l->wo, r->xb, r->xb2, n);
+        if ((rc = all_reduce(f, r, r->xb2, (size_t)n * dim))) return rc;
+        o->add_rms_norm(be, r->x, r->xb2, l->ffn_norm, r->xb, n, dim, c->rms_eps);
+        o->matmul(be, &l->w_gate, r->xb, r->hb, n);
+        o->matmul(be, &l->w_up, r->xb, r->hb2, n);
+        o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim);
+        o->matmul(be, &l->w_down, r->hb, r->xb2, n);
+        if ((rc = all_reduce(f, r, r->xb2, (size_t)n * dim))) return rc;
     }
+    o->add(be, r->x, r->xb2, (size_t)n * dim);
+
+    if (b->n_logits == 0) return o->sync(be);
+    o->gather_rows(be, r->x, r->xb, dim, &s);
+    o->rms_norm(be, r->xb, sh->output_norm, r->xb2, b->n_logits, dim, c->rms_eps);
+    o->matmul(be, &sh->output, r->xb2, r->logits, b->n_logits);
+    if ((rc = o->sync(be))) return rc;
+    if (f->n_ranks > 1)
+        return f->comm->ops->gather_cols(f->comm, r->rank, r->logits, b->n_logits, sh->n_vocab,
+                                         sh->vocab_lo, r->rank == 0 ? f->logits : NULL,
+                                         c->n_vocab);
+    if (r->logits != f->logits)
+        return o->download(be, f->logits, r->logits,
+                           (size_t)b->n_logits * (size_t)c->n_vocab * sizeof(float));
+    return PGD_OK;
 }
-
-typedef struct attn_ctx {
-    pgd_fwd *f;
-    const pgd_kv_cache *kv;
-    const pgd_batch *b;
-    int il;
-} attn_ctx;
-
-/* One (token, KV head) pair per work item: the K/V rows of the token's sequence are read once
- * and serve every query head of the group, with an online softmax in position order. */
-static void attn_task(void *arg, int ith, int nth) {
-    attn_ctx *a = arg;
-    pgd_fwd *f = a->f;
-    const pgd_kv_cache *kv = a->kv;
-    const pgd_batch *b = a->b;
-    const pgd_model_config *c = &f->model->cfg;
-    int hd = c->head_dim, group = c->n_head / c->n_kv_head, bs = kv->block_size;
-    size_t kv_dim = (size_t)kv->kv_dim;
-    size_t layer_off = (size_t)a->il * (size_t)kv->n_blocks * (size_t)bs * kv_dim;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *scr = f->attn_scratch + (size_t)ith * ((size_t)group * (hd + 2) + 2 * (size_t)hd);
-    float *acc = scr, *mx = scr + (size_t)group * hd, *sum = mx + group;
-    float *ktmp = sum + group, *vtmp = ktmp + hd;
-    long lo, hi;
-    pgd_split_range((long)b->n_tokens * c->n_kv_head, ith, nth, &lo, &hi);
-    for (long w = lo; w < hi; w++) {
-        int t = (int)(w / c->n_kv_head), kvh = (int)(w % c->n_kv_head);
-        const int32_t *bt = b->block_tables[b->seq[t]];
-        const float *q = f->q + ((size_t)t * c->n_head + (size_t)kvh * group) * hd;
-        for (int g = 0; g < group; g++) {
-            mx[g] = -INFINITY;
-            sum[g] = 0.0f;
-        }
-        memset(acc, 0, (size_t)group * hd * sizeof *acc);
-        for (int j = 0; j <= b->pos[t]; j++) {
-            size_t slot = (size_t)bt[j / bs] * bs + (size_t)(j % bs);
-            size_t idx = layer_off + slot * kv_dim + (size_t)kvh * hd;
-            const float *k = load_row(kv->dtype, kv->k, idx, ktmp, hd);
-            const float *v = load_row(kv->dtype, kv->v, idx, vtmp, hd);
-            for (int g = 0; g < group; g++) {
-                const float *qg = q + (size_t)g * hd;
-                float s = 0.0f;
-                for (int i = 0; i < hd; i++) s += qg[i] * k[i];
-                s *= scale;
-                float *ag = acc + (size_t)g * hd;
-                if (s > mx[g]) {
-                    float corr = expf(mx[g] - s);
-                    sum[g] *= corr;
-                    for (int i = 0; i < hd; i++) ag[i] *= corr;
-                    mx[g] = s;
-                }
-                float p = expf(s - mx[g]);
-                sum[g] += p;
-                for (int i = 0; i < hd; i++) ag[i] += p * v[i];
-            }
-        }
-        for (int g = 0; g < group; g++) {
-            float *out = f->xb + ((size_t)t * c->n_head + (size_t)kvh * group + g) * hd;
-            float inv = 1.0f / sum[g];
-            for (int i = 0; i < hd; i++) out[i] = acc[(size_t)g * hd + i] * inv;
-        }
-    }
-}
-
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 int pgd_model_forward(pgd_fwd *f, pgd_kv_cache *kv, const pgd_batch *b) {
     const pgd_model *m = f->model;
@@ -275,58 +362,24 @@ int pgd_model_forward(pgd_fwd *f, pgd_kv_cache *kv, const pgd_batch *b) {
             return PGD_EINVAL;
     for (int i = 0; i < b->n_logits; i++)
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= n) return PGD_EINVAL;
-    int dim = c->dim, hd = c->head_dim, half = hd / 2;
-    size_t q_dim = (size_t)c->n_head * hd, kv_dim = (size_t)c->n_kv_head * hd;
+    if (kv->n_ranks != f->n_ranks) return PGD_EINVAL;
+    if (f->n_ranks == 1) return forward_rank(f, &f->ranks[0], kv, b);
 
-    for (int t = 0; t < n; t++) {
-        pgd_dequantize_row(m->tok_embd.type,
-                           (const char *)m->tok_embd.data + (size_t)b->tokens[t] * m->tok_embd.row_bytes,
-                           f->x + (size_t)t * dim, dim);
-        for (int i = 0; i < half; i++) {
-            float ang = (float)b->pos[t] * f->inv_freq[i];
-            f->rope_cos[(size_t)t * half + i] = cosf(ang);
-            f->rope_sin[(size_t)t * half + i] = sinf(ang);
-        }
-    }
-
-    size_t layer_elems = (size_t)kv->n_blocks * (size_t)kv->block_size * kv_dim;
-    for (int il = 0; il < c->n_layer; il++) {
-        const pgd_layer *l = &m->layers[il];
-        for (int t = 0; t < n; t++)
-            rmsnorm(f->xb2 + (size_t)t * dim, f->x + (size_t)t * dim, l->attn_norm, dim, c->rms_eps);
-        matmul(f, &l->wq, f->xb2, f->q, n);
-        matmul(f, &l->wk, f->xb2, f->k, n);
-        matmul(f, &l->wv, f->xb2, f->v, n);
-        add_bias(f->q, l->bq, n, (int)q_dim);
-        add_bias(f->k, l->bk, n, (int)kv_dim);
-        add_bias(f->v, l->bv, n, (int)kv_dim);
-        rope(f, f->q, n, c->n_head);
-        rope(f, f->k, n, c->n_kv_head);
-        for (int t = 0; t < n; t++) {
-            size_t idx = (size_t)il * layer_elems + (size_t)b->slot[t] * kv_dim;
-            store_row(kv->dtype, kv->k, idx, f->k + (size_t)t * kv_dim, (int)kv_dim);
-            store_row(kv->dtype, kv->v, idx, f->v + (size_t)t * kv_dim, (int)kv_dim);
-        }
-        attn_ctx ac = {f, kv, b, il};
-        pgd_pool_run(f->pool, attn_task, &ac);
-        matmul(f, &l->wo, f->xb, f->xb2, n);
-        for (size_t i = 0; i < (size_t)n * dim; i++) f->x[i] += f->xb2[i];
-
-        for (int t = 0; t < n; t++)
-            rmsnorm(f->xb2 + (size_t)t * dim, f->x + (size_t)t * dim, l->ffn_norm, dim, c->rms_eps);
-        matmul(f, &l->w_gate, f->xb2, f->hb, n);
-        matmul(f, &l->w_up, f->xb2, f->hb2, n);
-        for (size_t i = 0; i < (size_t)n * c->ffn_dim; i++) f->hb[i] = silu(f->hb[i]) * f->hb2[i];
-        matmul(f, &l->w_down, f->hb, f->xb2, n);
-        for (size_t i = 0; i < (size_t)n * dim; i++) f->x[i] += f->xb2[i];
-    }
-
-    if (b->n_logits == 0) return PGD_OK;
-    for (int i = 0; i < b->n_logits; i++)
-        rmsnorm(f->xb2 + (size_t)i * dim, f->x + (size_t)b->logit_rows[i] * dim, m->output_norm,
-                dim, c->rms_eps);
-    matmul(f, &m->output, f->xb2, f->logits, b->n_logits);
-    return PGD_OK;
+    pgd_fwd_sync *s = f->sync;
+    pthread_mutex_lock(&s->mu);
+    s->kv = kv;
+    s->b = b;
+    s->n_done = 0;
+    s->gen++;
+    pthread_cond_broadcast(&s->go);
+    pthread_mutex_unlock(&s->mu);
+    int rc = forward_rank(f, &f->ranks[0], kv, b);
+    pthread_mutex_lock(&s->mu);
+    while (s->n_done < f->n_ranks - 1) pthread_cond_wait(&s->done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    for (int ri = 1; ri < f->n_ranks; ri++)
+        if (!rc) rc = f->ranks[ri].rc;
+    return rc;
 }
 
 /* ---- the single-sequence session ---- */

@@ -407,6 +407,294 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
     return PGD_OK;
 }
 
+
+/* ---- placement: devices and tensor-parallel shards ---- */
+
+static int track(pgd_shard *sh, void *p) {
+    if (sh->n_mem == sh->cap_mem) {
+        size_t nc = sh->cap_mem ? sh->cap_mem * 2 : 64;
+        void **n = realloc(sh->mem, nc * sizeof *n);
+        if (!n) return PGD_ENOMEM;
+        sh->mem = n;
+        sh->cap_mem = nc;
+    }
+    sh->mem[sh->n_mem++] = p;
+    return PGD_OK;
+}
+
+/* Puts bytes of host data where the shard's backend computes: the pointer itself on the CPU
+ * (a tmp buffer becomes the model's), an uploaded copy on a device (a tmp buffer is freed). */
+static int place(pgd_model *m, pgd_shard *sh, const void *host, size_t bytes, bool tmp,
+                 const void **out, pgd_err *err) {
+    pgd_backend *be = &sh->be;
+    if (be->ops->host_memory) {
+        *out = host;
+        return tmp ? own(m, (void *)host, err) : PGD_OK;
+    }
+    void *d = be->ops->alloc(be, bytes);
+    int rc = d ? track(sh, d) : PGD_ENOMEM;
+    if (rc) {
+        if (d) be->ops->mem_free(be, d);
+        if (tmp) free((void *)host);
+        return pgd_err_set(err, PGD_ENOMEM, "%s: out of %s memory for the weights of rank %d",
+                           m->path, be->ops->name, sh->rank);
+    }
+    rc = be->ops->upload(be, d, host, bytes);
+    if (tmp) free((void *)host);
+    *out = d;
+    return rc ? pgd_err_set(err, rc, "%s: upload to %s failed", m->path, be->ops->name) : PGD_OK;
+}
+
+/* The sub-matrix rows [r0, r0 + nr) x columns [c0, c0 + nc) of w. Row ranges are views; column
+ * ranges on quantization-block boundaries copy whole blocks; others are dequantized to F32 (exact
+ * weights, F32 activations: correct, slower). Types the backend cannot multiply become F32. */
+static int shard_weight(pgd_model *m, pgd_shard *sh, const pgd_weight *w, int64_t r0, int64_t nr,
+                        int64_t c0, int64_t nc, pgd_weight *out, pgd_err *err) {
+    *out = *w;
+    out->n_out = nr;
+    out->n_in = nc;
+    const char *src = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    uint32_t bel = pgd_type_block_elems(w->type), bb = pgd_type_block_bytes(w->type);
+    bool f32 = !sh->be.ops->supports(PGD_OP_MATMUL, w->type) || bel == 0;
+    if (!f32 && c0 == 0 && nc == w->n_in)
+        return place(m, sh, src, (size_t)nr * w->row_bytes, false, &out->data, err);
+    if (!f32 && c0 % bel == 0 && nc % bel == 0) {
+        size_t off = (size_t)(c0 / bel) * bb, len = (size_t)(nc / bel) * bb;
+        char *buf = malloc((size_t)nr * len + 1);
+        if (!buf) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
+        for (int64_t r = 0; r < nr; r++)
+            memcpy(buf + (size_t)r * len, src + (size_t)r * w->row_bytes + off, len);
+        out->row_bytes = len;
+        return place(m, sh, buf, (size_t)nr * len, true, &out->data, err);
+    }
+    float *buf = malloc((size_t)nr * (size_t)nc * sizeof *buf + 1);
+    float *row = malloc((size_t)w->n_in * sizeof *row);
+    if (!buf || !row) {
+        free(buf);
+        free(row);
+        return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        pgd_dequantize_row(w->type, src + (size_t)r * w->row_bytes, row, w->n_in);
+        memcpy(buf + (size_t)r * nc, row + c0, (size_t)nc * sizeof *buf);
+    }
+    free(row);
+    out->type = PGD_TYPE_F32;
+    out->row_bytes = (size_t)nc * sizeof(float);
+    return place(m, sh, buf, (size_t)nr * (size_t)nc * sizeof(float), true, &out->data, err);
+}
+
+static int shard_vec(pgd_model *m, pgd_shard *sh, const float *v, int64_t off, int64_t n,
+                     const float **out, pgd_err *err) {
+    if (!v) {
+        *out = NULL;
+        return PGD_OK;
+    }
+    const void *p;
+    int rc = place(m, sh, v + off, (size_t)n * sizeof *v, false, &p, err);
+    *out = p;
+    return rc;
+}
+
+static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_err *err) {
+    const pgd_model_config *c = &m->cfg;
+    int hd = c->head_dim, rc;
+    sh->rank = rank;
+    sh->n_head = c->n_head / n_ranks;
+    sh->n_kv_head = c->n_kv_head / n_ranks;
+    /* FFN columns are split in whole quantization blocks of down_proj when they divide evenly. */
+    int64_t unit = pgd_type_block_elems(m->layers[0].w_down.type);
+    if (unit < 1 || c->ffn_dim % unit) unit = 1;
+    long lo, hi;
+    pgd_split_range(c->ffn_dim / unit, rank, n_ranks, &lo, &hi);
+    sh->ffn_lo = (int32_t)(lo * unit);
+    sh->ffn_dim = (int32_t)((hi - lo) * unit);
+    pgd_split_range(c->n_vocab, rank, n_ranks, &lo, &hi);
+    sh->vocab_lo = (int32_t)lo;
+    sh->n_vocab = (int32_t)(hi - lo);
+    if (n_ranks == 1 && sh->be.ops->host_memory) {
+        /* The CPU multiplies every type the loader accepts: the model's weights serve as is. */
+        sh->tok_embd = m->tok_embd;
+        sh->output = m->output;
+        sh->output_norm = m->output_norm;
+        sh->layers = m->layers;
+        return PGD_OK;
+    }
+    sh->layers = calloc((size_t)c->n_layer, sizeof *sh->layers);
+    if (!sh->layers) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
+    if ((rc = shard_weight(m, sh, &m->tok_embd, sh->vocab_lo, sh->n_vocab, 0, c->dim,
+                           &sh->tok_embd, err)))
+        return rc;
+    if (m->output.data == m->tok_embd.data && m->output.type == m->tok_embd.type)
+        sh->output = sh->tok_embd;
+    else if ((rc = shard_weight(m, sh, &m->output, sh->vocab_lo, sh->n_vocab, 0, c->dim,
+                                &sh->output, err)))
+        return rc;
+    if ((rc = shard_vec(m, sh, m->output_norm, 0, c->dim, &sh->output_norm, err))) return rc;
+    int64_t q0 = (int64_t)rank * sh->n_head * hd, nq = (int64_t)sh->n_head * hd;
+    int64_t k0 = (int64_t)rank * sh->n_kv_head * hd, nk = (int64_t)sh->n_kv_head * hd;
+    for (int il = 0; il < c->n_layer; il++) {
+        const pgd_layer *l = &m->layers[il];
+        pgd_layer *d = &sh->layers[il];
+        if ((rc = shard_weight(m, sh, &l->wq, q0, nq, 0, c->dim, &d->wq, err)) ||
+            (rc = shard_weight(m, sh, &l->wk, k0, nk, 0, c->dim, &d->wk, err)) ||
+            (rc = shard_weight(m, sh, &l->wv, k0, nk, 0, c->dim, &d->wv, err)) ||
+            (rc = shard_weight(m, sh, &l->wo, 0, c->dim, q0, nq, &d->wo, err)) ||
+            (rc = shard_weight(m, sh, &l->w_gate, sh->ffn_lo, sh->ffn_dim, 0, c->dim, &d->w_gate,
+                               err)) ||
+            (rc = shard_weight(m, sh, &l->w_up, sh->ffn_lo, sh->ffn_dim, 0, c->dim, &d->w_up,
+                               err)) ||
+            (rc = shard_weight(m, sh, &l->w_down, 0, c->dim, sh->ffn_lo, sh->ffn_dim, &d->w_down,
+                               err)) ||
+            (rc = shard_vec(m, sh, l->attn_norm, 0, c->dim, &d->attn_norm, err)) ||
+            (rc = shard_vec(m, sh, l->ffn_norm, 0, c->dim, &d->ffn_norm, err)) ||
+            (rc = shard_vec(m, sh, l->bq, q0, nq, &d->bq, err)) ||
+            (rc = shard_vec(m, sh, l->bk, k0, nk, &d->bk, err)) ||
+            (rc = shard_vec(m, sh, l->bv, k0, nk, &d->bv, err)))
+            return rc;
+    }
+    return PGD_OK;
+}
+
+int pgd_model_opts_set_device(pgd_model_opts *opts, const char *name) {
+    if (!strcmp(name, "cpu")) opts->device = 1 + PGD_DEVICE_CPU;
+    else if (!strcmp(name, "cuda")) opts->device = 1 + PGD_DEVICE_CUDA;
+    else return PGD_EINVAL;
+    return PGD_OK;
+}
+
+static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
+    const pgd_model_config *c = &m->cfg;
+    pgd_model_opts o = *opts;
+    const char *env;
+    if (!o.device && (env = getenv("PAGODA_DEVICE")) && *env &&
+        pgd_model_opts_set_device(&o, env))
+        return pgd_err_set(err, PGD_EINVAL, "PAGODA_DEVICE=%s: expected cpu or cuda", env);
+    if (!o.tensor_parallel && (env = getenv("PAGODA_TENSOR_PARALLEL")) && *env)
+        o.tensor_parallel = atoi(env);
+    int tp = o.tensor_parallel ? o.tensor_parallel : 1;
+    const pgd_backend_ops *ops = &pgd_cpu_backend_ops;
+    m->device = PGD_DEVICE_CPU;
+    if (o.device == 1 + PGD_DEVICE_CUDA) {
+        if (!pgd_cuda_backend_ops())
+            return pgd_err_set(err, PGD_EUNSUPPORTED, "--device cuda: this build has no CUDA "
+                               "backend (configure with -DPAGODA_CUDA=ON)");
+        int n_dev = pgd_cuda_device_count();
+        if (n_dev == 0) {
+            fprintf(stderr, "pagoda: no CUDA device; using the CPU backend\n");
+        } else if (tp > n_dev) {
+            return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d: only %d CUDA "
+                               "device(s)", tp, n_dev);
+        } else {
+            ops = pgd_cuda_backend_ops();
+            m->device = PGD_DEVICE_CUDA;
+        }
+    }
+    if (tp < 1 || tp > PGD_MAX_TP)
+        return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d: must be 1..%d", tp,
+                           PGD_MAX_TP);
+    if (c->n_head % tp || c->n_kv_head % tp)
+        return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d does not divide the %d "
+                           "attention heads and %d KV heads of %s", tp, c->n_head, c->n_kv_head,
+                           m->path);
+    if (c->ffn_dim < tp || c->n_vocab < tp)
+        return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d: model too small", tp);
+    m->shards = calloc((size_t)tp, sizeof *m->shards);
+    if (!m->shards) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
+    m->n_ranks = tp;
+    for (int r = 0; r < tp; r++) {
+        m->shards[r].be.ops = ops;
+        m->shards[r].be.device = r;
+        int rc = build_shard(m, &m->shards[r], r, tp, err);
+        if (rc) return rc;
+    }
+    return PGD_OK;
+}
+
+/* ---- --load-format dummy: shapes from a config.json, random weights ---- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Every weight of a dummy model views one shared buffer of BF16 values uniform in +-0.02 (the
+ * shapes and bytes are real; the values do not matter to a benchmark). Norms are 1. */
+static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
+    const pgd_model_config *c = &m->cfg;
+    int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_kv_head * c->head_dim;
+    int64_t big = (int64_t)c->n_vocab * c->dim, f = (int64_t)c->ffn_dim * c->dim;
+    if (f > big) big = f;
+    if (q_dim * c->dim > big) big = q_dim * c->dim;
+    uint16_t *buf = malloc((size_t)big * sizeof *buf);
+    float *ones = malloc((size_t)c->dim * sizeof *ones);
+    int rc;
+    if ((rc = own(m, buf, err)) || (rc = own(m, ones, err))) return rc;
+    uint64_t st = seed ? seed : 42;
+    for (int64_t i = 0; i < big; i++) {
+        float u = (float)(splitmix(&st) >> 40) / (float)(1 << 24);
+        buf[i] = pgd_fp32_to_bf16((u * 2.0f - 1.0f) * 0.02f);
+    }
+    for (int i = 0; i < c->dim; i++) ones[i] = 1.0f;
+#define DW(w, in, out) ((w) = (pgd_weight){PGD_TYPE_BF16, (in), (out), (size_t)(in) * 2, buf})
+    DW(m->tok_embd, c->dim, c->n_vocab);
+    DW(m->output, c->dim, c->n_vocab);
+    m->output_norm = ones;
+    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    if (!m->layers) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
+    for (int il = 0; il < c->n_layer; il++) {
+        pgd_layer *l = &m->layers[il];
+        DW(l->wq, c->dim, q_dim);
+        DW(l->wk, c->dim, kv_dim);
+        DW(l->wv, c->dim, kv_dim);
+        DW(l->wo, q_dim, c->dim);
+        DW(l->w_gate, c->dim, c->ffn_dim);
+        DW(l->w_up, c->dim, c->ffn_dim);
+        DW(l->w_down, c->ffn_dim, c->dim);
+        l->attn_norm = l->ffn_norm = ones;
+    }
+#undef DW
+    return PGD_OK;
+}
+
+static int load_dummy(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", m->path);
+    size_t n = strlen(dir);
+    if (n > 5 && !strcmp(dir + n - 5, ".json")) {
+        /* hf_config reads <dir>/config.json: a file named otherwise is staged under /tmp. */
+        char *slash = strrchr(dir, '/');
+        if (strcmp(slash ? slash + 1 : dir, "config.json")) {
+            char tmpl[] = "/tmp/pagoda-dummy-XXXXXX";
+            if (!mkdtemp(tmpl)) return pgd_err_set(err, PGD_EIO, "mkdtemp failed");
+            char dst[PATH_MAX + 16], *txt;
+            size_t len;
+            int rc = pgd_read_file(m->path, &txt, &len, err);
+            if (rc) return rc;
+            snprintf(dst, sizeof dst, "%s/config.json", tmpl);
+            FILE *fp = fopen(dst, "wb");
+            if (!fp || fwrite(txt, 1, len, fp) != len) {
+                free(txt);
+                if (fp) fclose(fp);
+                return pgd_err_set(err, PGD_EIO, "%s: cannot write", dst);
+            }
+            fclose(fp);
+            free(txt);
+            snprintf(dir, sizeof dir, "%s", tmpl);
+        } else if (slash) {
+            *slash = 0;
+        } else {
+            snprintf(dir, sizeof dir, ".");
+        }
+    }
+    int rc = hf_config(m, dir, err);
+    if (rc) return rc;
+    if (opts->n_ctx > 0 && opts->n_ctx < m->cfg.n_ctx) m->cfg.n_ctx = opts->n_ctx;
+    return dummy_weights(m, opts->dummy_seed, err);
+}
+
 static bool is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -423,6 +711,11 @@ int pgd_model_load(const char *path, const pgd_model_opts *opts, pgd_model **out
     if (!m->path) {
         rc = pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);
         goto fail;
+    }
+    if (opts->load_format == PGD_LOAD_DUMMY) {
+        if ((rc = load_dummy(m, opts, err)) || (rc = place_model(m, opts, err))) goto fail;
+        *out = m;
+        return PGD_OK;
     }
     if (is_dir(path)) {
         char tj[PATH_MAX], tc[PATH_MAX];
@@ -454,6 +747,7 @@ int pgd_model_load(const char *path, const pgd_model_opts *opts, pgd_model **out
                          path, pgd_tokenizer_n_vocab(m->tok), m->cfg.n_vocab);
         goto fail;
     }
+    if ((rc = place_model(m, opts, err))) goto fail;
     *out = m;
     return PGD_OK;
 fail:
@@ -463,6 +757,13 @@ fail:
 
 void pgd_model_free(pgd_model *m) {
     if (!m) return;
+    for (int r = 0; m->shards && r < m->n_ranks; r++) {
+        pgd_shard *sh = &m->shards[r];
+        for (size_t i = 0; i < sh->n_mem; i++) sh->be.ops->mem_free(&sh->be, sh->mem[i]);
+        free(sh->mem);
+        if (sh->layers != m->layers) free(sh->layers);
+    }
+    free(m->shards);
     for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);

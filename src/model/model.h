@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "backend/cpu/matmul.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
@@ -39,6 +40,27 @@ typedef struct pgd_layer {
 } pgd_layer;
 
 typedef struct pgd_pool pgd_pool;
+struct pgd_comm;
+
+#define PGD_MAX_TP 8
+
+/* One tensor-parallel rank's slice of the weights, in its backend's memory. Column-parallel
+ * (Q/K/V, gate/up, their biases) take a contiguous range of output rows; row-parallel (o_proj,
+ * down_proj) a range of input columns; the embedding and the LM head a range of vocab rows.
+ * With one CPU rank every weight is the model's own (nothing is copied). */
+typedef struct pgd_shard {
+    int32_t rank;
+    int32_t n_head, n_kv_head;        /* this rank's heads: [rank * n_head, (rank+1) * n_head) */
+    int32_t ffn_lo, ffn_dim;          /* FFN columns [ffn_lo, ffn_lo + ffn_dim) */
+    int32_t vocab_lo, n_vocab;        /* vocab rows [vocab_lo, vocab_lo + n_vocab) */
+    pgd_weight tok_embd;              /* (n_vocab, dim) */
+    pgd_weight output;                /* (n_vocab, dim) */
+    const float *output_norm;         /* (dim) */
+    pgd_layer *layers;                /* (n_layer); == model->layers when not copied */
+    pgd_backend be;                   /* memory only (no init): where the weights live */
+    void **mem;                       /* backend allocations freed with the model */
+    size_t n_mem, cap_mem;
+} pgd_shard;
 
 typedef struct pgd_model {
     char *path;                       /* owned copy of the path given to pgd_model_load */
@@ -53,12 +75,29 @@ typedef struct pgd_model {
     pgd_safetensors st;
     void **owned;                     /* buffers converted at load time, freed with the model */
     size_t n_owned, cap_owned;
+    /* execution */
+    pgd_device device;                /* where the shards live */
+    int32_t n_ranks;                  /* tensor-parallel size (1: no sharding) */
+    pgd_shard *shards;                /* (n_ranks) */
 } pgd_model;
+
+typedef enum { PGD_LOAD_AUTO = 0, PGD_LOAD_DUMMY } pgd_load_format;
 
 typedef struct pgd_model_opts {
     bool weights_f32;  /* dequantize every weight to F32 at load (reference path) */
     int32_t n_ctx;     /* 0: the model's own context length */
+    /* Added with the backends (issue 7). Zero values keep the old behaviour: CPU, one rank. When
+     * device/tensor_parallel are 0 the environment variables PAGODA_DEVICE (cpu|cuda) and
+     * PAGODA_TENSOR_PARALLEL are read, so tests and benchmarks reach every path before the
+     * CLI flags are wired. */
+    int32_t device;           /* 0: default (env or CPU), 1 + pgd_device otherwise */
+    int32_t tensor_parallel;  /* ranks; 0: default (env or 1) */
+    pgd_load_format load_format; /* DUMMY: path is a config.json (or its folder); random weights */
+    uint64_t dummy_seed;
 } pgd_model_opts;
+
+/* Parses "cpu" / "cuda" into opts->device; PGD_EINVAL otherwise. */
+int pgd_model_opts_set_device(pgd_model_opts *opts, const char *name);
 
 /* Loads a GGUF file or a Hugging Face model directory (detected). On failure err holds one line
  * naming the file and the problem. */
@@ -69,8 +108,11 @@ void pgd_model_free(pgd_model *m);
  * logical block id. Slot = block * block_size + offset. */
 typedef struct pgd_kv_cache {
     pgd_type dtype;           /* F32, F16 or BF16 */
-    int32_t n_layer, n_blocks, block_size, kv_dim;
-    void *k, *v;              /* (n_layer, n_blocks * block_size, kv_dim) elements of dtype */
+    int32_t n_layer, n_blocks, block_size, kv_dim; /* kv_dim: one rank's n_kv_head * head_dim */
+    void *k, *v;              /* rank 0's (n_layer, n_blocks * block_size, kv_dim) of dtype */
+    int32_t n_ranks;
+    void *rk[PGD_MAX_TP], *rv[PGD_MAX_TP]; /* each rank's K and V, in its backend's memory */
+    const pgd_model *model;   /* borrowed: whose shards' backends hold the storage */
 } pgd_kv_cache;
 
 /* Allocates storage for n_blocks blocks (zeroed lazily by the OS). */
@@ -98,21 +140,20 @@ typedef struct pgd_batch {
 } pgd_batch;
 
 /* Scratch for pgd_model_forward, sized once for up to max_tokens tokens and max_logits logit
- * rows per step (no allocation per step). */
+ * rows per step (no allocation per step). With several ranks, one thread per rank (rank 0 is the
+ * caller) runs the same layer program on its shard; activations meet in all-reduces. */
+struct pgd_fwd_rank;
+struct pgd_fwd_sync;
 typedef struct pgd_fwd {
     const pgd_model *model;  /* borrowed */
-    pgd_pool *pool;          /* borrowed */
+    pgd_pool *pool;          /* borrowed: rank 0's threads */
     int32_t max_tokens, max_logits;
-    float *x, *xb, *xb2;     /* (max_tokens, dim); xb is (max_tokens, max(dim, q_dim)) */
-    float *q;                /* (max_tokens, n_head * head_dim) */
-    float *k, *v;            /* (max_tokens, n_kv_head * head_dim) */
-    float *hb, *hb2;         /* (max_tokens, ffn_dim) */
-    void *act;               /* (max_tokens) rows of act_row_bytes: converted activations */
-    size_t act_row_bytes;
-    float *rope_cos, *rope_sin; /* (max_tokens, head_dim / 2) */
-    float *inv_freq;         /* (head_dim / 2) */
-    float *attn_scratch;     /* (n_threads, heads per KV group * (head_dim + 2)) */
-    float *logits;           /* (max_logits, n_vocab) */
+    float *inv_freq;         /* (head_dim / 2) host */
+    float *logits;           /* (max_logits, n_vocab) host */
+    int32_t n_ranks;
+    struct pgd_fwd_rank *ranks;  /* (n_ranks) owned: backend instance + activations per rank */
+    struct pgd_comm *comm;       /* owned; NULL with one rank */
+    struct pgd_fwd_sync *sync;   /* owned; rank threads and their step hand-off */
 } pgd_fwd;
 
 int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tokens,

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU check (issue 7), one script, <= 8 minutes on a fresh H100/H200 with the CUDA toolkit,
+# PyTorch and transformers: build with CUDA, op-by-op CUDA vs CPU (test_backend_ops), greedy
+# generation CUDA vs CPU (tiny models, SmolLM2-135M), then a Llama-3-8B-shaped dummy model in BF16:
+# decode tok/s at batch 1/8/64/256 with 512-token contexts, prefill tok/s at 2,048 tokens, HBM
+# bandwidth (copy kernel), batch-1 decode as a fraction of the roofline, and transformers
+# generate on the same shapes as a baseline. Writes one results file: $OUT or bench/gpu/results.txt.
+# Written without access to a GPU: never run yet.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+res=${OUT:-$root/bench/gpu}/results.txt
+mkdir -p "$(dirname "$res")"
+: >"$res"
+log() { echo "[$(date +%T)] $*" | tee -a "$res" >&2; }
+step() { # name timeout_s cmd...: runs, logs output, never aborts the script
+    local name=$1 t=$2; shift 2
+    log "== $name"
+    if timeout "$t" "$@" >>"$res" 2>&1; then log "   $name: ok"; else log "   $name: FAILED ($?)"; fi
+}
+log "host: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+py=${PYTHON:-python3}
+
+step "configure+build (CUDA, sm_80+sm_90)" 300 bash -c \
+    "cmake -S . -B build-cuda -DPAGODA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null && cmake --build build-cuda -j\$(nproc) --target pagoda test_backend_ops test_tp >/dev/null"
+step "build gpu_bench" 60 bash -c \
+    "cc -O2 -std=c11 -D_GNU_SOURCE -Isrc -Iinclude bench/gpu/gpu_bench.c build-cuda/libpagoda.a build-cuda/libpagoda_kernels.a -L/usr/local/cuda/lib64 -L/usr/local/cuda/lib -lcublasLt -lcublas -lcudart -lnccl -lcjson -lm -lpthread -lstdc++ -o build-cuda/gpu_bench"
+step "op-by-op CUDA vs CPU (NMSE)" 120 ./build-cuda/test_backend_ops
+B=./build-cuda/gpu_bench
+for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-random.gguf \
+         models/SmolLM2-135M-Instruct.Q4_1.gguf; do
+    [ -f "$m" ] || { log "skip $m (missing)"; continue; }
+    a=$(timeout 60 $B greedy "$m" cpu 32 2>>"$res" | sed 's/"device":"cpu",//' || true)
+    b=$(timeout 60 $B greedy "$m" cuda 32 2>>"$res" | sed 's/"device":"cuda",//' || true)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then log "greedy $m: CUDA == CPU ($a)"; else log "greedy $m: DIFFER cpu=$a cuda=$b"; fi
+done
+cfg=configs/models/Llama-3-8B.json
+step "HBM bandwidth (copy kernel)" 60 $B bandwidth
+for bs in 1 8 64 256; do step "decode batch $bs ctx 512" 90 $B decode "$cfg" "$bs" 512 32; done
+step "prefill 2048" 90 $B prefill "$cfg" 2048
+# roofline: batch-1 decode step time vs weight bytes / measured bandwidth
+$py - "$res" <<'PY' >>"$res" 2>&1 || true
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+bw = next((r["GBps"] for r in rows if r.get("bench") == "bandwidth"), None)
+d1 = next((r for r in rows if r.get("bench") == "decode" and r["batch"] == 1), None)
+if bw and d1:
+    roof_ms = d1["weight_bytes"] / (bw * 1e9) * 1e3
+    print(json.dumps({"bench": "roofline", "weight_GB": d1["weight_bytes"] / 1e9, "GBps": bw,
+                      "roofline_step_ms": roof_ms, "step_ms": d1["step_ms"],
+                      "fraction_of_roofline": roof_ms / d1["step_ms"]}))
+PY
+step "transformers baseline (same shapes, BF16, random weights)" 240 $py bench/gpu/hf_baseline.py "$cfg"
+log "done: $res"

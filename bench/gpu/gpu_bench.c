@@ -1,0 +1,143 @@
+/* bench/gpu helper (built by check.sh against build-cuda/libpagoda.a):
+ *   gpu_bench greedy MODEL cpu|cuda N      -> prints N greedy token ids after a fixed prompt
+ *   gpu_bench decode CONFIG.json B CTX STEPS -> decode tok/s at batch B with CTX-token contexts
+ *   gpu_bench prefill CONFIG.json T         -> prefill tok/s for one T-token prompt
+ *   gpu_bench bandwidth                     -> HBM GB/s from the copy kernel
+ * Dummy (random BF16) weights for CONFIG.json; one JSON object per line on stdout. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/pool.h"
+#include "model/model.h"
+
+double pgd_cuda_copy_bandwidth(int device, size_t bytes, int iters);
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int die(const pgd_err *e) {
+    fprintf(stderr, "gpu_bench: %s\n", e->msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    pgd_err err = {0};
+    pgd_pool *pool;
+    pgd_pool_create(4, &pool, &err);
+    if (!strcmp(argv[1], "bandwidth")) {
+        double gbs = pgd_cuda_copy_bandwidth(0, (size_t)2 << 30, 20);
+        printf("{\"bench\":\"bandwidth\",\"GBps\":%.1f}\n", gbs);
+        return gbs > 0 ? 0 : 1;
+    }
+    if (argc < 4) return 2;
+    pgd_model_opts mo = {0};
+    bool greedy = !strcmp(argv[1], "greedy");
+    if (greedy) pgd_model_opts_set_device(&mo, argv[3]);
+    else {
+        mo.load_format = PGD_LOAD_DUMMY;
+        pgd_model_opts_set_device(&mo, "cuda");
+        mo.n_ctx = 4096;
+    }
+    pgd_model *m;
+    if (pgd_model_load(argv[2], &mo, &m, &err)) return die(&err);
+    int nv = m->cfg.n_vocab;
+    if (greedy) {
+        int n = atoi(argv[4]);
+        pgd_session s;
+        if (pgd_session_init(&s, m, pool, 16, &err)) return die(&err);
+        int32_t prompt[9] = {1, 450, 4996, 17354, 1701, 432, 17204, 975, 278};
+        for (int i = 0; i < 9; i++) prompt[i] %= nv;
+        int rc = pgd_session_forward(&s, prompt, 9, false);
+        printf("{\"bench\":\"greedy\",\"device\":\"%s\",\"tokens\":[", argv[3]);
+        for (int g = 0; g < n && !rc; g++) {
+            int32_t best = 0;
+            for (int v = 1; v < nv; v++)
+                if (s.logits[v] > s.logits[best]) best = v;
+            printf("%s%d", g ? "," : "", best);
+            rc = pgd_session_forward(&s, &best, 1, false);
+        }
+        printf("]}\n");
+        return rc ? 1 : 0;
+    }
+    const int bs = 16;
+    if (!strcmp(argv[1], "prefill")) {
+        int T = atoi(argv[3]);
+        pgd_kv_cache kv;
+        pgd_fwd f;
+        int nb = T / bs + 2;
+        if (pgd_kv_cache_init(&kv, m, PGD_TYPE_BF16, nb, bs, &err) ||
+            pgd_fwd_init(&f, m, pool, T, 1, &err))
+            return die(&err);
+        int32_t *tok = malloc(T * 4), *pos = malloc(T * 4), *seq = calloc(T, 4), *tab = malloc(nb * 4);
+        int64_t *slot = malloc(T * 8);
+        for (int i = 0; i < nb; i++) tab[i] = i;
+        for (int i = 0; i < T; i++) tok[i] = (i * 7919) % nv, pos[i] = i, slot[i] = i;
+        const int32_t *tables[1] = {tab};
+        int32_t last = T - 1;
+        pgd_batch b = {T, tok, pos, seq, slot, tables, 1, &last};
+        pgd_model_forward(&f, &kv, &b); /* warm-up */
+        double t0 = now();
+        int reps = 3, rc = 0;
+        for (int r = 0; r < reps; r++) rc |= pgd_model_forward(&f, &kv, &b);
+        double dt = (now() - t0) / reps;
+        printf("{\"bench\":\"prefill\",\"tokens\":%d,\"tok_s\":%.1f,\"ms\":%.2f,\"rc\":%d}\n", T,
+               T / dt, dt * 1e3, rc);
+        return rc ? 1 : 0;
+    }
+    int B = atoi(argv[3]), ctx = atoi(argv[4]), steps = argc > 5 ? atoi(argv[5]) : 32;
+    int per_seq = (ctx + steps) / bs + 2, nb = B * per_seq;
+    pgd_kv_cache kv;
+    pgd_fwd f;
+    int max_tok = B > 512 ? B : 512;
+    if (pgd_kv_cache_init(&kv, m, PGD_TYPE_BF16, nb, bs, &err) ||
+        pgd_fwd_init(&f, m, pool, max_tok, B, &err))
+        return die(&err);
+    int32_t **tabs = malloc(B * sizeof *tabs);
+    for (int s = 0; s < B; s++) {
+        tabs[s] = malloc(per_seq * 4);
+        for (int i = 0; i < per_seq; i++) tabs[s][i] = s * per_seq + i;
+    }
+    int32_t *tok = malloc(max_tok * 4), *pos = malloc(max_tok * 4), *seq = malloc(max_tok * 4),
+            *rows = malloc(max_tok * 4);
+    int64_t *slot = malloc(max_tok * 8);
+    /* fill every sequence's context with 512-token prefill chunks */
+    for (int s = 0; s < B; s++)
+        for (int p0 = 0; p0 < ctx; p0 += 512) {
+            int n = ctx - p0 < 512 ? ctx - p0 : 512;
+            for (int i = 0; i < n; i++) {
+                tok[i] = (p0 + i) % nv, pos[i] = p0 + i, seq[i] = s;
+                slot[i] = (int64_t)tabs[s][(p0 + i) / bs] * bs + (p0 + i) % bs;
+            }
+            rows[0] = n - 1;
+            pgd_batch b = {n, tok, pos, seq, slot, (const int32_t *const *)tabs, 1, rows};
+            if (pgd_model_forward(&f, &kv, &b)) return 1;
+        }
+    double t0 = 0;
+    int rc = 0;
+    for (int st = -2; st < steps; st++) { /* two warm-up steps */
+        if (st == 0) t0 = now();
+        int p = ctx + st + 2;
+        for (int s = 0; s < B; s++) {
+            tok[s] = (s + st + 3) % nv, pos[s] = p, seq[s] = s, rows[s] = s;
+            slot[s] = (int64_t)tabs[s][p / bs] * bs + p % bs;
+        }
+        pgd_batch b = {B, tok, pos, seq, slot, (const int32_t *const *)tabs, B, rows};
+        rc |= pgd_model_forward(&f, &kv, &b);
+    }
+    double dt = now() - t0;
+    size_t wbytes = 0;
+    const pgd_model_config *c = &m->cfg;
+    wbytes = 2 * ((size_t)c->n_vocab * c->dim + (size_t)c->n_layer *
+                  ((size_t)c->dim * (c->n_head + 2 * c->n_kv_head) * c->head_dim +
+                   (size_t)c->n_head * c->head_dim * c->dim + 3 * (size_t)c->dim * c->ffn_dim));
+    printf("{\"bench\":\"decode\",\"batch\":%d,\"ctx\":%d,\"steps\":%d,\"tok_s\":%.1f,"
+           "\"step_ms\":%.3f,\"weight_bytes\":%zu,\"rc\":%d}\n",
+           B, ctx, steps, B * steps / dt, dt / steps * 1e3, wbytes, rc);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,436 @@
+// Pagoda's CUDA kernels: embedding gather, RMSNorm (+residual), fused dequantize-GEMV for
+// F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, dequantize-to-BF16 for the cuBLASLt GEMM path, bias,
+// RoPE (NORM/NEOX, per-token positions, frequency factors folded into inv_freq), paged K/V store,
+// paged attention (flash-decoding splits, each K/V row loaded once per GQA group, online softmax),
+// SiLU-gate, add, row gather, and a copy kernel that measures HBM bandwidth.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_BF16 = 30 };
+
+static __device__ __forceinline__ float h2f(const uint8_t *p) {
+    __half h;
+    memcpy(&h, p, 2);
+    return __half2float(h);
+}
+static __device__ __forceinline__ float bf2f(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
+
+// Elements per block of 32 in every supported type: block b of a row -> 32 floats (tail-safe for
+// the float types, whose rows need not be a multiple of 32).
+static __device__ __forceinline__ void load_block(int type, const uint8_t *row, int64_t b,
+                                                  int64_t n_in, float out[32]) {
+    switch (type) {
+    case T_Q8_0: {
+        const uint8_t *p = row + b * 34;
+        float d = h2f(p);
+        const int8_t *q = (const int8_t *)(p + 2);
+#pragma unroll
+        for (int j = 0; j < 32; j++) out[j] = d * (float)q[j];
+        break;
+    }
+    case T_Q4_0: {
+        const uint8_t *p = row + b * 18;
+        float d = h2f(p);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            uint8_t q = p[2 + j];
+            out[j] = d * (float)((int)(q & 0xF) - 8);
+            out[j + 16] = d * (float)((int)(q >> 4) - 8);
+        }
+        break;
+    }
+    case T_Q4_1: {
+        const uint8_t *p = row + b * 20;
+        float d = h2f(p), m = h2f(p + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            uint8_t q = p[4 + j];
+            out[j] = d * (float)(q & 0xF) + m;
+            out[j + 16] = d * (float)(q >> 4) + m;
+        }
+        break;
+    }
+    default: {
+        for (int j = 0; j < 32; j++) {
+            int64_t i = b * 32 + j;
+            if (i >= n_in) {
+                out[j] = 0.0f;
+                continue;
+            }
+            if (type == T_F32) out[j] = ((const float *)row)[i];
+            else if (type == T_F16) out[j] = h2f(row + 2 * i);
+            else out[j] = bf2f(((const uint16_t *)row)[i]);
+        }
+    }
+    }
+}
+
+__global__ void k_embed(int type, const uint8_t *w, size_t row_bytes, int64_t n_rows_w,
+                        int32_t vocab_lo, const int32_t *tokens, int dim, float *x) {
+    int t = blockIdx.x;
+    int64_t r = (int64_t)tokens[t] - vocab_lo;
+    float *xt = x + (size_t)t * dim;
+    int64_t nb = (dim + 31) / 32;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+        float v[32];
+        if (r < 0 || r >= n_rows_w) {
+            for (int j = 0; j < 32; j++) v[j] = 0.0f;
+        } else {
+            load_block(type, w + (size_t)r * row_bytes, b, dim, v);
+        }
+        for (int j = 0; j < 32 && b * 32 + j < dim; j++) xt[b * 32 + j] = v[j];
+    }
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ float block_sum(float v) {
+    __shared__ float sh[32];
+    v = warp_sum(v);
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) / 32;
+    v = threadIdx.x < nw ? sh[threadIdx.x] : 0.0f;
+    if (wid == 0) v = warp_sum(v);
+    if (threadIdx.x == 0) sh[0] = v;
+    __syncthreads();
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+// One block per row: x += d (when d), then out = w * x / rms(x).
+__global__ void k_rms_norm(float *x, const float *d, const float *w, float *out, int dim,
+                           float eps) {
+    float *xr = x + (size_t)blockIdx.x * dim;
+    const float *dr = d ? d + (size_t)blockIdx.x * dim : nullptr;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (dr) {
+            v += dr[i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    float scale = rsqrtf(ss / (float)dim + eps);
+    float *o = out + (size_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = w[i] * (xr[i] * scale);
+}
+
+// Fused dequantize-GEMV: one warp per output row, lanes stride over blocks of 32 weights, each
+// weight byte read once for up to 8 tokens.
+#define GEMV_MAX_N 8
+__global__ void k_gemv(int type, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t n_out,
+                       const float *x, float *y, int n) {
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= n_out) return;
+    const uint8_t *wr = w + (size_t)row * row_bytes;
+    float acc[GEMV_MAX_N];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = 0.0f;
+    int64_t nb = (n_in + 31) / 32;
+    for (int64_t b = lane; b < nb; b += 32) {
+        float v[32];
+        load_block(type, wr, b, n_in, v);
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * n_in + b * 32;
+            float s = 0.0f;
+            int lim = (int)((n_in - b * 32) < 32 ? (n_in - b * 32) : 32);
+            for (int j = 0; j < lim; j++) s += v[j] * xt[j];
+            acc[t] += s;
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * n_out + row] = s;
+    }
+}
+
+__global__ void k_dequant_bf16(int type, const uint8_t *w, size_t row_bytes, int64_t n_in,
+                               int64_t n_out, __nv_bfloat16 *dst) {
+    int64_t nb = (n_in + 31) / 32;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nb * n_out) return;
+    int64_t row = i / nb, b = i % nb;
+    float v[32];
+    load_block(type, w + (size_t)row * row_bytes, b, n_in, v);
+    for (int j = 0; j < 32 && b * 32 + j < n_in; j++)
+        dst[row * n_in + b * 32 + j] = __float2bfloat16(v[j]);
+}
+
+__global__ void k_f32_to_bf16(const float *x, __nv_bfloat16 *d, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = __float2bfloat16(x[i]);
+}
+
+__global__ void k_add_bias(float *y, const float *b, int n_rows, int dim) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)n_rows * dim) y[i] += b[i % dim];
+}
+
+__global__ void k_rope(float *x, int n_heads, int hd, int neox, const int32_t *pos,
+                       const float *inv_freq) {
+    int t = blockIdx.x, half = hd / 2;
+    for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
+        int h = k / half, i = k % half;
+        float ang = (float)pos[t] * inv_freq[i];
+        float cs = cosf(ang), sn = sinf(ang);
+        float *v = x + ((size_t)t * n_heads + h) * hd;
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float a = v[i0], b = v[i1];
+        v[i0] = a * cs - b * sn;
+        v[i1] = b * cs + a * sn;
+    }
+}
+
+static __device__ __forceinline__ void store_elem(int dt, void *base, size_t i, float v) {
+    if (dt == T_F32) ((float *)base)[i] = v;
+    else if (dt == T_F16) ((__half *)base)[i] = __float2half(v);
+    else ((__nv_bfloat16 *)base)[i] = __float2bfloat16(v);
+}
+static __device__ __forceinline__ float load_elem(int dt, const void *base, size_t i) {
+    if (dt == T_F32) return ((const float *)base)[i];
+    if (dt == T_F16) return __half2float(((const __half *)base)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+}
+
+__global__ void k_kv_store(int dt, void *k, void *v, int kv_dim, const float *kin,
+                           const float *vin, const int64_t *slot) {
+    int t = blockIdx.x;
+    size_t base = (size_t)slot[t] * kv_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        store_elem(dt, k, base + i, kin[(size_t)t * kv_dim + i]);
+        store_elem(dt, v, base + i, vin[(size_t)t * kv_dim + i]);
+    }
+}
+
+// Paged attention. Grid (n_tokens * n_kv_head, n_splits), 4 warps. Each warp walks positions of
+// the block's split (j = start + warp, + 4, ...), loads each K/V row once and scores it for every
+// query head of the GQA group; lanes own hd/32 dimensions. Online softmax per warp, merged in
+// shared memory, then per split into `part`; k_attn_combine merges the splits.
+#define ATT_WARPS 4
+#define ATT_MAXG 16
+#define ATT_MAXD 8 /* head_dim <= 256 */
+__global__ void k_attention(pgd_k_attn a) {
+    int w = blockIdx.x, split = blockIdx.y;
+    int t = w / a.n_kv_head, kvh = w % a.n_kv_head;
+    int G = a.n_head / a.n_kv_head, hd = a.hd, nd = (hd + 31) / 32;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int p = a.pos[t];
+    int start = split * a.split_len, end = min(p + 1, start + a.split_len);
+    const int32_t *bt = a.tables + (size_t)a.seq[t] * a.table_stride;
+    float scale = rsqrtf((float)hd);
+    float q[ATT_MAXG][ATT_MAXD], acc[ATT_MAXG][ATT_MAXD], m[ATT_MAXG], l[ATT_MAXG];
+    for (int g = 0; g < G; g++) {
+        const float *qg = a.q + ((size_t)t * a.n_head + (size_t)kvh * G + g) * hd;
+        for (int d = 0; d < nd; d++) {
+            int i = d * 32 + lane;
+            q[g][d] = i < hd ? qg[i] * scale : 0.0f;
+            acc[g][d] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    for (int j = start + warp; j < end; j += ATT_WARPS) {
+        size_t slot = (size_t)bt[j / a.block_size] * a.block_size + (size_t)(j % a.block_size);
+        size_t base = slot * a.kv_dim + (size_t)kvh * hd;
+        float kr[ATT_MAXD], vr[ATT_MAXD];
+        for (int d = 0; d < nd; d++) {
+            int i = d * 32 + lane;
+            kr[d] = i < hd ? load_elem(a.kv_dtype, a.k, base + i) : 0.0f;
+            vr[d] = i < hd ? load_elem(a.kv_dtype, a.v, base + i) : 0.0f;
+        }
+        for (int g = 0; g < G; g++) {
+            float s = 0.0f;
+            for (int d = 0; d < nd; d++) s += q[g][d] * kr[d];
+            s = warp_sum(s);
+            float mn = fmaxf(m[g], s), corr = __expf(m[g] - mn), pr = __expf(s - mn);
+            l[g] = l[g] * corr + pr;
+            for (int d = 0; d < nd; d++) acc[g][d] = acc[g][d] * corr + pr * vr[d];
+            m[g] = mn;
+        }
+    }
+    // merge the warps: shared (ATT_WARPS, G, hd + 2)
+    extern __shared__ float sh[];
+    int stride = hd + 2;
+    for (int g = 0; g < G; g++) {
+        float *o = sh + ((size_t)warp * G + g) * stride;
+        for (int d = 0; d < nd; d++) {
+            int i = d * 32 + lane;
+            if (i < hd) o[i] = acc[g][d];
+        }
+        if (lane == 0) {
+            o[hd] = m[g];
+            o[hd + 1] = l[g];
+        }
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < G * hd; k += blockDim.x) {
+        int g = k / hd, i = k % hd;
+        float M = -INFINITY;
+        for (int wv = 0; wv < ATT_WARPS; wv++) M = fmaxf(M, sh[((size_t)wv * G + g) * stride + hd]);
+        float L = 0.0f, A = 0.0f;
+        for (int wv = 0; wv < ATT_WARPS; wv++) {
+            const float *o = sh + ((size_t)wv * G + g) * stride;
+            float f = o[hd] == -INFINITY ? 0.0f : __expf(o[hd] - M);
+            L += o[hd + 1] * f;
+            A += o[i] * f;
+        }
+        float *dst = a.part + (((size_t)t * a.n_head + (size_t)kvh * G + g) * a.n_splits + split) *
+                                  stride;
+        dst[i] = A;
+        if (i == 0) {
+            dst[hd] = M;
+            dst[hd + 1] = L;
+        }
+    }
+}
+
+__global__ void k_attn_combine(pgd_k_attn a) {
+    int th = blockIdx.x; // token * n_head + head
+    int hd = a.hd, stride = hd + 2;
+    const float *pp = a.part + (size_t)th * a.n_splits * stride;
+    float M = -INFINITY;
+    for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, pp[(size_t)s * stride + hd]);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float L = 0.0f, A = 0.0f;
+        for (int s = 0; s < a.n_splits; s++) {
+            const float *o = pp + (size_t)s * stride;
+            float f = o[hd] == -INFINITY ? 0.0f : __expf(o[hd] - M);
+            L += o[hd + 1] * f;
+            A += o[i] * f;
+        }
+        a.out[(size_t)th * hd + i] = A / L;
+    }
+}
+
+__global__ void k_silu_gate(float *g, const float *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = g[i];
+        g[i] = x / (1.0f + __expf(-x)) * u[i];
+    }
+}
+
+__global__ void k_add(float *x, const float *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+__global__ void k_gather_rows(const float *src, float *dst, int dim, const int32_t *rows) {
+    int r = blockIdx.x;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        dst[(size_t)r * dim + i] = src[(size_t)rows[r] * dim + i];
+}
+
+__global__ void k_copy(const int4 *src, int4 *dst, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+static unsigned blocks(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
+#define LAUNCHED() ((int)cudaGetLastError())
+
+extern "C" {
+
+int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_rows_w,
+                int32_t vocab_lo, const int32_t *tokens, int n, int dim, float *x) {
+    k_embed<<<n, 128, 0, s>>>(type, (const uint8_t *)w, row_bytes, n_rows_w, vocab_lo, tokens,
+                              dim, x);
+    return LAUNCHED();
+}
+
+int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float *out, int n_rows,
+                   int dim, float eps) {
+    k_rms_norm<<<n_rows, 256, 0, s>>>(x, d, w, out, dim, eps);
+    return LAUNCHED();
+}
+
+int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
+               int64_t n_out, const float *x, float *y, int n) {
+    for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
+        int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
+        // y rows are (n, n_out): offset the token block; k_gemv writes y[t * n_out + row].
+        k_gemv<<<blocks((size_t)n_out, 4), 128, 0, s>>>(type, (const uint8_t *)w, row_bytes,
+                                                          n_in, n_out, x + (size_t)t0 * n_in,
+                                                          y + (size_t)t0 * n_out, nt);
+    }
+    return LAUNCHED();
+}
+
+int pgd_k_dequant_bf16(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
+                       int64_t n_out, uint16_t *dst) {
+    size_t n = (size_t)((n_in + 31) / 32) * (size_t)n_out;
+    k_dequant_bf16<<<blocks(n, 256), 256, 0, s>>>(type, (const uint8_t *)w, row_bytes, n_in,
+                                                   n_out, (__nv_bfloat16 *)dst);
+    return LAUNCHED();
+}
+
+int pgd_k_f32_to_bf16(pgd_stream s, const float *x, uint16_t *dst, size_t n) {
+    k_f32_to_bf16<<<blocks(n, 256), 256, 0, s>>>(x, (__nv_bfloat16 *)dst, n);
+    return LAUNCHED();
+}
+
+int pgd_k_add_bias(pgd_stream s, float *y, const float *b, int n_rows, int dim) {
+    k_add_bias<<<blocks((size_t)n_rows * dim, 256), 256, 0, s>>>(y, b, n_rows, dim);
+    return LAUNCHED();
+}
+
+int pgd_k_rope(pgd_stream s, float *x, int n_rows, int n_heads, int hd, int neox,
+               const int32_t *pos, const float *inv_freq) {
+    k_rope<<<n_rows, 128, 0, s>>>(x, n_heads, hd, neox, pos, inv_freq);
+    return LAUNCHED();
+}
+
+int pgd_k_kv_store(pgd_stream s, int dtype, void *k, void *v, int kv_dim, const float *kin,
+                   const float *vin, const int64_t *slot, int n) {
+    k_kv_store<<<n, 128, 0, s>>>(dtype, k, v, kv_dim, kin, vin, slot);
+    return LAUNCHED();
+}
+
+int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
+    int G = a->n_head / a->n_kv_head;
+    if (G > ATT_MAXG || a->hd > 32 * ATT_MAXD) return (int)cudaErrorInvalidValue;
+    dim3 grid((unsigned)(a->n_tokens * a->n_kv_head), (unsigned)a->n_splits);
+    size_t shm = (size_t)ATT_WARPS * G * (a->hd + 2) * sizeof(float);
+    k_attention<<<grid, 32 * ATT_WARPS, shm, s>>>(*a);
+    k_attn_combine<<<a->n_tokens * a->n_head, 128, 0, s>>>(*a);
+    return LAUNCHED();
+}
+
+int pgd_k_silu_gate(pgd_stream s, float *g, const float *u, size_t n) {
+    k_silu_gate<<<blocks(n, 256), 256, 0, s>>>(g, u, n);
+    return LAUNCHED();
+}
+
+int pgd_k_add(pgd_stream s, float *x, const float *y, size_t n) {
+    k_add<<<blocks(n, 256), 256, 0, s>>>(x, y, n);
+    return LAUNCHED();
+}
+
+int pgd_k_gather_rows(pgd_stream s, const float *src, float *dst, int dim, const int32_t *rows,
+                      int n) {
+    k_gather_rows<<<n, 128, 0, s>>>(src, dst, dim, rows);
+    return LAUNCHED();
+}
+
+int pgd_k_copy(pgd_stream s, const void *src, void *dst, size_t n_words16) {
+    k_copy<<<1024, 512, 0, s>>>((const int4 *)src, (int4 *)dst, n_words16);
+    return LAUNCHED();
+}
+
+} // extern "C"

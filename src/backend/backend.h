@@ -1,0 +1,122 @@
+/* The backend ops table: every computation of the forward pass, implemented once per backend
+ * (CPU: src/backend/cpu/cpu_backend.c, the reference; CUDA: src/backend/cuda/). forward.c is
+ * written against this table only. Buffers passed to ops are backend memory (host memory for the
+ * CPU, device memory for CUDA) obtained from ops->alloc; batch metadata stays on the host and is
+ * staged once per step by ops->begin. */
+#ifndef PGD_BACKEND_H
+#define PGD_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/matmul.h"
+#include "model/gguf.h"
+#include "util/status.h"
+
+typedef enum {
+    PGD_OP_EMBED,        /* embedding gather (a vocab range of the table; other rows -> 0) */
+    PGD_OP_RMS_NORM,     /* out = w * x / rms(x) */
+    PGD_OP_ADD_RMS_NORM, /* x += d; out = w * x / rms(x)  (residual add fused) */
+    PGD_OP_MATMUL,       /* y = x . W^T, W possibly quantized */
+    PGD_OP_ADD_BIAS,     /* y[t] += b */
+    PGD_OP_ROPE,         /* NORM or NEOX, per-token positions, frequency factors */
+    PGD_OP_KV_STORE,     /* K/V rows into their paged slots */
+    PGD_OP_ATTENTION,    /* paged attention over block tables, prefill chunks + decodes */
+    PGD_OP_SILU_GATE,    /* g = silu(g) * u */
+    PGD_OP_ADD,          /* x += y */
+    PGD_OP_GATHER_ROWS,  /* dst[i] = src[rows[i]] */
+    PGD_OP_COPY_BLOCK,   /* KV block copy (copy-on-write) */
+    PGD_OP_COUNT
+} pgd_op;
+
+typedef enum { PGD_DEVICE_CPU, PGD_DEVICE_CUDA } pgd_device;
+
+/* One step's batch as ops see it: host arrays (borrowed for the step). */
+typedef struct pgd_step {
+    int32_t n_tokens;
+    const int32_t *tokens, *pos, *seq; /* (n_tokens) */
+    const int64_t *slot;               /* (n_tokens) */
+    const int32_t *const *block_tables;/* (n_seqs) */
+    int32_t n_logits;
+    const int32_t *logit_rows;         /* (n_logits) */
+} pgd_step;
+
+/* Paged K/V storage of one layer as ops see it (backend memory). */
+typedef struct pgd_kv_layer {
+    pgd_type dtype;      /* F32, F16 or BF16 */
+    void *k, *v;         /* (n_slots, kv_dim) elements of dtype */
+    int32_t block_size;
+    int32_t kv_dim;      /* row width of the storage (n_kv_head * head_dim of this rank) */
+} pgd_kv_layer;
+
+typedef struct pgd_rope_params {
+    int mode;              /* 0: NORM (adjacent pairs), 1: NEOX (halves) = pgd_rope_mode */
+    int32_t head_dim;
+    const float *inv_freq; /* host (head_dim / 2): 1 / (theta^(2i/d) * freq_factor[i]) */
+} pgd_rope_params;
+
+typedef struct pgd_backend pgd_backend;
+
+/* Every entry may assume supports() said yes for its op and weight type. Ops are enqueued in
+ * order; results are visible to later ops and, after ops->sync, to download. */
+typedef struct pgd_backend_ops {
+    const char *name;
+    bool host_memory; /* buffers are plain host memory (no upload/download needed) */
+    bool (*supports)(pgd_op op, pgd_type type);
+    /* Per-instance state: scratch sized for max_tokens rows of act_row_bytes activations,
+     * n_head/n_kv_head heads of head_dim for attention. Called once; free releases it. */
+    int (*init)(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, int32_t n_head,
+                int32_t n_kv_head, int32_t head_dim, pgd_err *err);
+    void (*free)(pgd_backend *be);
+    /* Memory: alloc returns zeroed backend memory or NULL. */
+    void *(*alloc)(pgd_backend *be, size_t bytes);
+    void (*mem_free)(pgd_backend *be, void *p);
+    int (*upload)(pgd_backend *be, void *dst, const void *src, size_t bytes);
+    int (*download)(pgd_backend *be, void *dst, const void *src, size_t bytes);
+    int (*sync)(pgd_backend *be);
+    /* Stages a step's metadata (positions, slots, block tables, RoPE angles). */
+    int (*begin)(pgd_backend *be, const pgd_step *s, const pgd_rope_params *rp);
+
+    void (*embed)(pgd_backend *be, const pgd_weight *w, int32_t vocab_lo, const pgd_step *s,
+                  float *x);
+    void (*rms_norm)(pgd_backend *be, const float *x, const float *w, float *out, int n_rows,
+                     int dim, float eps);
+    void (*add_rms_norm)(pgd_backend *be, float *x, const float *d, const float *w, float *out,
+                         int n_rows, int dim, float eps);
+    void (*matmul)(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n_rows);
+    void (*add_bias)(pgd_backend *be, float *y, const float *b, int n_rows, int dim);
+    void (*rope)(pgd_backend *be, float *x, int n_rows, int n_heads, const pgd_rope_params *rp);
+    void (*kv_store)(pgd_backend *be, const pgd_kv_layer *kv, const float *k, const float *v,
+                     const pgd_step *s);
+    /* out (n_tokens, n_head * hd) = softmax(q k^T / sqrt(hd)) v for each token over positions
+     * 0..pos of its sequence; query head h reads KV head h / (n_head / n_kv_head). */
+    void (*attention)(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
+                      int n_head, int n_kv_head, int head_dim, const pgd_step *s);
+    void (*silu_gate)(pgd_backend *be, float *g, const float *u, size_t n);
+    void (*add)(pgd_backend *be, float *x, const float *y, size_t n);
+    /* dst (n, dim) = src rows s->logit_rows[0..n) */
+    void (*gather_rows)(pgd_backend *be, const float *src, float *dst, int dim, const pgd_step *s);
+    /* Copies the first n slots of block src to block dst of one layer's K and V. */
+    void (*copy_block)(pgd_backend *be, const pgd_kv_layer *kv, int32_t src, int32_t dst,
+                       int32_t n);
+} pgd_backend_ops;
+
+/* A backend instance. The ops table is shared and constant; impl is the backend's own state. */
+struct pgd_backend {
+    const pgd_backend_ops *ops;
+    int device;                /* device ordinal (CUDA), 0 for the CPU */
+    pgd_pool *pool;            /* CPU: the thread pool ops run on (borrowed) */
+    void *impl;                /* owned by the backend, released by ops->free */
+};
+
+extern const pgd_backend_ops pgd_cpu_backend_ops;
+
+/* CUDA: number of visible devices (0 in a CPU-only build or without a GPU; never fails). */
+int pgd_cuda_device_count(void);
+/* The CUDA ops table, or NULL in a CPU-only build. */
+const pgd_backend_ops *pgd_cuda_backend_ops(void);
+
+static inline size_t pgd_dtype_size(pgd_type t) { return t == PGD_TYPE_F32 ? 4 : 2; }
+
+#endif

@@ -1,0 +1,476 @@
+/* The CUDA backend: weights, KV pool and activations in device memory; one stream and one
+ * cuBLAS/cuBLASLt handle per instance. Small batches (<= 8 rows) multiply through the fused
+ * dequantize-GEMV kernel (each weight byte read once); larger ones through cuBLASLt in BF16
+ * (weights dequantized to a BF16 scratch when they are not BF16) with F32 accumulation and
+ * output. Built only with -DPAGODA_CUDA=ON; compiled in CI, never run there (no GPU). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "kernels.h"
+
+int pgd__cuda_failed;
+
+_Static_assert(PGD_TYPE_F32 == 0 && PGD_TYPE_F16 == 1 && PGD_TYPE_Q4_0 == 2 &&
+                   PGD_TYPE_Q4_1 == 3 && PGD_TYPE_Q8_0 == 8 && PGD_TYPE_BF16 == 30,
+               "kernels/pagoda.cu numbers types as ggml does");
+
+#define GEMV_MAX_ROWS 8
+#define ATTN_SPLIT_LEN 256
+#define ATTN_PART_CAP (1 << 16) /* (token, head, split) partials kept for flash-decoding */
+
+typedef struct cuda_state {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    void *lt_ws;                 /* cuBLASLt workspace */
+    size_t lt_ws_bytes;
+    int32_t max_tokens, n_head, head_dim;
+    /* step metadata, staged by begin: pinned host copy -> device */
+    int32_t *h_meta, *d_meta;    /* tokens, pos, seq, logit_rows (max_tokens each), tables */
+    int64_t *h_slot, *d_slot;    /* (max_tokens) */
+    size_t meta_cap;             /* int32 elements of h_meta / d_meta */
+    int32_t *d_tokens, *d_pos, *d_seq, *d_rows, *d_tables;
+    int max_pos;
+    uint64_t step, tables_step;  /* tables are staged once per step */
+    float *d_inv_freq;           /* (head_dim / 2) */
+    float *part;                 /* attention split partials: (ATTN_PART_CAP, head_dim + 2) */
+    uint16_t *x_bf16;            /* (max_tokens, widest n_in) activations for the GEMM */
+    size_t x_bf16_elems;
+    uint16_t *w_bf16;            /* dequantized weight for the GEMM (grows to the largest) */
+    size_t w_bf16_elems;
+} cuda_state;
+
+static bool cuda_supports(pgd_op op, pgd_type t) {
+    if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED)
+        return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 ||
+               t == PGD_TYPE_Q8_0 || t == PGD_TYPE_Q4_0 || t == PGD_TYPE_Q4_1;
+    return true;
+}
+
+int pgd_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no driver / no device: not an error for a CPU fallback */
+        return 0;
+    }
+    return n;
+}
+
+static void *cuda_alloc(pgd_backend *be, size_t bytes) {
+    void *p = NULL;
+    CUDA_CHECK_OR(cudaSetDevice(be->device), return NULL);
+    CUDA_CHECK_OR(cudaMalloc(&p, bytes ? bytes : 1), return NULL);
+    CUDA_CHECK_OR(cudaMemset(p, 0, bytes ? bytes : 1), cudaFree(p); return NULL);
+    return p;
+}
+
+static void cuda_mem_free(pgd_backend *be, void *p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+
+static cudaStream_t stream_of(pgd_backend *be) {
+    cuda_state *st = be->impl;
+    return st ? st->stream : 0;
+}
+
+static int cuda_upload(pgd_backend *be, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK_OR(cudaSetDevice(be->device), return PGD_EIO);
+    CUDA_CHECK_OR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(be)),
+                  return PGD_EIO);
+    CUDA_CHECK_OR(cudaStreamSynchronize(stream_of(be)), return PGD_EIO);
+    return PGD_OK;
+}
+
+static int cuda_download(pgd_backend *be, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK_OR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(be)),
+                  return PGD_EIO);
+    CUDA_CHECK_OR(cudaStreamSynchronize(stream_of(be)), return PGD_EIO);
+    return PGD_OK;
+}
+
+static int cuda_sync(pgd_backend *be) {
+    CUDA_CHECK_OR(cudaStreamSynchronize(stream_of(be)), return PGD_EIO);
+    if (pgd__cuda_failed) return PGD_EIO;
+    return PGD_OK;
+}
+
+static void cuda_free(pgd_backend *be) {
+    cuda_state *st = be->impl;
+    if (!st) return;
+    cudaSetDevice(be->device);
+    if (st->stream) CUDA_CHECK(cudaStreamSynchronize(st->stream));
+    void *dev[] = {st->lt_ws, st->d_meta, st->d_slot, st->d_inv_freq, st->part, st->x_bf16,
+                   st->w_bf16};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) CUDA_CHECK(cudaFree(dev[i]));
+    if (st->h_meta) CUDA_CHECK(cudaFreeHost(st->h_meta));
+    if (st->h_slot) CUDA_CHECK(cudaFreeHost(st->h_slot));
+    if (st->lt) CUBLAS_CHECK(cublasLtDestroy(st->lt));
+    if (st->blas) CUBLAS_CHECK(cublasDestroy(st->blas));
+    if (st->stream) CUDA_CHECK(cudaStreamDestroy(st->stream));
+    free(st);
+    be->impl = NULL;
+}
+
+static int grow_meta(cuda_state *st, size_t need) {
+    if (need <= st->meta_cap) return PGD_OK;
+    size_t cap = need * 2;
+    if (st->h_meta) CUDA_CHECK_OR(cudaFreeHost(st->h_meta), return PGD_EIO);
+    if (st->d_meta) CUDA_CHECK_OR(cudaFree(st->d_meta), return PGD_EIO);
+    st->h_meta = NULL;
+    st->d_meta = NULL;
+    CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_meta, cap * sizeof(int32_t)), return PGD_ENOMEM);
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->d_meta, cap * sizeof(int32_t)), return PGD_ENOMEM);
+    st->meta_cap = cap;
+    return PGD_OK;
+}
+
+static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, int32_t n_head,
+                     int32_t n_kv_head, int32_t head_dim, pgd_err *err) {
+    cuda_state *st = calloc(1, sizeof *st);
+    if (!st) return pgd_err_set(err, PGD_ENOMEM, "CUDA backend: out of memory");
+    be->impl = st;
+    st->max_tokens = max_tokens;
+    st->n_head = n_head;
+    st->head_dim = head_dim;
+    st->lt_ws_bytes = 32u << 20;
+    /* act_row_bytes >= 4 * widest n_in (F32 rows): bounds the BF16 activations. */
+    st->x_bf16_elems = (size_t)max_tokens * (act_row_bytes / 2 + 32);
+    CUDA_CHECK_OR(cudaSetDevice(be->device), goto fail);
+    CUDA_CHECK_OR(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), goto fail);
+    CUBLAS_CHECK_OR(cublasCreate(&st->blas), goto fail);
+    CUBLAS_CHECK_OR(cublasSetStream(st->blas, st->stream), goto fail);
+    CUBLAS_CHECK_OR(cublasLtCreate(&st->lt), goto fail);
+    CUDA_CHECK_OR(cudaMalloc(&st->lt_ws, st->lt_ws_bytes), goto fail);
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->d_slot, (size_t)max_tokens * sizeof(int64_t)), goto fail);
+    CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_slot, (size_t)max_tokens * sizeof(int64_t)),
+                  goto fail);
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->d_inv_freq, (size_t)(head_dim / 2 + 1) * sizeof(float)),
+                  goto fail);
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->part, (size_t)ATTN_PART_CAP * (head_dim + 2) * sizeof(float)),
+                  goto fail);
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->x_bf16, st->x_bf16_elems * 2), goto fail);
+    if (grow_meta(st, (size_t)max_tokens * 4 + (size_t)max_tokens * 64)) goto fail;
+    if ((size_t)max_tokens * (size_t)n_head > ATTN_PART_CAP) {
+        cuda_free(be);
+        return pgd_err_set(err, PGD_EINVAL, "CUDA backend: %d tokens x %d heads per step exceed "
+                           "the attention scratch", max_tokens, n_head);
+    }
+    (void)n_kv_head;
+    return PGD_OK;
+fail:
+    cuda_free(be);
+    return pgd_err_set(err, PGD_EIO, "CUDA backend: cannot initialise device %d (see above)",
+                       be->device);
+}
+
+static int cuda_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params *rp) {
+    cuda_state *st = be->impl;
+    int n = s->n_tokens, max_pos = 0;
+    for (int t = 0; t < n; t++)
+        if (s->pos[t] > max_pos) max_pos = s->pos[t];
+    st->max_pos = max_pos;
+    st->step++;
+    int32_t *h = st->h_meta, M = st->max_tokens;
+    memcpy(h, s->tokens, (size_t)n * 4);
+    memcpy(h + M, s->pos, (size_t)n * 4);
+    memcpy(h + 2 * M, s->seq, (size_t)n * 4);
+    if (s->n_logits) memcpy(h + 3 * M, s->logit_rows, (size_t)s->n_logits * 4);
+    memcpy(st->h_slot, s->slot, (size_t)n * 8);
+    cudaStream_t sm = st->stream;
+    /* The pinned staging buffers are rewritten next step only after this step's sync. */
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_meta, h, (size_t)4 * M * 4, cudaMemcpyHostToDevice, sm),
+                  return PGD_EIO);
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_slot, st->h_slot, (size_t)n * 8, cudaMemcpyHostToDevice, sm),
+                  return PGD_EIO);
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_inv_freq, rp->inv_freq, (size_t)(rp->head_dim / 2) * 4,
+                                  cudaMemcpyHostToDevice, sm),
+                  return PGD_EIO);
+    st->d_tokens = st->d_meta;
+    st->d_pos = st->d_meta + M;
+    st->d_seq = st->d_meta + 2 * M;
+    st->d_rows = st->d_meta + 3 * M;
+    return PGD_OK;
+}
+
+/* Uploads the block tables (entries covering positions 0..max pos of each sequence, one shared
+ * stride) once per step, at the first layer's attention, when the block size is known. */
+static int fill_tables(pgd_backend *be, const pgd_step *s, int bs, int *stride_out) {
+    cuda_state *st = be->impl;
+    int n_seqs = 0;
+    for (int t = 0; t < s->n_tokens; t++)
+        if (s->seq[t] + 1 > n_seqs) n_seqs = s->seq[t] + 1;
+    int stride = st->max_pos / bs + 1;
+    *stride_out = stride;
+    if (st->tables_step == st->step) return PGD_OK;
+    size_t M = (size_t)st->max_tokens;
+    if (4 * M + (size_t)n_seqs * stride > st->meta_cap) {
+        /* Grows the staging (rare: longer contexts than seen so far); the metadata of this
+         * step is already on the device, so only the tables need the new buffer. */
+        CUDA_CHECK_OR(cudaStreamSynchronize(st->stream), return PGD_EIO);
+        int32_t *old_d = st->d_meta;
+        int32_t *keep = NULL;
+        CUDA_CHECK_OR(cudaMalloc((void **)&keep, 4 * M * 4), return PGD_ENOMEM);
+        CUDA_CHECK_OR(cudaMemcpy(keep, old_d, 4 * M * 4, cudaMemcpyDeviceToDevice), return PGD_EIO);
+        int rc = grow_meta(st, 4 * M + (size_t)n_seqs * stride);
+        if (rc) return rc;
+        CUDA_CHECK_OR(cudaMemcpy(st->d_meta, keep, 4 * M * 4, cudaMemcpyDeviceToDevice),
+                      return PGD_EIO);
+        CUDA_CHECK_OR(cudaFree(keep), return PGD_EIO);
+        st->d_tokens = st->d_meta;
+        st->d_pos = st->d_meta + M;
+        st->d_seq = st->d_meta + 2 * M;
+        st->d_rows = st->d_meta + 3 * M;
+    }
+    int32_t *tab = st->h_meta + 4 * M;
+    for (int i = 0; i < n_seqs; i++) {
+        int hi = -1;
+        for (int t = 0; t < s->n_tokens; t++)
+            if (s->seq[t] == i && s->pos[t] > hi) hi = s->pos[t];
+        int nb = hi < 0 ? 0 : hi / bs + 1;
+        memset(tab + (size_t)i * stride, 0, (size_t)stride * 4);
+        if (nb) memcpy(tab + (size_t)i * stride, s->block_tables[i], (size_t)nb * 4);
+    }
+    st->d_tables = st->d_meta + 4 * M;
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_tables, tab, (size_t)n_seqs * stride * 4,
+                                  cudaMemcpyHostToDevice, st->stream),
+                  return PGD_EIO);
+    st->tables_step = st->step;
+    return PGD_OK;
+}
+
+static void cuda_embed(pgd_backend *be, const pgd_weight *w, int32_t vocab_lo, const pgd_step *s,
+                       float *x) {
+    cuda_state *st = be->impl;
+    CUDA_CHECK((cudaError_t)pgd_k_embed(st->stream, w->type, w->data, w->row_bytes, w->n_out,
+                                        vocab_lo, st->d_tokens, s->n_tokens, (int)w->n_in, x));
+}
+
+static void cuda_rms_norm(pgd_backend *be, const float *x, const float *w, float *out, int n_rows,
+                          int dim, float eps) {
+    cuda_state *st = be->impl;
+    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, (float *)x, NULL, w, out, n_rows, dim, eps));
+}
+
+static void cuda_add_rms_norm(pgd_backend *be, float *x, const float *d, const float *w,
+                              float *out, int n_rows, int dim, float eps) {
+    cuda_state *st = be->impl;
+    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, x, d, w, out, n_rows, dim, eps));
+}
+
+/* y (n, n_out) row-major = x (n, n_in) . W^T: column-major C (n_out x n) = W^T-view (n_out x
+ * n_in, lda n_in, op T) * X (n_in x n, ldb n_in). */
+static void gemm_bf16(pgd_backend *be, const void *w_bf16, const uint16_t *x_bf16, float *y,
+                      int64_t n_in, int64_t n_out, int n) {
+    cuda_state *st = be->impl;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+    float alpha = 1.0f, beta = 0.0f;
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    CUBLAS_CHECK_OR(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), goto done);
+    CUBLAS_CHECK_OR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA),
+                    goto done);
+    CUBLAS_CHECK_OR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB),
+                    goto done);
+    CUBLAS_CHECK_OR(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)n_in, (uint64_t)n_out,
+                                               n_in), goto done);
+    CUBLAS_CHECK_OR(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)n_in, (uint64_t)n, n_in),
+                    goto done);
+    CUBLAS_CHECK_OR(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)n_out, (uint64_t)n,
+                                               n_out), goto done);
+    CUBLAS_CHECK_OR(cublasLtMatmulPreferenceCreate(&pref), goto done);
+    CUBLAS_CHECK_OR(cublasLtMatmulPreferenceSetAttribute(
+                        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st->lt_ws_bytes,
+                        sizeof st->lt_ws_bytes), goto done);
+    CUBLAS_CHECK_OR(cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &h, &found),
+                    goto done);
+    if (!found) {
+        pgd__cuda_failed = 1;
+        fprintf(stderr, "%s:%d: cuBLASLt: no algorithm for %lld x %lld x %d\n", __FILE__, __LINE__,
+                (long long)n_out, (long long)n_in, n);
+        goto done;
+    }
+    CUBLAS_CHECK(cublasLtMatmul(st->lt, op, &alpha, w_bf16, la, x_bf16, lb, &beta, y, lc, y, lc,
+                                &h.algo, st->lt_ws, st->lt_ws_bytes, st->stream));
+done:
+    /* Descriptors are host objects; creating them per call costs microseconds next to a GEMM
+     * that only runs for prefill-sized batches. */
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+}
+
+static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n) {
+    cuda_state *st = be->impl;
+    if (n <= GEMV_MAX_ROWS) {
+        CUDA_CHECK((cudaError_t)pgd_k_gemv(st->stream, w->type, w->data, w->row_bytes, w->n_in,
+                                           w->n_out, x, y, n));
+        return;
+    }
+    if (w->type == PGD_TYPE_F32) {
+        float alpha = 1.0f, beta = 0.0f;
+        CUBLAS_CHECK(cublasSgemm(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, n, (int)w->n_in,
+                                 &alpha, w->data, (int)w->n_in, x, (int)w->n_in, &beta, y,
+                                 (int)w->n_out));
+        return;
+    }
+    size_t xn = (size_t)n * (size_t)w->n_in;
+    if (xn > st->x_bf16_elems) {
+        pgd__cuda_failed = 1;
+        fprintf(stderr, "%s:%d: activation scratch too small\n", __FILE__, __LINE__);
+        return;
+    }
+    CUDA_CHECK((cudaError_t)pgd_k_f32_to_bf16(st->stream, x, st->x_bf16, xn));
+    const void *wb = w->data;
+    if (w->type != PGD_TYPE_BF16) {
+        size_t wn = (size_t)w->n_in * (size_t)w->n_out;
+        if (wn > st->w_bf16_elems) {
+            /* Grows once, at the first large step, to the largest weight. */
+            CUDA_CHECK(cudaStreamSynchronize(st->stream));
+            if (st->w_bf16) CUDA_CHECK(cudaFree(st->w_bf16));
+            st->w_bf16 = NULL;
+            st->w_bf16_elems = 0;
+            CUDA_CHECK_OR(cudaMalloc((void **)&st->w_bf16, wn * 2), pgd__cuda_failed = 1; return);
+            st->w_bf16_elems = wn;
+        }
+        CUDA_CHECK((cudaError_t)pgd_k_dequant_bf16(st->stream, w->type, w->data, w->row_bytes,
+                                                   w->n_in, w->n_out, st->w_bf16));
+        wb = st->w_bf16;
+    }
+    gemm_bf16(be, wb, st->x_bf16, y, w->n_in, w->n_out, n);
+}
+
+static void cuda_add_bias(pgd_backend *be, float *y, const float *b, int n_rows, int dim) {
+    cuda_state *st = be->impl;
+    if (b) CUDA_CHECK((cudaError_t)pgd_k_add_bias(st->stream, y, b, n_rows, dim));
+}
+
+static void cuda_rope(pgd_backend *be, float *x, int n_rows, int n_heads,
+                      const pgd_rope_params *rp) {
+    cuda_state *st = be->impl;
+    CUDA_CHECK((cudaError_t)pgd_k_rope(st->stream, x, n_rows, n_heads, rp->head_dim, rp->mode == 1,
+                                       st->d_pos, st->d_inv_freq));
+}
+
+static void cuda_kv_store(pgd_backend *be, const pgd_kv_layer *kv, const float *k, const float *v,
+                          const pgd_step *s) {
+    cuda_state *st = be->impl;
+    CUDA_CHECK((cudaError_t)pgd_k_kv_store(st->stream, kv->dtype, kv->k, kv->v, kv->kv_dim, k, v,
+                                           st->d_slot, s->n_tokens));
+}
+
+static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
+                           int n_head, int n_kv_head, int head_dim, const pgd_step *s) {
+    cuda_state *st = be->impl;
+    int stride;
+    if (fill_tables(be, s, kv->block_size, &stride)) {
+        pgd__cuda_failed = 1;
+        return;
+    }
+    int n_splits = (st->max_pos + ATTN_SPLIT_LEN) / ATTN_SPLIT_LEN;
+    int cap = ATTN_PART_CAP / (s->n_tokens * n_head);
+    if (cap < 1) cap = 1; /* ATTN_PART_CAP >= max_tokens * n_head is checked at init */
+    if (n_splits > cap) n_splits = cap;
+    int split_len = (st->max_pos + n_splits) / n_splits;
+    pgd_k_attn a = {
+        .q = q, .out = out, .k = kv->k, .v = kv->v, .kv_dtype = kv->dtype, .kv_dim = kv->kv_dim,
+        .block_size = kv->block_size, .pos = st->d_pos, .seq = st->d_seq, .tables = st->d_tables,
+        .table_stride = stride, .n_tokens = s->n_tokens, .n_head = n_head,
+        .n_kv_head = n_kv_head, .hd = head_dim, .n_splits = n_splits, .split_len = split_len,
+        .part = st->part,
+    };
+    CUDA_CHECK((cudaError_t)pgd_k_attention(st->stream, &a));
+}
+
+static void cuda_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
+    cuda_state *st = be->impl;
+    CUDA_CHECK((cudaError_t)pgd_k_silu_gate(st->stream, g, u, n));
+}
+
+static void cuda_add(pgd_backend *be, float *x, const float *y, size_t n) {
+    cuda_state *st = be->impl;
+    CUDA_CHECK((cudaError_t)pgd_k_add(st->stream, x, y, n));
+}
+
+static void cuda_gather_rows(pgd_backend *be, const float *src, float *dst, int dim,
+                             const pgd_step *s) {
+    cuda_state *st = be->impl;
+    if (s->n_logits)
+        CUDA_CHECK((cudaError_t)pgd_k_gather_rows(st->stream, src, dst, dim, st->d_rows,
+                                                  s->n_logits));
+}
+
+static void cuda_copy_block(pgd_backend *be, const pgd_kv_layer *kv, int32_t src, int32_t dst,
+                            int32_t n) {
+    size_t row = (size_t)kv->kv_dim * pgd_dtype_size(kv->dtype);
+    size_t so = (size_t)src * kv->block_size * row, d = (size_t)dst * kv->block_size * row;
+    cudaStream_t sm = stream_of(be);
+    CUDA_CHECK(cudaSetDevice(be->device));
+    CUDA_CHECK(cudaMemcpyAsync((char *)kv->k + d, (char *)kv->k + so, (size_t)n * row,
+                               cudaMemcpyDeviceToDevice, sm));
+    CUDA_CHECK(cudaMemcpyAsync((char *)kv->v + d, (char *)kv->v + so, (size_t)n * row,
+                               cudaMemcpyDeviceToDevice, sm));
+    CUDA_CHECK(cudaStreamSynchronize(sm));
+}
+
+static const pgd_backend_ops cuda_ops = {
+    .name = "cuda",
+    .host_memory = false,
+    .supports = cuda_supports,
+    .init = cuda_init,
+    .free = cuda_free,
+    .alloc = cuda_alloc,
+    .mem_free = cuda_mem_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .sync = cuda_sync,
+    .begin = cuda_begin,
+    .embed = cuda_embed,
+    .rms_norm = cuda_rms_norm,
+    .add_rms_norm = cuda_add_rms_norm,
+    .matmul = cuda_matmul,
+    .add_bias = cuda_add_bias,
+    .rope = cuda_rope,
+    .kv_store = cuda_kv_store,
+    .attention = cuda_attention,
+    .silu_gate = cuda_silu_gate,
+    .add = cuda_add,
+    .gather_rows = cuda_gather_rows,
+    .copy_block = cuda_copy_block,
+};
+
+const pgd_backend_ops *pgd_cuda_backend_ops(void) { return &cuda_ops; }
+
+/* Bandwidth probe for bench/gpu: copies bytes device-to-device `iters` times with the copy
+ * kernel and returns GB/s (read + write), or a negative value on failure. */
+double pgd_cuda_copy_bandwidth(int device, size_t bytes, int iters) {
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = 0.0f;
+    double r = -1.0;
+    CUDA_CHECK_OR(cudaSetDevice(device), return -1.0);
+    CUDA_CHECK_OR(cudaMalloc(&a, bytes), goto done);
+    CUDA_CHECK_OR(cudaMalloc(&b, bytes), goto done);
+    CUDA_CHECK_OR(cudaEventCreate(&e0), goto done);
+    CUDA_CHECK_OR(cudaEventCreate(&e1), goto done);
+    CUDA_CHECK_OR((cudaError_t)pgd_k_copy(0, a, b, bytes / 16), goto done);
+    CUDA_CHECK_OR(cudaEventRecord(e0, 0), goto done);
+    for (int i = 0; i < iters; i++) CUDA_CHECK_OR((cudaError_t)pgd_k_copy(0, a, b, bytes / 16), goto done);
+    CUDA_CHECK_OR(cudaEventRecord(e1, 0), goto done);
+    CUDA_CHECK_OR(cudaEventSynchronize(e1), goto done);
+    CUDA_CHECK_OR(cudaEventElapsedTime(&ms, e0, e1), goto done);
+    r = 2.0 * (double)bytes * iters / (ms * 1e-3) / 1e9;
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    return r;
+}

@@ -1,0 +1,38 @@
+/* Collective communication between the ranks of a tensor-parallel group, one thread per rank.
+ * The in-process communicator (comm.c) works on host memory for the CPU backend; the NCCL one
+ * (src/backend/cuda/nccl_comm.c) on device memory. Every rank calls each collective in the same
+ * order; a call returns when the result is in place on that rank. */
+#ifndef PGD_COMM_H
+#define PGD_COMM_H
+
+#include <stddef.h>
+
+#include "util/status.h"
+
+typedef struct pgd_comm pgd_comm;
+
+typedef struct pgd_comm_ops {
+    /* buf (n floats) = the sum of every rank's buf, added in rank order 0, 1, ..., n_ranks-1 for
+     * every element, so the result is the same on every rank and on every run. */
+    int (*all_reduce_sum)(pgd_comm *c, int rank, float *buf, size_t n);
+    /* Each rank holds (rows, cols_local) in local; rank 0's full (rows, full_cols) receives every
+     * rank's block at column col_off. Other ranks' full may be NULL. */
+    int (*gather_cols)(pgd_comm *c, int rank, const float *local, int rows, int cols_local,
+                       int col_off, float *full, int full_cols);
+    int (*barrier)(pgd_comm *c, int rank);
+    void (*free)(pgd_comm *c);
+} pgd_comm_ops;
+
+struct pgd_comm {
+    const pgd_comm_ops *ops;
+    int n_ranks;
+    void *impl;
+};
+
+/* In-process communicator for n_ranks threads; max_elems bounds one all-reduce. */
+int pgd_comm_inproc_create(int n_ranks, size_t max_elems, pgd_comm **out, pgd_err *err);
+static inline void pgd_comm_free(pgd_comm *c) {
+    if (c) c->ops->free(c);
+}
+
+#endif

@@ -1,0 +1,317 @@
+/* Every op of every non-reference backend against the CPU backend (as ggml's test-backend-ops):
+ * random inputs, several shapes per op, normalized mean squared error
+ * NMSE = sum (a - b)^2 / sum b^2 under a per-op threshold. Without a second backend (a CPU-only
+ * build, or a CUDA build on a machine with no GPU) it checks the harness on the CPU itself. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/pool.h"
+#include "backend/cpu/quant.h"
+#include "test.h"
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)(rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f;
+}
+
+typedef struct pair {
+    pgd_backend ref, dut; /* CPU reference, device under test */
+} pair;
+
+static double nmse(const float *a, const float *b, size_t n) {
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return s > 0 ? e / s : e;
+}
+
+/* A buffer on both backends with the same contents. */
+typedef struct buf2 {
+    void *r, *d;
+    size_t bytes;
+} buf2;
+
+static buf2 mk(pair *p, const void *host, size_t bytes) {
+    buf2 b = {p->ref.ops->alloc(&p->ref, bytes), p->dut.ops->alloc(&p->dut, bytes), bytes};
+    if (host) {
+        memcpy(b.r, host, bytes);
+        p->dut.ops->upload(&p->dut, b.d, host, bytes);
+    }
+    return b;
+}
+static void rm(pair *p, buf2 *b) {
+    p->ref.ops->mem_free(&p->ref, b->r);
+    p->dut.ops->mem_free(&p->dut, b->d);
+}
+static float *randv(size_t n) {
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = frand();
+    return v;
+}
+
+/* Compares the float buffer b (n floats) of both backends; prints and checks the threshold. */
+static void expect(pair *p, const char *what, buf2 *b, size_t n, double thr) {
+    float *got = malloc(n * sizeof *got);
+    p->dut.ops->sync(&p->dut);
+    p->dut.ops->download(&p->dut, got, b->d, n * sizeof *got);
+    double e = nmse(got, b->r, n);
+    if (!(e <= thr)) fprintf(stderr, "%s: NMSE %.3g > %.1g\n", what, e, thr);
+    CHECK(e <= thr);
+    free(got);
+}
+
+/* A weight of type t with random contents, rows of n_in: host bytes. */
+static void *rand_weight(pgd_type t, int64_t n_in, int64_t n_out, size_t *row_bytes) {
+    *row_bytes = pgd_type_row_bytes(t, (uint64_t)n_in);
+    uint8_t *w = malloc(*row_bytes * (size_t)n_out);
+    float *row = randv((size_t)n_in);
+    for (int64_t r = 0; r < n_out; r++) {
+        uint8_t *d = w + (size_t)r * *row_bytes;
+        for (int64_t i = 0; i < n_in; i++) row[i] = frand();
+        if (t == PGD_TYPE_F32) memcpy(d, row, (size_t)n_in * 4);
+        else if (t == PGD_TYPE_F16 || t == PGD_TYPE_BF16)
+            for (int64_t i = 0; i < n_in; i++) {
+                uint16_t h = t == PGD_TYPE_F16 ? pgd_fp32_to_fp16(row[i]) : pgd_fp32_to_bf16(row[i]);
+                memcpy(d + 2 * i, &h, 2);
+            }
+        else if (t == PGD_TYPE_Q8_0)
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                uint8_t *blk = d + (size_t)b * 34;
+                float amax = 0.0f;
+                for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(row[b * 32 + j]));
+                float dd = amax / 127.0f;
+                uint16_t h = pgd_fp32_to_fp16(dd);
+                memcpy(blk, &h, 2);
+                for (int j = 0; j < 32; j++)
+                    blk[2 + j] = (uint8_t)(int8_t)lrintf(dd > 0 ? row[b * 32 + j] / dd : 0.0f);
+            }
+        else /* Q4_0 / Q4_1: random nibbles, a small scale (and min) per block */
+            for (int64_t b = 0; b < n_in / 32; b++) {
+                size_t bb = pgd_type_block_bytes(t);
+                uint8_t *blk = d + (size_t)b * bb;
+                uint16_t sc = pgd_fp32_to_fp16(0.01f + 0.01f * fabsf(frand()));
+                memcpy(blk, &sc, 2);
+                size_t q0 = 2;
+                if (t == PGD_TYPE_Q4_1) {
+                    uint16_t mn = pgd_fp32_to_fp16(-0.08f * fabsf(frand()));
+                    memcpy(blk + 2, &mn, 2);
+                    q0 = 4;
+                }
+                for (size_t j = q0; j < bb; j++) blk[j] = (uint8_t)(rng = rng * 6364136223846793005ull + 1, rng >> 56);
+            }
+    }
+    free(row);
+    return w;
+}
+
+static void test_matmul(pair *p) {
+    pgd_type types[] = {PGD_TYPE_F32, PGD_TYPE_F16, PGD_TYPE_BF16, PGD_TYPE_Q8_0, PGD_TYPE_Q4_0,
+                        PGD_TYPE_Q4_1};
+    int64_t shapes[][2] = {{64, 96}, {256, 128}, {576, 1536}};
+    int ns[] = {1, 3, 8, 33};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        if (!p->dut.ops->supports(PGD_OP_MATMUL, types[ti])) continue;
+        for (size_t si = 0; si < 3; si++)
+            for (size_t ni = 0; ni < 4; ni++) {
+                int64_t n_in = shapes[si][0], n_out = shapes[si][1];
+                int n = ns[ni];
+                size_t rb;
+                void *wh = rand_weight(types[ti], n_in, n_out, &rb);
+                buf2 wb = mk(p, wh, rb * (size_t)n_out);
+                float *xh = randv((size_t)n * n_in);
+                buf2 x = mk(p, xh, (size_t)n * n_in * 4), y = mk(p, NULL, (size_t)n * n_out * 4);
+                pgd_weight wr = {types[ti], n_in, n_out, rb, wb.r}, wd = wr;
+                wd.data = wb.d;
+                p->ref.ops->matmul(&p->ref, &wr, x.r, y.r, n);
+                p->dut.ops->matmul(&p->dut, &wd, x.d, y.d, n);
+                char what[96];
+                snprintf(what, sizeof what, "matmul %s %ldx%ld n=%d", pgd_type_name(types[ti]),
+                         (long)n_out, (long)n_in, n);
+                /* The CPU quantizes activations to 8 bits for quantized weights (and the GEMM
+                 * path rounds them to BF16): both sides differ from exact by ~1e-4. */
+                expect(p, what, &y, (size_t)n * n_out, 5e-3);
+                rm(p, &wb);
+                rm(p, &x);
+                rm(p, &y);
+                free(wh);
+                free(xh);
+            }
+    }
+}
+
+static void test_elementwise(pair *p) {
+    int dims[] = {64, 576, 4096};
+    for (int di = 0; di < 3; di++) {
+        int dim = dims[di], n = 5;
+        size_t N = (size_t)n * dim;
+        float *xh = randv(N), *dh = randv(N), *wh = randv((size_t)dim);
+        buf2 x = mk(p, xh, N * 4), d = mk(p, dh, N * 4), w = mk(p, wh, (size_t)dim * 4),
+             o = mk(p, NULL, N * 4);
+        p->ref.ops->rms_norm(&p->ref, x.r, w.r, o.r, n, dim, 1e-5f);
+        p->dut.ops->rms_norm(&p->dut, x.d, w.d, o.d, n, dim, 1e-5f);
+        expect(p, "rms_norm", &o, N, 1e-10);
+        p->ref.ops->add_rms_norm(&p->ref, x.r, d.r, w.r, o.r, n, dim, 1e-5f);
+        p->dut.ops->add_rms_norm(&p->dut, x.d, d.d, w.d, o.d, n, dim, 1e-5f);
+        expect(p, "add_rms_norm out", &o, N, 1e-10);
+        expect(p, "add_rms_norm x", &x, N, 1e-12);
+        p->ref.ops->add_bias(&p->ref, x.r, w.r, n, dim);
+        p->dut.ops->add_bias(&p->dut, x.d, w.d, n, dim);
+        expect(p, "add_bias", &x, N, 1e-12);
+        p->ref.ops->silu_gate(&p->ref, x.r, d.r, N);
+        p->dut.ops->silu_gate(&p->dut, x.d, d.d, N);
+        expect(p, "silu_gate", &x, N, 1e-10);
+        p->ref.ops->add(&p->ref, x.r, d.r, N);
+        p->dut.ops->add(&p->dut, x.d, d.d, N);
+        expect(p, "add", &x, N, 1e-12);
+        buf2 *bs[] = {&x, &d, &w, &o};
+        for (int i = 0; i < 4; i++) rm(p, bs[i]);
+        free(xh);
+        free(dh);
+        free(wh);
+    }
+}
+
+/* embed, gather_rows, rope (both modes), kv_store + paged attention over a mixed batch, and the
+ * KV block copy, for several head geometries and KV dtypes. */
+static void test_step_ops(pair *p) {
+    struct { int n_head, n_kv, hd; pgd_type kdt; } g[] = {
+        {8, 4, 8, PGD_TYPE_F32}, {9, 3, 64, PGD_TYPE_F16}, {32, 8, 128, PGD_TYPE_BF16},
+    };
+    for (size_t gi = 0; gi < 3; gi++) {
+        int nh = g[gi].n_head, nkv = g[gi].n_kv, hd = g[gi].hd, bs = 16;
+        int kv_dim = nkv * hd, q_dim = nh * hd, n_blocks = 64;
+        /* seq 0: a 40-token prefill chunk at 300..339; seq 1: one decode at 700; seq 2: a
+         * 20-token prompt from 0 */
+        enum { N = 61 };
+        int32_t tok[N], pos[N], seq[N], rows[3] = {39, 40, 60};
+        int64_t slot[N];
+        int32_t t0[64], t1[64], t2[64];
+        for (int i = 0; i < 64; i++) {
+            t0[i] = i;
+            t1[i] = 63 - i;
+            t2[i] = (i * 7) % 64;
+        }
+        const int32_t *tables[3] = {t0, t1, t2};
+        int n = 0;
+        for (int i = 0; i < 40; i++, n++) pos[n] = 300 + i, seq[n] = 0;
+        pos[n] = 700, seq[n] = 1, n++;
+        for (int i = 0; i < 20; i++, n++) pos[n] = i, seq[n] = 2;
+        for (int i = 0; i < N; i++) {
+            tok[i] = (i * 31) % 100;
+            slot[i] = (int64_t)tables[seq[i]][pos[i] / bs] * bs + pos[i] % bs;
+        }
+        /* the history of seq 0 and 1 is random K/V in the pool; seq 2 writes its own */
+        size_t n_slots = (size_t)n_blocks * bs, es = pgd_dtype_size(g[gi].kdt);
+        float *hist = randv(n_slots * kv_dim);
+        uint8_t *hk = malloc(n_slots * kv_dim * es), *hv = malloc(n_slots * kv_dim * es);
+        for (size_t i = 0; i < n_slots * kv_dim; i++) {
+            float a = hist[i], b = -0.5f * hist[(i * 13) % (n_slots * kv_dim)];
+            if (es == 4) {
+                memcpy(hk + 4 * i, &a, 4);
+                memcpy(hv + 4 * i, &b, 4);
+            } else {
+                uint16_t ha = g[gi].kdt == PGD_TYPE_F16 ? pgd_fp32_to_fp16(a) : pgd_fp32_to_bf16(a);
+                uint16_t hb = g[gi].kdt == PGD_TYPE_F16 ? pgd_fp32_to_fp16(b) : pgd_fp32_to_bf16(b);
+                memcpy(hk + 2 * i, &ha, 2);
+                memcpy(hv + 2 * i, &hb, 2);
+            }
+        }
+        buf2 K = mk(p, hk, n_slots * kv_dim * es), V = mk(p, hv, n_slots * kv_dim * es);
+        float inv_freq[64];
+        for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, 2.0f * i / hd);
+        pgd_step st = {N, tok, pos, seq, slot, tables, 3, rows};
+        for (int mode = 0; mode < 2; mode++) {
+            pgd_rope_params rp = {mode, hd, inv_freq};
+            p->ref.ops->begin(&p->ref, &st, &rp);
+            p->dut.ops->begin(&p->dut, &st, &rp);
+            size_t eb;
+            void *eh = rand_weight(PGD_TYPE_Q8_0, 64, 100, &eb);
+            buf2 E = mk(p, eh, eb * 100), x = mk(p, NULL, (size_t)N * 64 * 4);
+            pgd_weight er = {PGD_TYPE_Q8_0, 64, 50, eb, E.r}, ed = er; /* rows 30..79 */
+            ed.data = E.d;
+            p->ref.ops->embed(&p->ref, &er, 30, &st, x.r);
+            p->dut.ops->embed(&p->dut, &ed, 30, &st, x.d);
+            expect(p, "embed (vocab slice)", &x, (size_t)N * 64, 1e-12);
+            buf2 xr = mk(p, NULL, 3 * 64 * 4);
+            p->ref.ops->gather_rows(&p->ref, x.r, xr.r, 64, &st);
+            p->dut.ops->gather_rows(&p->dut, x.d, xr.d, 64, &st);
+            expect(p, "gather_rows", &xr, 3 * 64, 1e-12);
+            float *qh = randv((size_t)N * q_dim), *kh = randv((size_t)N * kv_dim),
+                  *vh = randv((size_t)N * kv_dim);
+            buf2 q = mk(p, qh, (size_t)N * q_dim * 4), k = mk(p, kh, (size_t)N * kv_dim * 4),
+                 v = mk(p, vh, (size_t)N * kv_dim * 4), o = mk(p, NULL, (size_t)N * q_dim * 4);
+            p->ref.ops->rope(&p->ref, q.r, N, nh, &rp);
+            p->dut.ops->rope(&p->dut, q.d, N, nh, &rp);
+            expect(p, mode ? "rope neox" : "rope norm", &q, (size_t)N * q_dim, 1e-9);
+            p->ref.ops->rope(&p->ref, k.r, N, nkv, &rp);
+            p->dut.ops->rope(&p->dut, k.d, N, nkv, &rp);
+            pgd_kv_layer lr = {g[gi].kdt, K.r, V.r, bs, kv_dim}, ld = {g[gi].kdt, K.d, V.d, bs, kv_dim};
+            p->ref.ops->kv_store(&p->ref, &lr, k.r, v.r, &st);
+            p->dut.ops->kv_store(&p->dut, &ld, k.d, v.d, &st);
+            p->ref.ops->attention(&p->ref, q.r, &lr, o.r, nh, nkv, hd, &st);
+            p->dut.ops->attention(&p->dut, q.d, &ld, o.d, nh, nkv, hd, &st);
+            char what[64];
+            snprintf(what, sizeof what, "attention %d/%d heads hd %d %s", nh, nkv, hd,
+                     pgd_type_name(g[gi].kdt));
+            expect(p, what, &o, (size_t)N * q_dim, 1e-8);
+            buf2 *bs2[] = {&E, &x, &xr, &q, &k, &v, &o};
+            for (int i = 0; i < 7; i++) rm(p, bs2[i]);
+            free(eh);
+            free(qh);
+            free(kh);
+            free(vh);
+        }
+        /* copy_block then compare the pools bytewise through F32 views of F32 storage only */
+        pgd_kv_layer lr = {g[gi].kdt, K.r, V.r, bs, kv_dim}, ld = {g[gi].kdt, K.d, V.d, bs, kv_dim};
+        p->ref.ops->copy_block(&p->ref, &lr, 5, 9, 11);
+        p->dut.ops->copy_block(&p->dut, &ld, 5, 9, 11);
+        if (g[gi].kdt == PGD_TYPE_F32) expect(p, "copy_block", &K, n_slots * kv_dim, 0.0);
+        rm(p, &K);
+        rm(p, &V);
+        free(hist);
+        free(hk);
+        free(hv);
+    }
+}
+
+static int run_pair(const pgd_backend_ops *dut, int device, pgd_pool *pool) {
+    pgd_err err = {0};
+    pair p = {{&pgd_cpu_backend_ops, 0, pool, NULL}, {dut, device, pool, NULL}};
+    if (p.ref.ops->init(&p.ref, 64, 8192, 32, 8, 128, &err) ||
+        p.dut.ops->init(&p.dut, 64, 8192, 32, 8, 128, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    long before = pgd_test_failed;
+    test_elementwise(&p);
+    test_matmul(&p);
+    test_step_ops(&p);
+    printf("backend %s (device %d) vs cpu: %s\n", dut->name, device,
+           pgd_test_failed == before ? "all ops within thresholds" : "FAILURES");
+    p.ref.ops->free(&p.ref);
+    p.dut.ops->free(&p.dut);
+    return 0;
+}
+
+int main(void) {
+    pgd_err err = {0};
+    pgd_pool *pool;
+    if (pgd_pool_create(2, &pool, &err)) return 1;
+    int n_dev = pgd_cuda_device_count();
+    if (pgd_cuda_backend_ops() && n_dev > 0) {
+        for (int d = 0; d < n_dev && d < 1; d++) run_pair(pgd_cuda_backend_ops(), d, pool);
+    } else {
+        printf("no CUDA device (%s build): checking the harness with cpu vs cpu\n",
+               pgd_cuda_backend_ops() ? "CUDA" : "CPU-only");
+        run_pair(&pgd_cpu_backend_ops, 0, pool);
+    }
+    pgd_pool_free(pool);
+    return test_report("test_backend_ops");
+}
