@@ -25,6 +25,10 @@ typedef struct pgd_engine pgd_engine;
 
 typedef enum { PGD_KV_F32 = 0, PGD_KV_F16 = 1, PGD_KV_BF16 = 30 } pgd_kv_dtype;
 
+typedef enum { PGD_SPEC_NONE = 0, PGD_SPEC_NGRAM = 1, PGD_SPEC_DRAFT = 2 } pgd_spec_mode;
+
+#define PGD_SPEC_MAX_TOKENS 16
+
 typedef struct pgd_engine_config {
     const char *model_path;         /* GGUF file or Hugging Face directory */
     bool weights_f32;               /* dequantize weights at load (reference path) */
@@ -39,6 +43,11 @@ typedef struct pgd_engine_config {
     int32_t max_waiting;            /* 0: unbounded waiting queue */
     bool static_batching;           /* baseline for benchmarks: admit a new batch only when the
                                        previous one has completely finished */
+    /* speculative decoding (issue 6) */
+    pgd_spec_mode speculative;      /* NONE (default), NGRAM (prompt lookup) or DRAFT */
+    int32_t num_speculative_tokens; /* the most proposals per step, 1..16 (0: 5) */
+    const char *draft_model_path;   /* DRAFT: a smaller model with the same vocabulary */
+    int32_t ngram_min, ngram_max;   /* NGRAM: n-gram lengths matched (0: 1 and 4) */
 } pgd_engine_config;
 
 typedef struct pgd_request_params {
@@ -102,6 +111,10 @@ typedef struct pgd_engine_stats {
     int64_t num_preemptions, prompt_tokens_total, generation_tokens_total, prefill_tokens_total;
     int64_t steps;
     int32_t last_step_seqs, last_step_tokens;
+    /* speculative decoding: verifications with proposals, proposed tokens, accepted ones, and
+       accepted ones by position in the proposal (vLLM's spec_decode_num_* counters) */
+    int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    int64_t spec_accepted_per_pos[PGD_SPEC_MAX_TOKENS];
 } pgd_engine_stats;
 
 /* Fills c with the defaults. */

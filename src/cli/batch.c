@@ -23,11 +23,15 @@ typedef struct result {
     const char *finish;
     int32_t n_prompt, n_completion, n_cached;
     bool done;
+    int32_t logprobs;     /* alternatives asked for; -1: no "logprobs" in the output */
+    cJSON *lp;            /* the "logprobs" array being built */
 } result;
 
 typedef struct pending {
     pgd_request_params p;
     int32_t *prompt;
+    int32_t *bias_ids;
+    float *bias;
     char *stop[16];
     int line;
 } pending;
@@ -37,9 +41,13 @@ static void usage_batch(FILE *f) {
             "usage: pagoda batch [-m MODEL] --input IN.jsonl --output OUT.jsonl [options]\n"
             "Each input line: {\"id\": ..., \"prompt\": \"...\" or [token ids], \"max_tokens\": N,\n"
             "  \"temperature\": T, \"top_p\": P, \"top_k\": K, \"seed\": S, \"stop\": [...],\n"
-            "  \"ignore_eos\": false}\n"
+            "  \"ignore_eos\": false, \"min_p\": P, \"presence_penalty\": X,\n"
+            "  \"frequency_penalty\": X, \"repetition_penalty\": R, \"logit_bias\": {\"id\": bias},\n"
+            "  \"min_tokens\": N, \"logprobs\": N (0..20), \"speculative\": false (opt out)}\n"
             "Each output line (input order): {\"id\", \"text\", \"token_ids\", \"finish_reason\",\n"
-            "  \"prompt_tokens\", \"completion_tokens\", \"cached_tokens\"} or {\"id\", \"error\"}.\n"
+            "  \"prompt_tokens\", \"completion_tokens\", \"cached_tokens\"[, \"logprobs\"]} or\n"
+            "  {\"id\", \"error\"}; \"logprobs\": [{\"token\", \"logprob\", \"top_logprobs\":\n"
+            "  [{\"token\", \"logprob\"}]}] from the raw model distribution.\n"
             "options:\n"
             "  -t, --threads N               worker threads (default: all CPUs)\n"
             "  --max-num-batched-tokens N    token budget per step = prefill chunk (default 512)\n"
@@ -54,7 +62,11 @@ static void usage_batch(FILE *f) {
             "  --trace FILE                  write one line per step: seconds, running, waiting,\n"
             "                                tokens in the step\n"
             "  --static-batching             baseline: admit a new batch only when the last is done\n"
-            "  --no-progress                 no progress bar\n");
+            "  --no-progress                 no progress bar\n"
+            "  --speculative ngram|draft     speculative decoding: n-gram prompt lookup or a draft\n"
+            "                                model (exact: the output distribution is unchanged)\n"
+            "  --num-speculative-tokens K    the most proposals per step, 1..16 (default 5)\n"
+            "  --draft-model M               the draft model (same vocabulary) for --speculative draft\n");
 }
 
 static int parse_size(const char *s, size_t *out) {
@@ -117,15 +129,22 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
         return -1;
     }
     pd->p.prompt = pd->prompt;
-    double mt = 16, temp = 1.0, tp = 1.0, tk = 0, seed = (double)pd->line;
-    const struct { const char *key; double lo, hi; bool integer; double *dst; } nums[5] = {
+    double mt = 16, temp = 1.0, tp = 1.0, tk = 0, seed = (double)pd->line, minp = 0, pres = 0,
+           freq = 0, rep = 1, mint = 0, lps = -1;
+    const struct { const char *key; double lo, hi; bool integer; double *dst; } nums[] = {
         {"max_tokens", 1, 1e7, true, &mt},
         {"temperature", 0, 100, false, &temp},
         {"top_p", 0, 1, false, &tp},
         {"top_k", 0, 1e9, true, &tk},
         {"seed", 0, 9007199254740991.0, true, &seed},
+        {"min_p", 0, 1, false, &minp},
+        {"presence_penalty", -2, 2, false, &pres},
+        {"frequency_penalty", -2, 2, false, &freq},
+        {"repetition_penalty", 0.01, 100, false, &rep},
+        {"min_tokens", 0, 1e7, true, &mint},
+        {"logprobs", 0, 20, true, &lps},
     };
-    for (int i = 0; i < 5; i++) {
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         x = cJSON_GetObjectItemCaseSensitive(j, nums[i].key);
         if (!x || cJSON_IsNull(x)) continue;
         if (!cJSON_IsNumber(x) || x->valuedouble < nums[i].lo || x->valuedouble > nums[i].hi ||
@@ -141,6 +160,49 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
     pd->p.top_p = (float)tp;
     pd->p.top_k = (int32_t)tk;
     pd->p.seed = (uint64_t)seed;
+    pd->p.min_p = (float)minp;
+    pd->p.presence_penalty = (float)pres;
+    pd->p.frequency_penalty = (float)freq;
+    pd->p.repetition_penalty = (float)rep;
+    pd->p.min_tokens = (int32_t)mint;
+    pd->p.logprobs = (int32_t)lps;
+    r->logprobs = (int32_t)lps;
+    x = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
+    if (x && !cJSON_IsNull(x)) {
+        int nb = cJSON_IsObject(x) ? cJSON_GetArraySize(x) : -1;
+        if (nb < 0) {
+            snprintf(msg, ml, "\"logit_bias\" must be an object of token id -> bias");
+            return -1;
+        }
+        pd->bias_ids = malloc((size_t)(nb ? nb : 1) * sizeof *pd->bias_ids);
+        pd->bias = malloc((size_t)(nb ? nb : 1) * sizeof *pd->bias);
+        if (!pd->bias_ids || !pd->bias) {
+            snprintf(msg, ml, "out of memory");
+            return -1;
+        }
+        cJSON *y;
+        int k = 0;
+        cJSON_ArrayForEach(y, x) {
+            char *end;
+            long id = strtol(y->string, &end, 10);
+            if (*end || end == y->string || id < 0 || id > INT32_MAX || !cJSON_IsNumber(y) ||
+                y->valuedouble < -100 || y->valuedouble > 100) {
+                snprintf(msg, ml, "\"logit_bias\" maps token ids to numbers in [-100, 100]");
+                return -1;
+            }
+            pd->bias_ids[k] = (int32_t)id;
+            pd->bias[k++] = (float)y->valuedouble;
+        }
+        pd->p.logit_bias_ids = pd->bias_ids;
+        pd->p.logit_bias = pd->bias;
+        pd->p.n_logit_bias = k;
+    }
+    x = cJSON_GetObjectItemCaseSensitive(j, "speculative");
+    if (x && !cJSON_IsBool(x)) {
+        snprintf(msg, ml, "\"speculative\" must be a boolean");
+        return -1;
+    }
+    pd->p.no_speculation = cJSON_IsFalse(x);
     x = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos");
     if (x && !cJSON_IsBool(x)) {
         snprintf(msg, ml, "\"ignore_eos\" must be a boolean");
@@ -195,6 +257,20 @@ static void append(result *r, const pgd_event *ev) {
             r->cap_ids = nc;
         }
         r->ids[r->n_ids++] = ev->token;
+        if (r->logprobs >= 0) {
+            if (!r->lp) r->lp = cJSON_CreateArray();
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "token", ev->token);
+            cJSON_AddNumberToObject(o, "logprob", ev->logprob);
+            cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+            for (int i = 0; i < ev->n_top; i++) {
+                cJSON *t = cJSON_CreateObject();
+                cJSON_AddNumberToObject(t, "token", ev->top_ids[i]);
+                cJSON_AddNumberToObject(t, "logprob", ev->top_logprobs[i]);
+                cJSON_AddItemToArray(top, t);
+            }
+            cJSON_AddItemToArray(r->lp, o);
+        }
     }
 }
 
@@ -265,6 +341,16 @@ int pgd_cli_batch(int argc, char **argv) {
             if (pgd_cli_parse_long(v, 0, 1 << 20, &stagger)) goto bad;
         } else if (!strcmp(a, "--kv-cache-memory")) {
             if (parse_size(v, &ec.kv_cache_bytes)) goto bad;
+        } else if (!strcmp(a, "--speculative")) {
+            if (!strcmp(v, "ngram")) ec.speculative = PGD_SPEC_NGRAM;
+            else if (!strcmp(v, "draft")) ec.speculative = PGD_SPEC_DRAFT;
+            else if (!strcmp(v, "none")) ec.speculative = PGD_SPEC_NONE;
+            else goto bad;
+        } else if (!strcmp(a, "--num-speculative-tokens")) {
+            if (pgd_cli_parse_long(v, 1, PGD_SPEC_MAX_TOKENS, &l)) goto bad;
+            ec.num_speculative_tokens = (int32_t)l;
+        } else if (!strcmp(a, "--draft-model")) {
+            ec.draft_model_path = v;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!strcmp(v, "f32")) ec.kv_dtype = PGD_KV_F32;
             else if (!strcmp(v, "f16")) ec.kv_dtype = PGD_KV_F16;
@@ -410,6 +496,10 @@ int pgd_cli_batch(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "prompt_tokens", r->n_prompt);
             cJSON_AddNumberToObject(o, "completion_tokens", r->n_completion);
             cJSON_AddNumberToObject(o, "cached_tokens", r->n_cached);
+            if (r->logprobs >= 0) {
+                cJSON_AddItemToObject(o, "logprobs", r->lp ? r->lp : cJSON_CreateArray());
+                r->lp = NULL;
+            }
         }
         char *txt = cJSON_PrintUnformatted(o);
         if (txt) fprintf(out, "%s\n", txt);
@@ -429,18 +519,30 @@ int pgd_cli_batch(int argc, char **argv) {
     fprintf(stderr, "prefix cache: %.1f%% of %lld prompt tokens hit; prefilled tokens: %lld; "
             "preemptions: %lld; steps: %lld\n", hit, (long long)st.prefix_cache_queries,
             (long long)st.prefill_tokens_total, (long long)st.num_preemptions, (long long)st.steps);
+    if (st.spec_drafts)
+        fprintf(stderr, "speculation: %lld proposed, %lld accepted (%.1f%%), %.2f accepted per "
+                "verification\n", (long long)st.spec_draft_tokens,
+                (long long)st.spec_accepted_tokens,
+                100.0 * (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens,
+                (double)st.spec_accepted_tokens / (double)st.spec_drafts);
     if (stats_path) {
         FILE *sf = fopen(stats_path, "w");
         if (sf) {
             fprintf(sf, "{\"requests\": %d, \"prompt_tokens\": %lld, \"generation_tokens\": %lld, "
                     "\"prefill_tokens\": %lld, \"prefix_cache_queries\": %lld, "
                     "\"prefix_cache_hits\": %lld, \"preemptions\": %lld, \"steps\": %lld, "
-                    "\"seconds\": %.6f, \"kv_blocks_total\": %d, \"kv_blocks_used\": %d}\n",
+                    "\"seconds\": %.6f, \"kv_blocks_total\": %d, \"kv_blocks_used\": %d, "
+                    "\"spec_drafts\": %lld, \"spec_draft_tokens\": %lld, "
+                    "\"spec_accepted_tokens\": %lld, \"spec_accepted_per_pos\": [",
                     n_lines, (long long)st.prompt_tokens_total,
                     (long long)st.generation_tokens_total, (long long)st.prefill_tokens_total,
                     (long long)st.prefix_cache_queries, (long long)st.prefix_cache_hits,
                     (long long)st.num_preemptions, (long long)st.steps, dt, st.kv_blocks_total,
-                    st.kv_blocks_used);
+                    st.kv_blocks_used, (long long)st.spec_drafts,
+                    (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens);
+            for (int k = 0; k < PGD_SPEC_MAX_TOKENS; k++)
+                fprintf(sf, "%s%lld", k ? ", " : "", (long long)st.spec_accepted_per_pos[k]);
+            fprintf(sf, "]}\n");
             fclose(sf);
         }
     }
@@ -451,9 +553,12 @@ done:
         free(res[i].error);
         free(res[i].text);
         free(res[i].ids);
+        cJSON_Delete(res[i].lp);
     }
     for (int i = 0; pend && i < n_lines; i++) {
         free(pend[i].prompt);
+        free(pend[i].bias_ids);
+        free(pend[i].bias);
         for (int k = 0; k < pend[i].p.n_stop; k++) free(pend[i].stop[k]);
     }
     if (trace) fclose(trace);

@@ -17,7 +17,9 @@
 #define PREFILL_CHUNK 64
 
 typedef struct gen_opts {
-    const char *model, *prompt, *file, *ids, *out;
+    const char *model, *prompt, *file, *ids, *out, *draft_model;
+    pgd_spec_mode speculative;
+    long num_spec;
     long n_predict, threads, ctx;
     float temperature, top_p;
     long top_k;
@@ -30,7 +32,8 @@ static void usage_generate(FILE *f) {
             "usage: pagoda generate [-m MODEL] [-p PROMPT | --file F | --ids \"1 2 3\"] [-n N]\n"
             "                       [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
             "                       [--threads N] [--ctx N] [--ignore-eos] [--print-ids]\n"
-            "                       [--weights-f32]\n"
+            "                       [--weights-f32] [--speculative ngram|draft]\n"
+            "                       [--num-speculative-tokens K] [--draft-model M]\n"
             "Writes only the generated text to stdout; prefill and decode speeds to stderr.\n"
             "  -m MODEL         GGUF file or Hugging Face model directory (default %s)\n"
             "  -p PROMPT        prompt text (BOS is added when the model's metadata says so;\n"
@@ -41,7 +44,12 @@ static void usage_generate(FILE *f) {
             "  --temperature T  0 is greedy (default 0.8); --top-p (0.95), --top-k (40), --seed\n"
             "  --ignore-eos     keep generating past end-of-generation tokens\n"
             "  --print-ids      print generated token ids instead of text\n"
-            "  --weights-f32    dequantize every weight to F32 at load (reference path)\n",
+            "  --weights-f32    dequantize every weight to F32 at load (reference path)\n"
+            "  --speculative ngram|draft  speculative decoding by n-gram prompt lookup or a draft\n"
+            "                   model (the output distribution is unchanged); the acceptance rate\n"
+            "                   is reported on stderr\n"
+            "  --num-speculative-tokens K  the most proposals per step, 1..16 (default 5)\n"
+            "  --draft-model M  the draft model (same vocabulary) for --speculative draft\n",
             pgd_cli_default_model());
 }
 
@@ -87,6 +95,15 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
             if (pgd_cli_parse_float(v, 1e-6f, 1, &o->top_p)) goto bad;
         } else if (!strcmp(a, "--top-k")) {
             if (pgd_cli_parse_long(v, 0, 1 << 30, &o->top_k)) goto bad;
+        } else if (!strcmp(a, "--speculative") && !logits_cmd) {
+            if (!strcmp(v, "ngram")) o->speculative = PGD_SPEC_NGRAM;
+            else if (!strcmp(v, "draft")) o->speculative = PGD_SPEC_DRAFT;
+            else if (!strcmp(v, "none")) o->speculative = PGD_SPEC_NONE;
+            else goto bad;
+        } else if (!strcmp(a, "--num-speculative-tokens") && !logits_cmd) {
+            if (pgd_cli_parse_long(v, 1, PGD_SPEC_MAX_TOKENS, &o->num_spec)) goto bad;
+        } else if (!strcmp(a, "--draft-model") && !logits_cmd) {
+            o->draft_model = v;
         } else if (!strcmp(a, "--seed")) {
             if (pgd_cli_parse_long(v, 0, 0x7fffffffL, &l)) goto bad;
             o->seed = (unsigned long long)l, o->seed_set = true;
@@ -210,6 +227,9 @@ int pgd_cli_generate(int argc, char **argv) {
     ec.n_threads = (int32_t)o.threads;
     ec.n_ctx = (int32_t)o.ctx;
     ec.max_num_seqs = 1;
+    ec.speculative = o.speculative;
+    ec.num_speculative_tokens = (int32_t)o.num_spec;
+    ec.draft_model_path = o.draft_model;
     char err[512];
     pgd_engine *e = NULL;
     if (pgd_engine_create(&ec, &e, err, sizeof err)) {
@@ -240,7 +260,7 @@ int pgd_cli_generate(int argc, char **argv) {
         .max_tokens = (int32_t)(o.n_predict < room ? o.n_predict : room),
         .temperature = o.temperature, .top_p = o.top_p, .top_k = (int32_t)o.top_k,
         .seed = o.seed_set ? o.seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16),
-        .ignore_eos = o.ignore_eos,
+        .ignore_eos = o.ignore_eos, .logprobs = -1,
     };
     uint64_t rid;
     if (pgd_engine_submit(e, &rp, &rid, err, sizeof err)) {
@@ -279,6 +299,17 @@ int pgd_cli_generate(int argc, char **argv) {
             (double)n_ids / (t_first - t0));
     fprintf(stderr, "decode: %ld tokens in %.3f s (%.1f tokens/s)\n", n_gen, t2 - t_first,
             n_gen > 1 ? (double)(n_gen - 1) / (t2 - t_first) : 0.0);
+    if (o.speculative != PGD_SPEC_NONE) {
+        pgd_engine_stats st;
+        pgd_engine_get_stats(e, &st);
+        fprintf(stderr, "speculation: %lld proposed, %lld accepted (acceptance rate %.1f%%), "
+                "%.2f accepted per verification, %lld decode steps\n",
+                (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
+                st.spec_draft_tokens ? 100.0 * (double)st.spec_accepted_tokens /
+                                           (double)st.spec_draft_tokens : 0.0,
+                st.spec_drafts ? (double)st.spec_accepted_tokens / (double)st.spec_drafts : 0.0,
+                (long long)st.steps);
+    }
     exit_code = 0;
 done:
     free(ids);

@@ -18,6 +18,9 @@
 #include "pagoda/pagoda.h"
 #include "engine/engine_internal.h"
 #include "sample/sampler.h"
+#include "spec/spec.h"
+
+_Static_assert(PGD_SPEC_MAX_K == PGD_SPEC_MAX_TOKENS, "one limit on proposals");
 
 #define MAX_STOP 16
 #define MAX_STOP_LEN 64
@@ -33,6 +36,11 @@ typedef struct seq {
     bool admitted_once;
     pgd_kv_seq kv;
     pgd_sampler sampler;
+    int32_t logprobs;         /* top alternatives per token event; -1: no logprobs */
+    bool spec;                /* speculative decoding on for this request */
+    pgd_spec_adapt adapt;     /* its adaptive number of proposals */
+    int32_t n_draft;          /* proposals scheduled this step: tokens[n_tokens..+n_draft) */
+    pgd_draft_seq dseq;       /* draft-model KV (DRAFT mode) */
     bool ignore_eos, aborted;
     char *stop[MAX_STOP];
     int32_t n_stop, hold;     /* hold: bytes held back that may start a stop string */
@@ -58,13 +66,22 @@ struct pgd_engine {
     pgd_kv_cache kv;
     pgd_kv_mgr mgr;
     int32_t n_ctx, max_blocks_per_seq;
-    pgd_token_prob *sample_scratch; /* (n_vocab), shared by every sequence's sampler */
+    pgd_sampler_scratch sample_scratch; /* shared by every sequence's sampler */
+    int32_t *eog;                   /* (n_eog) end-of-generation token ids */
+    int32_t n_eog;
+    /* speculative decoding */
+    pgd_spec_mode spec_mode;
+    int32_t spec_k, ngram_min, ngram_max;
+    pgd_draft draft;                /* DRAFT mode */
+    bool spec_broken;               /* test hook: accept every proposal (breaks exactness) */
 
     seq_list waiting, running;
     uint64_t next_id;
 
     /* step buffers, sized once */
-    int32_t *b_tokens, *b_pos, *b_seq, *b_rows; /* (max_num_batched_tokens) */
+    int32_t *b_tokens, *b_pos, *b_seq;          /* (max_num_batched_tokens) */
+    int32_t *b_rows;                            /* (max_logits) */
+    int32_t max_logits;                         /* logit rows per step */
     int64_t *b_slot;                            /* (max_num_batched_tokens) */
     const int32_t **b_tables;                   /* (max_num_seqs) */
     seq **b_seqs;                               /* (max_num_seqs) sequences in this step */
@@ -129,6 +146,7 @@ static void seq_free(seq *s) {
     if (!s) return;
     free(s->tokens);
     pgd_kv_seq_free(&s->kv);
+    pgd_draft_seq_free(&s->dseq);
     pgd_sampler_free(&s->sampler);
     for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
     free(s->text);
@@ -195,9 +213,13 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     *out = NULL;
     pgd_err perr = {{0}};
     if (c->block_size < 1 || c->block_size > 1024 || c->max_num_batched_tokens < 1 ||
-        c->max_num_seqs < 1 || c->max_num_seqs > 4096)
+        c->max_num_seqs < 1 || c->max_num_seqs > 4096 || c->num_speculative_tokens < 0 ||
+        c->num_speculative_tokens > PGD_SPEC_MAX_TOKENS || c->ngram_min < 0 ||
+        c->ngram_max < 0 || (c->ngram_min && c->ngram_max && c->ngram_min > c->ngram_max) ||
+        (c->speculative != PGD_SPEC_NONE && c->speculative != PGD_SPEC_NGRAM &&
+         c->speculative != PGD_SPEC_DRAFT))
         return fail(err, errlen, PGD_EINVAL, "%s", "invalid engine configuration (block size, "
-                    "max-num-batched-tokens or max-num-seqs)");
+                    "max-num-batched-tokens, max-num-seqs or speculative decoding)");
     pgd_engine *e = calloc(1, sizeof *e);
     if (!e) return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
     e->cfg = *c;
@@ -227,23 +249,52 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     if ((rc = pgd_kv_mgr_init(&e->mgr, (int32_t)n_blocks, c->block_size, !c->no_prefix_caching,
                               &perr)))
         goto fail_perr;
-    if ((rc = pgd_fwd_init(&e->fwd, e->model, e->pool, c->max_num_batched_tokens, c->max_num_seqs,
+    e->spec_mode = c->speculative;
+    e->spec_k = c->num_speculative_tokens ? c->num_speculative_tokens : 5;
+    e->ngram_min = c->ngram_min ? c->ngram_min : 1;
+    e->ngram_max = c->ngram_max ? c->ngram_max : 4;
+    if (e->ngram_max < e->ngram_min) e->ngram_max = e->ngram_min;
+    const char *broken = getenv("PAGODA_TEST_SPEC_ALWAYS_ACCEPT");
+    e->spec_broken = broken && !strcmp(broken, "1");
+    /* a speculating sequence asks logits for its k proposals plus the bonus row */
+    int64_t ml = c->max_num_seqs;
+    if (e->spec_mode != PGD_SPEC_NONE) ml *= e->spec_k + 1;
+    if (ml > c->max_num_batched_tokens) ml = c->max_num_batched_tokens;
+    if (ml < c->max_num_seqs) ml = c->max_num_seqs;
+    e->max_logits = (int32_t)ml;
+    if ((rc = pgd_fwd_init(&e->fwd, e->model, e->pool, c->max_num_batched_tokens, e->max_logits,
                            &perr)))
         goto fail_perr;
+    if (e->spec_mode == PGD_SPEC_DRAFT) {
+        if (!c->draft_model_path) {
+            rc = pgd_err_set(&perr, PGD_EINVAL, "speculative decoding with a draft model needs "
+                             "a draft model path");
+            goto fail_perr;
+        }
+        if ((rc = pgd_draft_init(&e->draft, c->draft_model_path, e->pool, e->model->cfg.n_vocab,
+                                 e->n_ctx, (int32_t)n_blocks, c->block_size,
+                                 c->max_num_batched_tokens, &perr)))
+            goto fail_perr;
+    }
     size_t T = (size_t)c->max_num_batched_tokens, S = (size_t)c->max_num_seqs;
     e->b_tokens = malloc(T * sizeof *e->b_tokens);
     e->b_pos = malloc(T * sizeof *e->b_pos);
     e->b_seq = malloc(T * sizeof *e->b_seq);
-    e->b_rows = malloc(S * sizeof *e->b_rows);
+    e->b_rows = malloc((size_t)e->max_logits * sizeof *e->b_rows);
     e->b_slot = malloc(T * sizeof *e->b_slot);
     e->b_tables = malloc(S * sizeof *e->b_tables);
     e->b_seqs = malloc(S * sizeof *e->b_seqs);
-    e->sample_scratch = malloc((size_t)e->model->cfg.n_vocab * sizeof *e->sample_scratch);
+    int32_t nv = e->model->cfg.n_vocab;
+    e->eog = malloc((size_t)nv * sizeof *e->eog);
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_rows || !e->b_slot || !e->b_tables ||
-        !e->b_seqs || !e->sample_scratch) {
+        !e->b_seqs || !e->eog) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
+    for (int32_t i = 0; i < nv; i++)
+        if (pgd_tokenizer_is_eog(e->model->tok, i)) e->eog[e->n_eog++] = i;
+    if ((rc = pgd_sampler_scratch_init(&e->sample_scratch, nv, e->eog, e->n_eog, &perr)))
+        goto fail_perr;
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     *out = e;
     return PGD_OK;
@@ -268,6 +319,7 @@ void pgd_engine_free(pgd_engine *e) {
     free_list(&e->running);
     free_list(&e->incoming);
     pgd_fwd_free(&e->fwd);
+    pgd_draft_free(&e->draft);
     pgd_kv_cache_free(&e->kv);
     pgd_kv_mgr_free(&e->mgr);
     pgd_pool_free(e->pool);
@@ -279,7 +331,8 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->b_slot);
     free(e->b_tables);
     free(e->b_seqs);
-    free(e->sample_scratch);
+    pgd_sampler_scratch_free(&e->sample_scratch);
+    free(e->eog);
     free(e->aborts);
     free(e->events);
     pthread_mutex_destroy(&e->in_mu);
@@ -345,12 +398,30 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     s->text = malloc(s->text_cap);
     pgd_sampler_params sp = {.temperature = p->temperature,
                              .top_p = p->top_p > 0 ? p->top_p : 1.0f,
-                             .top_k = p->top_k, .seed = p->seed};
-    if (!s->tokens || !s->text || pgd_kv_seq_init(&s->kv, e->max_blocks_per_seq) ||
-        pgd_sampler_init_with(&s->sampler, &sp, mc->n_vocab, e->sample_scratch, NULL)) {
+                             .top_k = p->top_k, .min_p = p->min_p,
+                             .presence_penalty = p->presence_penalty,
+                             .frequency_penalty = p->frequency_penalty,
+                             .repetition_penalty = p->repetition_penalty,
+                             .bias_ids = p->logit_bias_ids, .bias = p->logit_bias,
+                             .n_bias = p->n_logit_bias, .min_tokens = p->min_tokens,
+                             .seed = p->seed};
+    pgd_err serr = {{0}};
+    int src = !s->tokens || !s->text || pgd_kv_seq_init(&s->kv, e->max_blocks_per_seq) ||
+                      (e->spec_mode == PGD_SPEC_DRAFT && pgd_draft_seq_init(&e->draft, &s->dseq))
+                  ? PGD_ENOMEM
+                  : pgd_sampler_init(&s->sampler, &sp, &e->sample_scratch, &serr);
+    if (src) {
         seq_free(s);
-        return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+        return fail(err, errlen, src, "%s", src == PGD_ENOMEM ? "out of memory" : serr.msg);
     }
+    if (p->logprobs < -1 || p->logprobs > PGD_MAX_TOP_LOGPROBS) {
+        seq_free(s);
+        return fail(err, errlen, PGD_EINVAL, "%s", "logprobs must be between 0 and 20");
+    }
+    /* a zeroed params struct means no logprobs: -1 and 0 differ only for callers that ask */
+    s->logprobs = p->logprobs;
+    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation;
+    pgd_spec_adapt_init(&s->adapt, e->spec_k);
     memcpy(s->tokens, p->prompt, (size_t)p->n_prompt * sizeof *s->tokens);
     s->n_prompt = s->n_tokens = p->n_prompt;
     s->max_tokens = p->max_tokens;
@@ -413,12 +484,16 @@ static void finish_seq(pgd_engine *e, seq *s, pgd_finish_reason why, const char 
         pthread_mutex_unlock(&e->in_mu);
     }
     pgd_kv_release(&e->mgr, &s->kv);
+    if (e->spec_mode == PGD_SPEC_DRAFT) pgd_draft_seq_release(&e->draft, &s->dseq);
     if (why != PGD_FINISH_ABORT && why != PGD_FINISH_ERROR) {
+        /* bytes of a character the generation stopped in the middle of: report them as one
+         * U+FFFD, as Hugging Face's decode does, so the text stays valid UTF-8 */
         char buf[16];
-        int nb = pgd_detok_flush(&s->detok, buf, sizeof buf);
-        if (nb > 0 && s->text_len + (size_t)nb <= s->text_cap) {
-            memcpy(s->text + s->text_len, buf, (size_t)nb);
-            s->text_len += (size_t)nb;
+        static const char repl[] = "\xEF\xBF\xBD";
+        if (pgd_detok_flush(&s->detok, buf, sizeof buf) > 0 &&
+            s->text_len + sizeof repl - 1 <= s->text_cap) {
+            memcpy(s->text + s->text_len, repl, sizeof repl - 1);
+            s->text_len += sizeof repl - 1;
         }
     }
     emit_finish(e, s, why, error);
@@ -431,7 +506,7 @@ static void drain_inbox(pgd_engine *e) {
     memset(&e->incoming, 0, sizeof e->incoming);
     size_t na = e->n_aborts;
     uint64_t small[64], *ab = na <= 64 ? small : malloc(na * sizeof *ab);
-    if (ab) memcpy(ab, e->aborts, na * sizeof *ab);
+    if (ab && na) memcpy(ab, e->aborts, na * sizeof *ab); /* aborts: NULL before the first */
     else na = 0; /* out of memory: aborts retried next step */
     e->n_aborts -= na;
     pthread_mutex_unlock(&e->in_mu);
@@ -457,7 +532,9 @@ static void drain_inbox(pgd_engine *e) {
 static void preempt(pgd_engine *e, seq *s) {
     list_remove(&e->running, s);
     pgd_kv_release(&e->mgr, &s->kv);
+    if (e->spec_mode == PGD_SPEC_DRAFT) pgd_draft_seq_release(&e->draft, &s->dseq);
     s->n_computed = 0;
+    s->n_draft = 0;
     s->sched_n = 0;
     s->state = SEQ_WAITING;
     list_push_front(&e->waiting, s);
@@ -484,12 +561,41 @@ static int32_t fit_tokens(pgd_engine *e, seq *s, int32_t want) {
     return want < can ? want : (int32_t)can;
 }
 
+/* Asks the request's proposer for up to cap proposals, written after its last token. */
+static int32_t propose(pgd_engine *e, seq *s, int32_t cap) {
+    int32_t k = pgd_spec_adapt_want(&s->adapt);
+    int32_t left = s->max_tokens - (s->n_tokens - s->n_prompt) - 1; /* after the next token */
+    if (k > left) k = left;
+    if (k > cap) k = cap;
+    if (s->n_tokens + k > e->n_ctx) k = e->n_ctx - s->n_tokens;
+    if (k <= 0) return 0;
+    int32_t *out = s->tokens + s->n_tokens;
+    if (e->spec_mode == PGD_SPEC_NGRAM)
+        return pgd_spec_ngram_propose(s->tokens, s->n_tokens, e->ngram_min, e->ngram_max, k, out);
+    return pgd_draft_propose(&e->draft, &s->dseq, s->tokens, s->n_tokens, k, out);
+}
+
 static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
     int32_t budget = e->cfg.max_num_batched_tokens, used = 0, ns = 0;
     /* 1. running decodes, in admission order */
     for (seq *s = e->running.head, *next; s && used < budget; s = next) {
         next = s->next;
         if (s->n_tokens - s->n_computed != 1) continue;
+        /* speculation: the pending token plus k proposals, if their blocks are free (proposals
+         * never preempt anyone) */
+        int32_t k = s->spec ? propose(e, s, budget - used - 1) : 0;
+        if (k > 0 && !reserve(e, s, 1 + k)) {
+            k = 0;
+            if (e->spec_mode == PGD_SPEC_DRAFT)
+                pgd_draft_rollback(&e->draft, &s->dseq, s->n_tokens);
+        }
+        if (k > 0) {
+            s->sched_n = 1 + k;
+            s->n_draft = k;
+            sched[ns++] = s;
+            used += 1 + k;
+            continue;
+        }
         bool ok = true;
         while (!reserve(e, s, 1)) {
             seq *victim = e->running.tail;
@@ -607,6 +713,65 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
     return why;
 }
 
+/* Emits the token event of id, chosen from logits (raw, for logprobs). */
+static pgd_finish_reason emit_token(pgd_engine *e, seq *s, int32_t id, const float *logits) {
+    pgd_event *ev = event_push(e);
+    pgd_event dummy;
+    if (!ev) ev = &dummy;
+    pgd_finish_reason why = accept_token(e, s, id, ev);
+    if (s->logprobs >= 0) {
+        ev->logprob = pgd_logprobs(logits, e->model->cfg.n_vocab, id, s->logprobs, ev->top_ids,
+                                   ev->top_logprobs);
+        ev->n_top = s->logprobs;
+    }
+    e->stats.generation_tokens_total++;
+    return why;
+}
+
+/* After the forward pass: samples the sequence's next token, or verifies its k proposals
+ * (rows logit_row .. logit_row + k) and takes the accepted ones plus one more -- a replacement
+ * for the first rejected, or the bonus token after the last. Rolls the KV back to what
+ * survived and commits full blocks to the prefix cache. Returns a finish reason or 0. */
+static pgd_finish_reason advance(pgd_engine *e, seq *s) {
+    int32_t nv = e->model->cfg.n_vocab, k = s->n_draft, n_acc = 0;
+    const float *rows = e->fwd.logits + (size_t)s->logit_row * nv;
+    int32_t drafts[PGD_SPEC_MAX_K];
+    memcpy(drafts, s->tokens + s->n_tokens, (size_t)k * sizeof *drafts);
+    s->n_draft = 0;
+    pgd_finish_reason why = 0;
+    for (int32_t j = 0; j <= k && !why; j++) {
+        const float *lg = rows + (size_t)j * nv;
+        pgd_sampler_dist d;
+        pgd_sampler_dist_compute(&s->sampler, lg, s->tokens, s->n_prompt, s->n_tokens, &d);
+        bool accepted = false;
+        int32_t id = j == k ? pgd_sampler_draw(&s->sampler, &d)
+                   : e->spec_broken ? (accepted = true, drafts[j])
+                                    : pgd_spec_verify_token(&s->sampler, &d, drafts[j], NULL,
+                                                            &accepted);
+        why = emit_token(e, s, id, lg);
+        if (j == k) break;
+        if (!accepted) break;
+        e->stats.spec_accepted_per_pos[j]++;
+        n_acc++;
+    }
+    if (k > 0) {
+        e->stats.spec_drafts++;
+        e->stats.spec_draft_tokens += k;
+        e->stats.spec_accepted_tokens += n_acc;
+        pgd_spec_adapt_update(&s->adapt, k, n_acc);
+    }
+    if (why) return why;
+    /* K/V is valid for the tokens that were inputs and survived: all but the newest */
+    if (s->n_computed > s->n_tokens - 1) s->n_computed = s->n_tokens - 1;
+    if (k > 0) pgd_kv_truncate(&e->mgr, &s->kv, s->n_computed);
+    pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
+    if (e->spec_mode == PGD_SPEC_DRAFT) {
+        int32_t dn = s->dseq.n_computed < s->n_tokens - 1 ? s->dseq.n_computed : s->n_tokens - 1;
+        pgd_draft_rollback(&e->draft, &s->dseq, dn);
+    }
+    return 0;
+}
+
 /* Publishes the engine-thread-owned counters for other threads; O(running sequences). Called
  * with out_mu held. */
 static void snapshot_stats(pgd_engine *e) {
@@ -659,7 +824,10 @@ int pgd_engine_step(pgd_engine *e) {
             nt++;
         }
         s->logit_row = -1;
-        if (s->n_computed + s->sched_n == s->n_tokens) {
+        if (s->n_draft > 0) { /* every row: the k proposals and the bonus position */
+            s->logit_row = nl;
+            for (int32_t j = s->sched_n; j > 0; j--) e->b_rows[nl++] = nt - j;
+        } else if (s->n_computed + s->sched_n == s->n_tokens) {
             s->logit_row = nl;
             e->b_rows[nl++] = nt - 1;
         }
@@ -672,7 +840,8 @@ int pgd_engine_step(pgd_engine *e) {
     int32_t n_prefill = 0;
     for (int32_t i = 0; i < ns; i++) {
         seq *s = e->b_seqs[i];
-        if (s->sched_n > 1 || s->n_computed < s->n_prompt) n_prefill += s->sched_n;
+        if ((s->sched_n > 1 && !s->n_draft) || s->n_computed < s->n_prompt)
+            n_prefill += s->sched_n;
     }
 
     pthread_mutex_lock(&e->out_mu);
@@ -687,14 +856,11 @@ int pgd_engine_step(pgd_engine *e) {
             continue;
         }
         s->n_computed += n;
-        pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
-        if (s->logit_row < 0) continue;
-        int32_t id = pgd_sampler_sample(&s->sampler,
-                                        e->fwd.logits + (size_t)s->logit_row * e->model->cfg.n_vocab);
-        pgd_event *ev = event_push(e);
-        pgd_event dummy;
-        pgd_finish_reason why = accept_token(e, s, id, ev ? ev : &dummy);
-        e->stats.generation_tokens_total++;
+        if (s->logit_row < 0) {
+            pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
+            continue;
+        }
+        pgd_finish_reason why = advance(e, s);
         if (why) {
             pthread_mutex_unlock(&e->out_mu);
             finish_seq(e, s, why, NULL);
@@ -734,8 +900,10 @@ int pgd_engine_poll(pgd_engine *e, pgd_event *out, int max, int timeout_ms) {
             if (pthread_cond_timedwait(&e->out_cv, &e->out_mu, &ts) != 0) break;
     }
     int n = (int)(e->n_events < (size_t)max ? e->n_events : (size_t)max);
-    memcpy(out, e->events, (size_t)n * sizeof *out);
-    memmove(e->events, e->events + n, (e->n_events - (size_t)n) * sizeof *e->events);
+    if (n > 0) { /* events is NULL until the first event */
+        memcpy(out, e->events, (size_t)n * sizeof *out);
+        memmove(e->events, e->events + n, (e->n_events - (size_t)n) * sizeof *e->events);
+    }
     e->n_events -= (size_t)n;
     pthread_mutex_unlock(&e->out_mu);
     return n;
@@ -785,9 +953,38 @@ void pgd_engine_get_stats(pgd_engine *e, pgd_engine_stats *out) {
     pthread_mutex_unlock(&e->in_mu);
 }
 
+/* Reference counts equal the table entries that name each block; every running sequence holds
+ * exactly the blocks its computed tokens need (nothing left over from rolled-back proposals),
+ * every waiting one none. */
+static int check_tables(const pgd_kv_mgr *m, const seq_list *running, const seq_list *waiting,
+                        bool draft) {
+    int64_t refs = 0, entries = 0;
+    for (int32_t b = 0; b < m->n_blocks; b++) refs += m->blocks[b].ref;
+    const seq_list *lists[2] = {running, waiting};
+    for (int l = 0; l < 2; l++)
+        for (const seq *s = lists[l]->head; s; s = s->next) {
+            const pgd_kv_seq *kv = draft ? &s->dseq.kv : &s->kv;
+            int32_t n = draft ? s->dseq.n_computed : s->n_computed;
+            int32_t want = l == 1 && !draft ? 0 : (n + m->block_size - 1) / m->block_size;
+            if (kv->n_blocks != want) return PGD_EFORMAT;
+            if (draft && n > s->n_tokens) return PGD_EFORMAT;
+            for (int32_t i = 0; i < kv->n_blocks; i++)
+                if (m->blocks[kv->table[i]].ref < 1) return PGD_EFORMAT;
+            entries += kv->n_blocks;
+        }
+    return refs == entries ? PGD_OK : PGD_EFORMAT;
+}
+
 int pgd__engine_check(pgd_engine *e) {
     int rc = pgd_kv_check(&e->mgr);
     if (rc) return rc;
+    if ((rc = check_tables(&e->mgr, &e->running, &e->waiting, false))) return rc;
+    if (e->spec_mode == PGD_SPEC_DRAFT) {
+        if ((rc = pgd_kv_check(&e->draft.mgr))) return rc;
+        if ((rc = check_tables(&e->draft.mgr, &e->running, &e->waiting, true))) return rc;
+        if (e->running.n == 0 && e->waiting.n == 0 && e->draft.mgr.n_free != e->draft.mgr.n_blocks)
+            return PGD_EFORMAT;
+    }
     if (e->running.n == 0 && e->waiting.n == 0) {
         if (e->mgr.n_free != e->mgr.n_blocks) return PGD_EFORMAT;
         for (int32_t b = 0; b < e->mgr.n_blocks; b++)

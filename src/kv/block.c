@@ -263,6 +263,13 @@ void pgd_kv_release(pgd_kv_mgr *m, pgd_kv_seq *s) {
     s->chain_hash = 0;
 }
 
+void pgd_kv_truncate(pgd_kv_mgr *m, pgd_kv_seq *s, int32_t n_tokens) {
+    int32_t keep = n_tokens <= 0 ? 0 : (n_tokens + m->block_size - 1) / m->block_size;
+    PGD_ASSERT(s->n_hashed * m->block_size <= (n_tokens > 0 ? n_tokens : 0));
+    for (int32_t i = s->n_blocks - 1; i >= keep; i--) unref(m, s->table[i]);
+    if (keep < s->n_blocks) s->n_blocks = keep;
+}
+
 int pgd_kv_check(const pgd_kv_mgr *m) {
     int32_t n_free = 0, n_cached = 0, prev = -1;
     for (int32_t b = m->free_head; b >= 0; b = m->blocks[b].next) {

@@ -92,6 +92,11 @@ void pgd_kv_fork(pgd_kv_mgr *m, const pgd_kv_seq *src, pgd_kv_seq *dst);
  * cache). */
 void pgd_kv_release(pgd_kv_mgr *m, pgd_kv_seq *s);
 
+/* Shrinks the table to the blocks that cover the first n_tokens slots, releasing the rest
+ * (speculative decoding's rollback of rejected tokens). The sequence's registered blocks must
+ * all lie within n_tokens: only unregistered tail blocks are ever freed here. */
+void pgd_kv_truncate(pgd_kv_mgr *m, pgd_kv_seq *s, int32_t n_tokens);
+
 /* Consistency check for tests: free list, counts and map agree. Returns 0 or a negative code. */
 int pgd_kv_check(const pgd_kv_mgr *m);
 

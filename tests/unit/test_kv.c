@@ -186,9 +186,71 @@ static void test_random_workload(void) {
     pgd_kv_mgr_free(&m);
 }
 
+/* Speculative rollback: a sequence reserves room for proposals, keeps only what survived
+ * (pgd_kv_truncate), thousands of times; registered (full, committed) blocks are never freed by
+ * a truncation, and at the end every block is back. */
+static void test_truncate(void) {
+    pgd_kv_mgr m;
+    pgd_err err;
+    CHECK_EQ_INT(pgd_kv_mgr_init(&m, 64, 4, true, &err), 0);
+    pgd_kv_seq a;
+    pgd_kv_seq_init(&a, 64);
+    pgd_kv_copy cp;
+    /* 10 tokens computed + 6 proposals: 4 blocks; keep 11 -> 3 blocks */
+    CHECK_EQ_INT(pgd_kv_reserve(&m, &a, 0, 16, &cp), 0);
+    CHECK_EQ_INT(a.n_blocks, 4);
+    int32_t b2 = a.table[2];
+    pgd_kv_truncate(&m, &a, 11);
+    CHECK_EQ_INT(a.n_blocks, 3);
+    CHECK_EQ_INT(a.table[2], b2);
+    CHECK_EQ_INT(m.n_free, 61);
+    pgd_kv_truncate(&m, &a, 12); /* nothing to free; never grows */
+    CHECK_EQ_INT(a.n_blocks, 3);
+    pgd_kv_truncate(&m, &a, 8);  /* exactly two blocks */
+    CHECK_EQ_INT(a.n_blocks, 2);
+    CHECK_EQ_INT(pgd_kv_check(&m), 0);
+    pgd_kv_release(&m, &a);
+    /* random: grow by 1 + k, keep 1 + accepted, commit what is computed */
+    int32_t toks[256];
+    for (int i = 0; i < 256; i++) toks[i] = (int32_t)rnd(5); /* repeats: prefix-cache hits */
+    pgd_kv_seq s[4];
+    int32_t n_comp[4] = {0};
+    for (int i = 0; i < 4; i++) pgd_kv_seq_init(&s[i], 64);
+    int n_rollback = 0;
+    for (int it = 0; it < 20000; it++) {
+        int i = (int)rnd(4);
+        if (n_comp[i] == 0 && s[i].n_blocks == 0)
+            n_comp[i] = pgd_kv_match_prefix(&m, &s[i], toks, 1 + (int32_t)rnd(200));
+        int32_t k = (int32_t)rnd(8);
+        if (n_comp[i] + 1 + k > 250 || rnd(50) == 0) {
+            pgd_kv_release(&m, &s[i]);
+            n_comp[i] = 0;
+            continue;
+        }
+        if (pgd_kv_reserve(&m, &s[i], n_comp[i], n_comp[i] + 1 + k, &cp)) continue;
+        int32_t acc = (int32_t)rnd((uint32_t)k + 1);
+        n_comp[i] += 1 + acc;
+        if (acc < k) n_rollback++;
+        pgd_kv_truncate(&m, &s[i], n_comp[i]);
+        CHECK_EQ_INT(s[i].n_blocks, (n_comp[i] + 3) / 4);
+        pgd_kv_commit(&m, &s[i], toks, n_comp[i]);
+        if (it % 500 == 0) CHECK_EQ_INT(pgd_kv_check(&m), 0);
+    }
+    CHECK(n_rollback > 1000);
+    for (int i = 0; i < 4; i++) {
+        pgd_kv_release(&m, &s[i]);
+        pgd_kv_seq_free(&s[i]);
+    }
+    CHECK_EQ_INT(m.n_free, m.n_blocks);
+    CHECK_EQ_INT(pgd_kv_check(&m), 0);
+    pgd_kv_seq_free(&a);
+    pgd_kv_mgr_free(&m);
+}
+
 int main(void) {
     test_prefix_hits();
     test_copy_on_write();
     test_random_workload();
+    test_truncate();
     return test_report("test_kv");
 }
