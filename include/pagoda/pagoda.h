@@ -48,6 +48,10 @@ typedef struct pgd_engine_config {
     int32_t num_speculative_tokens; /* the most proposals per step, 1..16 (0: 5) */
     const char *draft_model_path;   /* DRAFT: a smaller model with the same vocabulary */
     int32_t ngram_min, ngram_max;   /* NGRAM: n-gram lengths matched (0: 1 and 4) */
+    /* backends (issue 7) */
+    const char *device;             /* "cpu" or "cuda"; NULL: cpu (or $PAGODA_DEVICE) */
+    int32_t tensor_parallel_size;   /* ranks; 0: 1 (or $PAGODA_TENSOR_PARALLEL) */
+    bool load_format_dummy;         /* model_path is a config.json: random weights, no tokenizer */
 } pgd_engine_config;
 
 typedef struct pgd_request_params {
@@ -100,6 +104,7 @@ typedef struct pgd_event {
     char text[PGD_EVENT_TEXT_MAX];   /* complete UTF-8 only; FINISH carries held-back text */
     pgd_finish_reason finish_reason; /* FINISH */
     int32_t n_prompt, n_completion, n_cached; /* FINISH: token counts (cached = prefix hits) */
+    double queue_seconds;            /* FINISH: from submission to first scheduling */
     char error[160];                 /* FINISH with PGD_FINISH_ERROR */
 } pgd_event;
 

@@ -66,7 +66,9 @@ static void usage_batch(FILE *f) {
             "  --speculative ngram|draft     speculative decoding: n-gram prompt lookup or a draft\n"
             "                                model (exact: the output distribution is unchanged)\n"
             "  --num-speculative-tokens K    the most proposals per step, 1..16 (default 5)\n"
-            "  --draft-model M               the draft model (same vocabulary) for --speculative draft\n");
+            "  --draft-model M               the draft model (same vocabulary) for --speculative draft\n"
+            "  --device cpu|cuda             backend (default cpu)\n"
+            "  --tensor-parallel-size N      ranks (default 1)\n");
 }
 
 static int parse_size(const char *s, size_t *out) {
@@ -351,6 +353,12 @@ int pgd_cli_batch(int argc, char **argv) {
             ec.num_speculative_tokens = (int32_t)l;
         } else if (!strcmp(a, "--draft-model")) {
             ec.draft_model_path = v;
+        } else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) goto bad;
+            ec.device = v;
+        } else if (!strcmp(a, "--tensor-parallel-size")) {
+            if (pgd_cli_parse_long(v, 1, 64, &l)) goto bad;
+            ec.tensor_parallel_size = (int32_t)l;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!strcmp(v, "f32")) ec.kv_dtype = PGD_KV_F32;
             else if (!strcmp(v, "f16")) ec.kv_dtype = PGD_KV_F16;

@@ -17,7 +17,8 @@
 #define PREFILL_CHUNK 64
 
 typedef struct gen_opts {
-    const char *model, *prompt, *file, *ids, *out, *draft_model;
+    const char *model, *prompt, *file, *ids, *out, *draft_model, *device;
+    long tp;
     pgd_spec_mode speculative;
     long num_spec;
     long n_predict, threads, ctx;
@@ -49,7 +50,8 @@ static void usage_generate(FILE *f) {
             "                   model (the output distribution is unchanged); the acceptance rate\n"
             "                   is reported on stderr\n"
             "  --num-speculative-tokens K  the most proposals per step, 1..16 (default 5)\n"
-            "  --draft-model M  the draft model (same vocabulary) for --speculative draft\n",
+            "  --draft-model M  the draft model (same vocabulary) for --speculative draft\n"
+            "  --device cpu|cuda, --tensor-parallel-size N   backend and ranks (default cpu, 1)\n",
             pgd_cli_default_model());
 }
 
@@ -104,6 +106,11 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
             if (pgd_cli_parse_long(v, 1, PGD_SPEC_MAX_TOKENS, &o->num_spec)) goto bad;
         } else if (!strcmp(a, "--draft-model") && !logits_cmd) {
             o->draft_model = v;
+        } else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) goto bad;
+            o->device = v;
+        } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+            if (pgd_cli_parse_long(v, 1, 64, &o->tp)) goto bad;
         } else if (!strcmp(a, "--seed")) {
             if (pgd_cli_parse_long(v, 0, 0x7fffffffL, &l)) goto bad;
             o->seed = (unsigned long long)l, o->seed_set = true;
@@ -150,7 +157,11 @@ static void gen_free(gen_ctx *g) {
 static int gen_setup(const gen_opts *o, gen_ctx *g) {
     memset(g, 0, sizeof *g);
     pgd_err err = {{0}};
-    pgd_model_opts mo = {.weights_f32 = o->weights_f32, .n_ctx = (int32_t)o->ctx};
+    pgd_model_opts mo = {.weights_f32 = o->weights_f32, .n_ctx = (int32_t)o->ctx,
+                         .tensor_parallel = (int32_t)o->tp,
+                         .device = !o->device ? 0
+                                   : !strcmp(o->device, "cuda") ? 1 + PGD_DEVICE_CUDA
+                                                                : 1 + PGD_DEVICE_CPU};
     int rc = pgd_model_load(o->model, &mo, &g->model, &err);
     if (rc) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
@@ -230,6 +241,8 @@ int pgd_cli_generate(int argc, char **argv) {
     ec.speculative = o.speculative;
     ec.num_speculative_tokens = (int32_t)o.num_spec;
     ec.draft_model_path = o.draft_model;
+    ec.device = o.device;
+    ec.tensor_parallel_size = (int32_t)o.tp;
     char err[512];
     pgd_engine *e = NULL;
     if (pgd_engine_create(&ec, &e, err, sizeof err)) {

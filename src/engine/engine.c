@@ -34,6 +34,7 @@ typedef struct seq {
     int32_t n_computed;       /* tokens whose K/V are in the cache */
     int32_t n_cached;         /* prompt tokens served by the prefix cache at first admission */
     bool admitted_once;
+    double t_submit, queue_seconds; /* monotonic seconds; time until first scheduled */
     pgd_kv_seq kv;
     pgd_sampler sampler;
     int32_t logprobs;         /* top alternatives per token event; -1: no logprobs */
@@ -111,6 +112,12 @@ struct pgd_engine {
     bool admitting;            /* static batching: the current batch is still being filled */
 };
 
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* ---- lists ---- */
 
 static void list_push_back(seq_list *l, seq *s) {
@@ -181,6 +188,7 @@ static void emit_finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char
         ev->n_prompt = s->n_prompt;
         ev->n_completion = s->n_tokens - s->n_prompt;
         ev->n_cached = s->n_cached;
+        ev->queue_seconds = s->admitted_once ? s->queue_seconds : mono_now() - s->t_submit;
         size_t rest = s->text_len > s->emitted ? s->text_len - s->emitted : 0;
         if (rest > PGD_EVENT_TEXT_MAX) rest = PGD_EVENT_TEXT_MAX;
         if (rest) memcpy(ev->text, s->text + s->emitted, rest);
@@ -228,8 +236,20 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     pthread_mutex_init(&e->out_mu, NULL);
     pthread_cond_init(&e->out_cv, NULL);
     pthread_cond_init(&e->in_cv, NULL);
-    pgd_model_opts mo = {.weights_f32 = c->weights_f32, .n_ctx = c->n_ctx};
-    int rc = pgd_model_load(c->model_path, &mo, &e->model, &perr);
+    int rc;
+    pgd_model_opts mo = {.weights_f32 = c->weights_f32, .n_ctx = c->n_ctx,
+                         .tensor_parallel = c->tensor_parallel_size,
+                         .load_format = c->load_format_dummy ? PGD_LOAD_DUMMY : PGD_LOAD_AUTO};
+    if (c->device) {
+        if (!strcmp(c->device, "cpu")) mo.device = 1 + PGD_DEVICE_CPU;
+        else if (!strcmp(c->device, "cuda")) mo.device = 1 + PGD_DEVICE_CUDA;
+        else {
+            pgd_err_set(&perr, PGD_EINVAL, "device '%.32s': expected cpu or cuda", c->device);
+            rc = PGD_EINVAL;
+            goto fail_perr;
+        }
+    }
+    rc = pgd_model_load(c->model_path, &mo, &e->model, &perr);
     if (rc) goto fail_perr;
     e->n_ctx = e->model->cfg.n_ctx;
     long nt = c->n_threads > 0 ? c->n_threads : sysconf(_SC_NPROCESSORS_ONLN);
@@ -449,6 +469,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         return fail(err, errlen, PGD_ERANGE, "%s", "the waiting queue is full");
     }
     s->id = e->next_id++;
+    s->t_submit = mono_now();
     *id = s->id;
     e->n_pending++;
     list_push_back(&e->incoming, s);
@@ -642,6 +663,7 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
         if (!s->admitted_once) {
             s->n_cached = hit;
             s->admitted_once = true;
+            s->queue_seconds = mono_now() - s->t_submit;
             e->stats.prompt_tokens_total += s->n_prompt;
         }
         list_remove(&e->waiting, s);
