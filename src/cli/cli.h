@@ -13,6 +13,8 @@ int pgd_cli_serve(int argc, char **argv);
 int pgd_cli_tokenize(int argc, char **argv);
 int pgd_cli_detokenize(int argc, char **argv);
 int pgd_cli_bench(int argc, char **argv);
+int pgd_cli_kv_plan(int argc, char **argv);
+int pgd_cli_render_template(int argc, char **argv);
 
 /* Shared helpers (src/cli/args.c). */
 /* The model path used when -m is not given: $PAGODA_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf */
