@@ -5,6 +5,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,7 +146,10 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
     void *act = malloc(abytes);
     float *wf = malloc(sizeof(float) * (size_t)n_in), *zf = malloc(sizeof(float) * (size_t)n_in);
     float *af = malloc(sizeof(float) * (size_t)n_in);
-    int nbad = 0;
+    int nbad = 0, nsame = 0, nvd = 0;
+    const bool f32act = pgd_vec_dot_type(T->t) == PGD_TYPE_F32;
+    /* Float terms summed per product: blocks with 8-bit activations, elements with F32. */
+    const int64_t nterms = f32act ? n_in : nb;
     for (int t = 0; t < N_TOK; t += 5) {
         pgd_quantize_act(T->t, x + t * n_in, act, n_in);
         pgd_dequantize_act(T->t, act, af, n_in);
@@ -158,9 +162,15 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
             double M = 0;
             for (int64_t i = 0; i < n_in; i++)
                 M += (fabs((double)wf[i] - zf[i]) + fabs((double)zf[i])) * fabs((double)af[i]);
-            double tol = 2.0 * (double)(nb + 8) * FLT_EPSILON * M + 1e-35;
+            double tol = 2.0 * (double)(nterms + 8) * FLT_EPSILON * M + 1e-35;
             float ref = pgd_vec_dot_scalar(T->t, row, act, n_in);
             float got = y_all[t * n_out + r];
+            /* F32 activations: pgd_vec_dot is the 1x1 tile of the same kernel, bit for bit. */
+            if (f32act && T->qk > 1) {
+                float one = pgd_vec_dot(T->t, row, act, n_in);
+                nsame += memcmp(&one, &got, sizeof got) == 0;
+                nvd++;
+            }
             if (!(fabs((double)got - ref) <= tol)) {
                 if (nbad++ < 3)
                     fprintf(stderr, "%s row %lld tok %d: %.9g scalar %.9g tol %.3g\n", T->name,
@@ -170,10 +180,12 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
     }
     CHECK(nbad == 0, "%s %lldx%lld: %d products outside the bound", T->name, (long long)n_out,
           (long long)n_in, nbad);
+    CHECK(nsame == nvd, "%s %lldx%lld: %d of %d matmul results differ from pgd_vec_dot", T->name,
+          (long long)n_out, (long long)n_in, nvd - nsame, nvd);
     free(buf), free(wz), free(x), free(y_all), free(y), free(act), free(wf), free(zf), free(af);
 }
 
-int main(void) {
+static int run_all(void) {
     pgd_err err;
     for (int nth = 1; nth <= 3; nth++) {
         pgd_pool *pool;
@@ -191,6 +203,15 @@ int main(void) {
         }
         pgd_pool_free(pool);
     }
+    return 0;
+}
+
+int main(void) {
+    /* Both activation modes: 8-bit (llama.cpp's Q8_0 / Q8_K) and the default F32. */
+    pgd_cpu_set_int8_act(true);
+    if (run_all()) return 1;
+    pgd_cpu_set_int8_act(false);
+    if (run_all()) return 1;
     printf("test_matmul: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }

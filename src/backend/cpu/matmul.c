@@ -1,7 +1,9 @@
-/* Matrix products: activations are converted once per call into the weight's dot-product
- * format, then output rows are split across the pool. Q8_0/Q4_0/Q4_1 and F32/F16/BF16 weights go
- * through register-tiled kernels (up to 4 rows x 3 tokens per tile, each weight block loaded once
- * per tile); the K-quants use one pgd_vec_dot per (row, token).
+/* Matrix products: output rows are split across the pool. By default every weight type runs on
+ * F32 activations through register tiles (up to 4 rows x 3 tokens, each weight block loaded -
+ * and for quantized types dequantized in registers - once per tile; quant_f32act.h). With int8
+ * activations (pgd_cpu_int8_act) activations are first converted once per call into the weight's
+ * dot-product format; Q8_0/Q4_0/Q4_1 then use integer tiles and the K-quants one pgd_vec_dot per
+ * (row, token).
  *
  * Batch invariance: every (row, token) pair owns one accumulator that takes exactly the same
  * instruction sequence, block after block, whatever the tile shape it is computed in; so row t of
@@ -11,10 +13,17 @@
 #include <string.h>
 
 #include "backend/cpu/quant.h"
+#include "backend/cpu/quant_f32act.h"
 #include "util/status.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
+#endif
+
+#ifdef PGD_F32ACT_SIMD
+static bool is_quant(pgd_type t) {
+    return t != PGD_TYPE_F32 && t != PGD_TYPE_F16 && t != PGD_TYPE_BF16;
+}
 #endif
 
 /* quant.c's activation block for Q4_0/Q4_1/Q8_0 weights: float d | int32 sum | int8 qs[32]. */
@@ -28,6 +37,9 @@
 #define ACT_L2_BYTES (192 * 1024)
 
 static bool tiled_type(pgd_type t) {
+#ifdef PGD_F32ACT_SIMD
+    if (is_quant(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) return true;
+#endif
 #ifdef __AVX2__
     switch (t) {
     case PGD_TYPE_Q8_0: case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1:
@@ -48,13 +60,14 @@ static size_t act_ds_offset(const pgd_weight *w) {
 
 size_t pgd_cpu_matmul_act_row_bytes(const pgd_weight *w) {
     size_t b = pgd_vec_dot_act_bytes(w->type, w->n_in);
-    if (w->type == PGD_TYPE_Q4_1) b = act_ds_offset(w) + (size_t)(w->n_in / 32) * sizeof(float);
+    if (w->type == PGD_TYPE_Q4_1 && pgd_vec_dot_type(w->type) == PGD_TYPE_Q8_0)
+        b = act_ds_offset(w) + (size_t)(w->n_in / 32) * sizeof(float);
     return (b + 63) / 64 * 64;
 }
 
 static void quantize_row(const pgd_weight *w, const float *x, unsigned char *act) {
     pgd_quantize_act(w->type, x, act, w->n_in);
-    if (w->type == PGD_TYPE_Q4_1) {
+    if (w->type == PGD_TYPE_Q4_1 && pgd_vec_dot_type(w->type) == PGD_TYPE_Q8_0) {
         float *ds = (float *)(act + act_ds_offset(w));
         for (int64_t b = 0; b < w->n_in / 32; b++) {
             float d;
@@ -323,6 +336,29 @@ TILES6(tiles_f32, F32_BODY)
 TILES6(tiles_f16, F16_BODY)
 TILES6(tiles_bf16, BF16_BODY)
 
+/* Quantized weights x F32 activations (quant_f32act.h): 4 rows x 3 tokens. */
+#ifdef PGD_F32ACT_SIMD
+#define FA_TILE(NAME, T, R, NT)                                                                  \
+    static void NAME##_##R##_##NT(const tile *g) {                                               \
+        pgd__f32act_tile f = {g->w, g->w_stride, (const float *)g->a, g->a_stride / sizeof(float), \
+                              g->y, g->y_stride, g->n};                                          \
+        pgd__f32act_tile_run(&f, T, R, NT);                                                      \
+    }
+#define FA_ROW(NAME, T, R) FA_TILE(NAME, T, R, 1) FA_TILE(NAME, T, R, 2) FA_TILE(NAME, T, R, 3)
+#define FA_TILES(NAME, T)                                                                        \
+    FA_ROW(NAME, T, 1) FA_ROW(NAME, T, 2) FA_ROW(NAME, T, 3) FA_ROW(NAME, T, 4)                  \
+    static const tile_fn NAME[TILE_R][TILE_T] = {{NAME##_1_1, NAME##_1_2, NAME##_1_3},         \
+                                                 {NAME##_2_1, NAME##_2_2, NAME##_2_3},         \
+                                                 {NAME##_3_1, NAME##_3_2, NAME##_3_3},         \
+                                                 {NAME##_4_1, NAME##_4_2, NAME##_4_3}};
+FA_TILES(fa_q8_0, PGD_TYPE_Q8_0)
+FA_TILES(fa_q4_0, PGD_TYPE_Q4_0)
+FA_TILES(fa_q4_1, PGD_TYPE_Q4_1)
+FA_TILES(fa_q4_k, PGD_TYPE_Q4_K)
+FA_TILES(fa_q5_k, PGD_TYPE_Q5_K)
+FA_TILES(fa_q6_k, PGD_TYPE_Q6_K)
+#endif
+
 /* Tile shapes per type: (rows x tokens) for n > 1, and rows for n == 1. Integer kernels reuse
  * a weight block across 3 tokens in 12 accumulators; float kernels are limited by the F16/BF16
  * conversion, so they convert 2 rows once for 6 tokens. Decode streams 4 rows at a time. */
@@ -332,6 +368,19 @@ typedef struct tile_plan {
 } tile_plan;
 
 static bool plan_for(pgd_type t, tile_plan *p) {
+#ifdef PGD_F32ACT_SIMD
+    if (is_quant(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) {
+        switch (t) {
+        case PGD_TYPE_Q8_0: *p = (tile_plan){fa_q8_0, 4, 3, 4}; return true;
+        case PGD_TYPE_Q4_0: *p = (tile_plan){fa_q4_0, 4, 3, 4}; return true;
+        case PGD_TYPE_Q4_1: *p = (tile_plan){fa_q4_1, 4, 3, 4}; return true;
+        case PGD_TYPE_Q4_K: *p = (tile_plan){fa_q4_k, 4, 3, 4}; return true;
+        case PGD_TYPE_Q5_K: *p = (tile_plan){fa_q5_k, 4, 3, 4}; return true;
+        case PGD_TYPE_Q6_K: *p = (tile_plan){fa_q6_k, 4, 3, 4}; return true;
+        default: return false;
+        }
+    }
+#endif
     switch (t) {
     case PGD_TYPE_Q8_0: *p = (tile_plan){tiles_q8_0, 4, 3, 4}; return true;
     case PGD_TYPE_Q4_0: *p = (tile_plan){tiles_q4_0, 4, 3, 4}; return true;

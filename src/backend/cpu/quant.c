@@ -1,11 +1,15 @@
-/* ggml-compatible quantized blocks on the CPU: fp16/bf16 conversion, dequantization, activation
- * quantization and weight-row x activation dot products (scalar reference + AVX2/FMA).
+/* ggml-compatible quantized blocks on the CPU: fp16/bf16 conversion, dequantization, the
+ * activation precision mode (F32 by default, 8-bit on request), activation quantization and
+ * weight-row x activation dot products (scalar reference + AVX2/FMA).
  * Every dot product reduces in one fixed order that depends only on n (batch invariance). */
 #include "backend/cpu/quant.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/quant_f32act.h"
 #include "util/status.h"
 
 #ifdef __AVX2__
@@ -141,6 +145,20 @@ static uint32_t blk_elems(pgd_type t) {
     }
 }
 
+static size_t blk_bytes(pgd_type t) {
+    switch (t) {
+    case PGD_TYPE_Q4_0: return Q4_0_BYTES;
+    case PGD_TYPE_Q4_1: return Q4_1_BYTES;
+    case PGD_TYPE_Q8_0: return Q8_0_BYTES;
+    case PGD_TYPE_Q4_K: return Q4_K_BYTES;
+    case PGD_TYPE_Q5_K: return Q5_K_BYTES;
+    case PGD_TYPE_Q6_K: return Q6_K_BYTES;
+    case PGD_TYPE_Q8_K: return Q8_K_BYTES;
+    case PGD_TYPE_F32: return 4;
+    default: return 2;
+    }
+}
+
 /* ---- Dequantization (scalar, operation order as ggml's dequantize_row_*) -------------------- */
 
 /* 6-bit scale and min j (0..7) of a K-quant super-block (ggml's get_scale_min_k4). */
@@ -268,7 +286,25 @@ bool pgd_cpu_type_supported(pgd_type t) {
 
 /* ---- Activation quantization ------------------------------------------------------------- */
 
+/* -1: not read yet; 0: F32 activations (default); 1: 8-bit activations. A relaxed atomic: the
+ * pool's workers read it while the engine thread may be the first to resolve it. */
+static atomic_int g_int8_act = -1;
+
+void pgd_cpu_set_int8_act(bool on) { atomic_store_explicit(&g_int8_act, on, memory_order_relaxed); }
+
+bool pgd_cpu_int8_act(void) {
+    int v = atomic_load_explicit(&g_int8_act, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("PAGODA_INT8_ACT");
+        v = e != NULL && e[0] != '\0' && strcmp(e, "0") != 0;
+        int expected = -1; /* a setter that ran meanwhile wins */
+        if (!atomic_compare_exchange_strong(&g_int8_act, &expected, v)) v = expected;
+    }
+    return v != 0;
+}
+
 pgd_type pgd_vec_dot_type(pgd_type wt) {
+    if (!pgd_cpu_int8_act()) return PGD_TYPE_F32;
     switch (wt) {
     case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q8_0: return PGD_TYPE_Q8_0;
     case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K: return PGD_TYPE_Q8_K;
@@ -483,10 +519,25 @@ static float dot_q6_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
     return s;
 }
 
+/* Quantized weights with F32 activations: each block dequantized (pgd_dequantize_row), then
+ * one accumulator, element after element. */
+static float dot_deq_scalar(pgd_type t, const uint8_t *w, const float *x, int64_t n) {
+    const uint32_t qk = blk_elems(t);
+    const size_t bytes = blk_bytes(t);
+    float buf[PGD_QK_K];
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / qk; b++, w += bytes, x += qk) {
+        pgd_dequantize_row(t, w, buf, qk);
+        for (uint32_t i = 0; i < qk; i++) s += buf[i] * x[i];
+    }
+    return s;
+}
+
 float pgd_vec_dot_scalar(pgd_type t, const void *w_row, const void *act, int64_t n) {
     uint32_t qk = blk_elems(t);
     PGD_ASSERT(pgd_cpu_type_supported(t) && n % qk == 0);
     int64_t nb = n / qk;
+    if (qk > 1 && pgd_vec_dot_type(t) == PGD_TYPE_F32) return dot_deq_scalar(t, w_row, act, n);
     switch (t) {
     case PGD_TYPE_F32: return dot_f32_scalar(w_row, act, n);
     case PGD_TYPE_F16: return dot_f16_scalar(w_row, act, n);
@@ -765,6 +816,21 @@ float pgd_vec_dot(pgd_type t, const void *w_row, const void *act, int64_t n) {
     uint32_t qk = blk_elems(t);
     PGD_ASSERT(pgd_cpu_type_supported(t) && n % qk == 0);
     int64_t nb = n / qk;
+#ifdef PGD_F32ACT_SIMD
+    if (qk > 1 && pgd_vec_dot_type(t) == PGD_TYPE_F32) {
+        float y;
+        pgd__f32act_tile g = {.w = w_row, .x = act, .y = &y, .n = n};
+        switch (t) {
+        case PGD_TYPE_Q8_0: pgd__f32act_tile_run(&g, PGD_TYPE_Q8_0, 1, 1); break;
+        case PGD_TYPE_Q4_0: pgd__f32act_tile_run(&g, PGD_TYPE_Q4_0, 1, 1); break;
+        case PGD_TYPE_Q4_1: pgd__f32act_tile_run(&g, PGD_TYPE_Q4_1, 1, 1); break;
+        case PGD_TYPE_Q4_K: pgd__f32act_tile_run(&g, PGD_TYPE_Q4_K, 1, 1); break;
+        case PGD_TYPE_Q5_K: pgd__f32act_tile_run(&g, PGD_TYPE_Q5_K, 1, 1); break;
+        default: pgd__f32act_tile_run(&g, PGD_TYPE_Q6_K, 1, 1); break;
+        }
+        return y;
+    }
+#endif
     switch (t) {
     case PGD_TYPE_F32: return dot_f32_avx2(w_row, act, n);
     case PGD_TYPE_F16: return dot_f16_avx2(w_row, act, n);

@@ -23,8 +23,26 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n);
 /* True if t is a weight type the CPU backend computes on. */
 bool pgd_cpu_type_supported(pgd_type t);
 
-/* The activation format a weight type's dot product consumes (F32 for float weights,
- * Q8_0 for Q4_0/Q4_1/Q8_0, Q8_K for the K-quants). */
+/* Activation precision for quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).
+ * Default: F32 activations. Each weight block is dequantized in registers (bit-identical to
+ * pgd_dequantize_row) and multiplied with the float activations, so a dot product differs from
+ * an F32 dot product on the dequantized weights only by float summation order.
+ * "int8 activations" (llama.cpp's scheme): activations are quantized to 8 bits per block (Q8_0
+ * with sums for Q4_0/Q4_1/Q8_0, Q8_K for the K-quants) and integer dot products are used. The
+ * kernels are faster (per kernel, one thread: 1.1-1.6x at n = 128, 1.6-3x at n = 1; see
+ * bench/RESULTS.md), but the activation rounding costs
+ * accuracy on models with activation outliers (SmolLM2-135M Q4_1, teacher-forced against
+ * transformers in F32 on the same dequantized weights: 96.5% arg-max agreement with 8-bit
+ * activations, 100% of 433 positions with F32 activations).
+ * Selected by PAGODA_INT8_ACT=1 in the environment (read at the first query; unset, empty or "0"
+ * means F32) or by pgd_cpu_set_int8_act, which overrides it. Choose before sizing scratch with
+ * pgd_cpu_matmul_act_row_bytes and before any matmul: it must not change while weights are in
+ * use (the activation layout depends on it). Thread-safe to read. */
+void pgd_cpu_set_int8_act(bool on);
+bool pgd_cpu_int8_act(void);
+
+/* The activation format a weight type's dot product consumes: F32 for every type by default;
+ * with int8 activations, Q8_0 for Q4_0/Q4_1/Q8_0 and Q8_K for the K-quants. */
 pgd_type pgd_vec_dot_type(pgd_type weight_type);
 /* Bytes needed to hold n activations converted to pgd_vec_dot_type(t). */
 size_t pgd_vec_dot_act_bytes(pgd_type weight_type, int64_t n);
@@ -40,7 +58,9 @@ float pgd_vec_dot(pgd_type t, const void *w_row, const void *act, int64_t n);
 /* fp32 -> bf16, round to nearest even, NaN kept quiet (as ggml_compute_fp32_to_bf16). */
 uint16_t pgd_fp32_to_bf16(float f);
 /* The portable scalar reference of pgd_vec_dot; same inputs, same contract. pgd_vec_dot may
- * differ from it only in the order its float partial sums are added (bound in test_quant.c). */
+ * differ from it only in the order its float partial sums are added and, with F32 activations,
+ * in fusing each product into its addition (bounds in test_quant.c). With F32 activations,
+ * pgd_vec_dot is bit-identical to the corresponding entry of pgd_cpu_matmul. */
 float pgd_vec_dot_scalar(pgd_type t, const void *w_row, const void *act, int64_t n);
 /* Expands activations prepared by pgd_quantize_act(weight_type, ...) back to n floats
  * (d * q per element); lets tests measure the activation quantization error exactly. */
