@@ -5,7 +5,12 @@
  * Errors inside parse and render unwind with longjmp to the API function: an interpreter raises
  * from hundreds of places, and threading a status through every expression would triple the
  * code. It stays leak-free because every heap object of a render is on one intrusive list that
- * the API function frees after the jump (the parser likewise owns everything in its arena). */
+ * the API function frees after the jump (the parser likewise owns everything in its arena).
+ *
+ * Not supported (a clear parse or render error): include/import/extends, call blocks, recursive
+ * loops, *args and **kwargs, macro varargs/kwargs/caller, loop.changed, the filters batch, slice,
+ * groupby, urlize, xmlattr, wordwrap, striptags, random, and tojson(ensure_ascii=True). Case
+ * mapping covers Latin, Greek and Cyrillic; JSON numbers that are integral become ints. */
 #include "api/jinja.h"
 
 #include <errno.h>

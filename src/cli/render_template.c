@@ -107,7 +107,8 @@ static int load_model_template(const char *path, char **tmpl, char **bos, char *
     pgd_tokenizer *t = NULL;
     struct stat st;
     int rc;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    bool is_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (is_dir) {
         char tj[4096], tc[4096];
         snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
         snprintf(tc, sizeof tc, "%s/tokenizer_config.json", path);
@@ -121,11 +122,35 @@ static int load_model_template(const char *path, char **tmpl, char **bos, char *
     }
     if (rc) return rc;
     const char *ct = pgd_tokenizer_chat_template(t);
-    if (!ct) {
+    *tmpl = ct ? strdup(ct) : NULL;
+    if (is_dir) {
+        /* newer transformers save the template beside the config, or keep a list of named
+         * templates in it; "default" is the one apply_chat_template uses */
+        char tp[4096];
+        size_t n;
+        snprintf(tp, sizeof tp, "%s/chat_template.jinja", path);
+        char *file = stat(tp, &st) == 0 ? read_file(tp, &n, NULL) : NULL;
+        if (file) {
+            free(*tmpl);
+            *tmpl = file;
+        } else if (!ct) {
+            snprintf(tp, sizeof tp, "%s/tokenizer_config.json", path);
+            cJSON *cfg = stat(tp, &st) == 0 ? read_json(tp, NULL) : NULL;
+            const cJSON *list = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *e;
+            if (!cJSON_IsArray(list)) list = NULL;
+            cJSON_ArrayForEach(e, list) {
+                const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+                const cJSON *tx = cJSON_GetObjectItemCaseSensitive(e, "template");
+                if (cJSON_IsString(nm) && !strcmp(nm->valuestring, "default") && cJSON_IsString(tx))
+                    *tmpl = strdup(tx->valuestring);
+            }
+            cJSON_Delete(cfg);
+        }
+    }
+    if (!*tmpl) {
         pgd_tokenizer_free(t);
         return pgd_err_set(err, PGD_ENOENT, "%s: the model has no chat template", path);
     }
-    *tmpl = strdup(ct);
     *bos = token_text(t, pgd_tokenizer_bos(t));
     *eos = token_text(t, pgd_tokenizer_eos(t));
     pgd_tokenizer_free(t);
