@@ -33,6 +33,34 @@ char *pgd_api_error_json(const pgd_api_error *e) {
     return s;
 }
 
+static bool valid_utf8(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!k || i + k > n) return false;
+        for (size_t j = 1; j < k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return false;
+        i += k;
+    }
+    return true;
+}
+
+bool pgd_api_utf8_valid(const char *s, size_t n) { return valid_utf8((const unsigned char *)s, n); }
+
+cJSON *pgd_api_json_parse(const char *body, size_t len) {
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (!o) return NULL;
+    /* cJSON stops after the first value; anything but whitespace after it is not JSON */
+    while (end && end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+        end++;
+    if (!end || end != body + len) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
 #define BAD(param, ...)                                                                          \
     do {                                                                                         \
         pgd_api_error_set(err, 400, "invalid_request_error", param, NULL, __VA_ARGS__);         \
@@ -225,7 +253,14 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     r->top_p = 1.0f;
     r->max_tokens = chat ? 0 : 16;
     r->add_generation_prompt = true;
-    cJSON *o = cJSON_ParseWithLength(body, len);
+    /* cJSON passes bytes through unchecked; a prompt must be text, so reject what the tokenizer
+     * and the JSON responses could not represent faithfully */
+    if (!valid_utf8((const unsigned char *)body, len)) {
+        pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_utf8",
+                          "the request body is not valid UTF-8");
+        return -1;
+    }
+    cJSON *o = pgd_api_json_parse(body, len);
     if (!o) {
         pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_json",
                           "the request body is not valid JSON");
@@ -481,7 +516,9 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     cJSON_AddItemToArray(arr, ch);
-    if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+    /* chat chunks carry "usage": null until the last one, as OpenAI sends them; the completion
+     * chunk's schema (CreateCompletionResponse) has a non-nullable usage, so it is left out */
+    if (r->include_usage && r->chat) cJSON_AddNullToObject(o, "usage");
     return sse(o);
 }
 
@@ -496,17 +533,6 @@ char *pgd_api_usage_chunk_sse(const pgd_api_request *r, const char *id, long cre
 
 /* ---- logprobs ---- */
 
-static bool valid_utf8(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (!k || i + k > n) return false;
-        for (size_t j = 1; j < k; j++)
-            if ((s[i + j] & 0xC0) != 0x80) return false;
-        i += k;
-    }
-    return true;
-}
 
 /* A token's text as a JSON string; a piece of a multi-byte character is written as
  * "bytes:\\xNN..." the way OpenAI reports such tokens. */

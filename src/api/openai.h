@@ -59,6 +59,10 @@ typedef struct pgd_api_request {
 int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits *lim,
                   pgd_api_request *out, pgd_api_error *err);
 void pgd_api_request_free(pgd_api_request *r);
+/* Whether s[0..n) is well-formed UTF-8 (bodies of every POST route must be). */
+bool pgd_api_utf8_valid(const char *s, size_t n);
+/* Parses body[0..len) as exactly one JSON value (whitespace around it only), or returns NULL. */
+cJSON *pgd_api_json_parse(const char *body, size_t len);
 
 void pgd_api_error_set(pgd_api_error *e, int status, const char *type, const char *param,
                        const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));

@@ -102,15 +102,20 @@ int pgd_kv_plan_gpu_preset(const char *name, pgd_kv_plan_hw *hw);
 int pgd_kv_plan_dtype_parse(const char *s, pgd_kv_plan_dtype *out);
 const char *pgd_kv_plan_dtype_name(pgd_kv_plan_dtype d);
 
-/* Computes the plan. PGD_EINVAL for an inconsistent input (non-positive sizes, tp not dividing
- * the GPU count or the attention heads, GGUF dtype without file figures). */
+/* Computes the plan into the caller's *out (in is borrowed and copied into out->in). PGD_EINVAL
+ * for an inconsistent input (non-positive sizes, tp not dividing the GPU count or the attention
+ * heads, GGUF dtype without file figures); err then names the problem. Weights that do not fit
+ * are not an error: kv_budget_bytes_per_gpu is negative and nothing fits. */
 int pgd_kv_plan_compute(const pgd_kv_plan_input *in, pgd_kv_plan *out, pgd_err *err);
 
 /* The plan as one JSON object (keys weight_bytes_per_gpu, kv_bytes_per_token, max_kv_tokens,
  * max_users keyed by context length, decode_roofline_tok_s, ...). *json_out is malloc'd; the
  * caller frees it with free(). */
 int pgd_kv_plan_to_json(const pgd_kv_plan *p, char **json_out, pgd_err *err);
-/* compute + to_json in one call: what the server's GET /v1/kv_plan uses. */
+/* compute + to_json in one call: what the server's GET /v1/kv_plan uses. For the server's own
+ * model and memory: pgd_kv_plan_input_init, pgd_kv_plan_model_load(model path), weight_dtype =
+ * PGD_KV_PLAN_GGUF for a GGUF file, kv_dtype from --kv-dtype, kv_budget_bytes = --kv-cache-memory
+ * (no bandwidth given: "decode_roofline_tok_s" is null). Thread-safe: no shared state. */
 int pgd_kv_plan_json(const pgd_kv_plan_input *in, char **json_out, pgd_err *err);
 
 /* A readable report. */

@@ -22,8 +22,9 @@ void pgd_metrics_init(pgd_metrics *m) {
          itl_b, (int)(sizeof itl_b / sizeof *itl_b)},
         {"e2e_request_latency_seconds", "End-to-end request latency in seconds.", e2e_b,
          (int)(sizeof e2e_b / sizeof *e2e_b)},
-        {"request_queue_time_seconds", "Time requests spent waiting before their first token "
-         "was scheduled, in seconds.", e2e_b, (int)(sizeof e2e_b / sizeof *e2e_b)},
+        {"request_queue_time_seconds", "Time from submission to the engine to the first token "
+         "in seconds (an upper bound of the queue time: it includes the prefill).", e2e_b,
+         (int)(sizeof e2e_b / sizeof *e2e_b)},
     };
     for (int i = 0; i < PGD_H_COUNT; i++) {
         m->h[i].name = defs[i].n;

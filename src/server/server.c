@@ -11,6 +11,7 @@
  * it is freed only when the connection has completed AND every engine request has finished
  * (deferred free), so neither side can touch freed memory. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <microhttpd.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,13 +73,17 @@ typedef struct req_ctx {
     bool stream_done, suspended;
     uv_work_t work;
     char method[16], path[64]; /* for the access log (JSON-safe: printable, no quotes) */
+    struct req_ctx *run_prev, *run_next; /* in server.running while PH_RUNNING */
+    bool in_run_list;
+    bool client_gone;          /* the liveness check saw the client leave */
 } req_ctx;
 
 struct server {
     pgd_server_config cfg;
     uv_loop_t loop;
     uv_poll_t poll;
-    uv_timer_t timer, drain_timer;
+    uv_timer_t timer, drain_timer, liveness_timer;
+    req_ctx *running;          /* non-streaming requests waiting for their answer */
     uv_async_t async;
     uv_signal_t sigterm, sigint;
     uv_work_t load_work;
@@ -90,6 +96,7 @@ struct server {
     char load_error[512];
     volatile bool ready;
     bool draining, load_failed;
+    bool loading;              /* the load work is queued or running (it writes s->engine) */
     int in_flight;             /* requests accepted and not yet answered */
     uint64_t next_req;
     pgd_metrics metrics;
@@ -105,8 +112,26 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static void run_list_remove(server *s, req_ctx *c) {
+    if (!c->in_run_list) return;
+    if (c->run_prev) c->run_prev->run_next = c->run_next;
+    else s->running = c->run_next;
+    if (c->run_next) c->run_next->run_prev = c->run_prev;
+    c->run_prev = c->run_next = NULL;
+    c->in_run_list = false;
+}
+
+static void run_list_add(server *s, req_ctx *c) {
+    c->run_prev = NULL;
+    c->run_next = s->running;
+    if (s->running) s->running->run_prev = c;
+    s->running = c;
+    c->in_run_list = true;
+}
+
 static void ctx_unref(req_ctx *c) {
     if (--c->refs > 0) return;
+    run_list_remove(c->s, c);
     if (c->api_parsed) pgd_api_request_free(&c->api);
     for (int i = 0; i < c->n_choices; i++) {
         free(c->choices[i].text);
@@ -239,6 +264,9 @@ static void handle_event(server *s, const pgd_event *ev) {
         if (c->t_first == 0) {
             c->t_first = t;
             pgd_metrics_observe(&s->metrics, PGD_H_TTFT, t - c->t_arrival);
+            /* the engine reports no "scheduled" event yet: submission to first token is the
+             * closest bound the server sees (it includes the prefill; see the metric's help) */
+            pgd_metrics_observe(&s->metrics, PGD_H_QUEUE, t - c->t_submitted);
         } else {
             pgd_metrics_observe(&s->metrics, PGD_H_ITL, t - c->t_last);
         }
@@ -284,6 +312,7 @@ static void handle_event(server *s, const pgd_event *ev) {
 
 static void finish_request(server *s, req_ctx *c) {
     double t = now_s();
+    run_list_remove(s, c);
     pgd_metrics_observe(&s->metrics, PGD_H_E2E, t - c->t_arrival);
     if (c->conn_done) return;
     if (c->api.stream && c->ph == PH_STREAMING) {
@@ -305,6 +334,28 @@ static void finish_request(server *s, req_ctx *c) {
         c->ph = PH_RESPOND;
     }
     resume(c);
+}
+
+/* A non-streaming request's connection stays suspended until its answer is ready, so MHD cannot
+ * see its client leave. Twice a second, peek at each such socket: on EOF or an error the client
+ * is gone, and its engine requests are aborted (their blocks freed) as a dropped stream's are.
+ * A client that half-closes its sending side while waiting counts as gone, as in vLLM. */
+static void liveness_cb(uv_timer_t *t) {
+    server *s = t->data;
+    for (req_ctx *c = s->running, *next; c; c = next) {
+        next = c->run_next;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci) continue;
+        char b;
+        ssize_t r = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            run_list_remove(s, c);
+            c->client_gone = true;
+            for (int i = 0; i < c->n_choices; i++)
+                if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
+        }
+    }
 }
 
 static void async_cb(uv_async_t *a) {
@@ -454,6 +505,7 @@ static void after_work_cb(uv_work_t *w, int status) {
             if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
     } else {
         c->ph = c->api.stream ? PH_STREAMING : PH_RUNNING;
+        if (!c->api.stream) run_list_add(s, c);
         c->t_submitted = now_s();
         if (c->api.stream) {
             /* echo goes out first */
@@ -511,10 +563,19 @@ static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
     return r;
 }
 
-static enum MHD_Result answer_tokenize(server *s, req_ctx *c, struct MHD_Connection *conn) {
+/* /tokenize and /detokenize on the thread pool: a body of megabytes takes long to tokenize, and
+ * the loop must keep streaming meanwhile. Fills c->resp (200) or c->err. */
+static void tokenize_work_cb(uv_work_t *w) {
+    req_ctx *c = w->data;
+    server *s = c->s;
     pgd_api_error e;
-    cJSON *o = cJSON_ParseWithLength(c->body ? c->body : "", c->body_len);
-    cJSON *out = NULL;
+    cJSON *o = NULL, *out = NULL;
+    if (!pgd_api_utf8_valid(c->body ? c->body : "", c->body_len)) {
+        pgd_api_error_set(&e, 400, "invalid_request_error", NULL, "invalid_utf8",
+                          "the request body is not valid UTF-8");
+        goto err;
+    }
+    o = pgd_api_json_parse(c->body ? c->body : "", c->body_len);
     if (!cJSON_IsObject(o)) {
         pgd_api_error_set(&e, 400, "invalid_request_error", NULL, "invalid_json",
                           "the request body must be a JSON object");
@@ -580,15 +641,27 @@ static enum MHD_Result answer_tokenize(server *s, req_ctx *c, struct MHD_Connect
         free(text);
     }
     cJSON_Delete(o);
-    char *js = cJSON_PrintUnformatted(out);
+    c->resp = cJSON_PrintUnformatted(out);
     cJSON_Delete(out);
-    c->status = 200;
-    enum MHD_Result r = send_body(conn, 200, js ? js : "{}", "application/json", NULL);
-    free(js);
-    return r;
+    if (c->resp) {
+        c->status = 200;
+        return;
+    }
+    pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
 err:
     cJSON_Delete(o);
-    return send_error(c, conn, &e);
+    c->err = e;
+    c->has_err = true;
+}
+
+static void tokenize_after_cb(uv_work_t *w, int status) {
+    req_ctx *c = w->data;
+    server *s = c->s;
+    (void)status;
+    c->ph = PH_RESPOND;
+    resume(c);
+    ctx_unref(c); /* the work's reference */
+    run_mhd(s);
 }
 
 /* ---- the access handler ---- */
@@ -715,7 +788,24 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                               "the request body exceeds %zu bytes", s->cfg.max_body_bytes);
             return send_error(c, conn, &e);
         }
-        if (c->rt == R_TOKENIZE || c->rt == R_DETOKENIZE) return answer_tokenize(s, c, conn);
+        if (c->rt == R_TOKENIZE || c->rt == R_DETOKENIZE) {
+            c->ph = PH_WORKING;
+            c->refs++; /* held by the work item */
+            s->in_flight++;
+            c->work.data = c;
+            c->suspended = true;
+            MHD_suspend_connection(conn);
+            if (uv_queue_work(&s->loop, &c->work, tokenize_work_cb, tokenize_after_cb)) {
+                c->suspended = false;
+                MHD_resume_connection(conn);
+                c->refs--;
+                c->ph = PH_RESPOND;
+                pgd_api_error_set(&e, 500, "server_error", NULL, NULL,
+                                  "cannot schedule the request");
+                return send_error(c, conn, &e);
+            }
+            return MHD_YES;
+        }
         if (pgd_api_parse(c->body ? c->body : "", c->body_len, c->rt == R_CHAT, &s->limits,
                           &c->api, &e))
             return send_error(c, conn, &e);
@@ -786,10 +876,11 @@ static void log_request(server *s, req_ctx *c, int term) {
             "{\"event\":\"request\",\"id\":\"%s\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
             "\"prompt_tokens\":%d,\"completion_tokens\":%d,\"ttft_ms\":%.1f,\"total_ms\":%.1f,"
             "\"client_closed\":%s}\n",
-            c->id[0] ? c->id : "-", c->method, c->path, c->status,
+            c->id[0] ? c->id : "-", c->method, c->path,
+            c->client_gone ? 499 : c->status, /* nginx's "client closed request" */
             c->prompt_tokens, c->completion_tokens,
             c->t_first ? 1000 * (c->t_first - c->t_arrival) : 0.0, 1000 * (t - c->t_arrival),
-            term == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "false" : "true");
+            term == MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->client_gone ? "false" : "true");
 }
 
 static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -799,6 +890,7 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!c) return;
     *con_cls = NULL;
     c->conn_done = true;
+    run_list_remove(s, c); /* its connection is gone: the liveness check must not touch it */
     bool aborted = false;
     for (int i = 0; i < c->n_choices; i++)
         if (c->submitted[i]) {
@@ -862,6 +954,7 @@ static void load_work_cb(uv_work_t *w) {
 static void load_done_cb(uv_work_t *w, int status) {
     server *s = w->data;
     (void)status;
+    s->loading = false;
     if (!s->engine) {
         fprintf(stderr, "pagoda: %s\n", s->load_error);
         s->load_failed = true;
@@ -892,6 +985,9 @@ static void drain_check_cb(uv_timer_t *t) {
     server *s = t->data;
     static double started;
     if (started == 0) started = now_s();
+    /* a SIGTERM while the model loads waits for the load: the pool thread is writing s->engine,
+     * which the shutdown path reads and frees */
+    if (s->loading) return;
     if (s->in_flight <= 0 || now_s() - started > s->cfg.drain_timeout) {
         if (s->in_flight > 0)
             fprintf(stderr, "{\"event\":\"drain_timeout\",\"in_flight\":%d}\n", s->in_flight);
@@ -963,6 +1059,9 @@ int pgd_serve(const pgd_server_config *cfg) {
     uv_timer_init(&s->loop, &s->timer);
     s->timer.data = s;
     uv_timer_init(&s->loop, &s->drain_timer);
+    uv_timer_init(&s->loop, &s->liveness_timer);
+    s->liveness_timer.data = s;
+    uv_timer_start(&s->liveness_timer, liveness_cb, 500, 500);
     s->drain_timer.data = s;
     uv_async_init(&s->loop, &s->async, async_cb);
     s->async.data = s;
@@ -973,7 +1072,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     uv_signal_start(&s->sigint, signal_cb, SIGINT);
     signal(SIGPIPE, SIG_IGN);
     s->load_work.data = s;
-    uv_queue_work(&s->loop, &s->load_work, load_work_cb, load_done_cb);
+    s->loading = uv_queue_work(&s->loop, &s->load_work, load_work_cb, load_done_cb) == 0;
     run_mhd(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     /* shutdown: engine first (no more events), then HTTP, then the loop's handles */

@@ -1,0 +1,112 @@
+"""The server under AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer: a subset of the
+server suite (every error case, completions and chat in all their shapes, dropped streams,
+concurrent streams, SIGTERM) against $PAGODA_ASAN_BUILD/pagoda, failing on any sanitizer report
+in the server's stderr or a non-zero exit. Skipped when PAGODA_ASAN_BUILD is not set
+(scripts/test.sh sets it). To run the whole server suite under ASan instead:
+    PAGODA_SERVER_BIN=build-srv-asan/pagoda ASAN_OPTIONS=detect_leaks=1 pytest tests/integration/test_server*.py
+"""
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import requests
+
+import test_server_errors as errs
+import test_server_load as load
+from server_util import STORIES, Server, sse_events
+
+ASAN_BUILD = os.environ.get("PAGODA_ASAN_BUILD")
+pytestmark = pytest.mark.skipif(not ASAN_BUILD, reason="PAGODA_ASAN_BUILD is not set")
+ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:halt_on_error=1",
+       "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+
+
+def asan_bin():
+    b = Path(ASAN_BUILD) / "pagoda"
+    assert b.exists(), f"{b} is missing: build the ASan configuration first"
+    return b
+
+
+def test_asan_stories_subset():
+    s = Server(STORIES, "--api-key", errs.KEY, "--max-num-seqs", "16", binary=asan_bin(),
+               env=ENV, ready_timeout=300)
+    s.start()
+    try:
+        url = s.url("/v1/completions")
+        # every malformed request
+        for case in errs.CASES:
+            name, method, path, body, headers, status, _, _ = case
+            r = errs.send(s, method, path, body, headers)
+            assert r.status_code == status, f"{name}: {r.status_code} {r.text[:300]}"
+        # completions: plain, n, stop, echo, logprobs, token prompts, streaming with usage
+        for body in ({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0},
+                     {"prompt": ["Once", "upon"], "max_tokens": 8, "n": 2, "temperature": 0.9,
+                      "seed": 3},
+                     {"prompt": "Once upon a time", "max_tokens": 24, "stop": [" the", "."]},
+                     {"prompt": "Once upon a time", "max_tokens": 4, "echo": True},
+                     {"prompt": [[1, 400, 300], [1, 5]], "max_tokens": 4, "logprobs": 5},
+                     {"prompt": "Lily", "max_tokens": 8, "logit_bias": {"5": -100},
+                      "presence_penalty": 1, "frequency_penalty": 0.5, "top_k": 5, "min_p": 0.1}):
+            r = requests.post(url, json=body, headers=errs.AUTH, timeout=120)
+            assert r.status_code == 200, r.text
+        with requests.post(url, json={"prompt": "Once", "max_tokens": 12, "n": 2, "stream": True,
+                                      "logprobs": 2, "stream_options": {"include_usage": True}},
+                           headers=errs.AUTH, stream=True, timeout=120) as r:
+            events = list(sse_events(r.iter_lines()))
+        assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 24
+        for p in ("/tokenize", "/detokenize"):
+            body = {"prompt": "héllo wörld"} if p == "/tokenize" else {"tokens": [1, 400, 300]}
+            assert requests.post(s.url(p), json=body, headers=errs.AUTH,
+                                 timeout=30).status_code == 200
+        # dropped streams
+        socks = []
+        for _ in range(8):
+            raw = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+            data = b'{"prompt": "Once", "max_tokens": 400, "ignore_eos": true, "stream": true}'
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                        + errs.KEY.encode() + b"\r\nContent-Length: " + str(len(data)).encode()
+                        + b"\r\n\r\n" + data)
+            assert raw.recv(4096)
+            socks.append(raw)
+        for raw in socks:
+            raw.close()
+        # concurrent streams (httpx needs the key)
+        reqs = load.make_requests(32)
+        expected = [requests.post(url, json=b, headers=errs.AUTH, timeout=120).json()
+                    ["choices"][0]["text"] for b in reqs]
+
+        async def all_streams():
+            import httpx
+            async with httpx.AsyncClient(timeout=300, headers=errs.AUTH) as c:
+                return await asyncio.gather(*(load.stream_one(c, url, b) for b in reqs))
+        results = asyncio.run(all_streams())
+        assert [r[0] for r in results] == expected
+        m = s.wait_metrics(load.idle, timeout=60)
+        assert load.idle(m), m
+    finally:
+        s.stop()  # asserts exit 0 and no ASan/LSan/UBSan report
+
+
+def test_asan_chat_default_model(default_model):
+    """The chat path (template rendering on the thread pool) on the real model."""
+    s = Server(default_model, binary=asan_bin(), env=ENV, ready_timeout=300)
+    s.start()
+    try:
+        chat = {"messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": [{"type": "text", "text": "Hi!"}]}],
+                "max_tokens": 4, "temperature": 0}
+        r = requests.post(s.url("/v1/chat/completions"), json=chat, timeout=300)
+        assert r.status_code == 200, r.text
+        with requests.post(s.url("/v1/chat/completions"),
+                           json=dict(chat, stream=True, logprobs=True, top_logprobs=2),
+                           stream=True, timeout=300) as r:
+            events = list(sse_events(r.iter_lines()))
+        assert events[-1] == "[DONE]"
+        r = requests.post(s.url("/v1/chat/completions"),
+                          json={"messages": [{"role": "user", "content": "x"}], "top_p": 7},
+                          timeout=60)
+        assert r.status_code == 400
+    finally:
+        s.stop()
