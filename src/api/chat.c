@@ -29,7 +29,9 @@ int pgd_chat_render(const pgd_jinja_tmpl *t, const pgd_tokenizer *tok, const cJS
     add_token_string(ctx, "eos_token", tok, pgd_tokenizer_eos(tok));
     pgd_err e = {{0}};
     size_t len = 0;
-    int rc = pgd_jinja_render(t, ctx, NULL, out, &len, &e);
+    /* templates come from model files: bound a hostile one to well under a second of CPU */
+    pgd_jinja_opts opts = {.max_steps = 5000000};
+    int rc = pgd_jinja_render(t, ctx, &opts, out, &len, &e);
     cJSON_Delete(ctx);
     if (rc) snprintf(err, errlen, "%s", e.msg);
     return rc;

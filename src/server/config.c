@@ -48,6 +48,15 @@ static const opt table[] = {
     {"block-size", 0, T_INT, OFF(block_size), "16", 1, 1024, NULL, "KV block size in tokens"},
     {"no-prefix-caching", 0, T_BOOL, OFF(no_prefix_caching), "false", 0, 0, NULL,
      "turn the prefix cache off"},
+    {"speculative", 0, T_STR, OFF(speculative), "none", 0, 0, NULL,
+     "speculative decoding: none, ngram (prompt lookup) or draft"},
+    {"num-speculative-tokens", 0, T_INT, OFF(num_speculative_tokens), "5", 1, 16, NULL,
+     "the most tokens proposed per step"},
+    {"draft-model", 0, T_STR, OFF(draft_model), NULL, 0, 0, NULL,
+     "draft model (same vocabulary) for --speculative draft"},
+    {"device", 0, T_STR, OFF(device), "cpu", 0, 0, NULL, "backend: cpu or cuda"},
+    {"tensor-parallel-size", 0, T_INT, OFF(tensor_parallel_size), "1", 1, 64, NULL,
+     "ranks the model is split across"},
     {"weights-f32", 0, T_BOOL, OFF(weights_f32), "false", 0, 0, NULL,
      "dequantize weights to F32 at load"},
     {"max-waiting", 0, T_INT, OFF(max_waiting), "1024", 1, 1 << 20, NULL,
@@ -257,6 +266,19 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
             v = argv[++i];
         }
         if (set_opt(c, o, v, "the command line")) return -1;
+    }
+    if (strcmp(c->speculative, "none") && strcmp(c->speculative, "ngram") &&
+        strcmp(c->speculative, "draft")) {
+        fprintf(stderr, "pagoda: --speculative must be none, ngram or draft\n");
+        return -1;
+    }
+    if (!strcmp(c->speculative, "draft") && !c->draft_model) {
+        fprintf(stderr, "pagoda: --speculative draft needs --draft-model\n");
+        return -1;
+    }
+    if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda")) {
+        fprintf(stderr, "pagoda: --device must be cpu or cuda\n");
+        return -1;
     }
     if (strcmp(c->kv_dtype, "f32") && strcmp(c->kv_dtype, "f16") && strcmp(c->kv_dtype, "bf16")) {
         fprintf(stderr, "pagoda: --kv-dtype must be f32, f16 or bf16\n");

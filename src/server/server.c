@@ -32,6 +32,7 @@
 #include "api/openai.h"
 #include "model/gguf.h"
 #include "pagoda/pagoda.h"
+#include "plan/kv_plan.h"
 #include "server/config.h"
 #include "server/metrics.h"
 #include "tokenizer/tokenizer.h"
@@ -264,9 +265,6 @@ static void handle_event(server *s, const pgd_event *ev) {
         if (c->t_first == 0) {
             c->t_first = t;
             pgd_metrics_observe(&s->metrics, PGD_H_TTFT, t - c->t_arrival);
-            /* the engine reports no "scheduled" event yet: submission to first token is the
-             * closest bound the server sees (it includes the prefill; see the metric's help) */
-            pgd_metrics_observe(&s->metrics, PGD_H_QUEUE, t - c->t_submitted);
         } else {
             pgd_metrics_observe(&s->metrics, PGD_H_ITL, t - c->t_last);
         }
@@ -296,6 +294,8 @@ static void handle_event(server *s, const pgd_event *ev) {
         choice_append(ch, ev->text, (size_t)ev->text_len);
     }
     if (ev->type != PGD_EVENT_FINISH) return;
+    /* the engine measures submission -> first scheduling */
+    pgd_metrics_observe(&s->metrics, PGD_H_QUEUE, ev->queue_seconds);
     c->submitted[i] = false; /* no more events for this choice */
     c->n_finished++;
     if (ev->finish_reason == PGD_FINISH_ERROR && !c->has_err) {
@@ -664,6 +664,37 @@ static void tokenize_after_cb(uv_work_t *w, int status) {
     run_mhd(s);
 }
 
+/* GET /v1/kv_plan[?gpu=NAME]: the capacity plan for this server's model and KV budget. */
+static enum MHD_Result answer_kv_plan(server *s, req_ctx *c, struct MHD_Connection *conn) {
+    pgd_api_error e;
+    pgd_err err = {{0}};
+    pgd_kv_plan_input in;
+    pgd_kv_plan_input_init(&in);
+    int rc = pgd_kv_plan_model_load(s->cfg.model, &in.model, &err);
+    if (!rc) {
+        in.weight_dtype = in.model.file_bytes_per_param > 0 ? PGD_KV_PLAN_GGUF : in.model.config_dtype;
+        rc = pgd_kv_plan_dtype_parse(s->cfg.kv_dtype, &in.kv_dtype);
+        if (rc) pgd_err_set(&err, rc, "unknown KV dtype %s", s->cfg.kv_dtype);
+    }
+    in.kv_budget_bytes = (double)s->cfg.kv_cache_bytes;
+    const char *gpu = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "gpu");
+    if (!rc && gpu && (rc = pgd_kv_plan_gpu_preset(gpu, &in.hw))) {
+        pgd_api_error_set(&e, 400, "invalid_request_error", "gpu", NULL,
+                          "unknown GPU preset (a100-40gb, a100-80gb, h100-80gb, h200-141gb)");
+        return send_error(c, conn, &e);
+    }
+    char *js = NULL;
+    if (!rc) rc = pgd_kv_plan_json(&in, &js, &err);
+    if (rc) {
+        pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "kv plan failed: %s", err.msg);
+        return send_error(c, conn, &e);
+    }
+    c->status = 200;
+    enum MHD_Result r = send_body(conn, 200, js, "application/json", NULL);
+    free(js);
+    return r;
+}
+
 /* ---- the access handler ---- */
 
 static bool authorized(server *s, struct MHD_Connection *conn) {
@@ -707,7 +738,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             {"/v1/completions", true, R_COMPLETIONS}, {"/v1/chat/completions", true, R_CHAT},
             {"/tokenize", true, R_TOKENIZE},          {"/detokenize", true, R_DETOKENIZE},
             {"/v1/models", false, -1},                {"/health", false, -2},
-            {"/metrics", false, -3},
+            {"/metrics", false, -3},                  {"/v1/kv_plan", false, -4},
         };
         int found = -100;
         bool post_route = false;
@@ -753,6 +784,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             c->status = 200;
             return answer_models(s, conn);
         }
+        if (found == -4) return answer_kv_plan(s, c, conn);
         if (!s->ready || s->draining) {
             pgd_api_error_set(&e, 503, "server_error", NULL, s->draining ? "shutting_down" : "loading",
                               s->draining ? "the server is shutting down"
@@ -920,6 +952,13 @@ static void load_work_cb(uv_work_t *w) {
     ec.max_num_seqs = s->cfg.max_num_seqs;
     ec.no_prefix_caching = s->cfg.no_prefix_caching;
     ec.max_waiting = s->cfg.max_waiting;
+    ec.speculative = !strcmp(s->cfg.speculative, "ngram")   ? PGD_SPEC_NGRAM
+                     : !strcmp(s->cfg.speculative, "draft") ? PGD_SPEC_DRAFT
+                                                            : PGD_SPEC_NONE;
+    ec.num_speculative_tokens = s->cfg.num_speculative_tokens;
+    ec.draft_model_path = s->cfg.draft_model;
+    ec.device = s->cfg.device;
+    ec.tensor_parallel_size = s->cfg.tensor_parallel_size;
     if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;
     /* the server's own tokenizer handle, for the thread pool (tokenizers are immutable) */
     pgd_err err = {{0}};
