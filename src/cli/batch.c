@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "pagoda/pagoda.h"
 #include "util/mapfile.h"
+#include "util/parse.h"
 
 typedef struct result {
     cJSON *id;            /* the request's "id" (a copy), or null */
@@ -69,20 +70,6 @@ static void usage_batch(FILE *f) {
             "  --draft-model M               the draft model (same vocabulary) for --speculative draft\n"
             "  --device cpu|cuda             backend (default cpu)\n"
             "  --tensor-parallel-size N      ranks (default 1)\n");
-}
-
-static int parse_size(const char *s, size_t *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || !(v > 0)) return -1;
-    double mul = 1;
-    if (!strcasecmp(end, "kib") || !strcasecmp(end, "k")) mul = 1024.0;
-    else if (!strcasecmp(end, "mib") || !strcasecmp(end, "m")) mul = 1048576.0;
-    else if (!strcasecmp(end, "gib") || !strcasecmp(end, "g")) mul = 1073741824.0;
-    else if (*end) return -1;
-    if (v * mul > 1e15) return -1;
-    *out = (size_t)(v * mul);
-    return 0;
 }
 
 static void set_error(result *r, const char *msg) {
@@ -342,7 +329,7 @@ int pgd_cli_batch(int argc, char **argv) {
         } else if (!strcmp(a, "--stagger")) {
             if (pgd_cli_parse_long(v, 0, 1 << 20, &stagger)) goto bad;
         } else if (!strcmp(a, "--kv-cache-memory")) {
-            if (parse_size(v, &ec.kv_cache_bytes)) goto bad;
+            if (pgd_parse_size(v, &ec.kv_cache_bytes)) goto bad;
         } else if (!strcmp(a, "--speculative")) {
             if (!strcmp(v, "ngram")) ec.speculative = PGD_SPEC_NGRAM;
             else if (!strcmp(v, "draft")) ec.speculative = PGD_SPEC_DRAFT;

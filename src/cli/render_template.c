@@ -108,18 +108,7 @@ static int load_model_template(const char *path, char **tmpl, char **bos, char *
     struct stat st;
     int rc;
     bool is_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-    if (is_dir) {
-        char tj[4096], tc[4096];
-        snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
-        snprintf(tc, sizeof tc, "%s/tokenizer_config.json", path);
-        rc = pgd_tokenizer_load_hf(tj, stat(tc, &st) == 0 ? tc : NULL, &t, err);
-    } else {
-        pgd_gguf g;
-        rc = pgd_gguf_open(&g, path, err);
-        if (rc) return rc;
-        rc = pgd_tokenizer_load_gguf(&g, &t, err);
-        pgd_gguf_close(&g);
-    }
+    rc = pgd_tokenizer_load_path(path, &t, err);
     if (rc) return rc;
     const char *ct = pgd_tokenizer_chat_template(t);
     *tmpl = ct ? strdup(ct) : NULL;

@@ -12,22 +12,6 @@
 #include "tokenizer/tokenizer.h"
 #include "util/mapfile.h"
 
-static int load_tokenizer(const char *path, pgd_tokenizer **t, pgd_err *err) {
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        char tj[4096], tc[4096];
-        snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
-        snprintf(tc, sizeof tc, "%s/tokenizer_config.json", path);
-        return pgd_tokenizer_load_hf(tj, stat(tc, &st) == 0 ? tc : NULL, t, err);
-    }
-    pgd_gguf g;
-    int rc = pgd_gguf_open(&g, path, err);
-    if (rc) return rc;
-    rc = pgd_tokenizer_load_gguf(&g, t, err);
-    pgd_gguf_close(&g);
-    return rc;
-}
-
 /* Encodes into *ids (grown as needed). */
 static int encode(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool special,
                   int32_t **ids, size_t *cap, size_t *n_out) {
@@ -129,7 +113,7 @@ int pgd_cli_tokenize(int argc, char **argv) {
     if (!model) model = pgd_cli_default_model();
     pgd_err err = {{0}};
     pgd_tokenizer *t = NULL;
-    if (load_tokenizer(model, &t, &err) != 0) {
+    if (pgd_tokenizer_load_path(model, &t, &err) != 0) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         return 1;
     }
@@ -272,7 +256,7 @@ int pgd_cli_detokenize(int argc, char **argv) {
     }
     if (!model) model = pgd_cli_default_model();
     pgd_err err = {{0}};
-    if (load_tokenizer(model, &t, &err) != 0) {
+    if (pgd_tokenizer_load_path(model, &t, &err) != 0) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         goto done;
     }

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "util/mapfile.h"
+#include "util/parse.h"
 
 typedef enum { T_STR, T_INT, T_SIZE, T_BOOL, T_KEYS } opt_type;
 
@@ -85,21 +86,6 @@ static const opt table[] = {
 };
 #define N_OPTS (sizeof table / sizeof table[0])
 
-static int parse_size(const char *s, size_t *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v >= 0)) return -1;
-    double mul = 1;
-    if (!strcasecmp(end, "kib") || !strcasecmp(end, "k") || !strcasecmp(end, "kb")) mul = 1024.0;
-    else if (!strcasecmp(end, "mib") || !strcasecmp(end, "m") || !strcasecmp(end, "mb")) mul = 1048576.0;
-    else if (!strcasecmp(end, "gib") || !strcasecmp(end, "g") || !strcasecmp(end, "gb")) mul = 1073741824.0;
-    else if (*end) return -1;
-    if (v * mul > 1e15) return -1;
-    *out = (size_t)(v * mul);
-    return 0;
-}
-
 static int set_opt(pgd_server_config *c, const opt *o, const char *v, const char *src) {
     char *base = (char *)c + o->offset;
     switch (o->type) {
@@ -142,7 +128,7 @@ static int set_opt(pgd_server_config *c, const opt *o, const char *v, const char
     }
     case T_SIZE: {
         size_t x;
-        if (parse_size(v, &x) || (double)x < o->lo || (double)x > o->hi) goto bad;
+        if (pgd_parse_size(v, &x) || (double)x < o->lo || (double)x > o->hi) goto bad;
         *(size_t *)base = x;
         return 0;
     }

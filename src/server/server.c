@@ -962,21 +962,7 @@ static void load_work_cb(uv_work_t *w) {
     if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;
     /* the server's own tokenizer handle, for the thread pool (tokenizers are immutable) */
     pgd_err err = {{0}};
-    struct stat st;
-    int rc;
-    if (stat(s->cfg.model, &st) == 0 && S_ISDIR(st.st_mode)) {
-        char tj[4096], tc[4096];
-        snprintf(tj, sizeof tj, "%s/tokenizer.json", s->cfg.model);
-        snprintf(tc, sizeof tc, "%s/tokenizer_config.json", s->cfg.model);
-        rc = pgd_tokenizer_load_hf(tj, stat(tc, &st) == 0 ? tc : NULL, &s->tok, &err);
-    } else {
-        pgd_gguf g;
-        rc = pgd_gguf_open(&g, s->cfg.model, &err);
-        if (!rc) {
-            rc = pgd_tokenizer_load_gguf(&g, &s->tok, &err);
-            pgd_gguf_close(&g);
-        }
-    }
+    int rc = pgd_tokenizer_load_path(s->cfg.model, &s->tok, &err);
     if (rc) {
         snprintf(s->load_error, sizeof s->load_error, "%s", err.msg);
         pgd_engine_free(s->engine);

@@ -3,7 +3,9 @@
  * pre-tokenizer + BPE or to the SentencePiece merger. */
 #include "tokenizer/tok_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 
 #include "tokenizer/unicode.h"
@@ -579,4 +581,20 @@ done:
     if (rc) return rc;
     *n_out = o.n;
     return o.n > cap ? PGD_ERANGE : 0;
+}
+
+int pgd_tokenizer_load_path(const char *path, pgd_tokenizer **out, pgd_err *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        char tj[4096], tc[4096];
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
+        snprintf(tc, sizeof tc, "%s/tokenizer_config.json", path);
+        return pgd_tokenizer_load_hf(tj, stat(tc, &st) == 0 ? tc : NULL, out, err);
+    }
+    pgd_gguf g;
+    int rc = pgd_gguf_open(&g, path, err);
+    if (rc) return rc;
+    rc = pgd_tokenizer_load_gguf(&g, out, err);
+    pgd_gguf_close(&g);
+    return rc;
 }

@@ -21,6 +21,9 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
  * Fills bos/eos/add_bos and the chat template from the config when present. */
 int pgd_tokenizer_load_hf(const char *tokenizer_json_path, const char *config_path,
                           pgd_tokenizer **out, pgd_err *err);
+/* Loads only the tokenizer of a model path: a GGUF file (its metadata; vocabulary-only files
+ * work) or a Hugging Face directory (DIR/tokenizer.json + DIR/tokenizer_config.json). */
+int pgd_tokenizer_load_path(const char *path, pgd_tokenizer **out, pgd_err *err);
 void pgd_tokenizer_free(pgd_tokenizer *t);
 
 int32_t pgd_tokenizer_n_vocab(const pgd_tokenizer *t);
