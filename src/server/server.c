@@ -74,6 +74,7 @@ typedef struct req_ctx {
     bool stream_done, suspended;
     uv_work_t work;
     char method[16], path[64]; /* for the access log (JSON-safe: printable, no quotes) */
+    struct req_ctx *live_prev, *live_next; /* server->live: contexts whose connection is open */
     struct req_ctx *run_prev, *run_next; /* in server.running while PH_RUNNING */
     bool in_run_list;
     bool client_gone;          /* the liveness check saw the client leave */
@@ -99,6 +100,8 @@ struct server {
     bool draining, load_failed;
     bool loading;              /* the load work is queued or running (it writes s->engine) */
     int in_flight;             /* requests accepted and not yet answered */
+    struct req_ctx *live;      /* every context whose connection has not completed */
+    bool stopping;             /* shutting down: close connections instead of waiting */
     uint64_t next_req;
     pgd_metrics metrics;
     pgd_event *events;         /* (256) poll buffer */
@@ -538,6 +541,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         return (ssize_t)n;
     }
     if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (c->s->stopping) return MHD_CONTENT_READER_END_WITH_ERROR;
     /* nothing yet: park the connection until the engine posts more */
     c->suspended = true;
     MHD_suspend_connection(c->conn);
@@ -725,6 +729,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         c->s = s;
         c->conn = conn;
         c->refs = 1;
+        c->live_next = s->live;
+        if (s->live) s->live->live_prev = c;
+        s->live = c;
         c->t_arrival = now_s();
         c->created = (long)time(NULL);
         c->status = 0;
@@ -876,6 +883,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         }
         return MHD_YES;
     }
+    if (s->stopping) return MHD_NO; /* shutdown: close instead of suspending again */
     if (c->ph == PH_WORKING || c->ph == PH_RUNNING) {
         /* resumed early (should not happen): wait again */
         c->suspended = true;
@@ -922,6 +930,10 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!c) return;
     *con_cls = NULL;
     c->conn_done = true;
+    if (c->live_prev) c->live_prev->live_next = c->live_next;
+    else s->live = c->live_next;
+    if (c->live_next) c->live_next->live_prev = c->live_prev;
+    c->live_prev = c->live_next = NULL;
     run_list_remove(s, c); /* its connection is gone: the liveness check must not touch it */
     bool aborted = false;
     for (int i = 0; i < c->n_choices; i++)
@@ -1102,6 +1114,15 @@ int pgd_serve(const pgd_server_config *cfg) {
     uv_run(&s->loop, UV_RUN_DEFAULT);
     /* shutdown: engine first (no more events), then HTTP, then the loop's handles */
     if (s->engine) pgd_engine_stop(s->engine);
+    /* MHD refuses to stop with suspended connections (it aborts the process): resume them all;
+     * stopping then closes them, which aborts their engine requests */
+    s->stopping = true;
+    for (req_ctx *c = s->live; c; c = c->live_next)
+        if (c->suspended) {
+            c->suspended = false;
+            MHD_resume_connection(c->conn);
+        }
+    MHD_run(s->mhd);
     MHD_stop_daemon(s->mhd); /* completes every connection, aborting their requests */
     s->mhd = NULL;
     if (s->engine) {
