@@ -13,28 +13,8 @@
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
 
-static int g_fail = 0;
-static int g_checks = 0;
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        g_checks++;                                                                               \
-        if (!(cond)) {                                                                            \
-            if (g_fail < 30) {                                                                    \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);          \
-                fprintf(stderr, __VA_ARGS__);                                                     \
-                fprintf(stderr, "\n");                                                            \
-            }                                                                                     \
-            g_fail++;                                                                             \
-        }                                                                                         \
-    } while (0)
-
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static uint64_t rnd_u64(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+#define TEST_RNG_SEED 0x2545f4914f6cdd1dull
+#include "test_kernels.h"
 static float rnd_sym(float a) {
     return (2.0f * (float)(rnd_u64() >> 40) / (float)(1 << 24) - 1.0f) * a;
 }

@@ -13,30 +13,8 @@
 #include <immintrin.h>
 #endif
 
-static int g_fail = 0;
-static int g_checks = 0;
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        g_checks++;                                                                               \
-        if (!(cond)) {                                                                            \
-            if (g_fail < 30) {                                                                    \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);          \
-                fprintf(stderr, __VA_ARGS__);                                                     \
-                fprintf(stderr, "\n");                                                            \
-            }                                                                                     \
-            g_fail++;                                                                             \
-        }                                                                                         \
-    } while (0)
-
-/* ---- helpers ------------------------------------------------------------------------------ */
-
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd_u64(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+#define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
+#include "test_kernels.h"
 static float rnd_unit(void) { return (float)(rnd_u64() >> 40) / (float)(1 << 24); } /* [0,1) */
 static float rnd_sym(float a) { return (2.0f * rnd_unit() - 1.0f) * a; }           /* (-a,a) */
 
