@@ -104,6 +104,9 @@ typedef struct pgd_event {
     char text[PGD_EVENT_TEXT_MAX];   /* complete UTF-8 only; FINISH carries held-back text */
     pgd_finish_reason finish_reason; /* FINISH */
     int32_t n_prompt, n_completion, n_cached; /* FINISH: token counts (cached = prefix hits) */
+    /* FINISH: this request's proposed and accepted speculative tokens (its share of the
+       spec_draft_tokens / spec_accepted_tokens stats; aborted requests included) */
+    int32_t n_spec_draft_tokens, n_spec_accepted;
     double queue_seconds;            /* FINISH: from submission to first scheduling */
     char error[160];                 /* FINISH with PGD_FINISH_ERROR */
 } pgd_event;

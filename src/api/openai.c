@@ -335,6 +335,9 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     if (get_bool(o, "stream", &r->stream, err) || get_bool(o, "ignore_eos", &r->ignore_eos, err))
         goto fail;
     if (chat && get_bool(o, "add_generation_prompt", &r->add_generation_prompt, err)) goto fail;
+    bool spec = true;
+    if (get_bool(o, "speculative", &spec, err)) goto fail;
+    r->no_speculation = !spec;
     x = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
     if (x && !cJSON_IsNull(x)) {
         if (!cJSON_IsObject(x)) BAD("stream_options", "'stream_options' must be an object");

@@ -41,6 +41,7 @@ typedef struct seq {
     bool spec;                /* speculative decoding on for this request */
     pgd_spec_adapt adapt;     /* its adaptive number of proposals */
     int32_t n_draft;          /* proposals scheduled this step: tokens[n_tokens..+n_draft) */
+    int32_t n_spec_draft, n_spec_accepted; /* proposals verified and accepted, for FINISH */
     pgd_draft_seq dseq;       /* draft-model KV (DRAFT mode) */
     bool ignore_eos, aborted;
     char *stop[MAX_STOP];
@@ -188,6 +189,8 @@ static void emit_finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char
         ev->n_prompt = s->n_prompt;
         ev->n_completion = s->n_tokens - s->n_prompt;
         ev->n_cached = s->n_cached;
+        ev->n_spec_draft_tokens = s->n_spec_draft;
+        ev->n_spec_accepted = s->n_spec_accepted;
         ev->queue_seconds = s->admitted_once ? s->queue_seconds : mono_now() - s->t_submit;
         size_t rest = s->text_len > s->emitted ? s->text_len - s->emitted : 0;
         if (rest > PGD_EVENT_TEXT_MAX) rest = PGD_EVENT_TEXT_MAX;
@@ -780,6 +783,8 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
         e->stats.spec_drafts++;
         e->stats.spec_draft_tokens += k;
         e->stats.spec_accepted_tokens += n_acc;
+        s->n_spec_draft += k;
+        s->n_spec_accepted += n_acc;
         pgd_spec_adapt_update(&s->adapt, k, n_acc);
     }
     if (why) return why;

@@ -13,8 +13,11 @@ static const double itl_b[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
 static const double e2e_b[] = {0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60,
                                120, 240, 480, 960, 1920, 7680};
 
-void pgd_metrics_init(pgd_metrics *m) {
+void pgd_metrics_init(pgd_metrics *m, int n_spec_positions) {
     memset(m, 0, sizeof *m);
+    m->n_spec_positions = n_spec_positions < 0                     ? 0
+                          : n_spec_positions > PGD_SPEC_MAX_TOKENS ? PGD_SPEC_MAX_TOKENS
+                                                                   : n_spec_positions;
     struct { const char *n, *h; const double *b; int nb; } defs[PGD_H_COUNT] = {
         {"time_to_first_token_seconds", "Time to first token in seconds.", ttft_b,
          (int)(sizeof ttft_b / sizeof *ttft_b)},
@@ -114,6 +117,21 @@ char *pgd_metrics_render(const pgd_metrics *m, pgd_engine *e, const char *model)
             model, (unsigned long long)m->finished_length);
     bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"abort\"} %llu\n",
             model, (unsigned long long)m->finished_abort);
+    if (m->n_spec_positions > 0) {
+        gauge(&b, model, "spec_decode_num_drafts_total", "counter",
+              "Verifications of speculative proposals.", (double)st.spec_drafts);
+        gauge(&b, model, "spec_decode_num_draft_tokens_total", "counter",
+              "Speculative tokens proposed.", (double)st.spec_draft_tokens);
+        gauge(&b, model, "spec_decode_num_accepted_tokens_total", "counter",
+              "Speculative tokens accepted.", (double)st.spec_accepted_tokens);
+        bprintf(&b, "# HELP pagoda:spec_decode_num_accepted_tokens_per_pos_total Speculative "
+                    "tokens accepted, by position in the proposal.\n"
+                    "# TYPE pagoda:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+        for (int k = 0; k < m->n_spec_positions; k++)
+            bprintf(&b, "pagoda:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\","
+                        "position=\"%d\"} %lld\n",
+                    model, k, (long long)st.spec_accepted_per_pos[k]);
+    }
     for (int i = 0; i < PGD_H_COUNT; i++) {
         const pgd_histogram *h = &m->h[i];
         bprintf(&b, "# HELP pagoda:%s %s\n# TYPE pagoda:%s histogram\n", h->name, h->help, h->name);

@@ -24,9 +24,13 @@ typedef struct pgd_histogram {
 typedef struct pgd_metrics {
     pgd_histogram h[PGD_H_COUNT];
     uint64_t finished_stop, finished_length, finished_abort;
+    int n_spec_positions;          /* num_speculative_tokens, or 0 when speculation is off */
 } pgd_metrics;
 
-void pgd_metrics_init(pgd_metrics *m);
+/* n_spec_positions: the per-position acceptance series exported (the configured
+ * num_speculative_tokens); 0 when speculative decoding is off, which leaves the spec_decode_*
+ * counters out altogether, as vLLM does. */
+void pgd_metrics_init(pgd_metrics *m, int n_spec_positions);
 void pgd_metrics_free(pgd_metrics *m);
 void pgd_metrics_observe(pgd_metrics *m, pgd_histogram_id h, double seconds);
 void pgd_metrics_count_finish(pgd_metrics *m, const char *reason, bool aborted);

@@ -67,6 +67,7 @@ typedef struct req_ctx {
     bool *submitted;           /* (n_choices) */
     bool *role_sent;
     int32_t prompt_tokens, completion_tokens;
+    int32_t spec_draft_tokens, spec_accepted_tokens; /* over all choices, for the access log */
     size_t *echo_len;          /* per choice: bytes of echoed prompt at the start of text */
     /* streaming output buffer */
     char *out;
@@ -308,6 +309,8 @@ static void handle_event(server *s, const pgd_event *ev) {
     }
     ch->finish_reason = finish_name(ev->finish_reason);
     c->completion_tokens += ev->n_completion;
+    c->spec_draft_tokens += ev->n_spec_draft_tokens;
+    c->spec_accepted_tokens += ev->n_spec_accepted;
     pgd_metrics_count_finish(&s->metrics, ch->finish_reason, ev->finish_reason == PGD_FINISH_ABORT);
     if (c->n_finished == c->n_choices) finish_request(s, c);
     ctx_unref(c);
@@ -470,7 +473,7 @@ static void submit_all(server *s, req_ctx *c) {
                 .presence_penalty = r->presence_penalty, .frequency_penalty = r->frequency_penalty,
                 .repetition_penalty = r->repetition_penalty, .logit_bias_ids = r->bias_ids,
                 .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
-                .logprobs = r->logprobs,
+                .logprobs = r->logprobs, .no_speculation = r->no_speculation,
             };
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);
@@ -912,14 +915,20 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 static void log_request(server *s, req_ctx *c, int term) {
     if (!s->cfg.log_requests) return;
     double t = now_s();
+    /* acceptance is null, not NaN (invalid JSON), when nothing was proposed */
+    char acc[32] = "null";
+    if (c->spec_draft_tokens > 0)
+        snprintf(acc, sizeof acc, "%.4f", (double)c->spec_accepted_tokens / c->spec_draft_tokens);
     fprintf(stderr,
             "{\"event\":\"request\",\"id\":\"%s\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
             "\"prompt_tokens\":%d,\"completion_tokens\":%d,\"ttft_ms\":%.1f,\"total_ms\":%.1f,"
+            "\"spec_draft_tokens\":%d,\"spec_accepted_tokens\":%d,\"spec_acceptance\":%s,"
             "\"client_closed\":%s}\n",
             c->id[0] ? c->id : "-", c->method, c->path,
             c->client_gone ? 499 : c->status, /* nginx's "client closed request" */
             c->prompt_tokens, c->completion_tokens,
             c->t_first ? 1000 * (c->t_first - c->t_arrival) : 0.0, 1000 * (t - c->t_arrival),
+            c->spec_draft_tokens, c->spec_accepted_tokens, acc,
             term == MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->client_gone ? "false" : "true");
 }
 
@@ -1065,7 +1074,8 @@ int pgd_serve(const pgd_server_config *cfg) {
                                  .max_tokens_limit = cfg->max_tokens_limit,
                                  .max_prompts = cfg->max_prompts,
                                  .max_prompt_tokens = cfg->max_prompt_tokens, .n_vocab = 1};
-    pgd_metrics_init(&s->metrics);
+    pgd_metrics_init(&s->metrics,
+                     strcmp(cfg->speculative, "none") ? cfg->num_speculative_tokens : 0);
     uv_loop_init(&s->loop);
     struct sockaddr_storage addr;
     memset(&addr, 0, sizeof addr);

@@ -49,9 +49,11 @@ static void random_workload(pgd_spec_mode mode) {
     char err[256];
     CHECK_EQ_INT(pgd_engine_create(&c, &e, err, sizeof err), 0);
     static int finishes[MAXREQ + 1];
-    static bool submitted[MAXREQ + 1];
+    static bool submitted[MAXREQ + 1], no_spec[MAXREQ + 1];
     memset(finishes, 0, sizeof finishes);
     memset(submitted, 0, sizeof submitted);
+    memset(no_spec, 0, sizeof no_spec);
+    int64_t fin_draft = 0, fin_accepted = 0; /* per-request counts from FINISH events */
     int32_t prompt[400];
     const char *stops[] = {"Lily", "."};
     int n_sub = 0, n_fin = 0;
@@ -70,6 +72,7 @@ static void random_workload(pgd_spec_mode mode) {
             if (pgd_engine_submit(e, &p, &id, err, sizeof err) == 0) {
                 CHECK(id <= MAXREQ);
                 submitted[id] = true;
+                no_spec[id] = p.no_speculation;
                 n_sub++;
             }
         }
@@ -81,6 +84,11 @@ static void random_workload(pgd_spec_mode mode) {
                 if (ev[i].type == PGD_EVENT_FINISH) {
                     finishes[ev[i].request_id]++;
                     n_fin++;
+                    CHECK(ev[i].n_spec_accepted >= 0 &&
+                          ev[i].n_spec_accepted <= ev[i].n_spec_draft_tokens);
+                    if (no_spec[ev[i].request_id]) CHECK_EQ_INT(ev[i].n_spec_draft_tokens, 0);
+                    fin_draft += ev[i].n_spec_draft_tokens;
+                    fin_accepted += ev[i].n_spec_accepted;
                 }
         if (step % 10 == 0) CHECK_EQ_INT(pgd__engine_check(e), 0);
     }
@@ -96,6 +104,9 @@ static void random_workload(pgd_spec_mode mode) {
     int64_t per_pos = 0;
     for (int k = 0; k < PGD_SPEC_MAX_TOKENS; k++) per_pos += st.spec_accepted_per_pos[k];
     CHECK_EQ_INT(per_pos, st.spec_accepted_tokens);
+    /* every request, aborted ones included, reports its share exactly once */
+    CHECK_EQ_INT(fin_draft, st.spec_draft_tokens);
+    CHECK_EQ_INT(fin_accepted, st.spec_accepted_tokens);
     for (int id = 1; id <= MAXREQ; id++) CHECK_EQ_INT(finishes[id], submitted[id] ? 1 : 0);
     CHECK_EQ_INT(n_fin, n_sub);
     printf("%s: %d requests, %lld verifications, %lld proposed, %lld accepted, %lld rejected, "
