@@ -79,7 +79,11 @@ enum { N_TOK = 64 };
 static void run(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n) {
     size_t arb = pgd_cpu_matmul_act_row_bytes(w);
     void *act = aligned_alloc(64, arb * (size_t)n);
-    pgd_cpu_matmul(pool, w, x, y, n, act, arb);
+    /* With a panel: n >= 4 dequantizes panels, n < 4 uses the fused tiles, so the batch-size
+     * comparisons below also prove the two paths bit-identical. */
+    void *panel = malloc(pgd_cpu_matmul_panel_bytes(arb, pgd_pool_n_threads(pool)));
+    pgd_cpu_matmul(pool, w, x, y, n, act, arb, panel);
+    free(panel);
     free(act);
 }
 

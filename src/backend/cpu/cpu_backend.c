@@ -14,6 +14,7 @@ typedef struct cpu_state {
     int32_t max_tokens, n_head, n_kv_head, head_dim;
     void *act;               /* (max_tokens) rows of act_row_bytes: converted activations */
     size_t act_row_bytes;
+    void *panel;             /* pgd_cpu_matmul_panel_bytes: dequantized weight panels */
     float *rope_cos, *rope_sin; /* (max_tokens, head_dim / 2) */
     float *attn_scratch;     /* (n_threads, group * (head_dim + 2) + 2 * head_dim) */
     size_t attn_stride;
@@ -31,6 +32,7 @@ static void cpu_free(pgd_backend *be) {
     free(st->rope_cos);
     free(st->rope_sin);
     free(st->attn_scratch);
+    free(st->panel);
     free(st);
     be->impl = NULL;
 }
@@ -49,10 +51,11 @@ static int cpu_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, i
     int nth = be->pool ? pgd_pool_n_threads(be->pool) : 1;
     st->attn_stride = group * ((size_t)head_dim + 2) + 2 * (size_t)head_dim;
     st->act = calloc((size_t)max_tokens * act_row_bytes + 1, 1);
+    st->panel = malloc(pgd_cpu_matmul_panel_bytes(act_row_bytes, nth) + 1);
     st->rope_cos = calloc((size_t)max_tokens * half + 1, sizeof(float));
     st->rope_sin = calloc((size_t)max_tokens * half + 1, sizeof(float));
     st->attn_scratch = calloc((size_t)nth * st->attn_stride, sizeof(float));
-    if (!st->act || !st->rope_cos || !st->rope_sin || !st->attn_scratch) {
+    if (!st->act || !st->panel || !st->rope_cos || !st->rope_sin || !st->attn_scratch) {
         cpu_free(be);
         return pgd_err_set(err, PGD_ENOMEM, "CPU backend: out of memory for %d tokens",
                            max_tokens);
@@ -112,7 +115,7 @@ static void cpu_add_rms_norm(pgd_backend *be, float *x, const float *d, const fl
 
 static void cpu_matmul(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n) {
     cpu_state *st = be->impl;
-    pgd_cpu_matmul(be->pool, w, x, y, n, st->act, st->act_row_bytes);
+    pgd_cpu_matmul(be->pool, w, x, y, n, st->act, st->act_row_bytes, st->panel);
 }
 
 static void cpu_add_bias(pgd_backend *be, float *y, const float *b, int n_rows, int dim) {

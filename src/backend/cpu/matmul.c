@@ -32,6 +32,7 @@ static bool is_quant(pgd_type t) {
 #define Q4_0_BYTES 18
 #define Q4_1_BYTES 20
 #define TILE_R 4 /* weight rows per register tile */
+#define TILE_R1 8 /* weight rows per tile when n == 1 (decode): 8 independent FMA chains */
 #define TILE_T 6 /* tokens per register tile (at most) */
 /* Tokens whose activations stay in L2 while a thread sweeps its rows over them. */
 #define ACT_L2_BYTES (192 * 1024)
@@ -133,8 +134,8 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
     const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi8(8);
     const int64_t nb = g->n / 32;
     const int bsz = q4 ? Q4_0_BYTES : Q8_0_BYTES;
-    __m256 acc[TILE_R][TILE_T];
-#pragma GCC unroll 4
+    __m256 acc[TILE_R1][TILE_T];
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
@@ -147,7 +148,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
             da[t] = opaque(_mm256_set1_ps(ldf(ab)));
             aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * bsz;
             __m256i wq = q4 ? _mm256_sub_epi8(nibbles32(wb + 2), off)
@@ -163,7 +164,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) g->y[(size_t)t * g->y_stride + r] = hsum8(acc[r][t]);
@@ -178,10 +179,10 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
 INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
     const __m256i ones = _mm256_set1_epi16(1);
     const int64_t nb = g->n / 32, nb8 = nb / 8 * 8;
-    __m256 acc[TILE_R][TILE_T], accm[TILE_R][TILE_T];
-    float tailm[TILE_R][TILE_T];
-    float mf[TILE_R][Q41_CHUNK] __attribute__((aligned(32)));
-#pragma GCC unroll 4
+    __m256 acc[TILE_R1][TILE_T], accm[TILE_R1][TILE_T];
+    float tailm[TILE_R1][TILE_T];
+    float mf[TILE_R1][Q41_CHUNK] __attribute__((aligned(32)));
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
@@ -199,7 +200,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
                 da[t] = opaque(_mm256_set1_ps(ldf(ab)));
                 aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * Q4_1_BYTES;
                 __m256i wq = nibbles32(wb + 4);
@@ -218,7 +219,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             const float *ds = (const float *)(g->a + (size_t)t * g->a_stride + g->ds_off);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 __m256 m = accm[r][t];
                 for (int64_t b = b0; b < g8; b += 8)
@@ -232,7 +233,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++)
@@ -258,8 +259,8 @@ INLINE float load1w(const uint8_t *p, const int kind) {
 INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind) {
     const int esz = kind == WF32 ? 4 : 2;
     const int64_t n8 = g->n / 8 * 8;
-    __m256 acc[TILE_R][TILE_T];
-#pragma GCC unroll 4
+    __m256 acc[TILE_R1][TILE_T];
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
@@ -270,26 +271,26 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
 #pragma GCC unroll 6
             for (int t = 0; t < NT; t++)
                 xv[t] = _mm256_loadu_ps((const float *)(g->a + (size_t)t * g->a_stride) + i);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 __m256 wv = load8w(g->w + (size_t)r * g->w_stride + (size_t)i * esz, kind);
 #pragma GCC unroll 6
                 for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
             }
         } else {
-            __m256 wv[TILE_R];
-#pragma GCC unroll 4
+            __m256 wv[TILE_R1];
+#pragma GCC unroll 8
             for (int r = 0; r < NR; r++)
                 wv[r] = load8w(g->w + (size_t)r * g->w_stride + (size_t)i * esz, kind);
 #pragma GCC unroll 6
             for (int t = 0; t < NT; t++) {
                 __m256 xv = _mm256_loadu_ps((const float *)(g->a + (size_t)t * g->a_stride) + i);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < NR; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) {
@@ -299,7 +300,9 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
             for (int64_t i = n8; i < g->n; i++)
                 s = _mm_fmadd_ss(_mm_set_ss(load1w(wr + (size_t)i * esz, kind)), _mm_set_ss(x[i]),
                                  s);
-            g->y[(size_t)t * g->y_stride + r] = hsum8(acc[r][t]) + _mm_cvtss_f32(s);
+            /* No "+ 0" without a tail: the panel path must give the fused tiles' bits (-0.0). */
+            g->y[(size_t)t * g->y_stride + r] =
+                n8 == g->n ? hsum8(acc[r][t]) : hsum8(acc[r][t]) + _mm_cvtss_f32(s);
         }
 }
 
@@ -323,6 +326,12 @@ typedef void (*tile_fn)(const tile *g);
     static const tile_fn NAME[TILE_R][TILE_T] = {ROW6(NAME, 1), ROW6(NAME, 2), ROW6(NAME, 3),   \
                                                  ROW6(NAME, 4)};
 
+/* Decode (n == 1): 1..TILE_R1 rows, one token. */
+#define TILES1(NAME, BODY)                                                                       \
+    TF(NAME, BODY, 5, 1) TF(NAME, BODY, 6, 1) TF(NAME, BODY, 7, 1) TF(NAME, BODY, 8, 1)         \
+    static const tile_fn NAME##_n1[TILE_R1] = {NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1,  \
+                                               NAME##_5_1, NAME##_6_1, NAME##_7_1, NAME##_8_1};
+
 #define Q8_0_BODY(g, R, T) tile_q8(g, R, T, false)
 #define Q4_0_BODY(g, R, T) tile_q8(g, R, T, true)
 #define Q4_1_BODY(g, R, T) tile_q4_1(g, R, T)
@@ -330,11 +339,17 @@ typedef void (*tile_fn)(const tile *g);
 #define F16_BODY(g, R, T) tile_float(g, R, T, WF16)
 #define BF16_BODY(g, R, T) tile_float(g, R, T, WBF16)
 TILES3(tiles_q8_0, Q8_0_BODY)
+TILES1(tiles_q8_0, Q8_0_BODY)
 TILES3(tiles_q4_0, Q4_0_BODY)
+TILES1(tiles_q4_0, Q4_0_BODY)
 TILES3(tiles_q4_1, Q4_1_BODY)
+TILES1(tiles_q4_1, Q4_1_BODY)
 TILES6(tiles_f32, F32_BODY)
+TILES1(tiles_f32, F32_BODY)
 TILES6(tiles_f16, F16_BODY)
+TILES1(tiles_f16, F16_BODY)
 TILES6(tiles_bf16, BF16_BODY)
+TILES1(tiles_bf16, BF16_BODY)
 
 /* Quantized weights x F32 activations (quant_f32act.h): 4 rows x 3 tokens. */
 #ifdef PGD_F32ACT_SIMD
@@ -350,7 +365,10 @@ TILES6(tiles_bf16, BF16_BODY)
     static const tile_fn NAME[TILE_R][TILE_T] = {{NAME##_1_1, NAME##_1_2, NAME##_1_3},         \
                                                  {NAME##_2_1, NAME##_2_2, NAME##_2_3},         \
                                                  {NAME##_3_1, NAME##_3_2, NAME##_3_3},         \
-                                                 {NAME##_4_1, NAME##_4_2, NAME##_4_3}};
+                                                 {NAME##_4_1, NAME##_4_2, NAME##_4_3}};   \
+    FA_TILE(NAME, T, 5, 1) FA_TILE(NAME, T, 6, 1) FA_TILE(NAME, T, 7, 1) FA_TILE(NAME, T, 8, 1) \
+    static const tile_fn NAME##_n1[TILE_R1] = {NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1,  \
+                                               NAME##_5_1, NAME##_6_1, NAME##_7_1, NAME##_8_1};
 FA_TILES(fa_q8_0, PGD_TYPE_Q8_0)
 FA_TILES(fa_q4_0, PGD_TYPE_Q4_0)
 FA_TILES(fa_q4_1, PGD_TYPE_Q4_1)
@@ -364,30 +382,31 @@ FA_TILES(fa_q6_k, PGD_TYPE_Q6_K)
  * conversion, so they convert 2 rows once for 6 tokens. Decode streams 4 rows at a time. */
 typedef struct tile_plan {
     const tile_fn (*fns)[TILE_T];
-    int mr, mt, mr1;
+    const tile_fn *fns1; /* n == 1: fns1[rows - 1], up to TILE_R1 rows */
+    int mr, mt;
 } tile_plan;
 
 static bool plan_for(pgd_type t, tile_plan *p) {
 #ifdef PGD_F32ACT_SIMD
     if (is_quant(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) {
         switch (t) {
-        case PGD_TYPE_Q8_0: *p = (tile_plan){fa_q8_0, 4, 3, 4}; return true;
-        case PGD_TYPE_Q4_0: *p = (tile_plan){fa_q4_0, 4, 3, 4}; return true;
-        case PGD_TYPE_Q4_1: *p = (tile_plan){fa_q4_1, 4, 3, 4}; return true;
-        case PGD_TYPE_Q4_K: *p = (tile_plan){fa_q4_k, 4, 3, 4}; return true;
-        case PGD_TYPE_Q5_K: *p = (tile_plan){fa_q5_k, 4, 3, 4}; return true;
-        case PGD_TYPE_Q6_K: *p = (tile_plan){fa_q6_k, 4, 3, 4}; return true;
+        case PGD_TYPE_Q8_0: *p = (tile_plan){fa_q8_0, fa_q8_0_n1, 4, 3}; return true;
+        case PGD_TYPE_Q4_0: *p = (tile_plan){fa_q4_0, fa_q4_0_n1, 4, 3}; return true;
+        case PGD_TYPE_Q4_1: *p = (tile_plan){fa_q4_1, fa_q4_1_n1, 4, 3}; return true;
+        case PGD_TYPE_Q4_K: *p = (tile_plan){fa_q4_k, fa_q4_k_n1, 4, 3}; return true;
+        case PGD_TYPE_Q5_K: *p = (tile_plan){fa_q5_k, fa_q5_k_n1, 4, 3}; return true;
+        case PGD_TYPE_Q6_K: *p = (tile_plan){fa_q6_k, fa_q6_k_n1, 4, 3}; return true;
         default: return false;
         }
     }
 #endif
     switch (t) {
-    case PGD_TYPE_Q8_0: *p = (tile_plan){tiles_q8_0, 4, 3, 4}; return true;
-    case PGD_TYPE_Q4_0: *p = (tile_plan){tiles_q4_0, 4, 3, 4}; return true;
-    case PGD_TYPE_Q4_1: *p = (tile_plan){tiles_q4_1, 4, 3, 4}; return true;
-    case PGD_TYPE_F32: *p = (tile_plan){tiles_f32, 4, 3, 4}; return true;
-    case PGD_TYPE_F16: *p = (tile_plan){tiles_f16, 4, 3, 4}; return true;
-    case PGD_TYPE_BF16: *p = (tile_plan){tiles_bf16, 4, 3, 4}; return true;
+    case PGD_TYPE_Q8_0: *p = (tile_plan){tiles_q8_0, tiles_q8_0_n1, 4, 3}; return true;
+    case PGD_TYPE_Q4_0: *p = (tile_plan){tiles_q4_0, tiles_q4_0_n1, 4, 3}; return true;
+    case PGD_TYPE_Q4_1: *p = (tile_plan){tiles_q4_1, tiles_q4_1_n1, 4, 3}; return true;
+    case PGD_TYPE_F32: *p = (tile_plan){tiles_f32, tiles_f32_n1, 4, 3}; return true;
+    case PGD_TYPE_F16: *p = (tile_plan){tiles_f16, tiles_f16_n1, 4, 3}; return true;
+    case PGD_TYPE_BF16: *p = (tile_plan){tiles_bf16, tiles_bf16_n1, 4, 3}; return true;
     default: return false;
     }
 }
@@ -400,9 +419,10 @@ typedef struct matmul_ctx {
     const float *x;       /* (n, w->n_in) */
     unsigned char *act;   /* (n) rows of act_row_bytes */
     size_t act_row_bytes;
+    float *panel;         /* per thread: TILE_R rows of act_row_bytes (NULL: none) */
     float *y;             /* (n, w->n_out) */
     int n;
-    long chunk_rows;      /* output rows per chunk of work (a multiple of 4) */
+    long chunk_rows;      /* output rows per chunk of work (a multiple of TILE_R1) */
 } matmul_ctx;
 
 static void quant_chunk(void *arg, long t, int ith) {
@@ -411,10 +431,82 @@ static void quant_chunk(void *arg, long t, int ith) {
     quantize_row(c->w, c->x + (size_t)t * c->w->n_in, c->act + (size_t)t * c->act_row_bytes);
 }
 
+/* Panel rows are act_row_bytes + PANEL_PAD apart: with power-of-two row lengths the rows of a
+ * panel and of x would otherwise share L1 sets (4 KiB aliasing), costing ~20% of the tile. */
+#define PANEL_PAD 64
+static size_t panel_stride(size_t act_row_bytes) { return act_row_bytes + PANEL_PAD; }
+
+#ifdef PGD_F32ACT_SIMD
+/* Quantized weights x F32 activations for many tokens: each TILE_R-row panel is dequantized
+ * once into the thread's F32 scratch (pgd__f32act_deq32: the same floats the fused tiles make
+ * in registers) and then multiplied by every token with the F32 tiles, whose per-(row, token)
+ * FMA sequence and horizontal tree are those of the fused tiles: the results are bit-identical
+ * to the fused path, so a row's output still does not depend on n. */
+#define PANEL_MIN_TOKENS 4 /* below this the fused tiles (3 tokens per dequantization) win */
+
+static void deq_panel(pgd_type t, const uint8_t *w, size_t w_stride, int nr, int64_t n,
+                      float *panel, size_t p_stride) {
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *row = w + (size_t)r * w_stride;
+        float *out = panel + (size_t)r * p_stride;
+        switch (t) { /* constant type per call, so each case inlines its own dequantizer */
+#define DEQ_CASE(T)                                                                              \
+    case T:                                                                                      \
+        for (int64_t g = 0; g < n / 32; g++) {                                                   \
+            __m256 v[4];                                                                         \
+            pgd__f32act_deq32(T, row, g, v);                                                     \
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + g * 32 + 8 * k, v[k]);            \
+        }                                                                                        \
+        break;
+            DEQ_CASE(PGD_TYPE_Q8_0) DEQ_CASE(PGD_TYPE_Q4_0) DEQ_CASE(PGD_TYPE_Q4_1)
+            DEQ_CASE(PGD_TYPE_Q4_K) DEQ_CASE(PGD_TYPE_Q5_K) DEQ_CASE(PGD_TYPE_Q6_K)
+#undef DEQ_CASE
+        default: PGD_ASSERT(!"deq_panel: type without F32-activation tiles");
+        }
+    }
+}
+
+static void matmul_rows_panel(const matmul_ctx *c, long lo, long hi, int ith) {
+    const pgd_weight *w = c->w;
+    const size_t stride = (size_t)w->n_in * sizeof(float);
+    PGD_ASSERT(c->act_row_bytes >= stride);
+    const size_t ps = panel_stride(c->act_row_bytes);
+    float *panel = (float *)((unsigned char *)c->panel + (size_t)ith * TILE_R * ps);
+    const int mr = TILE_R, mt = 3;
+    tile g = {.w = (const uint8_t *)panel, .w_stride = ps, .a_stride = stride,
+              .y_stride = (size_t)w->n_out, .n = w->n_in};
+    long tb = (long)(ACT_L2_BYTES / stride) / mt * mt;
+    if (tb < mt) tb = mt;
+    for (long t0 = 0; t0 < c->n; t0 += tb) {
+        long t1 = t0 + tb < c->n ? t0 + tb : c->n;
+        for (long r = lo; r < hi; r += mr) {
+            int nr = hi - r < mr ? (int)(hi - r) : mr;
+            deq_panel(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes,
+                      nr, w->n_in, panel, ps / sizeof(float));
+            for (long t = t0; t < t1; t += mt) {
+                int nt = t1 - t < mt ? (int)(t1 - t) : mt;
+                g.a = (const uint8_t *)(c->x + (size_t)t * w->n_in);
+                g.y = c->y + (size_t)t * w->n_out + r;
+                tiles_f32[nr - 1][nt - 1](&g);
+            }
+        }
+    }
+}
+#endif
+
 /* Rows [lo, hi) of y for all n tokens. Chunks split output rows, never the reduction. */
-static void matmul_rows(const matmul_ctx *c, long lo, long hi) {
+static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     const pgd_weight *w = c->w;
     const unsigned char *base = w->data;
+#ifdef PGD_F32ACT_SIMD
+    if (c->panel && c->n >= PANEL_MIN_TOKENS && is_quant(w->type) &&
+        pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
+        matmul_rows_panel(c, lo, hi, ith);
+        return;
+    }
+#else
+    (void)ith;
+#endif
 #ifdef __AVX2__
     tile_plan pl;
     if (plan_for(w->type, &pl)) {
@@ -426,7 +518,7 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi) {
                   .ds_off = act_ds_offset(w)};
         /* Float weights read x directly: no conversion pass. */
         const unsigned char *a0 = is_float ? (const unsigned char *)c->x : c->act;
-        const int mr = c->n == 1 ? pl.mr1 : pl.mr, mt = pl.mt;
+        const int mr = c->n == 1 ? TILE_R1 : pl.mr, mt = pl.mt;
         long tb = (long)(ACT_L2_BYTES / g.a_stride) / mt * mt;
         if (tb < mt) tb = mt;
         for (long t0 = 0; t0 < c->n; t0 += tb) {
@@ -438,7 +530,8 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi) {
                     int nt = t1 - t < mt ? (int)(t1 - t) : mt;
                     g.a = a0 + (size_t)t * g.a_stride;
                     g.y = c->y + (size_t)t * w->n_out + r;
-                    pl.fns[nr - 1][nt - 1](&g);
+                    if (c->n == 1) pl.fns1[nr - 1](&g);
+                    else pl.fns[nr - 1][nt - 1](&g);
                 }
             }
         }
@@ -454,22 +547,25 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi) {
 }
 
 static void matmul_chunk(void *arg, long chunk, int ith) {
-    (void)ith;
     matmul_ctx *c = arg;
     long lo = chunk * c->chunk_rows, hi = lo + c->chunk_rows;
     if (hi > c->w->n_out) hi = (long)c->w->n_out;
-    matmul_rows(c, lo, hi);
+    matmul_rows(c, lo, hi, ith);
+}
+
+size_t pgd_cpu_matmul_panel_bytes(size_t act_row_bytes, int n_threads) {
+    return (size_t)n_threads * TILE_R * panel_stride(act_row_bytes);
 }
 
 void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n,
-                    void *act, size_t act_row_bytes) {
+                    void *act, size_t act_row_bytes, void *panel) {
     PGD_ASSERT(act_row_bytes >= pgd_cpu_matmul_act_row_bytes(w));
     int nth = pgd_pool_n_threads(pool);
     /* About 8 chunks per thread (dynamic balance on a shared machine), at least 16 rows each. */
     long rows = (long)((w->n_out + 8 * nth - 1) / (8 * nth));
     if (rows < 16) rows = 16;
-    rows = (rows + TILE_R - 1) / TILE_R * TILE_R;
-    matmul_ctx c = {w, x, act, act_row_bytes, y, n, rows};
+    rows = (rows + TILE_R1 - 1) / TILE_R1 * TILE_R1;
+    matmul_ctx c = {w, x, act, act_row_bytes, panel, y, n, rows};
     if (!(tiled_type(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32)) {
         if (n > 1) pgd_pool_run_chunks(pool, quant_chunk, &c, n);
         else quant_chunk(&c, 0, 0);

@@ -20,10 +20,17 @@ typedef struct pgd_weight {
  * inputs of n_in elements (64-byte multiple). */
 size_t pgd_cpu_matmul_act_row_bytes(const pgd_weight *w);
 
+/* Bytes of the panel scratch for pgd_cpu_matmul: per thread, 4 dequantized weight rows of
+ * act_row_bytes (the largest pgd_cpu_matmul_act_row_bytes of the model's weights). */
+size_t pgd_cpu_matmul_panel_bytes(size_t act_row_bytes, int n_threads);
+
 /* y (n, w->n_out) = x (n, w->n_in) . W^T, split over output rows on the pool.
- * act is scratch for n rows of act_row_bytes (>= pgd_cpu_matmul_act_row_bytes(w)).
- * Batch invariant: row t of y depends only on row t of x and W, never on n or the other rows. */
+ * act is scratch for n rows of act_row_bytes (>= pgd_cpu_matmul_act_row_bytes(w)); panel is
+ * pgd_cpu_matmul_panel_bytes(act_row_bytes, threads) of scratch, or NULL (then quantized weights
+ * are dequantized in registers once per 3 tokens instead of once per panel for all tokens).
+ * Batch invariant: row t of y depends only on row t of x and W, never on n or the other rows,
+ * and is the same with or without a panel. */
 void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n,
-                    void *act, size_t act_row_bytes);
+                    void *act, size_t act_row_bytes, void *panel);
 
 #endif
