@@ -48,6 +48,10 @@ typedef struct pgd_engine_config {
     int32_t num_speculative_tokens; /* the most proposals per step, 1..16 (0: 5) */
     const char *draft_model_path;   /* DRAFT: a smaller model with the same vocabulary */
     int32_t ngram_min, ngram_max;   /* NGRAM: n-gram lengths matched (0: 1 and 4) */
+    int32_t speculative_disable_by_batch_size; /* no proposals in a step while at least this
+                                       many requests run (0: never): a large batch is bound by
+                                       arithmetic, where verifying proposals costs more than it
+                                       saves (vLLM's option of the same name) */
     /* backends (issue 7) */
     const char *device;             /* "cpu" or "cuda"; NULL: cpu (or $PAGODA_DEVICE) */
     int32_t tensor_parallel_size;   /* ranks; 0: 1 (or $PAGODA_TENSOR_PARALLEL) */

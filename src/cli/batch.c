@@ -67,6 +67,8 @@ static void usage_batch(FILE *f) {
             "  --speculative ngram|draft     speculative decoding: n-gram prompt lookup or a draft\n"
             "                                model (exact: the output distribution is unchanged)\n"
             "  --num-speculative-tokens K    the most proposals per step, 1..16 (default 5)\n"
+            "  --speculative-disable-by-batch-size N  no proposals while N or more requests run\n"
+            "                                (a large batch is compute-bound; default 0: never)\n"
             "  --draft-model M               the draft model (same vocabulary) for --speculative draft\n"
             "  --device cpu|cuda             backend (default cpu)\n"
             "  --tensor-parallel-size N      ranks (default 1)\n");
@@ -340,6 +342,9 @@ int pgd_cli_batch(int argc, char **argv) {
             ec.num_speculative_tokens = (int32_t)l;
         } else if (!strcmp(a, "--draft-model")) {
             ec.draft_model_path = v;
+        } else if (!strcmp(a, "--speculative-disable-by-batch-size")) {
+            if (pgd_cli_parse_long(v, 0, 4096, &l)) goto bad;
+            ec.speculative_disable_by_batch_size = (int32_t)l;
         } else if (!strcmp(a, "--device")) {
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) goto bad;
             ec.device = v;

@@ -226,7 +226,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     if (c->block_size < 1 || c->block_size > 1024 || c->max_num_batched_tokens < 1 ||
         c->max_num_seqs < 1 || c->max_num_seqs > 4096 || c->num_speculative_tokens < 0 ||
         c->num_speculative_tokens > PGD_SPEC_MAX_TOKENS || c->ngram_min < 0 ||
-        c->ngram_max < 0 || (c->ngram_min && c->ngram_max && c->ngram_min > c->ngram_max) ||
+        c->ngram_max < 0 || c->speculative_disable_by_batch_size < 0 || (c->ngram_min && c->ngram_max && c->ngram_min > c->ngram_max) ||
         (c->speculative != PGD_SPEC_NONE && c->speculative != PGD_SPEC_NGRAM &&
          c->speculative != PGD_SPEC_DRAFT))
         return fail(err, errlen, PGD_EINVAL, "%s", "invalid engine configuration (block size, "
@@ -601,13 +601,15 @@ static int32_t propose(pgd_engine *e, seq *s, int32_t cap) {
 
 static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
     int32_t budget = e->cfg.max_num_batched_tokens, used = 0, ns = 0;
+    const int32_t spec_off_at = e->cfg.speculative_disable_by_batch_size;
+    const bool spec_step = spec_off_at <= 0 || e->running.n < spec_off_at;
     /* 1. running decodes, in admission order */
     for (seq *s = e->running.head, *next; s && used < budget; s = next) {
         next = s->next;
         if (s->n_tokens - s->n_computed != 1) continue;
         /* speculation: the pending token plus k proposals, if their blocks are free (proposals
          * never preempt anyone) */
-        int32_t k = s->spec ? propose(e, s, budget - used - 1) : 0;
+        int32_t k = s->spec && spec_step ? propose(e, s, budget - used - 1) : 0;
         if (k > 0 && !reserve(e, s, 1 + k)) {
             k = 0;
             if (e->spec_mode == PGD_SPEC_DRAFT)

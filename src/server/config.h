@@ -14,7 +14,7 @@
 typedef struct pgd_server_config {
     char *model, *host, *served_model_name, *kv_dtype, *config_file;
     char *speculative, *draft_model, *device;
-    int num_speculative_tokens, tensor_parallel_size;
+    int num_speculative_tokens, tensor_parallel_size, speculative_disable_by_batch_size;
     int port, threads, ctx, max_num_batched_tokens, max_num_seqs, block_size, max_waiting;
     size_t kv_cache_bytes, max_body_bytes;
     int max_tokens_limit, max_n, max_logprobs, max_prompts, max_prompt_tokens;

@@ -978,6 +978,7 @@ static void load_work_cb(uv_work_t *w) {
                                                             : PGD_SPEC_NONE;
     ec.num_speculative_tokens = s->cfg.num_speculative_tokens;
     ec.draft_model_path = s->cfg.draft_model;
+    ec.speculative_disable_by_batch_size = s->cfg.speculative_disable_by_batch_size;
     ec.device = s->cfg.device;
     ec.tensor_parallel_size = s->cfg.tensor_parallel_size;
     if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;

@@ -119,10 +119,11 @@ static void random_workload(pgd_spec_mode mode) {
 
 /* Runs n greedy requests to completion; out[r] gets request r's tokens. */
 static void run_greedy(pgd_spec_mode mode, int n, int32_t out[][64], int32_t *n_out,
-                       int64_t *accepted) {
+                       int64_t *accepted, int32_t disable_by, int64_t *drafted) {
     pgd_engine_config c;
     config(&c, mode);
     c.max_num_batched_tokens = 48;
+    c.speculative_disable_by_batch_size = disable_by;
     pgd_engine *e;
     char err[256];
     CHECK_EQ_INT(pgd_engine_create(&c, &e, err, sizeof err), 0);
@@ -154,6 +155,7 @@ static void run_greedy(pgd_spec_mode mode, int n, int32_t out[][64], int32_t *n_
     pgd_engine_stats st;
     pgd_engine_get_stats(e, &st);
     *accepted = st.spec_accepted_tokens;
+    if (drafted) *drafted = st.spec_draft_tokens;
     pgd_engine_free(e);
 }
 
@@ -162,9 +164,9 @@ static void test_greedy_exact(void) {
     static int32_t a[N][64], b[N][64], d[N][64];
     int32_t na[N], nb[N], nd[N];
     int64_t acc_a, acc_b, acc_d;
-    run_greedy(PGD_SPEC_NONE, N, a, na, &acc_a);
-    run_greedy(PGD_SPEC_NGRAM, N, b, nb, &acc_b);
-    run_greedy(PGD_SPEC_DRAFT, N, d, nd, &acc_d);
+    run_greedy(PGD_SPEC_NONE, N, a, na, &acc_a, 0, NULL);
+    run_greedy(PGD_SPEC_NGRAM, N, b, nb, &acc_b, 0, NULL);
+    run_greedy(PGD_SPEC_DRAFT, N, d, nd, &acc_d, 0, NULL);
     for (int r = 0; r < N; r++) {
         CHECK_EQ_INT(nb[r], na[r]);
         CHECK_EQ_INT(nd[r], na[r]);
@@ -174,6 +176,24 @@ static void test_greedy_exact(void) {
     CHECK_EQ_INT(acc_a, 0);
     CHECK(acc_b > 20);
     CHECK(acc_d > 100);
+
+    /* --speculative-disable-by-batch-size: 1 turns every proposal off; 4 only while 4 or more
+     * requests run (the last few still speculate). Outputs never change. */
+    static int32_t o1[N][64], o4[N][64];
+    int32_t n1[N], n4[N];
+    int64_t acc1, acc4, dr1, dr4, dr_all;
+    run_greedy(PGD_SPEC_NGRAM, N, o1, n1, &acc1, 1, &dr1);
+    run_greedy(PGD_SPEC_NGRAM, N, o4, n4, &acc4, 4, &dr4);
+    run_greedy(PGD_SPEC_NGRAM, N, b, nb, &acc_b, 0, &dr_all);
+    CHECK_EQ_INT(dr1, 0);
+    CHECK_EQ_INT(acc1, 0);
+    CHECK(dr4 > 0 && dr4 < dr_all);
+    for (int r = 0; r < N; r++) {
+        CHECK_EQ_INT(n1[r], na[r]);
+        CHECK_EQ_INT(n4[r], na[r]);
+        CHECK(memcmp(a[r], o1[r], (size_t)na[r] * sizeof a[r][0]) == 0);
+        CHECK(memcmp(a[r], o4[r], (size_t)na[r] * sizeof a[r][0]) == 0);
+    }
 }
 
 static void test_bad_config(void) {
