@@ -1,7 +1,8 @@
 /* The CPU backend: the reference implementation of the ops table (backend.h). Matrix products go
- * to pgd_cpu_matmul, attention and the other ops are the loops forward.c used to run directly,
- * split over the thread pool. Every op has a fixed reduction order per output row, so a token's
- * results never depend on what else shares the step (batch invariance). */
+ * to pgd_cpu_matmul; attention and the per-row ops are vectorized (simd.h, AVX2 with scalar
+ * fallbacks) and split over the thread pool when a call has enough work to pay for waking it.
+ * Every op has a fixed reduction order per output row, so a token's results never depend on what
+ * else shares the step or on how the work is split (batch invariance: test_cpu_ops.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,16 +10,50 @@
 #include "backend/backend.h"
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
+#include "backend/cpu/simd.h"
+#include "util/status.h"
+
+#define ATTN_TILE 32 /* positions per softmax tile: a multiple of 8 */
+/* Work, in about one float operation per unit, below which an op runs on the calling thread:
+ * waking the pool costs a few microseconds. */
+#define PAR_MIN_WORK 32768
+#define PAR_CHUNKS_PER_THREAD 4 /* chunks per thread in a parallel op, for dynamic balance */
 
 typedef struct cpu_state {
     int32_t max_tokens, n_head, n_kv_head, head_dim;
-    void *act;               /* (max_tokens) rows of act_row_bytes: converted activations */
+    void *act;                  /* (max_tokens) rows of act_row_bytes: converted activations */
     size_t act_row_bytes;
-    void *panel;             /* pgd_cpu_matmul_panel_bytes: dequantized weight panels */
+    void *panel;                /* pgd_cpu_matmul_panel_bytes(act_row_bytes, n_threads) */
     float *rope_cos, *rope_sin; /* (max_tokens, head_dim / 2) */
-    float *attn_scratch;     /* (n_threads, group * (head_dim + 2) + 2 * head_dim) */
+    int32_t attn_group, attn_hdp; /* largest GQA group; head_dim rounded up to 8 */
+    float *attn_scratch;        /* (n_threads, attn_stride), 64-byte aligned: attn_bufs_at */
     size_t attn_stride;
 } cpu_state;
+
+/* One thread's attention scratch (G = group, P = padded head_dim, T = ATTN_TILE). */
+typedef struct attn_bufs {
+    float *q;    /* (G, P) the group's queries, zero-padded (only when head_dim % 8 != 0) */
+    float *acc;  /* (G, P) unnormalized outputs */
+    float *kt;   /* (T, P) the tile's K rows as floats (F16/BF16 or padded rows) */
+    float *vt;   /* (T, P) the tile's V rows */
+    float *zero; /* (P) zeros: the K row of score lanes past the tile's end */
+    float *sc;   /* (G, T) scores, then probabilities */
+    float *lsum; /* (G, 8) per-lane sums of the probabilities */
+    float *mx;   /* (G) running maxima */
+} attn_bufs;
+
+static size_t up16(size_t n) { return (n + 15) / 16 * 16; } /* floats per 64-byte line */
+
+/* Carves thread ith's scratch; returns the stride (floats) when base is NULL. */
+static size_t attn_bufs_at(float *base, size_t G, size_t P, attn_bufs *s) {
+    size_t T = ATTN_TILE, sizes[8] = {G * P, G * P, T * P, T * P, P, G * T, G * 8, G}, off = 0;
+    float **dst[8] = {&s->q, &s->acc, &s->kt, &s->vt, &s->zero, &s->sc, &s->lsum, &s->mx};
+    for (int i = 0; i < 8; i++) {
+        if (base) *dst[i] = base + off;
+        off += up16(sizes[i]);
+    }
+    return off;
+}
 
 static bool cpu_supports(pgd_op op, pgd_type type) {
     if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED) return pgd_cpu_type_supported(type);
@@ -29,10 +64,10 @@ static void cpu_free(pgd_backend *be) {
     cpu_state *st = be->impl;
     if (!st) return;
     free(st->act);
+    free(st->panel);
     free(st->rope_cos);
     free(st->rope_sin);
     free(st->attn_scratch);
-    free(st->panel);
     free(st);
     be->impl = NULL;
 }
@@ -47,19 +82,25 @@ static int cpu_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, i
     st->n_kv_head = n_kv_head;
     st->head_dim = head_dim;
     st->act_row_bytes = act_row_bytes;
-    size_t half = (size_t)head_dim / 2, group = (size_t)(n_head / n_kv_head);
+    size_t half = (size_t)head_dim / 2;
     int nth = be->pool ? pgd_pool_n_threads(be->pool) : 1;
-    st->attn_stride = group * ((size_t)head_dim + 2) + 2 * (size_t)head_dim;
+    st->attn_group = n_kv_head > 0 ? n_head / n_kv_head : 1;
+    if (st->attn_group < 1) st->attn_group = 1;
+    st->attn_hdp = (head_dim + 7) / 8 * 8;
+    attn_bufs tmp;
+    st->attn_stride = attn_bufs_at(NULL, (size_t)st->attn_group, (size_t)st->attn_hdp, &tmp);
     st->act = calloc((size_t)max_tokens * act_row_bytes + 1, 1);
-    st->panel = malloc(pgd_cpu_matmul_panel_bytes(act_row_bytes, nth) + 1);
+    st->panel = calloc(pgd_cpu_matmul_panel_bytes(act_row_bytes, nth) + 1, 1);
     st->rope_cos = calloc((size_t)max_tokens * half + 1, sizeof(float));
     st->rope_sin = calloc((size_t)max_tokens * half + 1, sizeof(float));
-    st->attn_scratch = calloc((size_t)nth * st->attn_stride, sizeof(float));
+    size_t scr_bytes = (size_t)nth * st->attn_stride * sizeof(float);
+    st->attn_scratch = aligned_alloc(64, scr_bytes ? scr_bytes : 64);
     if (!st->act || !st->panel || !st->rope_cos || !st->rope_sin || !st->attn_scratch) {
         cpu_free(be);
         return pgd_err_set(err, PGD_ENOMEM, "CPU backend: out of memory for %d tokens",
                            max_tokens);
     }
+    memset(st->attn_scratch, 0, scr_bytes);
     return PGD_OK;
 }
 
@@ -71,15 +112,61 @@ static int cpu_copy(pgd_backend *be, void *dst, const void *src, size_t bytes) {
 }
 static int cpu_sync(pgd_backend *be) { return PGD_OK; }
 
-static int cpu_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params *rp) {
-    cpu_state *st = be->impl;
-    int half = rp->head_dim / 2;
-    for (int t = 0; t < s->n_tokens; t++)
+/* ---- Parallel loops ------------------------------------------------------------------------ */
+
+typedef void (*range_fn)(void *ctx, long lo, long hi);
+typedef struct par_ctx {
+    range_fn fn;
+    void *ctx;
+    long n, per;
+} par_ctx;
+
+static void par_chunk(void *arg, long c, int ith) {
+    const par_ctx *p = arg;
+    long lo = c * p->per, hi = lo + p->per < p->n ? lo + p->per : p->n;
+    p->fn(p->ctx, lo, hi);
+}
+
+/* Calls fn over [0, n) units: on the calling thread when the work (n * unit_cost) would not pay
+ * for waking the pool, else in chunks (whole multiples of `align` units) claimed dynamically.
+ * fn must compute each unit the same way whatever range it comes in. */
+static void par_for(pgd_backend *be, range_fn fn, void *ctx, long n, long unit_cost,
+                    long align) {
+    if (n <= 0) return;
+    int nth = be->pool ? pgd_pool_n_threads(be->pool) : 1;
+    if (nth == 1 || n * unit_cost < PAR_MIN_WORK) {
+        fn(ctx, 0, n);
+        return;
+    }
+    long n_chunks = (long)nth * PAR_CHUNKS_PER_THREAD;
+    long per = (n + n_chunks - 1) / n_chunks;
+    per = (per + align - 1) / align * align;
+    par_ctx pc = {fn, ctx, n, per};
+    pgd_pool_run_chunks(be->pool, par_chunk, &pc, (n + per - 1) / per);
+}
+
+/* ---- Step setup, embedding ----------------------------------------------------------------- */
+
+typedef struct begin_ctx {
+    cpu_state *st;
+    const pgd_step *s;
+    const pgd_rope_params *rp;
+} begin_ctx;
+
+static void begin_rows(void *arg, long lo, long hi) {
+    const begin_ctx *c = arg;
+    int half = c->rp->head_dim / 2;
+    for (long t = lo; t < hi; t++)
         for (int i = 0; i < half; i++) {
-            float ang = (float)s->pos[t] * rp->inv_freq[i];
-            st->rope_cos[(size_t)t * half + i] = cosf(ang);
-            st->rope_sin[(size_t)t * half + i] = sinf(ang);
+            float ang = (float)c->s->pos[t] * c->rp->inv_freq[i];
+            c->st->rope_cos[(size_t)t * half + i] = cosf(ang);
+            c->st->rope_sin[(size_t)t * half + i] = sinf(ang);
         }
+}
+
+static int cpu_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params *rp) {
+    begin_ctx c = {be->impl, s, rp};
+    par_for(be, begin_rows, &c, s->n_tokens, 16L * (rp->head_dim / 2), 1);
     return PGD_OK;
 }
 
@@ -94,23 +181,83 @@ static void cpu_embed(pgd_backend *be, const pgd_weight *w, int32_t vocab_lo, co
     }
 }
 
-static void rmsnorm_row(float *out, const float *x, const float *w, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float scale = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * scale);
+/* ---- RMS norm, residual adds --------------------------------------------------------------- */
+
+/* sum x[i]^2 in one fixed order for a given n: four 8-lane accumulators over 32 elements, then 8
+ * at a time into the first, a fixed tree, then the scalar tail. */
+static float sum_sq(const float *x, int n) {
+    int i = 0;
+    float s = 0.0f;
+#ifdef __AVX2__
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        __m256 x2 = _mm256_loadu_ps(x + i + 16), x3 = _mm256_loadu_ps(x + i + 24);
+        a0 = _mm256_fmadd_ps(x0, x0, a0);
+        a1 = _mm256_fmadd_ps(x1, x1, a1);
+        a2 = _mm256_fmadd_ps(x2, x2, a2);
+        a3 = _mm256_fmadd_ps(x3, x3, a3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 x0 = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(x0, x0, a0);
+    }
+    s = pgd_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#endif
+    for (; i < n; i++) s += x[i] * x[i];
+    return s;
+}
+
+/* out = w * (x * scale), elementwise */
+static void scale_mul(float *out, const float *x, const float *w, float scale, int n) {
+    int i = 0;
+#ifdef __AVX2__
+    __m256 vs = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i),
+                                                _mm256_mul_ps(_mm256_loadu_ps(x + i), vs)));
+#endif
+    for (; i < n; i++) out[i] = w[i] * (x[i] * scale);
+}
+
+/* x += y, elementwise (exact IEEE adds: vector and scalar agree) */
+static void add_vec(float *x, const float *y, size_t n) {
+    size_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++) x[i] += y[i];
+}
+
+typedef struct norm_ctx {
+    float *x;
+    const float *d, *w;
+    float *out;
+    int dim;
+    float eps;
+} norm_ctx;
+
+static void norm_rows(void *arg, long lo, long hi) {
+    const norm_ctx *c = arg;
+    for (long t = lo; t < hi; t++) {
+        float *x = c->x + (size_t)t * c->dim;
+        if (c->d) add_vec(x, c->d + (size_t)t * c->dim, (size_t)c->dim);
+        float scale = 1.0f / sqrtf(sum_sq(x, c->dim) / (float)c->dim + c->eps);
+        scale_mul(c->out + (size_t)t * c->dim, x, c->w, scale, c->dim);
+    }
 }
 
 static void cpu_rms_norm(pgd_backend *be, const float *x, const float *w, float *out, int n_rows,
                          int dim, float eps) {
-    for (int t = 0; t < n_rows; t++)
-        rmsnorm_row(out + (size_t)t * dim, x + (size_t)t * dim, w, dim, eps);
+    norm_ctx c = {(float *)x, NULL, w, out, dim, eps}; /* x is only read without d */
+    par_for(be, norm_rows, &c, n_rows, 3L * dim, 1);
 }
 
 static void cpu_add_rms_norm(pgd_backend *be, float *x, const float *d, const float *w, float *out,
                              int n_rows, int dim, float eps) {
-    for (size_t i = 0; i < (size_t)n_rows * dim; i++) x[i] += d[i];
-    cpu_rms_norm(be, x, w, out, n_rows, dim, eps);
+    norm_ctx c = {x, d, w, out, dim, eps};
+    par_for(be, norm_rows, &c, n_rows, 4L * dim, 1);
 }
 
 static void cpu_matmul(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n) {
@@ -118,142 +265,404 @@ static void cpu_matmul(pgd_backend *be, const pgd_weight *w, const float *x, flo
     pgd_cpu_matmul(be->pool, w, x, y, n, st->act, st->act_row_bytes, st->panel);
 }
 
-static void cpu_add_bias(pgd_backend *be, float *y, const float *b, int n_rows, int dim) {
-    if (!b) return;
-    for (int t = 0; t < n_rows; t++)
-        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
+typedef struct bias_ctx {
+    float *y;
+    const float *b;
+    int dim;
+} bias_ctx;
+
+static void bias_rows(void *arg, long lo, long hi) {
+    const bias_ctx *c = arg;
+    for (long t = lo; t < hi; t++) add_vec(c->y + (size_t)t * c->dim, c->b, (size_t)c->dim);
 }
 
-/* Rotates each head of x (n rows of n_heads * head_dim) by the angles staged in begin. */
-static void cpu_rope(pgd_backend *be, float *x, int n, int n_heads, const pgd_rope_params *rp) {
-    cpu_state *st = be->impl;
-    int hd = rp->head_dim, half = hd / 2;
-    bool neox = rp->mode == 1;
-    for (int t = 0; t < n; t++) {
-        const float *cs = st->rope_cos + (size_t)t * half, *sn = st->rope_sin + (size_t)t * half;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + ((size_t)t * n_heads + h) * hd;
-            for (int i = 0; i < half; i++) {
-                int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-                float a = v[i0], b = v[i1];
-                v[i0] = a * cs[i] - b * sn[i];
-                v[i1] = b * cs[i] + a * sn[i];
+static void cpu_add_bias(pgd_backend *be, float *y, const float *b, int n_rows, int dim) {
+    if (!b) return;
+    bias_ctx c = {y, b, dim};
+    par_for(be, bias_rows, &c, n_rows, dim, 1);
+}
+
+typedef struct add_ctx {
+    float *x;
+    const float *y;
+} add_ctx;
+
+static void add_range(void *arg, long lo, long hi) {
+    const add_ctx *c = arg;
+    add_vec(c->x + lo, c->y + lo, (size_t)(hi - lo));
+}
+
+static void cpu_add(pgd_backend *be, float *x, const float *y, size_t n) {
+    add_ctx c = {x, y};
+    par_for(be, add_range, &c, (long)n, 1, 64);
+}
+
+/* ---- RoPE ---------------------------------------------------------------------------------- */
+
+typedef struct rope_ctx {
+    const cpu_state *st;
+    float *x;
+    int n_heads, hd;
+    bool neox;
+} rope_ctx;
+
+/* Each pair (a, b) -> (a cos - b sin, b cos + a sin), the second product fused into the first
+ * in both the vector lanes and the scalar tail, so every pair is rotated the same way. */
+static void rope_rows(void *arg, long lo, long hi) {
+    const rope_ctx *c = arg;
+    int hd = c->hd, half = hd / 2;
+    for (long t = lo; t < hi; t++) {
+        const float *cs = c->st->rope_cos + (size_t)t * half;
+        const float *sn = c->st->rope_sin + (size_t)t * half;
+        for (int h = 0; h < c->n_heads; h++) {
+            float *v = c->x + ((size_t)t * c->n_heads + h) * hd;
+            int i = 0;
+            if (c->neox) {
+#ifdef __AVX2__
+                for (; i + 8 <= half; i += 8) {
+                    __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + half + i);
+                    __m256 co = _mm256_loadu_ps(cs + i), si = _mm256_loadu_ps(sn + i);
+                    _mm256_storeu_ps(v + i, _mm256_fmsub_ps(a, co, _mm256_mul_ps(b, si)));
+                    _mm256_storeu_ps(v + half + i, _mm256_fmadd_ps(b, co, _mm256_mul_ps(a, si)));
+                }
+#endif
+                for (; i < half; i++) {
+                    float a = v[i], b = v[i + half];
+                    v[i] = PGD_FMAF(a, cs[i], -(b * sn[i]));
+                    v[i + half] = PGD_FMAF(b, cs[i], a * sn[i]);
+                }
+            } else {
+#ifdef __AVX2__
+                /* 4 pairs per vector: [a0 b0 a1 b1 ..] * [c0 c0 c1 c1 ..] fused with
+                 * [b0 a0 b1 a1 ..] * [-s0 s0 -s1 s1 ..] */
+                const __m256 sign = _mm256_setr_ps(-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f,
+                                                   0.0f);
+                for (; i + 4 <= half; i += 4) {
+                    __m128 c4 = _mm_loadu_ps(cs + i), s4 = _mm_loadu_ps(sn + i);
+                    __m256 cd = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
+                    __m256 sd = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
+                    __m256 ab = _mm256_loadu_ps(v + 2 * i);
+                    __m256 ba = _mm256_permute_ps(ab, 0xB1);
+                    __m256 r = _mm256_fmadd_ps(ab, cd, _mm256_mul_ps(ba, _mm256_xor_ps(sd, sign)));
+                    _mm256_storeu_ps(v + 2 * i, r);
+                }
+#endif
+                for (; i < half; i++) {
+                    float a = v[2 * i], b = v[2 * i + 1];
+                    v[2 * i] = PGD_FMAF(a, cs[i], b * -sn[i]);
+                    v[2 * i + 1] = PGD_FMAF(b, cs[i], a * sn[i]);
+                }
             }
         }
     }
 }
 
+/* Rotates each head of x (n rows of n_heads * head_dim) by the angles staged in begin. */
+static void cpu_rope(pgd_backend *be, float *x, int n, int n_heads, const pgd_rope_params *rp) {
+    rope_ctx c = {be->impl, x, n_heads, rp->head_dim, rp->mode == 1};
+    par_for(be, rope_rows, &c, n, 2L * n_heads * rp->head_dim, 1);
+}
+
+/* ---- KV store ------------------------------------------------------------------------------ */
+
 static void store_row(pgd_type dt, void *base, size_t idx, const float *x, int n) {
     if (dt == PGD_TYPE_F32) {
         memcpy((float *)base + idx, x, (size_t)n * sizeof *x);
-    } else if (dt == PGD_TYPE_F16) {
-        uint16_t *d = (uint16_t *)base + idx;
-        for (int i = 0; i < n; i++) d[i] = pgd_fp32_to_fp16(x[i]);
+        return;
+    }
+    uint16_t *d = (uint16_t *)base + idx;
+    int i = 0;
+    if (dt == PGD_TYPE_F16) {
+#ifdef __AVX2__
+        for (; i + 8 <= n; i += 8) pgd_store8_f16(d + i, _mm256_loadu_ps(x + i));
+#endif
+        for (; i < n; i++) d[i] = pgd_fp32_to_fp16(x[i]);
     } else {
-        uint16_t *d = (uint16_t *)base + idx;
-        for (int i = 0; i < n; i++) d[i] = pgd_fp32_to_bf16(x[i]);
+#ifdef __AVX2__
+        for (; i + 8 <= n; i += 8) pgd_store8_bf16(d + i, _mm256_loadu_ps(x + i));
+#endif
+        for (; i < n; i++) d[i] = pgd_fp32_to_bf16(x[i]);
     }
 }
 
-/* Returns a pointer to n floats of row idx: the storage itself for F32, else tmp converted. */
-static const float *load_row(pgd_type dt, const void *base, size_t idx, float *tmp, int n) {
-    if (dt == PGD_TYPE_F32) return (const float *)base + idx;
-    const uint16_t *s = (const uint16_t *)base + idx;
-    if (dt == PGD_TYPE_F16)
-        for (int i = 0; i < n; i++) tmp[i] = pgd_fp16_to_fp32(s[i]);
-    else
-        for (int i = 0; i < n; i++) tmp[i] = pgd_bf16_to_fp32(s[i]);
-    return tmp;
+typedef struct kv_store_ctx {
+    const pgd_kv_layer *kv;
+    const float *k, *v;
+    const pgd_step *s;
+} kv_store_ctx;
+
+static void kv_store_rows(void *arg, long lo, long hi) {
+    const kv_store_ctx *c = arg;
+    size_t kv_dim = (size_t)c->kv->kv_dim;
+    for (long t = lo; t < hi; t++) {
+        size_t idx = (size_t)c->s->slot[t] * kv_dim;
+        store_row(c->kv->dtype, c->kv->k, idx, c->k + (size_t)t * kv_dim, (int)kv_dim);
+        store_row(c->kv->dtype, c->kv->v, idx, c->v + (size_t)t * kv_dim, (int)kv_dim);
+    }
 }
 
 static void cpu_kv_store(pgd_backend *be, const pgd_kv_layer *kv, const float *k, const float *v,
                          const pgd_step *s) {
-    size_t kv_dim = (size_t)kv->kv_dim;
-    for (int t = 0; t < s->n_tokens; t++) {
-        size_t idx = (size_t)s->slot[t] * kv_dim;
-        store_row(kv->dtype, kv->k, idx, k + (size_t)t * kv_dim, (int)kv_dim);
-        store_row(kv->dtype, kv->v, idx, v + (size_t)t * kv_dim, (int)kv_dim);
-    }
+    kv_store_ctx c = {kv, k, v, s};
+    par_for(be, kv_store_rows, &c, s->n_tokens, 2L * kv->kv_dim, 1);
 }
+
+/* ---- Attention ----------------------------------------------------------------------------- */
 
 typedef struct attn_ctx {
     cpu_state *st;
     const float *q;
     const pgd_kv_layer *kv;
     float *out;
-    int n_head, n_kv_head, hd;
+    int n_head, n_kv_head, hd, hdp;
+    long n_items;
     const pgd_step *s;
 } attn_ctx;
 
-/* One (token, KV head) pair per work item: the K/V rows of the token's sequence are read once
- * and serve every query head of the group, with an online softmax in position order. */
-static void attn_task(void *arg, int ith, int nth) {
-    attn_ctx *a = arg;
+/* Row idx of K or V storage as hdp floats: the storage itself for F32 rows that need no padding,
+ * else converted (F16C / shifts) into buf and zero-padded. */
+static const float *kv_row(pgd_type dt, const void *base, size_t idx, float *buf, int hd,
+                           int hdp) {
+    if (dt == PGD_TYPE_F32 && hd == hdp) return (const float *)base + idx;
+    int i = 0;
+    if (dt == PGD_TYPE_F32) {
+        memcpy(buf, (const float *)base + idx, (size_t)hd * sizeof *buf);
+        i = hd;
+    } else if (dt == PGD_TYPE_F16) {
+        const uint16_t *s = (const uint16_t *)base + idx;
+#ifdef __AVX2__
+        for (; i + 8 <= hd; i += 8) _mm256_storeu_ps(buf + i, pgd_load8_f16(s + i));
+#endif
+        for (; i < hd; i++) buf[i] = pgd_fp16_to_fp32(s[i]);
+    } else {
+        const uint16_t *s = (const uint16_t *)base + idx;
+#ifdef __AVX2__
+        for (; i + 8 <= hd; i += 8) _mm256_storeu_ps(buf + i, pgd_load8_bf16(s + i));
+#endif
+        for (; i < hd; i++) buf[i] = pgd_bf16_to_fp32(s[i]);
+    }
+    for (; i < hdp; i++) buf[i] = 0.0f;
+    return buf;
+}
+
+/* sc[j] = scale * (q . k_j) for j < n (n <= ATTN_TILE); sc[n .. round8(n)) = -inf. kp has
+ * round8(n) entries, those past n pointing at zeros. Each score is the same sum whichever
+ * position of the tile it has. */
+static void tile_scores(const float *q, const float *const *kp, int n, int hdp, float scale,
+                        float *sc) {
+#ifdef __AVX2__
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int j0 = 0; j0 < n; j0 += 8) {
+        const float *const *k = kp + j0;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+               a7 = a0;
+        for (int i = 0; i < hdp; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + i), a3);
+            a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + i), a4);
+            a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + i), a5);
+            a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + i), a6);
+            a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + i), a7);
+        }
+        __m256 s = _mm256_mul_ps(pgd_hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), vscale);
+        if (n - j0 < 8) {
+            __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0),
+                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, _mm256_castsi256_ps(valid));
+        }
+        _mm256_storeu_ps(sc + j0, s);
+    }
+#else
+    int nr = (n + 7) / 8 * 8;
+    for (int j = 0; j < nr; j++) {
+        float d = 0.0f;
+        for (int i = 0; i < hdp; i++) d += q[i] * kp[j][i];
+        sc[j] = j < n ? d * scale : -INFINITY;
+    }
+#endif
+}
+
+/* One query head over one tile: folds the tile's scores sc[0 .. round8(n)) into the running
+ * maximum *mx, the per-lane probability sums lsum (8) and acc (hdp) += p_j v_j. The rescale of
+ * acc by exp(old max - new max) happens once per tile, only when the maximum grows. */
+static void tile_softmax_pv(float *sc, int n, const float *const *vp, int hdp, float *mx,
+                            float *lsum, float *acc) {
+    int nr = (n + 7) / 8 * 8;
+#ifdef __AVX2__
+    __m256 vm = _mm256_loadu_ps(sc);
+    for (int j = 8; j < nr; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sc + j));
+    float tmax = pgd_hmax8(vm);
+#else
+    float tmax = sc[0];
+    for (int j = 1; j < nr; j++) tmax = sc[j] > tmax ? sc[j] : tmax;
+#endif
+    if (tmax > *mx) {
+        float corr = pgd_expf_scalar(*mx - tmax); /* 0 for the first tile (mx = -inf) */
+        for (int i = 0; i < hdp; i++) acc[i] *= corr;
+        for (int l = 0; l < 8; l++) lsum[l] *= corr;
+        *mx = tmax;
+    }
+    float m = *mx;
+#ifdef __AVX2__
+    __m256 vmx = _mm256_set1_ps(m), ls = _mm256_loadu_ps(lsum);
+    for (int j = 0; j < nr; j += 8) {
+        __m256 p = pgd_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vmx));
+        ls = _mm256_add_ps(ls, p);
+        _mm256_storeu_ps(sc + j, p);
+    }
+    _mm256_storeu_ps(lsum, ls);
+    int i = 0;
+    for (; i + 64 <= hdp; i += 64) {
+        float *a = acc + i;
+        __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
+               a3 = _mm256_loadu_ps(a + 24), a4 = _mm256_loadu_ps(a + 32),
+               a5 = _mm256_loadu_ps(a + 40), a6 = _mm256_loadu_ps(a + 48),
+               a7 = _mm256_loadu_ps(a + 56);
+        for (int j = 0; j < n; j++) {
+            __m256 p = _mm256_broadcast_ss(sc + j);
+            const float *v = vp[j] + i;
+            a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
+            a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
+            a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
+            a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
+            a4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), a4);
+            a5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), a5);
+            a6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), a6);
+            a7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), a7);
+        }
+        _mm256_storeu_ps(a, a0);
+        _mm256_storeu_ps(a + 8, a1);
+        _mm256_storeu_ps(a + 16, a2);
+        _mm256_storeu_ps(a + 24, a3);
+        _mm256_storeu_ps(a + 32, a4);
+        _mm256_storeu_ps(a + 40, a5);
+        _mm256_storeu_ps(a + 48, a6);
+        _mm256_storeu_ps(a + 56, a7);
+    }
+    for (; i < hdp; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i);
+        for (int j = 0; j < n; j++)
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sc + j), _mm256_loadu_ps(vp[j] + i), a0);
+        _mm256_storeu_ps(acc + i, a0);
+    }
+#else
+    for (int j = 0; j < nr; j++) {
+        sc[j] = pgd_expf_scalar(sc[j] - m);
+        lsum[j % 8] += sc[j];
+    }
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < hdp; i++) acc[i] += sc[j] * vp[j][i];
+#endif
+}
+
+/* One work item = (token, KV head): the K/V rows of the token's positions are read (and
+ * converted) once per tile and serve every query head of the GQA group; the softmax runs online
+ * over tiles of ATTN_TILE positions in position order. The tiles start at position 0 whatever
+ * the batch, and an item never spans threads, so a token's output is the same in any batch. */
+static void attn_item(void *arg, long chunk, int ith) {
+    const attn_ctx *a = arg;
     const pgd_kv_layer *kv = a->kv;
     const pgd_step *b = a->s;
-    int hd = a->hd, n_head = a->n_head, n_kv_head = a->n_kv_head, group = n_head / n_kv_head;
-    int bs = kv->block_size;
+    int hd = a->hd, hdp = a->hdp, n_head = a->n_head, n_kv_head = a->n_kv_head;
+    int group = n_head / n_kv_head, bs = kv->block_size;
     size_t kv_dim = (size_t)kv->kv_dim;
     float scale = 1.0f / sqrtf((float)hd);
-    float *scr = a->st->attn_scratch + (size_t)ith * a->st->attn_stride;
-    float *acc = scr, *mx = scr + (size_t)group * hd, *sum = mx + group;
-    float *ktmp = sum + group, *vtmp = ktmp + hd;
-    long lo, hi;
-    pgd_split_range((long)b->n_tokens * n_kv_head, ith, nth, &lo, &hi);
-    for (long w = lo; w < hi; w++) {
-        int t = (int)(w / n_kv_head), kvh = (int)(w % n_kv_head);
-        const int32_t *bt = b->block_tables[b->seq[t]];
-        const float *q = a->q + ((size_t)t * n_head + (size_t)kvh * group) * hd;
+    attn_bufs s;
+    attn_bufs_at(a->st->attn_scratch + (size_t)ith * a->st->attn_stride,
+                    (size_t)a->st->attn_group, (size_t)a->st->attn_hdp, &s);
+    /* The longest items (last tokens of a prefill chunk) go first, for a better balance. */
+    long w = a->n_items - 1 - chunk;
+    int t = (int)(w / n_kv_head), kvh = (int)(w % n_kv_head);
+    const int32_t *bt = b->block_tables[b->seq[t]];
+    const float *q = a->q + ((size_t)t * n_head + (size_t)kvh * group) * hd;
+    if (hd != hdp) {
         for (int g = 0; g < group; g++) {
-            mx[g] = -INFINITY;
-            sum[g] = 0.0f;
+            memcpy(s.q + (size_t)g * hdp, q + (size_t)g * hd, (size_t)hd * sizeof *q);
+            memset(s.q + (size_t)g * hdp + hd, 0, (size_t)(hdp - hd) * sizeof *q);
         }
-        memset(acc, 0, (size_t)group * hd * sizeof *acc);
-        for (int j = 0; j <= b->pos[t]; j++) {
-            size_t slot = (size_t)bt[j / bs] * bs + (size_t)(j % bs);
+        q = s.q;
+    }
+    for (int g = 0; g < group; g++) s.mx[g] = -INFINITY;
+    memset(s.lsum, 0, (size_t)group * 8 * sizeof *s.lsum);
+    memset(s.acc, 0, (size_t)group * hdp * sizeof *s.acc);
+    memset(s.zero, 0, (size_t)hdp * sizeof *s.zero);
+    const float *kp[ATTN_TILE], *vp[ATTN_TILE];
+    int n_pos = b->pos[t] + 1;
+    for (int j0 = 0; j0 < n_pos; j0 += ATTN_TILE) {
+        int n = n_pos - j0 < ATTN_TILE ? n_pos - j0 : ATTN_TILE;
+        for (int j = 0; j < n; j++) {
+            int p = j0 + j;
+            size_t slot = (size_t)bt[p / bs] * bs + (size_t)(p % bs);
             size_t idx = slot * kv_dim + (size_t)kvh * hd;
-            const float *k = load_row(kv->dtype, kv->k, idx, ktmp, hd);
-            const float *v = load_row(kv->dtype, kv->v, idx, vtmp, hd);
-            for (int g = 0; g < group; g++) {
-                const float *qg = q + (size_t)g * hd;
-                float sc = 0.0f;
-                for (int i = 0; i < hd; i++) sc += qg[i] * k[i];
-                sc *= scale;
-                float *ag = acc + (size_t)g * hd;
-                if (sc > mx[g]) {
-                    float corr = expf(mx[g] - sc);
-                    sum[g] *= corr;
-                    for (int i = 0; i < hd; i++) ag[i] *= corr;
-                    mx[g] = sc;
-                }
-                float p = expf(sc - mx[g]);
-                sum[g] += p;
-                for (int i = 0; i < hd; i++) ag[i] += p * v[i];
-            }
+            kp[j] = kv_row(kv->dtype, kv->k, idx, s.kt + (size_t)j * hdp, hd, hdp);
+            vp[j] = kv_row(kv->dtype, kv->v, idx, s.vt + (size_t)j * hdp, hd, hdp);
         }
+        for (int j = n; j < (n + 7) / 8 * 8; j++) kp[j] = vp[j] = s.zero;
         for (int g = 0; g < group; g++) {
-            float *o = a->out + ((size_t)t * n_head + (size_t)kvh * group + g) * hd;
-            float inv = 1.0f / sum[g];
-            for (int i = 0; i < hd; i++) o[i] = acc[(size_t)g * hd + i] * inv;
+            float *sc = s.sc + (size_t)g * ATTN_TILE;
+            tile_scores(q + (size_t)g * hdp, kp, n, hdp, scale, sc);
+            tile_softmax_pv(sc, n, vp, hdp, &s.mx[g], s.lsum + (size_t)g * 8,
+                            s.acc + (size_t)g * hdp);
         }
+    }
+    for (int g = 0; g < group; g++) {
+        float *o = a->out + ((size_t)t * n_head + (size_t)kvh * group + g) * hd;
+        const float *l = s.lsum + (size_t)g * 8;
+        float sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+        float inv = 1.0f / sum;
+        for (int i = 0; i < hd; i++) o[i] = s.acc[(size_t)g * hdp + i] * inv;
     }
 }
 
 static void cpu_attention(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
                           int n_head, int n_kv_head, int head_dim, const pgd_step *s) {
-    attn_ctx ac = {be->impl, q, kv, out, n_head, n_kv_head, head_dim, s};
-    if (be->pool) pgd_pool_run(be->pool, attn_task, &ac);
-    else attn_task(&ac, 0, 1);
+    cpu_state *st = be->impl;
+    int hdp = (head_dim + 7) / 8 * 8;
+    PGD_ASSERT(n_head / n_kv_head <= st->attn_group && hdp <= st->attn_hdp);
+    attn_ctx ac = {st, q, kv, out, n_head, n_kv_head, head_dim, hdp,
+                   (long)s->n_tokens * n_kv_head, s};
+    if (be->pool) pgd_pool_run_chunks(be->pool, attn_item, &ac, ac.n_items);
+    else
+        for (long c = 0; c < ac.n_items; c++) attn_item(&ac, c, 0);
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+/* ---- SiLU gate ----------------------------------------------------------------------------- */
+
+typedef struct silu_ctx {
+    float *g;
+    const float *u;
+} silu_ctx;
+
+/* g = silu(g) * u; the tail goes through the vector code too (padded), so every element is
+ * computed the same way wherever it falls. */
+static void silu_range(void *arg, long lo, long hi) {
+    const silu_ctx *c = arg;
+    float *g = c->g;
+    const float *u = c->u;
+    long i = lo;
+#ifdef __AVX2__
+    for (; i + 8 <= hi; i += 8)
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(pgd_silu8(_mm256_loadu_ps(g + i)),
+                                              _mm256_loadu_ps(u + i)));
+    if (i < hi) {
+        float tg[8] = {0}, tu[8] = {0};
+        int r = (int)(hi - i);
+        memcpy(tg, g + i, (size_t)r * sizeof *tg);
+        memcpy(tu, u + i, (size_t)r * sizeof *tu);
+        _mm256_storeu_ps(tg, _mm256_mul_ps(pgd_silu8(_mm256_loadu_ps(tg)), _mm256_loadu_ps(tu)));
+        memcpy(g + i, tg, (size_t)r * sizeof *tg);
+    }
+#else
+    for (; i < hi; i++) g[i] = pgd_silu_scalar(g[i]) * u[i];
+#endif
+}
 
 static void cpu_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
-    for (size_t i = 0; i < n; i++) g[i] = silu(g[i]) * u[i];
-}
-
-static void cpu_add(pgd_backend *be, float *x, const float *y, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
+    silu_ctx c = {g, u};
+    par_for(be, silu_range, &c, (long)n, 8, 64);
 }
 
 static void cpu_gather_rows(pgd_backend *be, const float *src, float *dst, int dim,
