@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing (Debian packages, the test virtualenv, the default
-# model), builds Pagoda twice (release with -Werror, and AddressSanitizer + UBSan), runs the C
-# unit tests under both builds, then the integration tests (pytest) against the release build.
+# model), builds Pagoda three times at most -- CPU-only release with -Werror, CPU-only
+# AddressSanitizer + UBSan, and the CUDA build where nvcc is found -- runs the C unit tests under
+# each, then the integration tests (pytest) against the release build, and the --load-format
+# dummy / --device ones against the CUDA build too.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -11,10 +13,11 @@ bash scripts/install-deps.sh
 venv=$(bash scripts/setup-venv.sh)
 bash scripts/fetch-default-model.sh
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPAGODA_WERROR=ON >/dev/null
+# PAGODA_CUDA defaults to ON where nvcc is found: the CPU-only builds say OFF explicitly.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=OFF -DPAGODA_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGODA_SANITIZE=ON \
-    -DPAGODA_WERROR=ON -DCMAKE_C_COMPILER=clang >/dev/null
+    -DPAGODA_CUDA=OFF -DPAGODA_WERROR=ON -DCMAKE_C_COMPILER=clang >/dev/null
 cmake --build build-asan -j"$jobs"
 
 # The CUDA build (issue 7): compiles and links wherever nvcc is found, GPU or not; its CPU tests
@@ -40,3 +43,9 @@ fi
 echo "== integration tests"
 PAGODA_BUILD="$root/build" PAGODA_ASAN_BUILD="$root/build-asan" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integration "$@"
+
+if [ "$have_cuda" = 1 ]; then
+    echo "== integration tests of the CUDA build (dummy weights, devices; CPU backend)"
+    PAGODA_BUILD="$root/build-cuda" \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integration/test_dummy_load.py
+fi

@@ -55,7 +55,11 @@ typedef struct pgd_engine_config {
     /* backends (issue 7) */
     const char *device;             /* "cpu" or "cuda"; NULL: cpu (or $PAGODA_DEVICE) */
     int32_t tensor_parallel_size;   /* ranks; 0: 1 (or $PAGODA_TENSOR_PARALLEL) */
-    bool load_format_dummy;         /* model_path is a config.json: random weights, no tokenizer */
+    bool load_format_dummy;         /* model_path is a config.json (or its folder): random
+                                       weights; the tokenizer.json beside it, if any */
+    float gpu_memory_utilization;   /* CUDA: share (0, 1] of each GPU's memory for weights,
+                                       activations and the KV pool, which gets what is left
+                                       (replaces kv_cache_bytes there); 0: 0.9. CPU: unused */
 } pgd_engine_config;
 
 typedef struct pgd_request_params {
@@ -141,6 +145,10 @@ int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bo
                         bool parse_special, int32_t *out, size_t cap, size_t *n_out);
 int32_t pgd_engine_n_ctx(const pgd_engine *e);
 bool pgd_engine_add_bos(const pgd_engine *e);
+/* False for a model loaded without a tokenizer (--load-format dummy with no tokenizer.json):
+ * then requests are token ids, events carry no text, no token ends a generation, and
+ * pgd_engine_tokenize accepts only the empty text (BOS alone, from config.json). */
+bool pgd_engine_has_tokenizer(const pgd_engine *e);
 
 /* Queues a request; *id receives its id. Fails (negative, err filled) when the request can
  * never fit: prompt + max_tokens beyond the context or the whole KV pool, empty prompt, bad

@@ -100,6 +100,9 @@ typedef struct pgd_backend_ops {
     /* Copies the first n slots of block src to block dst of one layer's K and V. */
     void (*copy_block)(pgd_backend *be, const pgd_kv_layer *kv, int32_t src, int32_t dst,
                        int32_t n);
+    /* Device memory of be->device (no init needed): bytes free now and in total, counting every
+     * process's allocations. NULL for host-memory backends, whose KV pool has a fixed budget. */
+    int (*mem_info)(pgd_backend *be, size_t *free_bytes, size_t *total_bytes);
 } pgd_backend_ops;
 
 /* A backend instance. The ops table is shared and constant; impl is the backend's own state. */

@@ -1,6 +1,7 @@
 /* Argument helpers shared by the subcommands. */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,26 @@ int pgd_cli_parse_float(const char *s, float lo, float hi, float *out) {
     errno = 0;
     float v = strtof(s, &end);
     if (errno || *end || !isfinite(v) || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int pgd_cli_parse_load_format(const char *cmd, const char *s, bool *dummy) {
+    if (!strcmp(s, "auto") || !strcmp(s, "dummy")) {
+        *dummy = !strcmp(s, "dummy");
+        return 0;
+    }
+    fprintf(stderr, "%s: invalid value '%s' for --load-format (auto or dummy)\n", cmd, s);
+    return -1;
+}
+
+int pgd_cli_parse_gpu_util(const char *cmd, const char *s, float *out) {
+    float v;
+    if (pgd_cli_parse_float(s, 0, 1, &v) || !(v > 0)) {
+        fprintf(stderr, "%s: invalid value '%s' for --gpu-memory-utilization (a fraction, "
+                        "0 < F <= 1)\n", cmd, s);
+        return -1;
+    }
     *out = v;
     return 0;
 }

@@ -53,7 +53,8 @@ static void usage_batch(FILE *f) {
             "  -t, --threads N               worker threads (default: all CPUs)\n"
             "  --max-num-batched-tokens N    token budget per step = prefill chunk (default 512)\n"
             "  --max-num-seqs N              running sequences cap (default 64)\n"
-            "  --kv-cache-memory SIZE        KV pool budget, e.g. 512MiB, 2GiB (default 512MiB)\n"
+            "  --kv-cache-memory SIZE        KV pool budget, e.g. 512MiB, 2GiB (default 512MiB;\n"
+            "                                CPU only: on CUDA --gpu-memory-utilization sizes it)\n"
             "  --block-size N                KV block size in tokens (default 16)\n"
             "  --kv-dtype f32|f16|bf16       KV cache element type (default f32)\n"
             "  --no-prefix-caching           turn the prefix cache off\n"
@@ -71,7 +72,14 @@ static void usage_batch(FILE *f) {
             "                                (a large batch is compute-bound; default 0: never)\n"
             "  --draft-model M               the draft model (same vocabulary) for --speculative draft\n"
             "  --device cpu|cuda             backend (default cpu)\n"
-            "  --tensor-parallel-size N      ranks (default 1)\n");
+            "  --tensor-parallel-size N      ranks (default 1)\n"
+            "  --gpu-memory-utilization F    CUDA: share of each GPU's memory for weights,\n"
+            "                                activations and the KV cache, 0 < F <= 1 (default\n"
+            "                                0.9; replaces --kv-cache-memory there); accepted and\n"
+            "                                ignored on the CPU\n"
+            "  --load-format auto|dummy      dummy: MODEL is a config.json (or its folder), the\n"
+            "                                weights random; without a tokenizer.json beside it,\n"
+            "                                prompts must be token ids and \"text\" stays empty\n");
 }
 
 static void set_error(result *r, const char *msg) {
@@ -94,7 +102,9 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
         pd->prompt = malloc(cap * sizeof *pd->prompt);
         if (!pd->prompt ||
             pgd_engine_tokenize(e, pr->valuestring, len, true, true, pd->prompt, cap, &n)) {
-            snprintf(msg, ml, "cannot tokenize the prompt");
+            snprintf(msg, ml, pgd_engine_has_tokenizer(e)
+                                  ? "cannot tokenize the prompt"
+                                  : "the model has no tokenizer: give \"prompt\" as token ids");
             return -1;
         }
         pd->p.n_prompt = (int32_t)n;
@@ -351,6 +361,10 @@ int pgd_cli_batch(int argc, char **argv) {
         } else if (!strcmp(a, "--tensor-parallel-size")) {
             if (pgd_cli_parse_long(v, 1, 64, &l)) goto bad;
             ec.tensor_parallel_size = (int32_t)l;
+        } else if (!strcmp(a, "--load-format")) {
+            if (pgd_cli_parse_load_format("pagoda", v, &ec.load_format_dummy)) return 2;
+        } else if (!strcmp(a, "--gpu-memory-utilization")) {
+            if (pgd_cli_parse_gpu_util("pagoda", v, &ec.gpu_memory_utilization)) return 2;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!strcmp(v, "f32")) ec.kv_dtype = PGD_KV_F32;
             else if (!strcmp(v, "f16")) ec.kv_dtype = PGD_KV_F16;

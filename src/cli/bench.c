@@ -19,6 +19,10 @@
 
 typedef struct bench_opts {
     const char *model;
+    const char *device;    /* "cpu" or "cuda"; NULL: the default (cpu, or $PAGODA_DEVICE) */
+    long tp;               /* --tensor-parallel-size; 0: the default */
+    float gpu_util;        /* --gpu-memory-utilization; 0: the default */
+    bool load_dummy;       /* --load-format dummy */
     long n_prompt, n_gen, threads, reps;
     long batches[MAX_BATCHES];
     int n_batches;
@@ -42,14 +46,24 @@ static double median(double *v, int n) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pagoda bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS]\n"
-            "                    [--batch 1,4,16,64] [--json]\n"
+            "                    [--batch 1,4,16,64] [--json] [--load-format auto|dummy]\n"
+            "                    [--device cpu|cuda] [--tensor-parallel-size N]\n"
+            "                    [--gpu-memory-utilization F]\n"
             "Measures pp (prefill tokens/s of a -p token prompt), tg (decode tokens/s, -n)\n"
             "and batched decode tokens/s (B sequences in their own paged KV blocks, each step\n"
             "one token per sequence with its logits, %d steps from position 0), median of -r\n"
             "runs (default 5), with the\n"
             "memory bandwidth (read-only sum over 1 GiB, best of 5) and peak FP32 FLOP/s (FMA\n"
             "loop on every thread, best of 5) of this machine, and each figure's fraction of\n"
-            "its roofline.\n", BATCH_STEPS);
+            "its roofline.\n"
+            "  --load-format dummy  MODEL is a config.json (or its folder; e.g.\n"
+            "                   configs/models/Llama-3-8B.json): random BF16 weights of its real\n"
+            "                   shapes, no download and no tokenizer needed\n"
+            "  --device cpu|cuda, --tensor-parallel-size N   backend and ranks (default cpu, 1)\n"
+            "  --gpu-memory-utilization F  CUDA: share (0, 1] of each GPU's memory the process\n"
+            "                   may use; loading fails if the weights exceed it (bench allocates\n"
+            "                   exactly the KV its tests need); accepted and ignored on the CPU\n",
+            BATCH_STEPS);
 }
 
 static int parse_batches(const char *s, bench_opts *o) {
@@ -88,7 +102,16 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-t")) rc = pgd_cli_parse_long(v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-r")) rc = pgd_cli_parse_long(v, 1, 1000, &o->reps);
         else if (!strcmp(a, "--batch")) rc = parse_batches(v, o);
-        else goto bad;
+        else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp"))
+            rc = pgd_cli_parse_long(v, 1, 64, &o->tp);
+        else if (!strcmp(a, "--device")) {
+            rc = strcmp(v, "cpu") && strcmp(v, "cuda") ? -1 : 0;
+            o->device = v;
+        } else if (!strcmp(a, "--load-format")) {
+            if (pgd_cli_parse_load_format("pagoda bench", v, &o->load_dummy)) return -1;
+        } else if (!strcmp(a, "--gpu-memory-utilization")) {
+            if (pgd_cli_parse_gpu_util("pagoda bench", v, &o->gpu_util)) return -1;
+        } else goto bad;
         if (rc != 0) {
             fprintf(stderr, "pagoda bench: bad value '%s' for %s\n", v, a);
             return -1;
@@ -315,7 +338,10 @@ int pgd_cli_bench(int argc, char **argv) {
     long max_batch = o.n_prompt > 1 ? o.n_prompt : 1;
     long n_ctx = max_batch > o.n_gen ? max_batch : o.n_gen;
     if (n_ctx < BATCH_STEPS) n_ctx = BATCH_STEPS;
-    pgd_model_opts mo = {.n_ctx = (int32_t)(n_ctx + 8)};
+    pgd_model_opts mo = {.n_ctx = (int32_t)(n_ctx + 8), .tensor_parallel = (int32_t)o.tp,
+                         .load_format = o.load_dummy ? PGD_LOAD_DUMMY : PGD_LOAD_AUTO,
+                         .gpu_memory_utilization = o.gpu_util};
+    if (o.device) pgd_model_opts_set_device(&mo, o.device); /* parse_args checked the name */
     if (pgd_model_load(o.model, &mo, &m, &err) != 0) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
         goto done;

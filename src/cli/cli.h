@@ -3,6 +3,7 @@
 #ifndef PGD_CLI_H
 #define PGD_CLI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,5 +25,9 @@ int pgd_cli_parse_ids(const char *s, int32_t **ids, size_t *n);
 /* Strict number parsing; return 0 on success, -1 if s is not entirely a number in range. */
 int pgd_cli_parse_long(const char *s, long lo, long hi, long *out);
 int pgd_cli_parse_float(const char *s, float lo, float hi, float *out);
+/* --load-format auto|dummy: *dummy set; -1 (after a one-line message naming cmd) otherwise. */
+int pgd_cli_parse_load_format(const char *cmd, const char *s, bool *dummy);
+/* --gpu-memory-utilization F, 0 < F <= 1: 0 or -1 (after a one-line message naming cmd). */
+int pgd_cli_parse_gpu_util(const char *cmd, const char *s, float *out);
 
 #endif

@@ -19,13 +19,14 @@
 typedef struct gen_opts {
     const char *model, *prompt, *file, *ids, *out, *draft_model, *device;
     long tp;
+    float gpu_util;           /* --gpu-memory-utilization; 0: the default */
     pgd_spec_mode speculative;
     long num_spec;
     long n_predict, threads, ctx;
     float temperature, top_p;
     long top_k;
     unsigned long long seed;
-    bool seed_set, ignore_eos, print_ids, weights_f32;
+    bool seed_set, ignore_eos, print_ids, weights_f32, load_dummy;
 } gen_opts;
 
 static void usage_generate(FILE *f) {
@@ -35,8 +36,14 @@ static void usage_generate(FILE *f) {
             "                       [--threads N] [--ctx N] [--ignore-eos] [--print-ids]\n"
             "                       [--weights-f32] [--speculative ngram|draft]\n"
             "                       [--num-speculative-tokens K] [--draft-model M]\n"
+            "                       [--load-format auto|dummy] [--device cpu|cuda]\n"
+            "                       [--tensor-parallel-size N] [--gpu-memory-utilization F]\n"
             "Writes only the generated text to stdout; prefill and decode speeds to stderr.\n"
             "  -m MODEL         GGUF file or Hugging Face model directory (default %s)\n"
+            "  --load-format auto|dummy  dummy: MODEL is a config.json (or its folder) and the\n"
+            "                   weights are random, to run real shapes without downloading; with\n"
+            "                   no tokenizer.json beside it, give --ids (or no prompt: BOS from\n"
+            "                   config.json) and token ids are printed\n"
             "  -p PROMPT        prompt text (BOS is added when the model's metadata says so;\n"
             "                   an empty prompt generates from BOS)\n"
             "  --file F         read the prompt from a file, byte for byte\n"
@@ -51,7 +58,10 @@ static void usage_generate(FILE *f) {
             "                   is reported on stderr\n"
             "  --num-speculative-tokens K  the most proposals per step, 1..16 (default 5)\n"
             "  --draft-model M  the draft model (same vocabulary) for --speculative draft\n"
-            "  --device cpu|cuda, --tensor-parallel-size N   backend and ranks (default cpu, 1)\n",
+            "  --device cpu|cuda, --tensor-parallel-size N   backend and ranks (default cpu, 1)\n"
+            "  --gpu-memory-utilization F  CUDA: share of each GPU's memory for weights,\n"
+            "                   activations and the KV cache, 0 < F <= 1 (default 0.9); accepted\n"
+            "                   and ignored on the CPU\n",
             pgd_cli_default_model());
 }
 
@@ -111,6 +121,10 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
             o->device = v;
         } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
             if (pgd_cli_parse_long(v, 1, 64, &o->tp)) goto bad;
+        } else if (!strcmp(a, "--load-format")) {
+            if (pgd_cli_parse_load_format("pagoda", v, &o->load_dummy)) return -1;
+        } else if (!strcmp(a, "--gpu-memory-utilization")) {
+            if (pgd_cli_parse_gpu_util("pagoda", v, &o->gpu_util)) return -1;
         } else if (!strcmp(a, "--seed")) {
             if (pgd_cli_parse_long(v, 0, 0x7fffffffL, &l)) goto bad;
             o->seed = (unsigned long long)l, o->seed_set = true;
@@ -159,6 +173,8 @@ static int gen_setup(const gen_opts *o, gen_ctx *g) {
     pgd_err err = {{0}};
     pgd_model_opts mo = {.weights_f32 = o->weights_f32, .n_ctx = (int32_t)o->ctx,
                          .tensor_parallel = (int32_t)o->tp,
+                         .load_format = o->load_dummy ? PGD_LOAD_DUMMY : PGD_LOAD_AUTO,
+                         .gpu_memory_utilization = o->gpu_util,
                          .device = !o->device ? 0
                                    : !strcmp(o->device, "cuda") ? 1 + PGD_DEVICE_CUDA
                                                                 : 1 + PGD_DEVICE_CPU};
@@ -206,6 +222,11 @@ static int prompt_ids(const gen_opts *o, pgd_engine *e, int32_t **ids, size_t *n
         }
         return PGD_OK;
     }
+    if (!pgd_engine_has_tokenizer(e) && (o->file || (o->prompt && *o->prompt))) {
+        fprintf(stderr, "pagoda: %s has no tokenizer (no tokenizer.json beside its config): give "
+                        "the prompt as --ids, or no prompt to start from BOS\n", o->model);
+        return PGD_EUNSUPPORTED;
+    }
     char *text = NULL;
     size_t len = 0;
     pgd_err err = {{0}};
@@ -243,6 +264,8 @@ int pgd_cli_generate(int argc, char **argv) {
     ec.draft_model_path = o.draft_model;
     ec.device = o.device;
     ec.tensor_parallel_size = (int32_t)o.tp;
+    ec.load_format_dummy = o.load_dummy;
+    ec.gpu_memory_utilization = o.gpu_util;
     char err[512];
     pgd_engine *e = NULL;
     if (pgd_engine_create(&ec, &e, err, sizeof err)) {
@@ -253,6 +276,10 @@ int pgd_cli_generate(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (prompt_ids(&o, e, &ids, &n_ids)) goto done;
+    if (!pgd_engine_has_tokenizer(e) && !o.print_ids) {
+        fprintf(stderr, "pagoda: the model has no tokenizer: printing token ids\n");
+        o.print_ids = true;
+    }
     if (n_ids == 0) {
         fprintf(stderr, "pagoda: the prompt is empty and the model adds no BOS token; "
                         "nothing to generate from\n");

@@ -220,6 +220,82 @@ static int fail(char *err, size_t errlen, int rc, const char *fmt, const char *a
     return rc;
 }
 
+/* Device backends (CUDA): the KV blocks that fit in gpu_memory_utilization x each GPU's memory
+ * once the weights and the activations of the largest step are resident (vLLM's profiling run).
+ * Runs that step -- max_num_batched_tokens tokens, max_logits logit rows -- over a scratch KV
+ * pool, so every buffer the backend grows lazily (the dequantized-weight scratch of its GEMM
+ * path, cuBLAS workspaces) exists when the free memory is read. What other processes hold on a
+ * GPU counts against its share. Every rank holds its kv_dim slice of every block. */
+static int device_kv_blocks(pgd_engine *e, pgd_type kdt, size_t *n_blocks, pgd_err *err) {
+    const pgd_engine_config *c = &e->cfg;
+    const pgd_model *m = e->model;
+    int32_t T = c->max_num_batched_tokens, bs = c->block_size;
+    int32_t len = T < e->n_ctx ? T : e->n_ctx;      /* tokens per profiling sequence */
+    int32_t n_seq = (T + len - 1) / len, bps = (len + bs - 1) / bs;
+    int32_t n_logits = e->max_logits < T ? e->max_logits : T;
+    int32_t *tok = calloc((size_t)T, sizeof *tok), *pos = malloc((size_t)T * sizeof *pos);
+    int32_t *sq = malloc((size_t)T * sizeof *sq), *rows = malloc((size_t)T * sizeof *rows);
+    int32_t *blocks = malloc((size_t)n_seq * (size_t)bps * sizeof *blocks);
+    const int32_t **tables = malloc((size_t)n_seq * sizeof *tables);
+    int64_t *slot = malloc((size_t)T * sizeof *slot);
+    pgd_kv_cache kv = {0};
+    int rc;
+    if (!tok || !pos || !sq || !rows || !blocks || !tables || !slot) {
+        rc = pgd_err_set(err, PGD_ENOMEM, "engine: out of memory");
+        goto done;
+    }
+    for (int32_t i = 0; i < n_seq * bps; i++) blocks[i] = i;
+    for (int32_t j = 0; j < n_seq; j++) tables[j] = blocks + (size_t)j * bps;
+    for (int32_t i = 0; i < T; i++) {
+        pos[i] = i % len;
+        sq[i] = i / len;
+        slot[i] = (int64_t)tables[sq[i]][pos[i] / bs] * bs + pos[i] % bs;
+    }
+    for (int32_t i = 0; i < n_logits; i++) rows[i] = T - n_logits + i;
+    pgd_batch b = {.n_tokens = T, .tokens = tok, .pos = pos, .seq = sq, .slot = slot,
+                   .block_tables = tables, .n_logits = n_logits, .logit_rows = rows};
+    if ((rc = pgd_kv_cache_init(&kv, m, kdt, n_seq * bps, bs, err))) goto done;
+    if ((rc = pgd_model_forward(&e->fwd, &kv, &b))) {
+        rc = pgd_err_set(err, rc, "the profiling step of %d tokens failed", T);
+        goto done;
+    }
+    pgd_kv_cache_free(&kv);
+    float util = c->gpu_memory_utilization > 0 ? c->gpu_memory_utilization : 0.9f;
+    size_t per_block = (size_t)2 * (size_t)m->cfg.n_layer * (size_t)m->shards[0].n_kv_head *
+                       (size_t)m->cfg.head_dim * pgd_dtype_size(kdt) * (size_t)bs;
+    *n_blocks = SIZE_MAX;
+    for (int r = 0; r < m->n_ranks; r++) {
+        pgd_backend *be = &m->shards[r].be;
+        size_t free_b, total;
+        if ((rc = be->ops->mem_info(be, &free_b, &total))) {
+            rc = pgd_err_set(err, rc, "cannot read the memory of GPU %d", be->device);
+            goto done;
+        }
+        double budget = (double)util * (double)total - (double)(total - free_b);
+        size_t nb = budget > 0 ? (size_t)(budget / (double)per_block) : 0;
+        if (nb < 1) {
+            rc = pgd_err_set(err, PGD_ENOMEM, "GPU %d: weights and the activations of a %d-token "
+                             "step take %.2f GiB of %.2f GiB; --gpu-memory-utilization %.2f leaves "
+                             "no room for a KV block (raise it or lower --max-num-batched-tokens)",
+                             be->device, T, (double)(total - free_b) / 1073741824.0,
+                             (double)total / 1073741824.0, util);
+            goto done;
+        }
+        if (nb < *n_blocks) *n_blocks = nb;
+    }
+    rc = PGD_OK;
+done:
+    pgd_kv_cache_free(&kv);
+    free(tok);
+    free(pos);
+    free(sq);
+    free(rows);
+    free(blocks);
+    free(tables);
+    free(slot);
+    return rc;
+}
+
 int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, size_t errlen) {
     *out = NULL;
     pgd_err perr = {{0}};
@@ -231,6 +307,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
          c->speculative != PGD_SPEC_DRAFT))
         return fail(err, errlen, PGD_EINVAL, "%s", "invalid engine configuration (block size, "
                     "max-num-batched-tokens, max-num-seqs or speculative decoding)");
+    if (!(c->gpu_memory_utilization >= 0 && c->gpu_memory_utilization <= 1))
+        return fail(err, errlen, PGD_EINVAL, "%s", "gpu_memory_utilization must be in (0, 1]");
     pgd_engine *e = calloc(1, sizeof *e);
     if (!e) return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
     e->cfg = *c;
@@ -242,7 +320,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     int rc;
     pgd_model_opts mo = {.weights_f32 = c->weights_f32, .n_ctx = c->n_ctx,
                          .tensor_parallel = c->tensor_parallel_size,
-                         .load_format = c->load_format_dummy ? PGD_LOAD_DUMMY : PGD_LOAD_AUTO};
+                         .load_format = c->load_format_dummy ? PGD_LOAD_DUMMY : PGD_LOAD_AUTO,
+                         .gpu_memory_utilization = c->gpu_memory_utilization};
     if (c->device) {
         if (!strcmp(c->device, "cpu")) mo.device = 1 + PGD_DEVICE_CPU;
         else if (!strcmp(c->device, "cuda")) mo.device = 1 + PGD_DEVICE_CUDA;
@@ -258,20 +337,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     long nt = c->n_threads > 0 ? c->n_threads : sysconf(_SC_NPROCESSORS_ONLN);
     if ((rc = pgd_pool_create(nt > 0 ? (int)nt : 1, &e->pool, &perr))) goto fail_perr;
     pgd_type kdt = (pgd_type)c->kv_dtype;
-    size_t per_block = pgd_kv_cache_bytes_per_token(e->model, kdt) * (size_t)c->block_size;
-    size_t n_blocks = c->kv_cache_bytes / per_block;
     e->max_blocks_per_seq = (e->n_ctx + c->block_size - 1) / c->block_size;
-    if (n_blocks < 1) {
-        rc = pgd_err_set(&perr, PGD_EINVAL, "KV cache budget of %zu bytes holds no block of %d "
-                         "tokens (%zu bytes each)", c->kv_cache_bytes, c->block_size, per_block);
-        goto fail_perr;
-    }
-    if (n_blocks > (size_t)INT32_MAX / (size_t)c->block_size) n_blocks = (size_t)INT32_MAX / (size_t)c->block_size;
-    if ((rc = pgd_kv_cache_init(&e->kv, e->model, kdt, (int32_t)n_blocks, c->block_size, &perr)))
-        goto fail_perr;
-    if ((rc = pgd_kv_mgr_init(&e->mgr, (int32_t)n_blocks, c->block_size, !c->no_prefix_caching,
-                              &perr)))
-        goto fail_perr;
     e->spec_mode = c->speculative;
     e->spec_k = c->num_speculative_tokens ? c->num_speculative_tokens : 5;
     e->ngram_min = c->ngram_min ? c->ngram_min : 1;
@@ -287,6 +353,26 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->max_logits = (int32_t)ml;
     if ((rc = pgd_fwd_init(&e->fwd, e->model, e->pool, c->max_num_batched_tokens, e->max_logits,
                            &perr)))
+        goto fail_perr;
+    size_t n_blocks = 0;
+    if (e->model->shards[0].be.ops->mem_info) {
+        if ((rc = device_kv_blocks(e, kdt, &n_blocks, &perr))) goto fail_perr;
+    } else {
+        size_t per_block = pgd_kv_cache_bytes_per_token(e->model, kdt) * (size_t)c->block_size;
+        n_blocks = c->kv_cache_bytes / per_block;
+        if (n_blocks < 1) {
+            rc = pgd_err_set(&perr, PGD_EINVAL, "KV cache budget of %zu bytes holds no block of "
+                             "%d tokens (%zu bytes each)", c->kv_cache_bytes, c->block_size,
+                             per_block);
+            goto fail_perr;
+        }
+    }
+    if (n_blocks > (size_t)INT32_MAX / (size_t)c->block_size)
+        n_blocks = (size_t)INT32_MAX / (size_t)c->block_size;
+    if ((rc = pgd_kv_cache_init(&e->kv, e->model, kdt, (int32_t)n_blocks, c->block_size, &perr)))
+        goto fail_perr;
+    if ((rc = pgd_kv_mgr_init(&e->mgr, (int32_t)n_blocks, c->block_size, !c->no_prefix_caching,
+                              &perr)))
         goto fail_perr;
     if (e->spec_mode == PGD_SPEC_DRAFT) {
         if (!c->draft_model_path) {
@@ -314,7 +400,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
-    for (int32_t i = 0; i < nv; i++)
+    /* a model without a tokenizer (--load-format dummy) has no end-of-generation token */
+    for (int32_t i = 0; e->model->tok && i < nv; i++)
         if (pgd_tokenizer_is_eog(e->model->tok, i)) e->eog[e->n_eog++] = i;
     if ((rc = pgd_sampler_scratch_init(&e->sample_scratch, nv, e->eog, e->n_eog, &perr)))
         goto fail_perr;
@@ -367,13 +454,27 @@ void pgd_engine_free(pgd_engine *e) {
 
 int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bos,
                         bool parse_special, int32_t *out, size_t cap, size_t *n_out) {
+    if (!e->model->tok) {
+        /* no tokenizer (--load-format dummy): only the empty text, which is BOS alone */
+        if (len > 0) return PGD_EUNSUPPORTED;
+        bool bos = add_bos && pgd_engine_add_bos(e);
+        *n_out = bos;
+        if (bos && cap < 1) return PGD_ERANGE;
+        if (bos) out[0] = e->model->cfg.bos_id;
+        return PGD_OK;
+    }
     return pgd_tokenizer_encode(e->model->tok, text, len,
                                 add_bos && pgd_tokenizer_add_bos(e->model->tok), parse_special,
                                 out, cap, n_out);
 }
 
 int32_t pgd_engine_n_ctx(const pgd_engine *e) { return e->n_ctx; }
-bool pgd_engine_add_bos(const pgd_engine *e) { return pgd_tokenizer_add_bos(e->model->tok); }
+bool pgd_engine_add_bos(const pgd_engine *e) {
+    const pgd_model *m = e->model;
+    if (!m->tok) return m->cfg.bos_id >= 0 && m->cfg.bos_id < m->cfg.n_vocab;
+    return pgd_tokenizer_add_bos(m->tok);
+}
+bool pgd_engine_has_tokenizer(const pgd_engine *e) { return e->model->tok != NULL; }
 
 /* ---- submission ---- */
 
@@ -409,6 +510,9 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
                     "top_k >= 0");
     if (p->n_stop < 0 || p->n_stop > MAX_STOP)
         return fail(err, errlen, PGD_EINVAL, "%s", "at most 16 stop strings");
+    if (p->n_stop > 0 && !e->model->tok)
+        return fail(err, errlen, PGD_EUNSUPPORTED, "%s", "stop strings need a tokenizer; "
+                    "the model has none (--load-format dummy)");
     for (int32_t i = 0; i < p->n_stop; i++) {
         size_t l = p->stop[i] ? strlen(p->stop[i]) : 0;
         if (l == 0 || l > MAX_STOP_LEN)
@@ -463,7 +567,8 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     pgd_detok_init(&s->detok, e->model->tok, false);
     /* SentencePiece decoders drop the leading space of the text's first piece; generated text
      * continues the prompt, so that applies only when the prompt is BOS alone. */
-    s->detok.first = p->n_prompt == 1 && p->prompt[0] == pgd_tokenizer_bos(e->model->tok);
+    s->detok.first = e->model->tok && p->n_prompt == 1 &&
+                     p->prompt[0] == pgd_tokenizer_bos(e->model->tok);
     s->logit_row = -1;
     pthread_mutex_lock(&e->in_mu);
     if (e->cfg.max_waiting > 0 && e->n_pending >= e->cfg.max_waiting) {
@@ -696,6 +801,10 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
     ev->user_data = s->user_data;
     ev->token = id;
     ev->text_len = 0;
+    if (!e->model->tok) /* no tokenizer: ids only, no text and no end-of-generation token */
+        return s->n_tokens - s->n_prompt >= s->max_tokens || s->n_tokens >= e->n_ctx
+                   ? PGD_FINISH_LENGTH
+                   : 0;
     if (!s->ignore_eos && pgd_tokenizer_is_eog(e->model->tok, id)) return PGD_FINISH_STOP;
     char buf[PGD_EVENT_TEXT_MAX];
     int nb = pgd_detok_push(&s->detok, id, buf, sizeof buf);

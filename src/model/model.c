@@ -278,9 +278,8 @@ static int linear_factors(pgd_model *m, double factor, pgd_err *err) {
     return PGD_OK;
 }
 
-static int hf_config(pgd_model *m, const char *dir, pgd_err *err) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+/* Reads the model configuration from a Hugging Face config.json file (any name). */
+static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     char *txt;
     int rc = pgd_read_file(path, &txt, NULL, err);
     if (rc) return rc;
@@ -327,6 +326,7 @@ static int hf_config(pgd_model *m, const char *dir, pgd_err *err) {
         m->cfg.n_ctx = sw;
     }
     m->cfg.rms_eps = (float)json_num(c, "rms_norm_eps", 1e-6);
+    if (json_int(c, "bos_token_id", -1, &m->cfg.bos_id)) m->cfg.bos_id = -1; /* e.g. a list */
     /* transformers >= 4.5x nests rope settings in "rope_parameters"; older files use
      * "rope_theta" and "rope_scaling". */
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
@@ -346,6 +346,13 @@ static int hf_config(pgd_model *m, const char *dir, pgd_err *err) {
 done:
     cJSON_Delete(c);
     return rc;
+}
+
+static int hf_config(pgd_model *m, const char *dir, pgd_err *err) {
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return pgd_err_set(err, PGD_EINVAL, "%s: path too long", dir);
+    return hf_config_file(m, path, err);
 }
 
 /* ---- weights ---- */
@@ -608,6 +615,16 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
         int rc = build_shard(m, &m->shards[r], r, tp, err);
         if (rc) return rc;
     }
+    float util = o.gpu_memory_utilization > 0 ? o.gpu_memory_utilization : 0.9f;
+    for (int r = 0; r < tp && ops->mem_info; r++) {
+        size_t free_b, total;
+        if (ops->mem_info(&m->shards[r].be, &free_b, &total)) continue; /* reported already */
+        if ((double)(total - free_b) > (double)util * (double)total)
+            return pgd_err_set(err, PGD_ENOMEM, "%s: GPU %d holds %.2f GiB with the weights "
+                               "loaded, more than --gpu-memory-utilization %.2f of its %.2f GiB",
+                               m->path, r, (double)(total - free_b) / 1073741824.0, util,
+                               (double)total / 1073741824.0);
+    }
     return PGD_OK;
 }
 
@@ -659,38 +676,32 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
     return PGD_OK;
 }
 
+/* -m names a config.json (any file name) or its folder. A tokenizer.json beside it is loaded
+ * (text in and out, as for the real model); without one the model runs on token ids only. */
 static int load_dummy(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
-    char dir[PATH_MAX];
+    char dir[PATH_MAX], cfg[PATH_MAX + 16], tj[PATH_MAX + 32], tc[PATH_MAX + 32];
+    struct stat st;
     snprintf(dir, sizeof dir, "%s", m->path);
-    size_t n = strlen(dir);
-    if (n > 5 && !strcmp(dir + n - 5, ".json")) {
-        /* hf_config reads <dir>/config.json: a file named otherwise is staged under /tmp. */
+    if (stat(m->path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    } else {
+        snprintf(cfg, sizeof cfg, "%s", m->path);
         char *slash = strrchr(dir, '/');
-        if (strcmp(slash ? slash + 1 : dir, "config.json")) {
-            char tmpl[] = "/tmp/pagoda-dummy-XXXXXX";
-            if (!mkdtemp(tmpl)) return pgd_err_set(err, PGD_EIO, "mkdtemp failed");
-            char dst[PATH_MAX + 16], *txt;
-            size_t len;
-            int rc = pgd_read_file(m->path, &txt, &len, err);
-            if (rc) return rc;
-            snprintf(dst, sizeof dst, "%s/config.json", tmpl);
-            FILE *fp = fopen(dst, "wb");
-            if (!fp || fwrite(txt, 1, len, fp) != len) {
-                free(txt);
-                if (fp) fclose(fp);
-                return pgd_err_set(err, PGD_EIO, "%s: cannot write", dst);
-            }
-            fclose(fp);
-            free(txt);
-            snprintf(dir, sizeof dir, "%s", tmpl);
-        } else if (slash) {
-            *slash = 0;
-        } else {
-            snprintf(dir, sizeof dir, ".");
-        }
+        if (!slash) snprintf(dir, sizeof dir, ".");
+        else if (slash == dir) dir[1] = 0;
+        else *slash = 0;
     }
-    int rc = hf_config(m, dir, err);
+    int rc = hf_config_file(m, cfg, err);
     if (rc) return rc;
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    snprintf(tc, sizeof tc, "%s/tokenizer_config.json", dir);
+    if (stat(tj, &st) == 0) {
+        if ((rc = pgd_tokenizer_load_hf(tj, stat(tc, &st) == 0 ? tc : NULL, &m->tok, err)))
+            return rc;
+        if (pgd_tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
+            return pgd_err_set(err, PGD_EFORMAT, "%s: tokenizer has %d tokens but the config "
+                               "only %d", tj, pgd_tokenizer_n_vocab(m->tok), m->cfg.n_vocab);
+    }
     if (opts->n_ctx > 0 && opts->n_ctx < m->cfg.n_ctx) m->cfg.n_ctx = opts->n_ctx;
     return dummy_weights(m, opts->dummy_seed, err);
 }
@@ -707,6 +718,7 @@ int pgd_model_load(const char *path, const pgd_model_opts *opts, pgd_model **out
     pgd_model *m = calloc(1, sizeof *m);
     if (!m) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);
     m->path = strdup(path);
+    m->cfg.bos_id = -1;
     int rc;
     if (!m->path) {
         rc = pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);

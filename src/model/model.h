@@ -25,6 +25,8 @@ typedef struct pgd_model_config {
     float rms_eps, rope_theta;
     pgd_rope_mode rope_mode;
     float *rope_freq_factors; /* (head_dim / 2) or NULL; owned; divides each frequency */
+    int32_t bos_id;           /* config.json's bos_token_id, -1 if none: the BOS of a model
+                                 loaded without a tokenizer (--load-format dummy) */
 } pgd_model_config;
 
 
@@ -94,6 +96,8 @@ typedef struct pgd_model_opts {
     int32_t tensor_parallel;  /* ranks; 0: default (env or 1) */
     pgd_load_format load_format; /* DUMMY: path is a config.json (or its folder); random weights */
     uint64_t dummy_seed;
+    float gpu_memory_utilization; /* CUDA: (0, 1] of each GPU's memory the process may use (0:
+                                     0.9); loading fails if the weights alone exceed it */
 } pgd_model_opts;
 
 /* Parses "cpu" / "cuda" into opts->device; PGD_EINVAL otherwise. */

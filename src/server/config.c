@@ -11,7 +11,7 @@
 #include "util/mapfile.h"
 #include "util/parse.h"
 
-typedef enum { T_STR, T_INT, T_SIZE, T_BOOL, T_KEYS } opt_type;
+typedef enum { T_STR, T_INT, T_SIZE, T_BOOL, T_KEYS, T_FRAC } opt_type;
 
 typedef struct opt {
     const char *name;   /* flag without dashes; also the JSON key */
@@ -19,7 +19,7 @@ typedef struct opt {
     opt_type type;
     size_t offset;
     const char *dflt;
-    double lo, hi;
+    double lo, hi;      /* bounds: [lo, hi] for T_INT and T_SIZE, (lo, hi] for T_FRAC */
     const char *env;    /* environment variable or NULL */
     const char *help;
 } opt;
@@ -44,7 +44,7 @@ static const opt table[] = {
     {"max-num-seqs", 0, T_INT, OFF(max_num_seqs), "64", 1, 4096, NULL,
      "sequences running at once"},
     {"kv-cache-memory", 0, T_SIZE, OFF(kv_cache_bytes), "512MiB", 1, 1e15, NULL,
-     "KV cache budget (e.g. 512MiB, 4GiB)"},
+     "KV cache budget (e.g. 512MiB, 4GiB); CPU only: on CUDA --gpu-memory-utilization sizes it"},
     {"kv-dtype", 0, T_STR, OFF(kv_dtype), "f32", 0, 0, NULL, "KV cache type: f32, f16 or bf16"},
     {"block-size", 0, T_INT, OFF(block_size), "16", 1, 1024, NULL, "KV block size in tokens"},
     {"no-prefix-caching", 0, T_BOOL, OFF(no_prefix_caching), "false", 0, 0, NULL,
@@ -61,6 +61,12 @@ static const opt table[] = {
     {"device", 0, T_STR, OFF(device), "cpu", 0, 0, NULL, "backend: cpu or cuda"},
     {"tensor-parallel-size", 0, T_INT, OFF(tensor_parallel_size), "1", 1, 64, NULL,
      "ranks the model is split across"},
+    {"gpu-memory-utilization", 0, T_FRAC, OFF(gpu_memory_utilization), "0.9", 0, 1,
+     "PAGODA_GPU_MEMORY_UTILIZATION", "CUDA: share (0, 1] of each GPU's memory for weights, "
+     "activations and the KV cache, which gets what is left; accepted and ignored on the CPU"},
+    {"load-format", 0, T_STR, OFF(load_format), "auto", 0, 0, "PAGODA_LOAD_FORMAT",
+     "auto, or dummy: --model is a config.json (or its folder), the weights are random, and "
+     "the tokenizer.json beside it is required"},
     {"weights-f32", 0, T_BOOL, OFF(weights_f32), "false", 0, 0, NULL,
      "dequantize weights to F32 at load"},
     {"max-waiting", 0, T_INT, OFF(max_waiting), "1024", 1, 1 << 20, NULL,
@@ -129,6 +135,14 @@ static int set_opt(pgd_server_config *c, const opt *o, const char *v, const char
         *(int *)base = (int)x;
         return 0;
     }
+    case T_FRAC: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (errno || *end || end == v || !(x > o->lo && x <= o->hi)) goto bad;
+        *(float *)base = (float)x;
+        return 0;
+    }
     case T_SIZE: {
         size_t x;
         if (pgd_parse_size(v, &x) || (double)x < o->lo || (double)x > o->hi) goto bad;
@@ -138,7 +152,9 @@ static int set_opt(pgd_server_config *c, const opt *o, const char *v, const char
     }
 bad:
     fprintf(stderr, "pagoda: invalid value '%s' for %s (from %s)%s\n", v ? v : "", o->name, src,
-            o->type == T_INT ? "; see --help for the range" : "");
+            o->type == T_INT    ? "; see --help for the range"
+            : o->type == T_FRAC ? "; a fraction in (0, 1]"
+                                : "");
     return -1;
 }
 
@@ -265,8 +281,13 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
         fprintf(stderr, "pagoda: --speculative draft needs --draft-model\n");
         return -1;
     }
+    if (strcmp(c->load_format, "auto") && strcmp(c->load_format, "dummy")) {
+        fprintf(stderr, "pagoda: invalid value '%s' for --load-format (auto or dummy)\n",
+                c->load_format);
+        return -1;
+    }
     if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda")) {
-        fprintf(stderr, "pagoda: --device must be cpu or cuda\n");
+        fprintf(stderr, "pagoda: invalid value '%s' for --device (cpu or cuda)\n", c->device);
         return -1;
     }
     if (strcmp(c->kv_dtype, "f32") && strcmp(c->kv_dtype, "f16") && strcmp(c->kv_dtype, "bf16")) {

@@ -1,7 +1,7 @@
 /* Server configuration from one declarative table: CLI flags, an optional JSON config file
- * (--config FILE, keys are the flag names without dashes) and environment variables for secrets
- * (PAGODA_API_KEY). --help is generated from the same table. Precedence: flags > environment >
- * config file > defaults. */
+ * (--config FILE, keys are the flag names without dashes) and the environment variables the
+ * table names (PAGODA_API_KEY for secrets, PAGODA_MODEL, ...). --help is generated from the same
+ * table. Precedence: flags > environment > config file > defaults. */
 #ifndef PGD_SERVER_CONFIG_H
 #define PGD_SERVER_CONFIG_H
 
@@ -13,7 +13,8 @@
 
 typedef struct pgd_server_config {
     char *model, *host, *served_model_name, *kv_dtype, *config_file;
-    char *speculative, *draft_model, *device;
+    char *speculative, *draft_model, *device, *load_format;
+    float gpu_memory_utilization;
     int num_speculative_tokens, tensor_parallel_size, speculative_disable_by_batch_size;
     int port, threads, ctx, max_num_batched_tokens, max_num_seqs, block_size, max_waiting;
     size_t kv_cache_bytes, max_body_bytes;

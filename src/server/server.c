@@ -981,10 +981,31 @@ static void load_work_cb(uv_work_t *w) {
     ec.speculative_disable_by_batch_size = s->cfg.speculative_disable_by_batch_size;
     ec.device = s->cfg.device;
     ec.tensor_parallel_size = s->cfg.tensor_parallel_size;
+    ec.load_format_dummy = !strcmp(s->cfg.load_format, "dummy");
+    ec.gpu_memory_utilization = s->cfg.gpu_memory_utilization;
     if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;
-    /* the server's own tokenizer handle, for the thread pool (tokenizers are immutable) */
+    /* every endpoint takes or returns text: a dummy model needs the tokenizer beside its config */
+    if (!pgd_engine_has_tokenizer(s->engine)) {
+        snprintf(s->load_error, sizeof s->load_error, "%.300s: --load-format dummy found no "
+                 "tokenizer.json beside the config, and the server needs one (pagoda generate "
+                 "--ids and pagoda bench run without)", s->cfg.model);
+        pgd_engine_free(s->engine);
+        s->engine = NULL;
+        return;
+    }
+    /* the server's own tokenizer handle, for the thread pool (tokenizers are immutable); a
+     * dummy model's comes from the folder of its config.json */
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s", s->cfg.model);
+    struct stat sb;
+    if (ec.load_format_dummy && !(stat(tok_path, &sb) == 0 && S_ISDIR(sb.st_mode))) {
+        char *slash = strrchr(tok_path, '/');
+        if (!slash) snprintf(tok_path, sizeof tok_path, ".");
+        else if (slash == tok_path) tok_path[1] = 0;
+        else *slash = 0;
+    }
     pgd_err err = {{0}};
-    int rc = pgd_tokenizer_load_path(s->cfg.model, &s->tok, &err);
+    int rc = pgd_tokenizer_load_path(tok_path, &s->tok, &err);
     if (rc) {
         snprintf(s->load_error, sizeof s->load_error, "%s", err.msg);
         pgd_engine_free(s->engine);

@@ -70,6 +70,12 @@ static void cuda_mem_free(pgd_backend *be, void *p) {
     if (p) CUDA_CHECK(cudaFree(p));
 }
 
+static int cuda_mem_info(pgd_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    CUDA_CHECK_OR(cudaSetDevice(be->device), return PGD_EIO);
+    CUDA_CHECK_OR(cudaMemGetInfo(free_bytes, total_bytes), return PGD_EIO);
+    return PGD_OK;
+}
+
 static cudaStream_t stream_of(pgd_backend *be) {
     cuda_state *st = be->impl;
     return st ? st->stream : 0;
@@ -444,6 +450,7 @@ static const pgd_backend_ops cuda_ops = {
     .add = cuda_add,
     .gather_rows = cuda_gather_rows,
     .copy_block = cuda_copy_block,
+    .mem_info = cuda_mem_info,
 };
 
 const pgd_backend_ops *pgd_cuda_backend_ops(void) { return &cuda_ops; }

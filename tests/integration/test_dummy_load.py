@@ -1,0 +1,155 @@
+"""--load-format dummy (random weights from a config.json alone), and the backend options every
+model command shares (--device, --tensor-parallel-size, --gpu-memory-utilization), on the CPU:
+generate and batch on token ids without a tokenizer, bench's JSON, serve's refusal without a
+tokenizer and its text endpoints with one, the usage errors (exit 2, one line), and every
+configs/models/*.json read by a command that never allocates the weights."""
+import json
+import shutil
+import subprocess
+
+import pytest
+import requests
+
+import util
+from server_util import Server
+
+TINY = util.DATA / "dummy-tiny" / "config.json"
+CONFIGS = sorted((util.ROOT / "configs" / "models").glob("*.json"))
+SHARED = ["--device", "cpu", "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.5"]
+
+
+def pagoda(*args, **kw):
+    kw.setdefault("check", False)
+    return util.run_pagoda(*args, **kw)
+
+
+def one_line(p):
+    err = p.stderr.decode().strip()
+    assert err and "\n" not in err, err
+    return err
+
+
+def gen_ids(*extra):
+    p = pagoda("generate", "--load-format", "dummy", "-m", TINY, "-n", "8", "--print-ids",
+               "--temperature", "0", "-t", "1", *extra, check=True)
+    return [int(t) for t in p.stdout.decode().split()]
+
+
+def test_generate_ids_deterministic():
+    a = gen_ids("--ids", "1 2 3")
+    assert len(a) == 8 and all(0 <= t < 256 for t in a), a
+    assert gen_ids("--ids", "1 2 3") == a
+
+
+def test_generate_options_folder_and_tensor_parallel():
+    ref = gen_ids("--ids", "1 2 3")
+    # the config's folder works as -m; the shared options are accepted on the CPU; TP=2 (4 heads,
+    # 2 KV heads) gives the same greedy ids
+    p = pagoda("generate", "--load-format", "dummy", "-m", TINY.parent, "--ids", "1 2 3", "-n",
+               "8", "--print-ids", "--temperature", "0", "-t", "1", *SHARED, check=True)
+    assert [int(t) for t in p.stdout.decode().split()] == ref
+    assert gen_ids("--ids", "1 2 3", "--tensor-parallel-size", "2") == ref
+    p = pagoda("generate", "--load-format", "dummy", "-m", TINY, "--ids", "1 2 3",
+               "--tensor-parallel-size", "3")
+    assert p.returncode == 1 and "does not divide" in one_line(p)
+
+
+def test_generate_without_tokenizer():
+    # no prompt: BOS from config.json; ids are printed even without --print-ids
+    p = pagoda("generate", "--load-format", "dummy", "-m", TINY, "-n", "4", "--temperature", "0",
+               "-t", "1", check=True)
+    assert len(p.stdout.split()) == 4, p.stdout
+    assert b"no tokenizer" in p.stderr
+    p = pagoda("generate", "--load-format", "dummy", "-m", TINY, "-p", "hello", "-n", "4")
+    assert p.returncode == 1 and "no tokenizer" in one_line(p)
+
+
+def test_generate_device_cuda_is_clear():
+    """A CPU-only build refuses --device cuda in one line; a CUDA build without a GPU falls back
+    to the CPU; with a GPU it runs there. Whichever, no crash."""
+    p = pagoda("generate", "--load-format", "dummy", "-m", TINY, "--ids", "1 2 3", "-n", "8",
+               "--print-ids", "--temperature", "0", "-t", "1", "--device", "cuda",
+               "--gpu-memory-utilization", "0.2", timeout=300)
+    if p.returncode == 0:
+        assert len(p.stdout.split()) == 8
+    else:
+        assert p.returncode == 1 and "-DPAGODA_CUDA=ON" in one_line(p)
+
+
+def test_batch_token_id_prompts(tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(json.dumps({"id": 1, "prompt": [1, 2, 3], "max_tokens": 8, "temperature": 0})
+                   + "\n" + json.dumps({"id": 2, "prompt": "text", "max_tokens": 2}) + "\n")
+    pagoda("batch", "--load-format", "dummy", "-m", TINY, "--input", inp, "--output", out,
+           "--no-progress", "-t", "1", *SHARED, check=True)
+    r1, r2 = [json.loads(line) for line in out.read_text().splitlines()]
+    assert r1["token_ids"] == gen_ids("--ids", "1 2 3") and r1["text"] == ""
+    assert "no tokenizer" in r2["error"]["message"]
+
+
+def test_bench_json():
+    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "16", "-n", "8", "-r", "1",
+               "--batch", "1,4", "--json", "-t", "1", check=True, timeout=300)
+    j = json.loads(p.stdout)
+    assert [r["test"] for r in j["results"]] == ["pp16", "tg8", "batch1", "batch4"]
+    assert j["weight_type"] == "BF16" and all(r["tokens_per_s"] > 0 for r in j["results"])
+
+
+def test_bench_tensor_parallel_and_shared_options():
+    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "4", "-n", "2", "-r", "1",
+               "--batch", "2", "--json", "-t", "1", *SHARED[:2], "--tensor-parallel-size", "2",
+               "--gpu-memory-utilization", "0.5", check=True, timeout=300)
+    assert [r["test"] for r in json.loads(p.stdout)["results"]] == ["pp4", "tg2", "batch2"]
+    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "--tensor-parallel-size", "3")
+    assert p.returncode == 1 and "does not divide" in one_line(p)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_model_configs_parse(cfg):
+    """kv-plan reads a config.json without allocating weights (dummy-loading an 8B+ model would
+    take GBs); its view of the shapes must be the file's."""
+    want = json.loads(cfg.read_text())
+    p = pagoda("kv-plan", "--model-config", cfg, "--json", check=True)
+    m = json.loads(p.stdout)["model"]
+    for key, ref in [("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
+                     ("num_attention_heads", "num_attention_heads"),
+                     ("num_key_value_heads", "num_key_value_heads"),
+                     ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size")]:
+        assert m[key] == want[ref], (key, m[key], want[ref])
+    assert want["model_type"] in ("llama", "mistral", "qwen2")
+
+
+@pytest.mark.parametrize("cmd", ["generate", "batch", "serve", "bench"])
+def test_usage_errors(cmd):
+    for flag, bad in [("--load-format", "safetensors"), ("--gpu-memory-utilization", "0"),
+                      ("--gpu-memory-utilization", "1.5"), ("--gpu-memory-utilization", "x"),
+                      ("--device", "tpu"), ("--tensor-parallel-size", "0")]:
+        p = pagoda(cmd, flag, bad, "-m", TINY)
+        assert p.returncode == 2, (cmd, flag, bad, p.stderr)
+        err = one_line(p)
+        assert bad in err and flag.lstrip("-") in err, err
+    help_text = pagoda(cmd, "--help", check=True).stdout.decode()
+    for flag in ["--load-format", "--device", "--tensor-parallel-size", "--gpu-memory-utilization"]:
+        assert flag in help_text, (cmd, flag)
+
+
+def test_serve_without_tokenizer_refuses():
+    p = subprocess.run([str(util.PAGODA), "serve", "--load-format", "dummy", "-m", str(TINY),
+                        "--port", "0", "-t", "1"], capture_output=True, timeout=120)
+    assert p.returncode == 1
+    errors = [line for line in p.stderr.decode().splitlines() if not line.startswith("{")]
+    assert len(errors) == 1 and "no tokenizer.json" in errors[0], p.stderr
+
+
+def test_serve_with_tokenizer_beside_config(tiny_models, tmp_path):
+    """A folder with config.json and tokenizer.json (a model download without its weights)."""
+    src = tiny_models["llama"]["hf_dir"]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{src}/{name}", tmp_path / name)
+    with Server(tmp_path, "--load-format", "dummy", "--gpu-memory-utilization", "0.5",
+                "--kv-cache-memory", "16MiB") as s:
+        r = requests.post(s.url("/v1/completions"), timeout=60,
+                          json={"prompt": "Hello world", "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["text"]
