@@ -32,7 +32,6 @@ static bool is_quant(pgd_type t) {
 #define Q4_0_BYTES 18
 #define Q4_1_BYTES 20
 #define TILE_R 4 /* weight rows per register tile */
-#define TILE_R1 8 /* weight rows per tile when n == 1 (decode): 8 independent FMA chains */
 #define TILE_T 6 /* tokens per register tile (at most) */
 /* Tokens whose activations stay in L2 while a thread sweeps its rows over them. */
 #define ACT_L2_BYTES (192 * 1024)
@@ -134,8 +133,8 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
     const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi8(8);
     const int64_t nb = g->n / 32;
     const int bsz = q4 ? Q4_0_BYTES : Q8_0_BYTES;
-    __m256 acc[TILE_R1][TILE_T];
-#pragma GCC unroll 8
+    __m256 acc[TILE_R][TILE_T];
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
@@ -148,7 +147,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
             da[t] = opaque(_mm256_set1_ps(ldf(ab)));
             aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
         }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * bsz;
             __m256i wq = q4 ? _mm256_sub_epi8(nibbles32(wb + 2), off)
@@ -164,7 +163,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
             }
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) g->y[(size_t)t * g->y_stride + r] = hsum8(acc[r][t]);
@@ -179,10 +178,10 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
 INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
     const __m256i ones = _mm256_set1_epi16(1);
     const int64_t nb = g->n / 32, nb8 = nb / 8 * 8;
-    __m256 acc[TILE_R1][TILE_T], accm[TILE_R1][TILE_T];
-    float tailm[TILE_R1][TILE_T];
-    float mf[TILE_R1][Q41_CHUNK] __attribute__((aligned(32)));
-#pragma GCC unroll 8
+    __m256 acc[TILE_R][TILE_T], accm[TILE_R][TILE_T];
+    float tailm[TILE_R][TILE_T];
+    float mf[TILE_R][Q41_CHUNK] __attribute__((aligned(32)));
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
@@ -200,7 +199,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
                 da[t] = opaque(_mm256_set1_ps(ldf(ab)));
                 aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
             }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * Q4_1_BYTES;
                 __m256i wq = nibbles32(wb + 4);
@@ -219,7 +218,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             const float *ds = (const float *)(g->a + (size_t)t * g->a_stride + g->ds_off);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 __m256 m = accm[r][t];
                 for (int64_t b = b0; b < g8; b += 8)
@@ -233,7 +232,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
             }
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++)
@@ -259,8 +258,8 @@ INLINE float load1w(const uint8_t *p, const int kind) {
 INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind) {
     const int esz = kind == WF32 ? 4 : 2;
     const int64_t n8 = g->n / 8 * 8;
-    __m256 acc[TILE_R1][TILE_T];
-#pragma GCC unroll 8
+    __m256 acc[TILE_R][TILE_T];
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
@@ -271,26 +270,26 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
 #pragma GCC unroll 6
             for (int t = 0; t < NT; t++)
                 xv[t] = _mm256_loadu_ps((const float *)(g->a + (size_t)t * g->a_stride) + i);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 __m256 wv = load8w(g->w + (size_t)r * g->w_stride + (size_t)i * esz, kind);
 #pragma GCC unroll 6
                 for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
             }
         } else {
-            __m256 wv[TILE_R1];
-#pragma GCC unroll 8
+            __m256 wv[TILE_R];
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++)
                 wv[r] = load8w(g->w + (size_t)r * g->w_stride + (size_t)i * esz, kind);
 #pragma GCC unroll 6
             for (int t = 0; t < NT; t++) {
                 __m256 xv = _mm256_loadu_ps((const float *)(g->a + (size_t)t * g->a_stride) + i);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
             }
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) {
@@ -326,12 +325,6 @@ typedef void (*tile_fn)(const tile *g);
     static const tile_fn NAME[TILE_R][TILE_T] = {ROW6(NAME, 1), ROW6(NAME, 2), ROW6(NAME, 3),   \
                                                  ROW6(NAME, 4)};
 
-/* Decode (n == 1): 1..TILE_R1 rows, one token. */
-#define TILES1(NAME, BODY)                                                                       \
-    TF(NAME, BODY, 5, 1) TF(NAME, BODY, 6, 1) TF(NAME, BODY, 7, 1) TF(NAME, BODY, 8, 1)         \
-    static const tile_fn NAME##_n1[TILE_R1] = {NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1,  \
-                                               NAME##_5_1, NAME##_6_1, NAME##_7_1, NAME##_8_1};
-
 #define Q8_0_BODY(g, R, T) tile_q8(g, R, T, false)
 #define Q4_0_BODY(g, R, T) tile_q8(g, R, T, true)
 #define Q4_1_BODY(g, R, T) tile_q4_1(g, R, T)
@@ -339,17 +332,11 @@ typedef void (*tile_fn)(const tile *g);
 #define F16_BODY(g, R, T) tile_float(g, R, T, WF16)
 #define BF16_BODY(g, R, T) tile_float(g, R, T, WBF16)
 TILES3(tiles_q8_0, Q8_0_BODY)
-TILES1(tiles_q8_0, Q8_0_BODY)
 TILES3(tiles_q4_0, Q4_0_BODY)
-TILES1(tiles_q4_0, Q4_0_BODY)
 TILES3(tiles_q4_1, Q4_1_BODY)
-TILES1(tiles_q4_1, Q4_1_BODY)
 TILES6(tiles_f32, F32_BODY)
-TILES1(tiles_f32, F32_BODY)
 TILES6(tiles_f16, F16_BODY)
-TILES1(tiles_f16, F16_BODY)
 TILES6(tiles_bf16, BF16_BODY)
-TILES1(tiles_bf16, BF16_BODY)
 
 /* Quantized weights x F32 activations (quant_f32act.h): 4 rows x 3 tokens. */
 #ifdef PGD_F32ACT_SIMD
@@ -365,10 +352,7 @@ TILES1(tiles_bf16, BF16_BODY)
     static const tile_fn NAME[TILE_R][TILE_T] = {{NAME##_1_1, NAME##_1_2, NAME##_1_3},         \
                                                  {NAME##_2_1, NAME##_2_2, NAME##_2_3},         \
                                                  {NAME##_3_1, NAME##_3_2, NAME##_3_3},         \
-                                                 {NAME##_4_1, NAME##_4_2, NAME##_4_3}};   \
-    FA_TILE(NAME, T, 5, 1) FA_TILE(NAME, T, 6, 1) FA_TILE(NAME, T, 7, 1) FA_TILE(NAME, T, 8, 1) \
-    static const tile_fn NAME##_n1[TILE_R1] = {NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1,  \
-                                               NAME##_5_1, NAME##_6_1, NAME##_7_1, NAME##_8_1};
+                                                 {NAME##_4_1, NAME##_4_2, NAME##_4_3}};
 FA_TILES(fa_q8_0, PGD_TYPE_Q8_0)
 FA_TILES(fa_q4_0, PGD_TYPE_Q4_0)
 FA_TILES(fa_q4_1, PGD_TYPE_Q4_1)
@@ -382,31 +366,30 @@ FA_TILES(fa_q6_k, PGD_TYPE_Q6_K)
  * conversion, so they convert 2 rows once for 6 tokens. Decode streams 4 rows at a time. */
 typedef struct tile_plan {
     const tile_fn (*fns)[TILE_T];
-    const tile_fn *fns1; /* n == 1: fns1[rows - 1], up to TILE_R1 rows */
-    int mr, mt;
+    int mr, mt, mr1;
 } tile_plan;
 
 static bool plan_for(pgd_type t, tile_plan *p) {
 #ifdef PGD_F32ACT_SIMD
     if (is_quant(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) {
         switch (t) {
-        case PGD_TYPE_Q8_0: *p = (tile_plan){fa_q8_0, fa_q8_0_n1, 4, 3}; return true;
-        case PGD_TYPE_Q4_0: *p = (tile_plan){fa_q4_0, fa_q4_0_n1, 4, 3}; return true;
-        case PGD_TYPE_Q4_1: *p = (tile_plan){fa_q4_1, fa_q4_1_n1, 4, 3}; return true;
-        case PGD_TYPE_Q4_K: *p = (tile_plan){fa_q4_k, fa_q4_k_n1, 4, 3}; return true;
-        case PGD_TYPE_Q5_K: *p = (tile_plan){fa_q5_k, fa_q5_k_n1, 4, 3}; return true;
-        case PGD_TYPE_Q6_K: *p = (tile_plan){fa_q6_k, fa_q6_k_n1, 4, 3}; return true;
+        case PGD_TYPE_Q8_0: *p = (tile_plan){fa_q8_0, 4, 3, 4}; return true;
+        case PGD_TYPE_Q4_0: *p = (tile_plan){fa_q4_0, 4, 3, 4}; return true;
+        case PGD_TYPE_Q4_1: *p = (tile_plan){fa_q4_1, 4, 3, 4}; return true;
+        case PGD_TYPE_Q4_K: *p = (tile_plan){fa_q4_k, 4, 3, 4}; return true;
+        case PGD_TYPE_Q5_K: *p = (tile_plan){fa_q5_k, 4, 3, 4}; return true;
+        case PGD_TYPE_Q6_K: *p = (tile_plan){fa_q6_k, 4, 3, 4}; return true;
         default: return false;
         }
     }
 #endif
     switch (t) {
-    case PGD_TYPE_Q8_0: *p = (tile_plan){tiles_q8_0, tiles_q8_0_n1, 4, 3}; return true;
-    case PGD_TYPE_Q4_0: *p = (tile_plan){tiles_q4_0, tiles_q4_0_n1, 4, 3}; return true;
-    case PGD_TYPE_Q4_1: *p = (tile_plan){tiles_q4_1, tiles_q4_1_n1, 4, 3}; return true;
-    case PGD_TYPE_F32: *p = (tile_plan){tiles_f32, tiles_f32_n1, 4, 3}; return true;
-    case PGD_TYPE_F16: *p = (tile_plan){tiles_f16, tiles_f16_n1, 4, 3}; return true;
-    case PGD_TYPE_BF16: *p = (tile_plan){tiles_bf16, tiles_bf16_n1, 4, 3}; return true;
+    case PGD_TYPE_Q8_0: *p = (tile_plan){tiles_q8_0, 4, 3, 4}; return true;
+    case PGD_TYPE_Q4_0: *p = (tile_plan){tiles_q4_0, 4, 3, 4}; return true;
+    case PGD_TYPE_Q4_1: *p = (tile_plan){tiles_q4_1, 4, 3, 4}; return true;
+    case PGD_TYPE_F32: *p = (tile_plan){tiles_f32, 4, 3, 4}; return true;
+    case PGD_TYPE_F16: *p = (tile_plan){tiles_f16, 4, 3, 4}; return true;
+    case PGD_TYPE_BF16: *p = (tile_plan){tiles_bf16, 4, 3, 4}; return true;
     default: return false;
     }
 }
@@ -422,7 +405,7 @@ typedef struct matmul_ctx {
     float *panel;         /* per thread: TILE_R rows of act_row_bytes (NULL: none) */
     float *y;             /* (n, w->n_out) */
     int n;
-    long chunk_rows;      /* output rows per chunk of work (a multiple of TILE_R1) */
+    long chunk_rows;      /* output rows per chunk of work (a multiple of 4) */
 } matmul_ctx;
 
 static void quant_chunk(void *arg, long t, int ith) {
@@ -518,7 +501,7 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
                   .ds_off = act_ds_offset(w)};
         /* Float weights read x directly: no conversion pass. */
         const unsigned char *a0 = is_float ? (const unsigned char *)c->x : c->act;
-        const int mr = c->n == 1 ? TILE_R1 : pl.mr, mt = pl.mt;
+        const int mr = c->n == 1 ? pl.mr1 : pl.mr, mt = pl.mt;
         long tb = (long)(ACT_L2_BYTES / g.a_stride) / mt * mt;
         if (tb < mt) tb = mt;
         for (long t0 = 0; t0 < c->n; t0 += tb) {
@@ -530,8 +513,7 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
                     int nt = t1 - t < mt ? (int)(t1 - t) : mt;
                     g.a = a0 + (size_t)t * g.a_stride;
                     g.y = c->y + (size_t)t * w->n_out + r;
-                    if (c->n == 1) pl.fns1[nr - 1](&g);
-                    else pl.fns[nr - 1][nt - 1](&g);
+                    pl.fns[nr - 1][nt - 1](&g);
                 }
             }
         }
@@ -564,7 +546,7 @@ void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *
     /* About 8 chunks per thread (dynamic balance on a shared machine), at least 16 rows each. */
     long rows = (long)((w->n_out + 8 * nth - 1) / (8 * nth));
     if (rows < 16) rows = 16;
-    rows = (rows + TILE_R1 - 1) / TILE_R1 * TILE_R1;
+    rows = (rows + TILE_R - 1) / TILE_R * TILE_R;
     matmul_ctx c = {w, x, act, act_row_bytes, panel, y, n, rows};
     if (!(tiled_type(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32)) {
         if (n > 1) pgd_pool_run_chunks(pool, quant_chunk, &c, n);

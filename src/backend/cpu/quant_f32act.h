@@ -18,7 +18,7 @@
 
 #include "model/gguf.h"
 
-#define PGD_F32ACT_R 8 /* rows per tile, at most (8 only with one token) */
+#define PGD_F32ACT_R 4 /* rows per tile, at most */
 #define PGD_F32ACT_T 3 /* tokens per tile, at most (12 accumulators + the dequantized vector) */
 
 typedef struct pgd__f32act_tile {
@@ -139,12 +139,12 @@ PGD_F32ACT_INLINE void pgd__f32act_tile_run(const pgd__f32act_tile *g, const pgd
                                             const int NR, const int NT) {
     const int64_t ng = g->n / 32;
     __m256 acc[PGD_F32ACT_R][PGD_F32ACT_T];
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int j = 0; j < NT; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t gi = 0; gi < ng; gi++) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             __m256 w[4];
             pgd__f32act_deq32(t, g->w + (size_t)r * g->w_stride, gi, w);
@@ -157,7 +157,7 @@ PGD_F32ACT_INLINE void pgd__f32act_tile_run(const pgd__f32act_tile *g, const pgd
                         acc[r][j]);
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int j = 0; j < NT; j++)
