@@ -20,11 +20,9 @@
 #include <immintrin.h>
 #endif
 
-#ifdef PGD_F32ACT_SIMD
-static bool is_quant(pgd_type t) {
+static inline bool is_quant_type(pgd_type t) {
     return t != PGD_TYPE_F32 && t != PGD_TYPE_F16 && t != PGD_TYPE_BF16;
 }
-#endif
 
 /* quant.c's activation block for Q4_0/Q4_1/Q8_0 weights: float d | int32 sum | int8 qs[32]. */
 #define ACT_Q8_BYTES 40
@@ -38,7 +36,7 @@ static bool is_quant(pgd_type t) {
 
 static bool tiled_type(pgd_type t) {
 #ifdef PGD_F32ACT_SIMD
-    if (is_quant(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) return true;
+    if (is_quant_type(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) return true;
 #endif
 #ifdef __AVX2__
     switch (t) {
@@ -93,6 +91,10 @@ typedef struct tile {
     size_t y_stride;
     int64_t n;          /* elements per row */
     size_t ds_off;      /* Q4_1: offset of the d * sum floats in an activation row */
+    /* Float tiles only: this call covers elements [k0, k1) of the rows (k1 == 0: to n); acc
+     * holds the 8-lane accumulators between calls (NR x NT x 8 floats). */
+    int64_t k0, k1;
+    float *acc;
 } tile;
 
 #define INLINE static inline __attribute__((always_inline))
@@ -257,13 +259,14 @@ INLINE float load1w(const uint8_t *p, const int kind) {
 
 INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind) {
     const int esz = kind == WF32 ? 4 : 2;
-    const int64_t n8 = g->n / 8 * 8;
+    const int64_t n8 = g->n / 8 * 8, k1 = g->k1 ? g->k1 : g->n, e8 = k1 < n8 ? k1 : n8;
     __m256 acc[TILE_R][TILE_T];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n8; i += 8) {
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = g->k0 ? _mm256_loadu_ps(g->acc + (r * NT + t) * 8) : _mm256_setzero_ps();
+    for (int64_t i = g->k0; i < e8; i += 8) {
         /* Keep the smaller side of the tile in registers (16 ymm registers in all). */
         if (NT <= 3) {
             __m256 xv[TILE_T];
@@ -288,6 +291,13 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
                 for (int r = 0; r < NR; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
             }
         }
+    }
+    if (k1 < g->n) { /* more passes follow: park the accumulators */
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+#pragma GCC unroll 6
+            for (int t = 0; t < NT; t++) _mm256_storeu_ps(g->acc + (r * NT + t) * 8, acc[r][t]);
+        return;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
@@ -371,7 +381,7 @@ typedef struct tile_plan {
 
 static bool plan_for(pgd_type t, tile_plan *p) {
 #ifdef PGD_F32ACT_SIMD
-    if (is_quant(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) {
+    if (is_quant_type(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) {
         switch (t) {
         case PGD_TYPE_Q8_0: *p = (tile_plan){fa_q8_0, 4, 3, 4}; return true;
         case PGD_TYPE_Q4_0: *p = (tile_plan){fa_q4_0, 4, 3, 4}; return true;
@@ -391,6 +401,33 @@ static bool plan_for(pgd_type t, tile_plan *p) {
     case PGD_TYPE_F16: *p = (tile_plan){tiles_f16, 4, 3, 4}; return true;
     case PGD_TYPE_BF16: *p = (tile_plan){tiles_bf16, 4, 3, 4}; return true;
     default: return false;
+    }
+}
+
+/* Long rows of float tiles are swept in passes of KB elements: within a pass the 4-row weight
+ * panel's slice stays in L1 across every 3-token tile (rows of thousands of floats otherwise
+ * stream from L2 for each tile). The accumulators wait in memory between passes, so each lane
+ * takes the same FMAs in the same order as in one pass: results are bit-identical. */
+#ifndef PGD_MATMUL_KB
+#define PGD_MATMUL_KB 512
+#endif
+#define KB PGD_MATMUL_KB
+#define KB_MAX_TILES 64
+
+static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
+                         const uint8_t *a0, float *y0, size_t y_stride, bool kblock) {
+    float accbuf[KB_MAX_TILES][TILE_R * 3 * 8] __attribute__((aligned(32)));
+    const bool passes = kblock && g->n > KB && mt <= 3 && (t1 - t0 + mt - 1) / mt <= KB_MAX_TILES;
+    for (int64_t k0 = 0; k0 < g->n; k0 += passes ? KB : g->n) {
+        g->k0 = passes ? k0 : 0;
+        g->k1 = passes && k0 + KB < g->n ? k0 + KB : 0;
+        for (long t = t0, i = 0; t < t1; t += mt, i++) {
+            int nt = t1 - t < mt ? (int)(t1 - t) : mt;
+            g->a = a0 + (size_t)t * g->a_stride;
+            g->y = y0 + (size_t)t * y_stride;
+            g->acc = accbuf[i];
+            fns[nt - 1](g);
+        }
     }
 }
 #endif /* __AVX2__ */
@@ -426,6 +463,10 @@ static size_t panel_stride(size_t act_row_bytes) { return act_row_bytes + PANEL_
  * FMA sequence and horizontal tree are those of the fused tiles: the results are bit-identical
  * to the fused path, so a row's output still does not depend on n. */
 #define PANEL_MIN_TOKENS 4 /* below this the fused tiles (3 tokens per dequantization) win */
+#ifndef PGD_PANEL_MIN_TB
+#define PGD_PANEL_MIN_TB 24
+#endif
+#define PANEL_MIN_TB PGD_PANEL_MIN_TB /* tokens per panel dequantization, at least (a multiple of 3) */
 
 static void deq_panel(pgd_type t, const uint8_t *w, size_t w_stride, int nr, int64_t n,
                       float *panel, size_t p_stride) {
@@ -459,19 +500,15 @@ static void matmul_rows_panel(const matmul_ctx *c, long lo, long hi, int ith) {
     tile g = {.w = (const uint8_t *)panel, .w_stride = ps, .a_stride = stride,
               .y_stride = (size_t)w->n_out, .n = w->n_in};
     long tb = (long)(ACT_L2_BYTES / stride) / mt * mt;
-    if (tb < mt) tb = mt;
+    if (tb < PANEL_MIN_TB) tb = PANEL_MIN_TB; /* amortize each panel's dequantization */
     for (long t0 = 0; t0 < c->n; t0 += tb) {
         long t1 = t0 + tb < c->n ? t0 + tb : c->n;
         for (long r = lo; r < hi; r += mr) {
             int nr = hi - r < mr ? (int)(hi - r) : mr;
             deq_panel(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes,
                       nr, w->n_in, panel, ps / sizeof(float));
-            for (long t = t0; t < t1; t += mt) {
-                int nt = t1 - t < mt ? (int)(t1 - t) : mt;
-                g.a = (const uint8_t *)(c->x + (size_t)t * w->n_in);
-                g.y = c->y + (size_t)t * w->n_out + r;
-                tiles_f32[nr - 1][nt - 1](&g);
-            }
+            sweep_tokens(tiles_f32[nr - 1], &g, t0, t1, mt, (const uint8_t *)c->x, c->y + r,
+                         (size_t)w->n_out, true);
         }
     }
 }
@@ -482,7 +519,7 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     const pgd_weight *w = c->w;
     const unsigned char *base = w->data;
 #ifdef PGD_F32ACT_SIMD
-    if (c->panel && c->n >= PANEL_MIN_TOKENS && is_quant(w->type) &&
+    if (c->panel && c->n >= PANEL_MIN_TOKENS && is_quant_type(w->type) &&
         pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
         matmul_rows_panel(c, lo, hi, ith);
         return;
@@ -509,12 +546,8 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
             for (long r = lo; r < hi; r += mr) {
                 int nr = hi - r < mr ? (int)(hi - r) : mr;
                 g.w = base + (size_t)r * w->row_bytes;
-                for (long t = t0; t < t1; t += mt) {
-                    int nt = t1 - t < mt ? (int)(t1 - t) : mt;
-                    g.a = a0 + (size_t)t * g.a_stride;
-                    g.y = c->y + (size_t)t * w->n_out + r;
-                    pl.fns[nr - 1][nt - 1](&g);
-                }
+                sweep_tokens(pl.fns[nr - 1], &g, t0, t1, mt, a0, c->y + r, (size_t)w->n_out,
+                             !is_quant_type(w->type));
             }
         }
         return;
