@@ -195,7 +195,7 @@ static void test_step_ops(pair *p) {
         int32_t t0[64], t1[64], t2[64];
         for (int i = 0; i < 64; i++) {
             t0[i] = i;
-            t1[i] = 63 - i;
+            t1[i] = (5 * i + 40) % 64; /* position 700 -> block 63: no slot written twice */
             t2[i] = (i * 7) % 64;
         }
         const int32_t *tables[3] = {t0, t1, t2};
@@ -207,7 +207,11 @@ static void test_step_ops(pair *p) {
             tok[i] = (i * 31) % 100;
             slot[i] = (int64_t)tables[seq[i]][pos[i] / bs] * bs + pos[i] % bs;
         }
-        /* the history of seq 0 and 1 is random K/V in the pool; seq 2 writes its own */
+        /* the history of seq 0 and 1 is random K/V in the pool; seq 2 writes its own. No two
+         * tokens of the step write the same slot (as in the engine; kv_store runs them in
+         * parallel, so a shared slot would make the stored row depend on thread timing). */
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < i; j++) CHECK(slot[i] != slot[j]);
         size_t n_slots = (size_t)n_blocks * bs, es = pgd_dtype_size(g[gi].kdt);
         float *hist = randv(n_slots * kv_dim);
         uint8_t *hk = malloc(n_slots * kv_dim * es), *hv = malloc(n_slots * kv_dim * es);
