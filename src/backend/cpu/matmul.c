@@ -425,7 +425,7 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
             int nt = t1 - t < mt ? (int)(t1 - t) : mt;
             g->a = a0 + (size_t)t * g->a_stride;
             g->y = y0 + (size_t)t * y_stride;
-            g->acc = accbuf[i];
+            g->acc = passes ? accbuf[i] : NULL;
             fns[nt - 1](g);
         }
     }
