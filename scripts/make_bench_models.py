@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the benchmark models of bench/RESULTS.md (issue 3), outside the repository:
+"""Writes the benchmark models of bench/RESULTS.md (issues 3 and 6), outside the repository:
 
   SmolLM2-135M-Instruct.Q8_0.gguf / .F16.gguf   requantized from models/SmolLM2-135M-Instruct.Q4_1.gguf
                                                 (dequantized with gguf-py, all metadata copied)
@@ -7,10 +7,18 @@
                                                 32 heads, 4 KV heads, FFN 5632, vocab 32000),
                                                 random N(0, 0.02) weights, the SentencePiece
                                                 tokenizer of tests/data/vocab/ggml-vocab-llama-spm.gguf
+  smollm2-draft-random.Q8_0.gguf / .F32.gguf    a tiny random-weight draft for SmolLM2 (issue 6's
+                                                draft-model benchmark): llama architecture, hidden 64,
+                                                2 layers, 4 heads, 2 KV heads, FFN 256, vocab 49152,
+                                                random N(0, 0.02) weights, and every tokenizer.* field
+                                                of models/SmolLM2-135M-Instruct.Q4_1.gguf (same
+                                                vocabulary, so it can draft for SmolLM2; its
+                                                proposals are almost never accepted: the overhead side)
 
 Tensors are produced, quantized and written one at a time (GGUFWriter's streaming API), so
-memory stays near the size of the largest tensor. Run with the venv python:
-  /root/.cache/pagoda-venv-try/bin/python scripts/make_bench_models.py [--out DIR] [--only NAME]
+memory stays near the size of the largest tensor. Run with a venv python that has numpy and gguf, e.g.
+  ~/.cache/pagoda/venv-22175dda12c87815/bin/python scripts/make_bench_models.py [--out DIR] [--only NAME]
+(--only smol-draft-q8_0 writes just the draft, in well under a minute).
 """
 import argparse
 import os
@@ -24,7 +32,7 @@ from gguf import GGMLQuantizationType as QT, GGUFValueType as VT
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 SPM_VOCAB = os.path.join(ROOT, "tests", "data", "vocab", "ggml-vocab-llama-spm.gguf")
-FILE_TYPE = {QT.Q8_0: 7, QT.F16: 1}  # llama_ftype: MOSTLY_Q8_0, MOSTLY_F16
+FILE_TYPE = {QT.Q8_0: 7, QT.F16: 1, QT.F32: 0}  # llama_ftype: MOSTLY_Q8_0, MOSTLY_F16, ALL_F32
 
 
 def encode(arr, qtype):
@@ -108,14 +116,32 @@ def write_streaming(path, arch, add_kv, tensors):
 
 
 def random_tinyllama(out_dir, qtype, seed=1234):
-    dim, n_layer, n_head, n_kv, ffn, vocab = 2048, 22, 32, 4, 5632, 32000
+    return random_llama(out_dir, qtype, f"tinyllama-1.1b-random.{qtype.name}.gguf",
+                        "TinyLlama-1.1B-shaped random weights (pagoda bench)", SPM_VOCAB,
+                        dim=2048, n_layer=22, n_head=32, n_kv=4, ffn=5632, vocab=32000, ctx=2048,
+                        rope_base=10000.0, seed=seed)
+
+
+def random_smol_draft(out_dir, qtype, seed=4321):
+    """A random-weight draft with SmolLM2's exact tokenizer (all tokenizer.* fields copied)."""
+    return random_llama(out_dir, qtype, f"smollm2-draft-random.{qtype.name}.gguf",
+                        "SmolLM2-vocabulary random draft (pagoda bench)", SMOL,
+                        dim=64, n_layer=2, n_head=4, n_kv=2, ffn=256, vocab=49152, ctx=8192,
+                        rope_base=100000.0, seed=seed)
+
+
+def random_llama(out_dir, qtype, fname, title, vocab_src, dim, n_layer, n_head, n_kv, ffn, vocab,
+                 ctx, rope_base, seed):
     hd = dim // n_head
-    vr = gguf.GGUFReader(SPM_VOCAB)
-    path = os.path.join(out_dir, f"tinyllama-1.1b-random.{qtype.name}.gguf")
+    vr = gguf.GGUFReader(vocab_src)
+    n_tok = len(vr.fields["tokenizer.ggml.tokens"].data)
+    if n_tok != vocab:
+        raise SystemExit(f"{vocab_src}: {n_tok} tokens, expected {vocab}")
+    path = os.path.join(out_dir, fname)
 
     def add_kv(w):
-        w.add_name("TinyLlama-1.1B-shaped random weights (pagoda bench)")
-        w.add_context_length(2048)
+        w.add_name(title)
+        w.add_context_length(ctx)
         w.add_embedding_length(dim)
         w.add_block_count(n_layer)
         w.add_feed_forward_length(ffn)
@@ -123,7 +149,8 @@ def random_tinyllama(out_dir, qtype, seed=1234):
         w.add_head_count_kv(n_kv)
         w.add_rope_dimension_count(hd)
         w.add_layer_norm_rms_eps(1e-5)
-        w.add_rope_freq_base(10000.0)
+        w.add_rope_freq_base(rope_base)
+        w.add_vocab_size(vocab)
         w.add_file_type(FILE_TYPE[qtype])
         copy_fields(vr, w, prefix="tokenizer.")
 
@@ -160,7 +187,8 @@ def random_tinyllama(out_dir, qtype, seed=1234):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.expanduser("~/.cache/pagoda/bench-models"))
-    ap.add_argument("--only", choices=["smol-q8_0", "smol-f16", "tiny-q8_0", "tiny-f16"], action="append")
+    ap.add_argument("--only", choices=["smol-q8_0", "smol-f16", "tiny-q8_0", "tiny-f16",
+                                       "smol-draft-q8_0", "smol-draft-f32"], action="append")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     jobs = {
@@ -168,6 +196,8 @@ def main():
         "smol-f16": lambda: requant_smollm2(a.out, QT.F16),
         "tiny-q8_0": lambda: random_tinyllama(a.out, QT.Q8_0),
         "tiny-f16": lambda: random_tinyllama(a.out, QT.F16),
+        "smol-draft-q8_0": lambda: random_smol_draft(a.out, QT.Q8_0),
+        "smol-draft-f32": lambda: random_smol_draft(a.out, QT.F32),
     }
     for name in a.only or list(jobs):
         t = time.time()
