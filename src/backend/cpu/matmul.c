@@ -91,10 +91,6 @@ typedef struct tile {
     size_t y_stride;
     int64_t n;          /* elements per row */
     size_t ds_off;      /* Q4_1: offset of the d * sum floats in an activation row */
-    /* Float tiles only: this call covers elements [k0, k1) of the rows (k1 == 0: to n); acc
-     * holds the 8-lane accumulators between calls (NR x NT x 8 floats). */
-    int64_t k0, k1;
-    float *acc;
 } tile;
 
 #define INLINE static inline __attribute__((always_inline))
@@ -259,14 +255,13 @@ INLINE float load1w(const uint8_t *p, const int kind) {
 
 INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind) {
     const int esz = kind == WF32 ? 4 : 2;
-    const int64_t n8 = g->n / 8 * 8, k1 = g->k1 ? g->k1 : g->n, e8 = k1 < n8 ? k1 : n8;
+    const int64_t n8 = g->n / 8 * 8;
     __m256 acc[TILE_R][TILE_T];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
-        for (int t = 0; t < NT; t++)
-            acc[r][t] = g->k0 ? _mm256_loadu_ps(g->acc + (r * NT + t) * 8) : _mm256_setzero_ps();
-    for (int64_t i = g->k0; i < e8; i += 8) {
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
         /* Keep the smaller side of the tile in registers (16 ymm registers in all). */
         if (NT <= 3) {
             __m256 xv[TILE_T];
@@ -291,13 +286,6 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
                 for (int r = 0; r < NR; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
             }
         }
-    }
-    if (k1 < g->n) { /* more passes follow: park the accumulators */
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++)
-#pragma GCC unroll 6
-            for (int t = 0; t < NT; t++) _mm256_storeu_ps(g->acc + (r * NT + t) * 8, acc[r][t]);
-        return;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
@@ -404,30 +392,14 @@ static bool plan_for(pgd_type t, tile_plan *p) {
     }
 }
 
-/* Long rows of float tiles are swept in passes of KB elements: within a pass the 4-row weight
- * panel's slice stays in L1 across every 3-token tile (rows of thousands of floats otherwise
- * stream from L2 for each tile). The accumulators wait in memory between passes, so each lane
- * takes the same FMAs in the same order as in one pass: results are bit-identical. */
-#ifndef PGD_MATMUL_KB
-#define PGD_MATMUL_KB 512
-#endif
-#define KB PGD_MATMUL_KB
-#define KB_MAX_TILES 64
-
+/* Runs one row tile (fns[nt - 1] for 1..3 tokens) over tokens [t0, t1), mt at a time. */
 static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
-                         const uint8_t *a0, float *y0, size_t y_stride, bool kblock) {
-    float accbuf[KB_MAX_TILES][TILE_R * 3 * 8] __attribute__((aligned(32)));
-    const bool passes = kblock && g->n > KB && mt <= 3 && (t1 - t0 + mt - 1) / mt <= KB_MAX_TILES;
-    for (int64_t k0 = 0; k0 < g->n; k0 += passes ? KB : g->n) {
-        g->k0 = passes ? k0 : 0;
-        g->k1 = passes && k0 + KB < g->n ? k0 + KB : 0;
-        for (long t = t0, i = 0; t < t1; t += mt, i++) {
-            int nt = t1 - t < mt ? (int)(t1 - t) : mt;
-            g->a = a0 + (size_t)t * g->a_stride;
-            g->y = y0 + (size_t)t * y_stride;
-            g->acc = passes ? accbuf[i] : NULL;
-            fns[nt - 1](g);
-        }
+                         const uint8_t *a0, float *y0, size_t y_stride) {
+    for (long t = t0; t < t1; t += mt) {
+        int nt = t1 - t < mt ? (int)(t1 - t) : mt;
+        g->a = a0 + (size_t)t * g->a_stride;
+        g->y = y0 + (size_t)t * y_stride;
+        fns[nt - 1](g);
     }
 }
 #endif /* __AVX2__ */
@@ -508,7 +480,7 @@ static void matmul_rows_panel(const matmul_ctx *c, long lo, long hi, int ith) {
             deq_panel(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes,
                       nr, w->n_in, panel, ps / sizeof(float));
             sweep_tokens(tiles_f32[nr - 1], &g, t0, t1, mt, (const uint8_t *)c->x, c->y + r,
-                         (size_t)w->n_out, true);
+                         (size_t)w->n_out);
         }
     }
 }
@@ -546,8 +518,7 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
             for (long r = lo; r < hi; r += mr) {
                 int nr = hi - r < mr ? (int)(hi - r) : mr;
                 g.w = base + (size_t)r * w->row_bytes;
-                sweep_tokens(pl.fns[nr - 1], &g, t0, t1, mt, a0, c->y + r, (size_t)w->n_out,
-                             !is_quant_type(w->type));
+                sweep_tokens(pl.fns[nr - 1], &g, t0, t1, mt, a0, c->y + r, (size_t)w->n_out);
             }
         }
         return;
