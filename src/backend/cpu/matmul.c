@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend/cpu/quant.h"
+#include "backend/cpu/simd.h"
 #include "backend/cpu/quant_f32act.h"
 #include "util/status.h"
 
@@ -95,12 +96,6 @@ typedef struct tile {
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 INLINE uint16_t ld16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);
@@ -164,7 +159,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
-        for (int t = 0; t < NT; t++) g->y[(size_t)t * g->y_stride + r] = hsum8(acc[r][t]);
+        for (int t = 0; t < NT; t++) g->y[(size_t)t * g->y_stride + r] = pgd_hsum8(acc[r][t]);
 }
 
 /* Sum over blocks of m_w[b] * ds_a[b] for Q4_1: lane l takes blocks = l (mod 8), 8 at a time,
@@ -235,7 +230,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++)
             g->y[(size_t)t * g->y_stride + r] =
-                hsum8(acc[r][t]) + (hsum8(accm[r][t]) + tailm[r][t]);
+                pgd_hsum8(acc[r][t]) + (pgd_hsum8(accm[r][t]) + tailm[r][t]);
 }
 
 /* Float weights (F32, F16, BF16) with F32 activations: acc += w[i..i+8] * x[i..i+8] per pair,
@@ -299,7 +294,7 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
                                  s);
             /* No "+ 0" without a tail: the panel path must give the fused tiles' bits (-0.0). */
             g->y[(size_t)t * g->y_stride + r] =
-                n8 == g->n ? hsum8(acc[r][t]) : hsum8(acc[r][t]) + _mm_cvtss_f32(s);
+                n8 == g->n ? pgd_hsum8(acc[r][t]) : pgd_hsum8(acc[r][t]) + _mm_cvtss_f32(s);
         }
 }
 

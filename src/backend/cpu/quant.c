@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/simd.h"
 #include "backend/cpu/quant_f32act.h"
 #include "util/status.h"
 
@@ -565,13 +566,6 @@ float pgd_vec_dot_scalar(pgd_type t, const void *w_row, const void *act, int64_t
 #define FP16X(p) FP16(p)
 #endif
 
-static float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Float weights: four 8-lane accumulators over 32 elements, then 8 at a time, then a scalar
  * tail; the combination order is fixed. `load` turns 8 weights into 8 floats. */
 #define DOT_FLOAT_AVX2(NAME, ESZ, LOAD, SCALAR_ELEM)                                            \
@@ -588,7 +582,7 @@ static float hsum8(__m256 v) {
             a0 = _mm256_fmadd_ps(LOAD(w + i * ESZ), _mm256_loadu_ps(x + i), a0);                 \
         float tail = 0.0f;                                                                       \
         for (; i < n; i++) tail += SCALAR_ELEM(w + i * ESZ) * x[i];                              \
-        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;        \
+        return pgd_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;        \
     }
 
 static __m256 load8_f32(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
@@ -640,7 +634,7 @@ static float dot_q8_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
         __m256i p0 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)(w + 2)), act_qs(a));
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
     }
-    return hsum8(_mm256_add_ps(acc0, acc1));
+    return pgd_hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 static float dot_q4_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
@@ -659,7 +653,7 @@ static float dot_q4_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
         __m256i p0 = mul_sum_i8(_mm256_sub_epi8(nibbles32(w + 2), off), act_qs(a));
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
     }
-    return hsum8(_mm256_add_ps(acc0, acc1));
+    return pgd_hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 /* The "+ m" term m * d_act * sum(q_act) goes into a scalar accumulator, block by block. */
@@ -681,7 +675,7 @@ static float dot_q4_1_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
         accm += FP16X(w + 2) * a[0].d * (float)a[0].sum;
     }
-    return hsum8(_mm256_add_ps(acc0, acc1)) + accm;
+    return pgd_hsum8(_mm256_add_ps(acc0, acc1)) + accm;
 }
 
 /* The 8 scales and 8 mins of a K-quant super-block with 32-bit word ops (ggml's utmp trick);
@@ -733,7 +727,7 @@ static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * da), _mm256_cvtepi32_ps(sumi), acc);
         accm += FP16X(w + 2) * da * (float)k4_min_sum_avx2(a, u);
     }
-    return hsum8(acc) - accm;
+    return pgd_hsum8(acc) - accm;
 }
 
 static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
@@ -767,7 +761,7 @@ static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * da), _mm256_cvtepi32_ps(sumi), acc);
         accm += FP16X(w + 2) * da * (float)k4_min_sum_avx2(a, u);
     }
-    return hsum8(acc) - accm;
+    return pgd_hsum8(acc) - accm;
 }
 
 /* Q6_K: q in 0..63 via maddubs, minus 32 * (pair sums of the activations), times the int8
@@ -806,7 +800,7 @@ static float dot_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + 208) * rdf32(a + Q8K_D)),
                               _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return pgd_hsum8(acc);
 }
 
 #endif /* __AVX2__ */

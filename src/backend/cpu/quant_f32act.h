@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backend/cpu/simd.h"
 #include "model/gguf.h"
 
 #define PGD_F32ACT_R 4 /* rows per tile, at most */
@@ -125,13 +126,6 @@ PGD_F32ACT_INLINE void pgd__f32act_deq32(const pgd_type t, const uint8_t *row, i
     }
 }
 
-PGD_F32ACT_INLINE float pgd__f32act_hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* y[t][r] = sum_i w_r[i] * x_t[i] for NR rows x NT tokens; t, NR and NT are compile-time
  * constants in every instantiation. Per (row, token): acc = fma(w8, x8, acc) for each 8 elements
  * in order, then one fixed horizontal tree. */
@@ -161,7 +155,7 @@ PGD_F32ACT_INLINE void pgd__f32act_tile_run(const pgd__f32act_tile *g, const pgd
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int j = 0; j < NT; j++)
-            g->y[(size_t)j * g->y_stride + r] = pgd__f32act_hsum8(acc[r][j]);
+            g->y[(size_t)j * g->y_stride + r] = pgd_hsum8(acc[r][j]);
 }
 
 #endif /* __AVX2__ && __FMA__ && __F16C__ */
