@@ -159,7 +159,8 @@ def test_256_concurrent_streams_three_rounds(server):
         print(f"round {rnd}: {time.time() - t0:.1f}s, RSS {rss[-1]} KiB")
     if is_sanitized(server.binary):
         return  # ASan keeps freed memory in quarantine; leaks are LeakSanitizer's job there
-    assert abs(rss[2] - rss[1]) <= 0.05 * rss[1], f"RSS grew across rounds: {rss} KiB"
+    # growth is the leak signal; the allocator returning memory (RSS falling) is not
+    assert rss[2] - rss[1] <= 0.05 * rss[1], f"RSS grew across rounds: {rss} KiB"
 
 
 def test_sigterm_during_load_drains():
