@@ -7,9 +7,11 @@
  *       -lpthread -o /tmp/bench_matmul
  *   /tmp/bench_matmul THREADS ROWS COLS N TYPE    (TYPE: ggml id, 0 F32, 1 F16, 2 Q4_0, 3 Q4_1,
  *                                                  8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)
- * Environment: NMAT, REPS (20), NOPANEL, PAGODA_INT8_ACT. */
+ * Environment: NMAT, REPS (20), NOPANEL, PAGODA_INT8_ACT, HUGE=1 (weights in transparent huge
+ * pages). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "backend/cpu/matmul.h"
@@ -41,8 +43,10 @@ int main(int argc, char **argv) {
     pgd_weight w[64];
     srand(1);
     for (int m = 0; m < nmat; m++) {
-        unsigned char *d = malloc(rb * (size_t)rows);
+        size_t sz = (rb * (size_t)rows + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+        unsigned char *d = aligned_alloc(2u << 20, sz);
         if (!d) return 1;
+        if (getenv("HUGE") && madvise(d, sz, MADV_HUGEPAGE)) perror("madvise");
         for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = (unsigned char)rand();
         w[m] = (pgd_weight){ty, cols, rows, rb, d}; /* random scales: speed does not care */
     }

@@ -92,6 +92,7 @@ typedef struct tile {
     size_t y_stride;
     int64_t n;          /* elements per row */
     size_t ds_off;      /* Q4_1: offset of the d * sum floats in an activation row */
+    bool prefetch;      /* w streams from memory (not a panel in L1): prefetch ahead */
 } tile;
 
 #define INLINE static inline __attribute__((always_inline))
@@ -131,7 +132,9 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    const pgd_prefetch pf = pgd_prefetch_init(g->w, (size_t)NR * g->w_stride, nb);
     for (int64_t b = 0; b < nb; b++) {
+        pgd_prefetch_step(&pf, b);
         __m256i aq[TILE_T];
         __m256 da[TILE_T];
 #pragma GCC unroll 4
@@ -181,9 +184,11 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
             acc[r][t] = accm[r][t] = _mm256_setzero_ps();
             tailm[r][t] = 0.0f;
         }
+    const pgd_prefetch pf = pgd_prefetch_init(g->w, (size_t)NR * g->w_stride, nb);
     for (int64_t b0 = 0; b0 < nb; b0 += Q41_CHUNK) {
         int64_t b1 = b0 + Q41_CHUNK < nb ? b0 + Q41_CHUNK : nb;
         for (int64_t b = b0; b < b1; b++) {
+            pgd_prefetch_step(&pf, b);
             __m256i aq[TILE_T];
             __m256 da[TILE_T];
 #pragma GCC unroll 4
@@ -256,7 +261,9 @@ INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    const pgd_prefetch pf = pgd_prefetch_init(g->w, (size_t)NR * g->w_stride, g->n / 8);
     for (int64_t i = 0; i < n8; i += 8) {
+        if (g->prefetch) pgd_prefetch_step(&pf, i / 8);
         /* Keep the smaller side of the tile in registers (16 ymm registers in all). */
         if (NT <= 3) {
             __m256 xv[TILE_T];
@@ -502,7 +509,8 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
                   .a_stride = is_float ? (size_t)w->n_in * sizeof(float) : c->act_row_bytes,
                   .y_stride = (size_t)w->n_out,
                   .n = w->n_in,
-                  .ds_off = act_ds_offset(w)};
+                  .ds_off = act_ds_offset(w),
+                  .prefetch = true};
         /* Float weights read x directly: no conversion pass. */
         const unsigned char *a0 = is_float ? (const unsigned char *)c->x : c->act;
         const int mr = c->n == 1 ? pl.mr1 : pl.mr, mt = pl.mt;

@@ -137,7 +137,9 @@ PGD_F32ACT_INLINE void pgd__f32act_tile_run(const pgd__f32act_tile *g, const pgd
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int j = 0; j < NT; j++) acc[r][j] = _mm256_setzero_ps();
+    const pgd_prefetch pf = pgd_prefetch_init(g->w, (size_t)NR * g->w_stride, ng);
     for (int64_t gi = 0; gi < ng; gi++) {
+        pgd_prefetch_step(&pf, gi);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             __m256 w[4];
