@@ -18,7 +18,8 @@ _Static_assert(PGD_TYPE_F32 == 0 && PGD_TYPE_F16 == 1 && PGD_TYPE_Q4_0 == 2 &&
 
 #define GEMV_MAX_ROWS 8
 #define ATTN_SPLIT_LEN 256
-#define ATTN_PART_CAP (1 << 16) /* (token, head, split) partials kept for flash-decoding */
+#define ATTN_PART_MIN (1 << 16) /* (token, head, split) partials kept for flash-decoding, at
+                                  * least; more when one step has more (token, head) pairs */
 
 typedef struct cuda_state {
     cudaStream_t stream;
@@ -35,7 +36,8 @@ typedef struct cuda_state {
     int max_pos;
     uint64_t step, tables_step;  /* tables are staged once per step */
     float *d_inv_freq;           /* (head_dim / 2) */
-    float *part;                 /* attention split partials: (ATTN_PART_CAP, head_dim + 2) */
+    float *part;                 /* attention split partials: (part_cap, head_dim + 2) */
+    size_t part_cap;             /* max(ATTN_PART_MIN, max_tokens * n_head) */
     uint16_t *x_bf16;            /* (max_tokens, widest n_in) activations for the GEMM */
     size_t x_bf16_elems;
     uint16_t *w_bf16;            /* dequantized weight for the GEMM (grows to the largest) */
@@ -155,15 +157,14 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
                   goto fail);
     CUDA_CHECK_OR(cudaMalloc((void **)&st->d_inv_freq, (size_t)(head_dim / 2 + 1) * sizeof(float)),
                   goto fail);
-    CUDA_CHECK_OR(cudaMalloc((void **)&st->part, (size_t)ATTN_PART_CAP * (head_dim + 2) * sizeof(float)),
+    /* Every (token, head) pair of the largest step needs one partial (one split): a prefill
+     * step of 8192 tokens x 32 heads needs 262,144 (136 MB at head_dim 128). */
+    st->part_cap = (size_t)max_tokens * (size_t)n_head;
+    if (st->part_cap < ATTN_PART_MIN) st->part_cap = ATTN_PART_MIN;
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->part, st->part_cap * (head_dim + 2) * sizeof(float)),
                   goto fail);
     CUDA_CHECK_OR(cudaMalloc((void **)&st->x_bf16, st->x_bf16_elems * 2), goto fail);
     if (grow_meta(st, (size_t)max_tokens * 4 + (size_t)max_tokens * 64)) goto fail;
-    if ((size_t)max_tokens * (size_t)n_head > ATTN_PART_CAP) {
-        cuda_free(be);
-        return pgd_err_set(err, PGD_EINVAL, "CUDA backend: %d tokens x %d heads per step exceed "
-                           "the attention scratch", max_tokens, n_head);
-    }
     (void)n_kv_head;
     return PGD_OK;
 fail:
@@ -381,8 +382,8 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
         return;
     }
     int n_splits = (st->max_pos + ATTN_SPLIT_LEN) / ATTN_SPLIT_LEN;
-    int cap = ATTN_PART_CAP / (s->n_tokens * n_head);
-    if (cap < 1) cap = 1; /* ATTN_PART_CAP >= max_tokens * n_head is checked at init */
+    long cap = (long)(st->part_cap / ((size_t)s->n_tokens * (size_t)n_head));
+    if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
     if (n_splits > cap) n_splits = cap;
     int split_len = (st->max_pos + n_splits) / n_splits;
     pgd_k_attn a = {
