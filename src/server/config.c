@@ -58,8 +58,9 @@ static const opt table[] = {
     {"speculative-disable-by-batch-size", 0, T_INT, OFF(speculative_disable_by_batch_size), "0",
      0, 4096, NULL,
      "no proposals while this many requests run (a large batch is compute-bound; 0: never)"},
-    {"device", 0, T_STR, OFF(device), "cpu", 0, 0, NULL, "backend: cpu or cuda"},
-    {"tensor-parallel-size", 0, T_INT, OFF(tensor_parallel_size), "1", 1, 64, NULL,
+    {"device", 0, T_STR, OFF(device), "cpu", 0, 0, "PAGODA_DEVICE", "backend: cpu or cuda"},
+    {"tensor-parallel-size", 0, T_INT, OFF(tensor_parallel_size), "1", 1, 64,
+     "PAGODA_TENSOR_PARALLEL",
      "ranks the model is split across"},
     {"gpu-memory-utilization", 0, T_FRAC, OFF(gpu_memory_utilization), "0.9", 0, 1,
      "PAGODA_GPU_MEMORY_UTILIZATION", "CUDA: share (0, 1] of each GPU's memory for weights, "

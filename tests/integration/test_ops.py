@@ -191,6 +191,20 @@ def test_config_accepted_by_serve(cfg):
         assert names.index("listening") < names.index("ready"), names
 
 
+def test_device_and_tp_environment_reach_serve():
+    # PAGODA_DEVICE / PAGODA_TENSOR_PARALLEL are read by generate, batch and bench; serve's option
+    # table must read them too (it used to keep its "cpu" default). A bad value is refused with
+    # the value named, before the model loads; an ignored variable would leave serve running.
+    for env, bad in (("PAGODA_DEVICE", "tpu"), ("PAGODA_TENSOR_PARALLEL", "0")):
+        e = {k: v for k, v in os.environ.items() if k not in ("PAGODA_API_KEY", "PAGODA_MODEL")}
+        e[env] = bad
+        p = subprocess.run([str(BIN), "serve", "--port", "0", "-m", str(STORIES)],
+                           capture_output=True, text=True, timeout=60, env=e)
+        assert p.returncode != 0, (env, p.stderr)
+        assert bad in p.stderr or env in p.stderr, (env, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
 def test_config_file_with_api_key_is_refused():
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"api-key": "sk-secret"}, f)
