@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing (Debian packages, the test virtualenv, the default
-# model), builds Pagoda three times at most -- CPU-only release with -Werror, CPU-only
-# AddressSanitizer + UBSan, and the CUDA build where nvcc is found -- runs the C unit tests under
-# each, then the integration tests (pytest) against the release build, and the --load-format
+# model), builds Pagoda four times at most -- CPU-only release with -Werror, CPU-only
+# AddressSanitizer + UBSan, the portable build (no AVX2: the scalar kernels, for CPUs without it)
+# and the CUDA build where nvcc is found -- runs the C unit tests under each, then the integration tests (pytest) against the release build, and the --load-format
 # dummy / --device ones against the CUDA build too.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +19,9 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGODA_SANITIZE=ON \
     -DPAGODA_CUDA=OFF -DPAGODA_WERROR=ON -DCMAKE_C_COMPILER=clang >/dev/null
 cmake --build build-asan -j"$jobs"
+cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DPAGODA_PORTABLE=ON -DPAGODA_CUDA=OFF \
+    -DPAGODA_WERROR=ON >/dev/null
+cmake --build build-portable -j"$jobs"
 
 # The CUDA build (issue 7): compiles and links wherever nvcc is found, GPU or not; its CPU tests
 # run below (without a GPU the CUDA backend reports "no CUDA device" and the CPU one is used).
@@ -34,6 +37,9 @@ echo "== C unit tests (release)"
 ctest --test-dir build --output-on-failure
 echo "== C unit tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure
+
+echo "== C unit tests (portable build: scalar kernels)"
+ctest --test-dir build-portable --output-on-failure
 
 if [ "$have_cuda" = 1 ]; then
     echo "== C unit tests (CUDA build, CPU backend)"

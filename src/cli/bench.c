@@ -134,7 +134,11 @@ typedef struct bw_ctx {
     float sums[1024];
 } bw_ctx;
 
-static void bw_task(void *arg, int ith, int nth) {
+/* The probes measure the CPU's AVX2 limits whatever the build's baseline (PAGODA_PORTABLE too);
+ * run_bench refuses in one line on a CPU without AVX2 and FMA. */
+#define PROBE_TARGET __attribute__((target("avx2,fma")))
+
+PROBE_TARGET static void bw_task(void *arg, int ith, int nth) {
     bw_ctx *c = arg;
     long lo, hi;
     pgd_split_range((long)(c->n / 64), ith, nth, &lo, &hi);
@@ -174,7 +178,7 @@ typedef struct flops_ctx {
 
 /* 10 independent FMA chains (more than latency x throughput = 2 x 4 on current cores), kept in
  * registers: named variables and a local trip count, so the loop is 10 FMAs and a branch. */
-static void flops_task(void *arg, int ith, int nth) {
+PROBE_TARGET static void flops_task(void *arg, int ith, int nth) {
     (void)nth;
     flops_ctx *c = arg;
     const long iters = c->iters;
@@ -365,6 +369,12 @@ int pgd_cli_bench(int argc, char **argv) {
         tokens[i] = (int32_t)((rng >> 33) % (uint64_t)m->cfg.n_vocab);
     }
 
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        fprintf(stderr, "pagoda bench: the bandwidth and FLOP/s probes need a CPU with AVX2 and "
+                        "FMA\n");
+        goto done;
+    }
     if (!o.json) fprintf(stderr, "probing memory bandwidth and peak FLOP/s...\n");
     double bw = probe_bandwidth(pool), peak = probe_flops(pool);
     model_cost mc = cost_of(m);
