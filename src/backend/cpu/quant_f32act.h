@@ -39,6 +39,13 @@ PGD_F32ACT_INLINE float pgd__f32act_h(const uint8_t *p) {
     memcpy(&v, p, 2);
     return _cvtsh_ss(v);
 }
+/* The two fp16 values at p and p + 2 as floats in lanes 0 and 1: one 32-bit load and one
+ * conversion (vpinsrw + vcvtph2ps per half cost two vector-pipe uops more). */
+PGD_F32ACT_INLINE __m128 pgd__f32act_h2(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+}
 /* 8 bytes at p, each widened to an int32 lane (unsigned / signed). */
 PGD_F32ACT_INLINE __m256i pgd__f32act_u8x8(const uint8_t *p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
@@ -56,7 +63,7 @@ PGD_F32ACT_INLINE void pgd__f32act_deq32(const pgd_type t, const uint8_t *row, i
     switch (t) {
     case PGD_TYPE_Q8_0: {
         const uint8_t *b = row + g * 34;
-        __m256 d = _mm256_set1_ps(pgd__f32act_h(b));
+        __m256 d = _mm256_broadcastss_ps(pgd__f32act_h2(b));
         for (int k = 0; k < 4; k++)
             w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(pgd__f32act_i8x8(b + 2 + 8 * k)));
         return;
@@ -64,12 +71,13 @@ PGD_F32ACT_INLINE void pgd__f32act_deq32(const pgd_type t, const uint8_t *row, i
     case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: {
         const bool q41 = t == PGD_TYPE_Q4_1;
         const uint8_t *b = row + g * (q41 ? 20 : 18), *qs = b + (q41 ? 4 : 2);
-        __m256 d = _mm256_set1_ps(pgd__f32act_h(b));
+        const __m128 dm = pgd__f32act_h2(b); /* Q4_1: d, m; Q4_0: d, two quant bytes */
+        __m256 d = _mm256_broadcastss_ps(dm);
         __m256i v0 = pgd__f32act_u8x8(qs), v1 = pgd__f32act_u8x8(qs + 8);
         __m256i q[4] = {_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4),
                         _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
         if (q41) {
-            __m256 m = _mm256_set1_ps(pgd__f32act_h(b + 2));
+            __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
             for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, m);
         } else {
             const __m256i off = _mm256_set1_epi32(8);
