@@ -1,6 +1,9 @@
 /* The pagoda executable: dispatches to a subcommand. */
 #include <stdio.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "cli/cli.h"
 
@@ -41,7 +44,8 @@ static int check_cpu(void) {
     if (!missing && !__builtin_cpu_supports("fma")) missing = "FMA";
 #endif
 #ifdef __F16C__
-    if (!missing && !__builtin_cpu_supports("f16c")) missing = "F16C";
+    unsigned a, b, c, d; /* clang 14 has no "f16c" for __builtin_cpu_supports: CPUID.1:ECX[29] */
+    if (!missing && (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 29)))) missing = "F16C";
 #endif
     if (missing) {
         fprintf(stderr, "pagoda: this CPU lacks %s, which this build requires; rebuild with "
