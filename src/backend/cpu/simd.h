@@ -19,25 +19,26 @@
  * on this project's 2-core Zen 3, decode matmuls of SmolLM2 shape ran ~2x and of 1.1B shape
  * ~1.6x faster with it (bench/RESULTS.md); prefetching further ahead (4-16 KiB) was no better. */
 typedef struct pgd_prefetch {
-    const char *p;
+    uintptr_t p; /* an address, not a pointer: past a matrix's last tile it points at nothing */
     size_t step;
-    int two; /* step > 64: two hints per step */
+    int two;     /* step > 64: two hints per step */
 } pgd_prefetch;
 static inline __attribute__((always_inline)) pgd_prefetch pgd_prefetch_init(const void *tile,
                                                                            size_t tile_bytes,
                                                                            int64_t steps) {
     size_t step = steps > 0 ? tile_bytes / (size_t)steps : 0;
-    pgd_prefetch f = {(const char *)tile + tile_bytes, step, step > 64};
+    pgd_prefetch f = {(uintptr_t)tile + tile_bytes, step, step > 64};
     return f;
 }
 /* One hint per step, two (step / 2 apart) for steps over 64 bytes: every cache line of a step
  * of up to 128 bytes. A hint never faults, so tiles past a matrix's end cost only the hint.
  * always_inline: GCC 12 otherwise may judge an out-of-line copy pure (a prefetch has no
  * visible effect) and delete every call to it. */
-static inline __attribute__((always_inline)) void pgd_prefetch_step(const pgd_prefetch *f, int64_t i) {
-    const char *q = f->p + (size_t)i * f->step;
-    _mm_prefetch(q, _MM_HINT_T0);
-    if (f->two) _mm_prefetch(q + f->step / 2, _MM_HINT_T0);
+static inline __attribute__((always_inline)) void pgd_prefetch_step(const pgd_prefetch *f,
+                                                                    int64_t i) {
+    uintptr_t q = f->p + (size_t)i * f->step;
+    _mm_prefetch((const char *)q, _MM_HINT_T0);
+    if (f->two) _mm_prefetch((const char *)(q + f->step / 2), _MM_HINT_T0);
 }
 #endif
 
