@@ -14,6 +14,7 @@
 
 #include "backend/cpu/quant.h"
 #include "util/mapfile.h"
+#include <sys/mman.h>
 
 /* A tensor found in either kind of file, before it becomes a weight. */
 typedef struct src_tensor {
@@ -570,6 +571,59 @@ int pgd_model_opts_set_device(pgd_model_opts *opts, const char *name) {
     return PGD_OK;
 }
 
+/* CPU, one rank: the matrices move from the file mapping into one anonymous mapping backed by
+ * transparent huge pages (2 MiB), and the file mapping's pages are released. Decode streams
+ * every weight once per token; with 4 KiB pages each page costs a TLB walk (a two-level one
+ * under a hypervisor) and the hardware prefetchers stop at every page boundary: the 1.1B Q8_0
+ * bench model decoded 15-20% faster this way (bench/RESULTS.md). Skipped where THP is off
+ * ("never") or the mapping fails: the weights then stay where they are. */
+static bool thp_enabled(void) {
+    char buf[128] = {0};
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return !strstr(buf, "[never]");
+}
+
+static void weights_to_hugepages(pgd_model *m) {
+    const pgd_model_config *c = &m->cfg;
+    pgd_weight *ws[2 + 7 * 1024];
+    size_t n = 0;
+    if (c->n_layer > 1024) return;
+    ws[n++] = &m->tok_embd;
+    if (m->output.data && m->output.data != m->tok_embd.data) ws[n++] = &m->output;
+    for (int il = 0; il < c->n_layer; il++) {
+        pgd_layer *l = &m->layers[il];
+        pgd_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
+            if (lw[i]->data) ws[n++] = lw[i];
+    }
+    const size_t huge = (size_t)2 << 20;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += (ws[i]->row_bytes * (size_t)ws[i]->n_out + 63) / 64 * 64;
+    size_t cap = total + huge;
+    unsigned char *raw = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return;
+    unsigned char *base = (unsigned char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+    (void)madvise(base, total, MADV_HUGEPAGE); /* a hint: without it the copy still works */
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes = ws[i]->row_bytes * (size_t)ws[i]->n_out;
+        memcpy(base + off, ws[i]->data, bytes);
+        if (ws[i] == &m->tok_embd && m->output.data == m->tok_embd.data) m->output.data = base + off;
+        ws[i]->data = base + off;
+        off += (bytes + 63) / 64 * 64;
+    }
+    m->hp_map = raw;
+    m->hp_bytes = cap;
+    /* Pages of the file mapping that held the matrices are no longer ours to keep resident (a
+     * private read-only mapping: anything still read through it faults back in from the file). */
+    if (m->gguf.map.data)
+        (void)madvise((void *)m->gguf.map.data, m->gguf.map.size, MADV_DONTNEED);
+}
+
 static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     pgd_model_opts o = *opts;
@@ -606,6 +660,9 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
                            m->path);
     if (c->ffn_dim < tp || c->n_vocab < tp)
         return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d: model too small", tp);
+    if (ops == &pgd_cpu_backend_ops && tp == 1 && !o.weights_f32 &&
+        o.load_format != PGD_LOAD_DUMMY && thp_enabled())
+        weights_to_hugepages(m);
     m->shards = calloc((size_t)tp, sizeof *m->shards);
     if (!m->shards) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
     m->n_ranks = tp;
@@ -777,6 +834,7 @@ void pgd_model_free(pgd_model *m) {
     }
     free(m->shards);
     for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    if (m->hp_map) munmap(m->hp_map, m->hp_bytes);
     free(m->owned);
     free(m->layers);
     if (m->tok) pgd_tokenizer_free(m->tok);

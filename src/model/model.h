@@ -77,6 +77,8 @@ typedef struct pgd_model {
     pgd_safetensors st;
     void **owned;                     /* buffers converted at load time, freed with the model */
     size_t n_owned, cap_owned;
+    void *hp_map;                     /* CPU: the matrices in transparent huge pages, or NULL */
+    size_t hp_bytes;
     /* execution */
     pgd_device device;                /* where the shards live */
     int32_t n_ranks;                  /* tensor-parallel size (1: no sharding) */
