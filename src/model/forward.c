@@ -190,9 +190,8 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
         size_t act = pgd_cpu_matmul_act_row_bytes(&sh->output);
         for (int il = 0; il < c->n_layer; il++) {
             const pgd_layer *l = &sh->layers[il];
-            const pgd_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
-                                      &l->w_down};
-            for (size_t i = 0; i < 7; i++) {
+            const pgd_weight *lw[] = PGD_LAYER_MATRICES(l);
+            for (size_t i = 0; i < PGD_LAYER_N_MATRICES; i++) {
                 size_t bb = pgd_cpu_matmul_act_row_bytes(lw[i]);
                 if (bb > act) act = bb;
             }

@@ -589,15 +589,15 @@ static bool thp_enabled(void) {
 
 static void weights_to_hugepages(pgd_model *m) {
     const pgd_model_config *c = &m->cfg;
-    pgd_weight *ws[2 + 7 * 1024];
+    pgd_weight *ws[2 + PGD_LAYER_N_MATRICES * 1024];
     size_t n = 0;
-    if (c->n_layer > 1024) return;
+    if (c->n_layer > 1024) return; /* no such model; the weights then stay in the file */
     ws[n++] = &m->tok_embd;
     if (m->output.data && m->output.data != m->tok_embd.data) ws[n++] = &m->output;
     for (int il = 0; il < c->n_layer; il++) {
         pgd_layer *l = &m->layers[il];
-        pgd_weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
-        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
+        pgd_weight *lw[] = PGD_LAYER_MATRICES(l);
+        for (size_t i = 0; i < PGD_LAYER_N_MATRICES; i++)
             if (lw[i]->data) ws[n++] = lw[i];
     }
     const size_t huge = (size_t)2 << 20;

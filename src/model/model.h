@@ -41,6 +41,12 @@ typedef struct pgd_layer {
     pgd_weight w_down;                /* (dim, ffn_dim) */
 } pgd_layer;
 
+/* The matrices of layer pointer L, as an initializer: `pgd_weight *w[] = PGD_LAYER_MATRICES(l);`
+ * (const or not, as L is). */
+#define PGD_LAYER_N_MATRICES 7
+#define PGD_LAYER_MATRICES(L) \
+    {&(L)->wq, &(L)->wk, &(L)->wv, &(L)->wo, &(L)->w_gate, &(L)->w_up, &(L)->w_down}
+
 typedef struct pgd_pool pgd_pool;
 struct pgd_comm;
 
