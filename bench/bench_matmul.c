@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
         size_t sz = (rb * (size_t)rows + (2u << 20) - 1) / (2u << 20) * (2u << 20);
         unsigned char *d = aligned_alloc(2u << 20, sz);
         if (!d) return 1;
-        if (getenv("HUGE") && madvise(d, sz, MADV_HUGEPAGE)) perror("madvise");
+        if (env_int("HUGE", 0) && madvise(d, sz, MADV_HUGEPAGE)) perror("madvise");
         for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = (unsigned char)rand();
         w[m] = (pgd_weight){ty, cols, rows, rb, d}; /* random scales: speed does not care */
     }
@@ -55,11 +55,12 @@ int main(int argc, char **argv) {
     void *act = malloc(ab * (size_t)n + 64), *panel = malloc(pgd_cpu_matmul_panel_bytes(ab, nth));
     if (!x || !y || !act || !panel) return 1;
     for (size_t i = 0; i < (size_t)cols * n; i++) x[i] = (float)rand() / (float)RAND_MAX;
+    if (env_int("NOPANEL", 0)) panel = NULL;
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         double t = now();
         for (int m = 0; m < nmat; m++)
-            pgd_cpu_matmul(pool, &w[m], x, y, n, act, ab, getenv("NOPANEL") ? NULL : panel);
+            pgd_cpu_matmul(pool, &w[m], x, y, n, act, ab, panel);
         t = now() - t;
         if (t < best) best = t;
     }

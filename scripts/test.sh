@@ -2,8 +2,9 @@
 # Runs every test: installs what is missing (Debian packages, the test virtualenv, the default
 # model), builds Pagoda four times at most -- CPU-only release with -Werror, CPU-only
 # AddressSanitizer + UBSan, the portable build (no AVX2: the scalar kernels, for CPUs without it)
-# and the CUDA build where nvcc is found -- runs the C unit tests under each, then the integration tests (pytest) against the release build, and the --load-format
-# dummy / --device ones against the CUDA build too.
+# and the CUDA build where nvcc is found -- runs the C unit tests under each, then the integration
+# tests (pytest) against the release build, and the --load-format dummy / --device ones against
+# the CUDA build too.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
