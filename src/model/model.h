@@ -1,5 +1,6 @@
-/* A loaded model: configuration, weights (borrowed from the file mappings or owned when
- * converted), tokenizer, and the single-sequence forward pass of the Llama/Qwen2 family. */
+/* A loaded model: configuration, weights (borrowed from the file mappings, owned when
+ * converted, or - CPU, one rank - copied into huge pages: hp_map), tokenizer, and the
+ * single-sequence forward pass of the Llama/Qwen2 family. */
 #ifndef PGD_MODEL_H
 #define PGD_MODEL_H
 
