@@ -397,12 +397,15 @@ static bool plan_for(pgd_type t, tile_plan *p) {
 /* Runs one row tile (fns[nt - 1] for 1..3 tokens) over tokens [t0, t1), mt at a time. */
 static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
                          const uint8_t *a0, float *y0, size_t y_stride) {
+    const bool pf = g->prefetch;
     for (long t = t0; t < t1; t += mt) {
         int nt = t1 - t < mt ? (int)(t1 - t) : mt;
         g->a = a0 + (size_t)t * g->a_stride;
         g->y = y0 + (size_t)t * y_stride;
         fns[nt - 1](g);
+        g->prefetch = false; /* the next rows are in cache after this row tile's first pass */
     }
+    g->prefetch = pf;
 }
 #endif /* __AVX2__ */
 
