@@ -42,6 +42,11 @@ int pgd_k_rope(pgd_stream s, float *x, int n_rows, int n_heads, int hd, int neox
                const int32_t *pos, const float *inv_freq);
 int pgd_k_kv_store(pgd_stream s, int dtype, void *k, void *v, int kv_dim, const float *kin,
                    const float *vin, const int64_t *slot, int n);
+/* RoPE on q (n, n_head, hd) in place; K rows (n, n_kv_head * hd) roped into the cache at their
+ * slots with the V rows (a slot < 0: a padding row, only its Q is roped). */
+int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *v_in, int n,
+                        int n_head, int n_kv_head, int hd, int neox, const int32_t *pos,
+                        const float *inv_freq, int dtype, void *k, void *v, const int64_t *slot);
 int pgd_k_attention(pgd_stream s, const pgd_k_attn *a);
 int pgd_k_silu_gate(pgd_stream s, float *g, const float *u, size_t n);
 int pgd_k_add(pgd_stream s, float *x, const float *y, size_t n);
@@ -49,6 +54,19 @@ int pgd_k_gather_rows(pgd_stream s, const float *src, float *dst, int dim, const
                       int n);
 /* dst[i] = src[i] over n 16-byte words: the HBM bandwidth probe. */
 int pgd_k_copy(pgd_stream s, const void *src, void *dst, size_t n_words16);
+
+/* Prefill attention on tensor cores (kernels/attn_prefill.cu). A query tile is a run of step
+ * tokens tok0 .. tok0 + n - 1 of one sequence at consecutive positions pos[tok0] + i; each
+ * query attends causally to its sequence's paged K/V at positions 0 .. its own. Writes
+ * a->out rows of the tiles' tokens only; uses q, k, v, kv_dtype, kv_dim, block_size, pos, seq,
+ * tables, table_stride, n_head, n_kv_head, hd of `a` (not the split fields). `tiles` is device
+ * memory. head_dim must be a multiple of 16 and at most 256 (else cudaErrorInvalidValue). */
+typedef struct pgd_k_qtile {
+    int32_t tok0, n;
+} pgd_k_qtile;
+#define PGD_K_QTILE_MAX 64 /* tokens per query tile, at most */
+int pgd_k_attention_prefill(pgd_stream s, const pgd_k_attn *a, const pgd_k_qtile *tiles,
+                            int n_tiles);
 
 #ifdef __cplusplus
 }

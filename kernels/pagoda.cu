@@ -210,11 +210,44 @@ static __device__ __forceinline__ float load_elem(int dt, const void *base, size
 __global__ void k_kv_store(int dt, void *k, void *v, int kv_dim, const float *kin,
                            const float *vin, const int64_t *slot) {
     int t = blockIdx.x;
+    if (slot[t] < 0) return; // a padding row of a graph-sized step
     size_t base = (size_t)slot[t] * kv_dim;
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
         store_elem(dt, k, base + i, kin[(size_t)t * kv_dim + i]);
         store_elem(dt, v, base + i, vin[(size_t)t * kv_dim + i]);
     }
+}
+
+// RoPE on Q in place and on K on its way into the cache, V stored beside it: one block per
+// token, the rotation as k_rope computes it (same angle and operation order).
+__global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, int n_head,
+                                int n_kv_head, int hd, int neox, const int32_t *pos,
+                                const float *inv_freq, int dt, void *k, void *v,
+                                const int64_t *slot) {
+    int t = blockIdx.x, half = hd / 2, kv_dim = n_kv_head * hd;
+    float p = (float)pos[t];
+    for (int j = threadIdx.x; j < n_head * half; j += blockDim.x) {
+        int h = j / half, i = j % half;
+        float ang = p * inv_freq[i], cs = cosf(ang), sn = sinf(ang);
+        float *x = q + ((size_t)t * n_head + h) * hd;
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float a = x[i0], b = x[i1];
+        x[i0] = a * cs - b * sn;
+        x[i1] = b * cs + a * sn;
+    }
+    if (slot[t] < 0) return; // a padding row of a graph-sized step
+    size_t base = (size_t)slot[t] * kv_dim;
+    for (int j = threadIdx.x; j < n_kv_head * half; j += blockDim.x) {
+        int h = j / half, i = j % half;
+        float ang = p * inv_freq[i], cs = cosf(ang), sn = sinf(ang);
+        const float *x = kin + ((size_t)t * n_kv_head + h) * hd;
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float a = x[i0], b = x[i1];
+        store_elem(dt, k, base + (size_t)h * hd + i0, a * cs - b * sn);
+        store_elem(dt, k, base + (size_t)h * hd + i1, b * cs + a * sn);
+    }
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x)
+        store_elem(dt, v, base + i, vin[(size_t)t * kv_dim + i]);
 }
 
 // Paged attention. Grid (n_tokens * n_kv_head, n_splits), 4 warps. Each warp walks positions of
@@ -399,6 +432,14 @@ int pgd_k_rope(pgd_stream s, float *x, int n_rows, int n_heads, int hd, int neox
 int pgd_k_kv_store(pgd_stream s, int dtype, void *k, void *v, int kv_dim, const float *kin,
                    const float *vin, const int64_t *slot, int n) {
     k_kv_store<<<n, 128, 0, s>>>(dtype, k, v, kv_dim, kin, vin, slot);
+    return LAUNCHED();
+}
+
+int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *v_in, int n,
+                        int n_head, int n_kv_head, int hd, int neox, const int32_t *pos,
+                        const float *inv_freq, int dtype, void *k, void *v, const int64_t *slot) {
+    k_rope_kv_store<<<n, 128, 0, s>>>(q, k_in, v_in, n_head, n_kv_head, hd, neox, pos, inv_freq,
+                                      dtype, k, v, slot);
     return LAUNCHED();
 }
 

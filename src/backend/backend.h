@@ -22,6 +22,7 @@ typedef enum {
     PGD_OP_ADD_BIAS,     /* y[t] += b */
     PGD_OP_ROPE,         /* NORM or NEOX, per-token positions, frequency factors */
     PGD_OP_KV_STORE,     /* K/V rows into their paged slots */
+    PGD_OP_ROPE_KV_STORE,/* RoPE on Q in place, RoPE on K fused into the K/V store */
     PGD_OP_ATTENTION,    /* paged attention over block tables, prefill chunks + decodes */
     PGD_OP_SILU_GATE,    /* g = silu(g) * u */
     PGD_OP_ADD,          /* x += y */
@@ -40,6 +41,13 @@ typedef struct pgd_step {
     const int32_t *const *block_tables;/* (n_seqs) */
     int32_t n_logits;
     const int32_t *logit_rows;         /* (n_logits) */
+    /* CUDA graphs. pad_tokens > 0: every token needs logits (n_logits == n_tokens) and the
+     * caller's buffers hold pad_tokens rows, so a backend may run the step as pad_tokens rows
+     * (padding: token 0 at position 0 of sequence 0, its K/V not stored, logits of row 0) to
+     * replay one captured graph per padded size. 0: run the step as it is. */
+    int32_t pad_tokens;
+    int32_t block_size;                /* of the KV storage the step's layers use */
+    const void *kv_key;                /* identifies that storage (its base address) */
 } pgd_step;
 
 /* Paged K/V storage of one layer as ops see it (backend memory). */
@@ -89,6 +97,11 @@ typedef struct pgd_backend_ops {
     void (*rope)(pgd_backend *be, float *x, int n_rows, int n_heads, const pgd_rope_params *rp);
     void (*kv_store)(pgd_backend *be, const pgd_kv_layer *kv, const float *k, const float *v,
                      const pgd_step *s);
+    /* rope(q, n_head heads), then K roped (k itself need not change) and stored with V as
+     * kv_store does: one pass over the step's Q/K/V instead of three. */
+    void (*rope_kv_store)(pgd_backend *be, float *q, float *k, const float *v, int n_head,
+                          int n_kv_head, const pgd_kv_layer *kv, const pgd_step *s,
+                          const pgd_rope_params *rp);
     /* out (n_tokens, n_head * hd) = softmax(q k^T / sqrt(hd)) v for each token over positions
      * 0..pos of its sequence; query head h reads KV head h / (n_head / n_kv_head). */
     void (*attention)(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
@@ -119,6 +132,9 @@ extern const pgd_backend_ops pgd_cpu_backend_ops;
 int pgd_cuda_device_count(void);
 /* The CUDA ops table, or NULL in a CPU-only build. */
 const pgd_backend_ops *pgd_cuda_backend_ops(void);
+/* CUDA: the cudaStream_t an initialised CUDA instance runs its ops on (NULL otherwise); the NCCL
+ * communicator enqueues its collectives there, in order with the ops. */
+void *pgd_cuda_stream(const pgd_backend *be);
 
 static inline size_t pgd_dtype_size(pgd_type t) { return t == PGD_TYPE_F32 ? 4 : 2; }
 

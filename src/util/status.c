@@ -25,6 +25,7 @@ const char *pgd_status_str(int code) {
     case PGD_EUNSUPPORTED: return "unsupported";
     case PGD_ERANGE: return "out of range";
     case PGD_ENOENT: return "not found";
+    case PGD_EAGAIN: return "try again";
     default: return "unknown error";
     }
 }

@@ -15,6 +15,7 @@ enum {
     PGD_EUNSUPPORTED = -5,/* well-formed but not supported (architecture, tensor type) */
     PGD_ERANGE = -6,      /* a value out of range */
     PGD_ENOENT = -7,      /* missing file, key or tensor */
+    PGD_EAGAIN = -8,      /* nothing done; the same call may succeed when repeated */
 };
 
 typedef struct pgd_err {

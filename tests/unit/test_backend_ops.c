@@ -230,7 +230,7 @@ static void test_step_ops(pair *p) {
         buf2 K = mk(p, hk, n_slots * kv_dim * es), V = mk(p, hv, n_slots * kv_dim * es);
         float inv_freq[64];
         for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, 2.0f * i / hd);
-        pgd_step st = {N, tok, pos, seq, slot, tables, 3, rows};
+        pgd_step st = {N, tok, pos, seq, slot, tables, 3, rows, 0, bs, NULL};
         for (int mode = 0; mode < 2; mode++) {
             pgd_rope_params rp = {mode, hd, inv_freq};
             p->ref.ops->begin(&p->ref, &st, &rp);
@@ -265,8 +265,30 @@ static void test_step_ops(pair *p) {
             snprintf(what, sizeof what, "attention %d/%d heads hd %d %s", nh, nkv, hd,
                      pgd_type_name(g[gi].kdt));
             expect(p, what, &o, (size_t)N * q_dim, 1e-8);
-            buf2 *bs2[] = {&E, &x, &xr, &q, &k, &v, &o};
-            for (int i = 0; i < 7; i++) rm(p, bs2[i]);
+            /* The fused RoPE + K/V store on the device under test, from the unroped rows into a
+             * copy of the pool as it was: the same roped Q, stored K/V and attention output as
+             * the reference's three ops. (The step's slots are the ones stored above.) */
+            size_t pool_bytes = n_slots * kv_dim * es;
+            buf2 q2 = mk(p, qh, (size_t)N * q_dim * 4), k2 = mk(p, kh, (size_t)N * kv_dim * 4),
+                 v2 = mk(p, vh, (size_t)N * kv_dim * 4), o2 = mk(p, NULL, (size_t)N * q_dim * 4),
+                 K2 = mk(p, hk, pool_bytes), V2 = mk(p, hv, pool_bytes);
+            pgd_kv_layer ld2 = {g[gi].kdt, K2.d, V2.d, bs, kv_dim};
+            p->dut.ops->rope_kv_store(&p->dut, q2.d, k2.d, v2.d, nh, nkv, &ld2, &st, &rp);
+            p->dut.ops->attention(&p->dut, q2.d, &ld2, o2.d, nh, nkv, hd, &st);
+            memcpy(q2.r, q.r, (size_t)N * q_dim * 4);
+            memcpy(o2.r, o.r, (size_t)N * q_dim * 4);
+            memcpy(K2.r, K.r, pool_bytes);
+            memcpy(V2.r, V.r, pool_bytes);
+            expect(p, "rope_kv_store: roped q", &q2, (size_t)N * q_dim, 1e-9);
+            if (g[gi].kdt == PGD_TYPE_F32) {
+                expect(p, "rope_kv_store: K pool", &K2, n_slots * kv_dim, 1e-9);
+                expect(p, "rope_kv_store: V pool", &V2, n_slots * kv_dim, 0.0);
+            }
+            snprintf(what, sizeof what, "attention after rope_kv_store, %s",
+                     pgd_type_name(g[gi].kdt));
+            expect(p, what, &o2, (size_t)N * q_dim, 1e-8);
+            buf2 *bs2[] = {&E, &x, &xr, &q, &k, &v, &o, &q2, &k2, &v2, &o2, &K2, &V2};
+            for (int i = 0; i < 13; i++) rm(p, bs2[i]);
             free(eh);
             free(qh);
             free(kh);

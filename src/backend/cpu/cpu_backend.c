@@ -407,6 +407,16 @@ static void cpu_kv_store(pgd_backend *be, const pgd_kv_layer *kv, const float *k
     par_for(be, kv_store_rows, &c, s->n_tokens, 2L * kv->kv_dim, 1);
 }
 
+/* The composition of the three ops: on the CPU each is one parallel pass already, and K is
+ * roped in place, so results are those of rope + rope + kv_store. */
+static void cpu_rope_kv_store(pgd_backend *be, float *q, float *k, const float *v, int n_head,
+                              int n_kv_head, const pgd_kv_layer *kv, const pgd_step *s,
+                              const pgd_rope_params *rp) {
+    cpu_rope(be, q, s->n_tokens, n_head, rp);
+    cpu_rope(be, k, s->n_tokens, n_kv_head, rp);
+    cpu_kv_store(be, kv, k, v, s);
+}
+
 /* ---- Attention ----------------------------------------------------------------------------- */
 
 typedef struct attn_ctx {
@@ -699,6 +709,7 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
+    .rope_kv_store = cpu_rope_kv_store,
     .attention = cpu_attention,
     .silu_gate = cpu_silu_gate,
     .add = cpu_add,
@@ -709,4 +720,8 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
 #ifndef PGD_HAVE_CUDA
 int pgd_cuda_device_count(void) { return 0; }
 const pgd_backend_ops *pgd_cuda_backend_ops(void) { return NULL; }
+void *pgd_cuda_stream(const pgd_backend *be) {
+    (void)be;
+    return NULL;
+}
 #endif

@@ -2,7 +2,18 @@
  * cuBLAS/cuBLASLt handle per instance. Small batches (<= 8 rows) multiply through the fused
  * dequantize-GEMV kernel (each weight byte read once); larger ones through cuBLASLt in BF16
  * (weights dequantized to a BF16 scratch when they are not BF16) with F32 accumulation and
- * output. Built only with -DPAGODA_CUDA=ON; compiled in CI, never run there (no GPU). */
+ * output. Built only with -DPAGODA_CUDA=ON; compiled in CI, never run there (no GPU).
+ *
+ * CUDA graphs: a step offered padded (pgd_step.pad_tokens: decode and speculative verification,
+ * every token with logits) runs as pad_tokens rows, keyed by (padded rows, block-table stride
+ * rounded up to a power of two, KV storage). The first step of a key runs eagerly (it grows
+ * every lazily sized buffer), the second is captured and launched, later ones only stage their
+ * metadata (begin: tokens, positions, slots, block tables into fixed device buffers) and replay
+ * the graph at sync; every op in between returns at once. Attention in a graph step uses the
+ * key's table stride and split count (splits past a token's position are empty and cost a
+ * block exit). A buffer that moves (metadata staging grown, the BF16 weight scratch grown)
+ * drops every graph. PAGODA_CUDA_GRAPHS=0 turns them off. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +32,19 @@ _Static_assert(PGD_TYPE_F32 == 0 && PGD_TYPE_F16 == 1 && PGD_TYPE_Q4_0 == 2 &&
 #define ATTN_PART_MIN (1 << 16) /* (token, head, split) partials kept for flash-decoding, at
                                   * least; more when one step has more (token, head) pairs */
 
+#define GRAPH_MAX 128       /* captured shapes per instance, at most */
+#define GRAPH_MIN_STRIDE 16 /* block-table entries per sequence in a graph step, at least */
+
+typedef struct graph_entry {
+    int32_t pad, stride;     /* the key: rows run, table stride */
+    const void *kv_key;
+    bool warm;               /* ran once eagerly at this shape */
+    bool failed;             /* capture failed: this shape always runs eagerly */
+    cudaGraphExec_t exec;    /* NULL until captured */
+} graph_entry;
+
+enum { MODE_EAGER, MODE_PADDED, MODE_CAPTURE, MODE_REPLAY };
+
 typedef struct cuda_state {
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -35,6 +59,7 @@ typedef struct cuda_state {
     int32_t *d_tokens, *d_pos, *d_seq, *d_rows, *d_tables;
     int max_pos;
     uint64_t step, tables_step;  /* tables are staged once per step */
+    int tables_stride;           /* entries per sequence of the staged tables */
     float *d_inv_freq;           /* (head_dim / 2) */
     float *part;                 /* attention split partials: (part_cap, head_dim + 2) */
     size_t part_cap;             /* max(ATTN_PART_MIN, max_tokens * n_head) */
@@ -42,7 +67,38 @@ typedef struct cuda_state {
     size_t x_bf16_elems;
     uint16_t *w_bf16;            /* dequantized weight for the GEMM (grows to the largest) */
     size_t w_bf16_elems;
+    /* CUDA graphs (see the top of this file) */
+    bool graphs_on;
+    int mode;                    /* MODE_*: how this step's ops run */
+    int failed_before;           /* pgd__cuda_failed when the capture began */
+    int32_t n_real, n_pad;       /* the step's token rows as called and as run */
+    int32_t g_stride, g_splits, g_split_len; /* attention geometry of a graph step */
+    graph_entry *cur;
+    graph_entry graphs[GRAPH_MAX];
+    int n_graphs;
 } cuda_state;
+
+/* Every op starts with this: a replayed step's work is all in its graph. */
+#define SKIP_IN_REPLAY(st)                                                                      \
+    do {                                                                                        \
+        if ((st)->mode == MODE_REPLAY) return;                                                  \
+    } while (0)
+
+/* Rows an op runs on: the padded count for the step's own row count in a graph step. */
+static int rows_of(const cuda_state *st, int n) {
+    return st->mode != MODE_EAGER && n == st->n_real ? st->n_pad : n;
+}
+/* Elements of a (rows, width) buffer an elementwise op runs on. */
+static size_t elems_of(const cuda_state *st, size_t n) {
+    return st->mode != MODE_EAGER ? n / (size_t)st->n_real * (size_t)st->n_pad : n;
+}
+
+static void drop_graphs(cuda_state *st) {
+    for (int i = 0; i < st->n_graphs; i++)
+        if (st->graphs[i].exec) CUDA_CHECK(cudaGraphExecDestroy(st->graphs[i].exec));
+    st->n_graphs = 0;
+    st->cur = NULL;
+}
 
 static bool cuda_supports(pgd_op op, pgd_type t) {
     if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED)
@@ -98,7 +154,39 @@ static int cuda_download(pgd_backend *be, void *dst, const void *src, size_t byt
     return PGD_OK;
 }
 
+/* Ends a graph step: captures and launches, or replays; a capture that failed has done none of
+ * the step's work, so the step is to be run again (eagerly: the shape is marked). */
+static int end_graph(cuda_state *st) {
+    int mode = st->mode;
+    graph_entry *g = st->cur;
+    st->mode = MODE_EAGER;
+    st->cur = NULL;
+    if (mode == MODE_CAPTURE) {
+        cudaGraph_t graph = NULL;
+        cudaError_t e = cudaStreamEndCapture(st->stream, &graph);
+        if (e == cudaSuccess && !pgd__cuda_failed) e = cudaGraphInstantiate(&g->exec, graph, 0);
+        if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+        if (e != cudaSuccess || pgd__cuda_failed) {
+            fprintf(stderr, "pagoda: CUDA graph capture of %d rows failed (%s); that shape runs "
+                    "without a graph\n", g->pad, cudaGetErrorString(e));
+            (void)cudaGetLastError();
+            pgd__cuda_failed = st->failed_before;
+            g->exec = NULL;
+            g->failed = true;
+            return PGD_EAGAIN;
+        }
+    }
+    if (mode == MODE_CAPTURE || mode == MODE_REPLAY)
+        CUDA_CHECK_OR(cudaGraphLaunch(g->exec, st->stream), return PGD_EIO);
+    return PGD_OK;
+}
+
 static int cuda_sync(pgd_backend *be) {
+    cuda_state *st = be->impl;
+    if (st && st->mode != MODE_EAGER) {
+        int rc = end_graph(st);
+        if (rc) return rc;
+    }
     CUDA_CHECK_OR(cudaStreamSynchronize(stream_of(be)), return PGD_EIO);
     if (pgd__cuda_failed) return PGD_EIO;
     return PGD_OK;
@@ -109,6 +197,7 @@ static void cuda_free(pgd_backend *be) {
     if (!st) return;
     cudaSetDevice(be->device);
     if (st->stream) CUDA_CHECK(cudaStreamSynchronize(st->stream));
+    drop_graphs(st);
     void *dev[] = {st->lt_ws, st->d_meta, st->d_slot, st->d_inv_freq, st->part, st->x_bf16,
                    st->w_bf16};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -124,6 +213,7 @@ static void cuda_free(pgd_backend *be) {
 
 static int grow_meta(cuda_state *st, size_t need) {
     if (need <= st->meta_cap) return PGD_OK;
+    drop_graphs(st); /* they read the old buffers */
     size_t cap = need * 2;
     if (st->h_meta) CUDA_CHECK_OR(cudaFreeHost(st->h_meta), return PGD_EIO);
     if (st->d_meta) CUDA_CHECK_OR(cudaFree(st->d_meta), return PGD_EIO);
@@ -152,6 +242,11 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     CUBLAS_CHECK_OR(cublasSetStream(st->blas, st->stream), goto fail);
     CUBLAS_CHECK_OR(cublasLtCreate(&st->lt), goto fail);
     CUDA_CHECK_OR(cudaMalloc(&st->lt_ws, st->lt_ws_bytes), goto fail);
+    /* cuBLAS and cuBLASLt share the workspace (one stream orders them); a set workspace also
+     * keeps cuBLAS from allocating while a graph is captured. */
+    CUBLAS_CHECK_OR(cublasSetWorkspace(st->blas, st->lt_ws, st->lt_ws_bytes), goto fail);
+    const char *g = getenv("PAGODA_CUDA_GRAPHS");
+    st->graphs_on = !(g && g[0] == '0');
     CUDA_CHECK_OR(cudaMalloc((void **)&st->d_slot, (size_t)max_tokens * sizeof(int64_t)), goto fail);
     CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_slot, (size_t)max_tokens * sizeof(int64_t)),
                   goto fail);
@@ -173,44 +268,23 @@ fail:
                        be->device);
 }
 
-static int cuda_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params *rp) {
-    cuda_state *st = be->impl;
-    int n = s->n_tokens, max_pos = 0;
-    for (int t = 0; t < n; t++)
-        if (s->pos[t] > max_pos) max_pos = s->pos[t];
-    st->max_pos = max_pos;
-    st->step++;
-    int32_t *h = st->h_meta, M = st->max_tokens;
-    memcpy(h, s->tokens, (size_t)n * 4);
-    memcpy(h + M, s->pos, (size_t)n * 4);
-    memcpy(h + 2 * M, s->seq, (size_t)n * 4);
-    if (s->n_logits) memcpy(h + 3 * M, s->logit_rows, (size_t)s->n_logits * 4);
-    memcpy(st->h_slot, s->slot, (size_t)n * 8);
-    cudaStream_t sm = st->stream;
-    /* The pinned staging buffers are rewritten next step only after this step's sync. */
-    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_meta, h, (size_t)4 * M * 4, cudaMemcpyHostToDevice, sm),
-                  return PGD_EIO);
-    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_slot, st->h_slot, (size_t)n * 8, cudaMemcpyHostToDevice, sm),
-                  return PGD_EIO);
-    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_inv_freq, rp->inv_freq, (size_t)(rp->head_dim / 2) * 4,
-                                  cudaMemcpyHostToDevice, sm),
-                  return PGD_EIO);
+static void set_meta_views(cuda_state *st) {
+    int32_t M = st->max_tokens;
     st->d_tokens = st->d_meta;
     st->d_pos = st->d_meta + M;
     st->d_seq = st->d_meta + 2 * M;
     st->d_rows = st->d_meta + 3 * M;
-    return PGD_OK;
+    st->d_tables = st->d_meta + 4 * M;
 }
 
-/* Uploads the block tables (entries covering positions 0..max pos of each sequence, one shared
- * stride) once per step, at the first layer's attention, when the block size is known. */
-static int fill_tables(pgd_backend *be, const pgd_step *s, int bs, int *stride_out) {
+/* Uploads the block tables (entries covering positions 0..max pos of each sequence, `stride`
+ * entries per sequence, zero beyond) once per step. Called by begin in a graph step (the key's
+ * stride) and by the first layer's attention otherwise. */
+static int fill_tables(pgd_backend *be, const pgd_step *s, int bs, int stride) {
     cuda_state *st = be->impl;
     int n_seqs = 0;
     for (int t = 0; t < s->n_tokens; t++)
         if (s->seq[t] + 1 > n_seqs) n_seqs = s->seq[t] + 1;
-    int stride = st->max_pos / bs + 1;
-    *stride_out = stride;
     if (st->tables_step == st->step) return PGD_OK;
     size_t M = (size_t)st->max_tokens;
     if (4 * M + (size_t)n_seqs * stride > st->meta_cap) {
@@ -226,10 +300,7 @@ static int fill_tables(pgd_backend *be, const pgd_step *s, int bs, int *stride_o
         CUDA_CHECK_OR(cudaMemcpy(st->d_meta, keep, 4 * M * 4, cudaMemcpyDeviceToDevice),
                       return PGD_EIO);
         CUDA_CHECK_OR(cudaFree(keep), return PGD_EIO);
-        st->d_tokens = st->d_meta;
-        st->d_pos = st->d_meta + M;
-        st->d_seq = st->d_meta + 2 * M;
-        st->d_rows = st->d_meta + 3 * M;
+        set_meta_views(st);
     }
     int32_t *tab = st->h_meta + 4 * M;
     for (int i = 0; i < n_seqs; i++) {
@@ -240,31 +311,123 @@ static int fill_tables(pgd_backend *be, const pgd_step *s, int bs, int *stride_o
         memset(tab + (size_t)i * stride, 0, (size_t)stride * 4);
         if (nb) memcpy(tab + (size_t)i * stride, s->block_tables[i], (size_t)nb * 4);
     }
-    st->d_tables = st->d_meta + 4 * M;
     CUDA_CHECK_OR(cudaMemcpyAsync(st->d_tables, tab, (size_t)n_seqs * stride * 4,
                                   cudaMemcpyHostToDevice, st->stream),
                   return PGD_EIO);
     st->tables_step = st->step;
+    st->tables_stride = stride;
     return PGD_OK;
+}
+
+/* The graph of (pad, stride, kv_key), added (not warm) when new; NULL when the table is full. */
+static graph_entry *graph_for(cuda_state *st, int32_t pad, int32_t stride, const void *kv_key) {
+    for (int i = 0; i < st->n_graphs; i++) {
+        graph_entry *g = &st->graphs[i];
+        if (g->pad == pad && g->stride == stride && g->kv_key == kv_key) return g;
+    }
+    if (st->n_graphs == GRAPH_MAX) return NULL;
+    graph_entry *g = &st->graphs[st->n_graphs++];
+    *g = (graph_entry){.pad = pad, .stride = stride, .kv_key = kv_key};
+    return g;
+}
+
+/* Chooses how a graph step runs (st->mode) and stages its tables; PGD_OK leaves st->mode
+ * MODE_EAGER when the step runs as it is. */
+static int begin_graph(pgd_backend *be, const pgd_step *s) {
+    cuda_state *st = be->impl;
+    int32_t P = s->pad_tokens, bs = s->block_size;
+    int32_t stride = GRAPH_MIN_STRIDE;
+    while (stride < st->max_pos / bs + 1) stride *= 2;
+    int rc = fill_tables(be, s, bs, stride); /* may drop every graph (staging grown) */
+    if (rc) return rc;
+    graph_entry *g = graph_for(st, P, stride, s->kv_key);
+    if (!g || g->failed) return PGD_OK; /* eagerly, with the tables as staged */
+    int ctx = stride * bs;
+    long cap = (long)(st->part_cap / ((size_t)P * (size_t)st->n_head));
+    int n_splits = (ctx + ATTN_SPLIT_LEN - 1) / ATTN_SPLIT_LEN;
+    if (cap < 1) cap = 1;
+    if (n_splits > cap) n_splits = (int)cap;
+    st->g_stride = stride;
+    st->g_splits = n_splits;
+    st->g_split_len = (ctx + n_splits - 1) / n_splits;
+    st->n_pad = P;
+    st->cur = g;
+    if (g->exec) {
+        st->mode = MODE_REPLAY;
+    } else if (g->warm) {
+        st->failed_before = pgd__cuda_failed;
+        CUDA_CHECK_OR(cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal),
+                      return PGD_EIO);
+        st->mode = MODE_CAPTURE;
+    } else {
+        g->warm = true;
+        st->mode = MODE_PADDED;
+    }
+    return PGD_OK;
+}
+
+static int cuda_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params *rp) {
+    cuda_state *st = be->impl;
+    /* A rank's thread may not have this device current (tensor parallel: one thread per GPU). */
+    CUDA_CHECK_OR(cudaSetDevice(be->device), return PGD_EIO);
+    int n = s->n_tokens, max_pos = 0;
+    for (int t = 0; t < n; t++)
+        if (s->pos[t] > max_pos) max_pos = s->pos[t];
+    st->max_pos = max_pos;
+    st->step++;
+    st->mode = MODE_EAGER;
+    st->cur = NULL;
+    st->n_real = st->n_pad = n;
+    /* A graph step: padded rows are token 0 at position 0 of sequence 0, slot -1 (not stored),
+     * logits of row 0; sequence 0 always exists and its position 0 is always in its table. */
+    bool graph = st->graphs_on && s->pad_tokens >= n && s->pad_tokens <= st->max_tokens &&
+                 s->n_logits == n && s->block_size > 0;
+    int32_t P = graph ? s->pad_tokens : n;
+    int32_t *h = st->h_meta, M = st->max_tokens;
+    memcpy(h, s->tokens, (size_t)n * 4);
+    memcpy(h + M, s->pos, (size_t)n * 4);
+    memcpy(h + 2 * M, s->seq, (size_t)n * 4);
+    if (s->n_logits) memcpy(h + 3 * M, s->logit_rows, (size_t)s->n_logits * 4);
+    memcpy(st->h_slot, s->slot, (size_t)n * 8);
+    for (int32_t t = n; t < P; t++) {
+        h[t] = h[M + t] = h[2 * M + t] = h[3 * M + t] = 0;
+        st->h_slot[t] = -1;
+    }
+    cudaStream_t sm = st->stream;
+    /* The pinned staging buffers are rewritten next step only after this step's sync. */
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_meta, h, (size_t)4 * M * 4, cudaMemcpyHostToDevice, sm),
+                  return PGD_EIO);
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_slot, st->h_slot, (size_t)P * 8, cudaMemcpyHostToDevice, sm),
+                  return PGD_EIO);
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_inv_freq, rp->inv_freq, (size_t)(rp->head_dim / 2) * 4,
+                                  cudaMemcpyHostToDevice, sm),
+                  return PGD_EIO);
+    set_meta_views(st);
+    return graph ? begin_graph(be, s) : PGD_OK;
 }
 
 static void cuda_embed(pgd_backend *be, const pgd_weight *w, int32_t vocab_lo, const pgd_step *s,
                        float *x) {
     cuda_state *st = be->impl;
+    SKIP_IN_REPLAY(st);
     CUDA_CHECK((cudaError_t)pgd_k_embed(st->stream, w->type, w->data, w->row_bytes, w->n_out,
-                                        vocab_lo, st->d_tokens, s->n_tokens, (int)w->n_in, x));
+                                        vocab_lo, st->d_tokens, rows_of(st, s->n_tokens),
+                                        (int)w->n_in, x));
 }
 
 static void cuda_rms_norm(pgd_backend *be, const float *x, const float *w, float *out, int n_rows,
                           int dim, float eps) {
     cuda_state *st = be->impl;
-    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, (float *)x, NULL, w, out, n_rows, dim, eps));
+    SKIP_IN_REPLAY(st);
+    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, (float *)x, NULL, w, out,
+                                           rows_of(st, n_rows), dim, eps));
 }
 
 static void cuda_add_rms_norm(pgd_backend *be, float *x, const float *d, const float *w,
                               float *out, int n_rows, int dim, float eps) {
     cuda_state *st = be->impl;
-    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, x, d, w, out, n_rows, dim, eps));
+    SKIP_IN_REPLAY(st);
+    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, x, d, w, out, rows_of(st, n_rows), dim, eps));
 }
 
 /* y (n, n_out) row-major = x (n, n_in) . W^T: column-major C (n_out x n) = W^T-view (n_out x
@@ -316,6 +479,8 @@ done:
 
 static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n) {
     cuda_state *st = be->impl;
+    SKIP_IN_REPLAY(st);
+    n = rows_of(st, n);
     if (n <= GEMV_MAX_ROWS) {
         CUDA_CHECK((cudaError_t)pgd_k_gemv(st->stream, w->type, w->data, w->row_bytes, w->n_in,
                                            w->n_out, x, y, n));
@@ -339,8 +504,10 @@ static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, fl
     if (w->type != PGD_TYPE_BF16) {
         size_t wn = (size_t)w->n_in * (size_t)w->n_out;
         if (wn > st->w_bf16_elems) {
-            /* Grows once, at the first large step, to the largest weight. */
+            /* Grows once, at the first large step, to the largest weight (never while a graph
+             * is captured: each shape runs eagerly first). */
             CUDA_CHECK(cudaStreamSynchronize(st->stream));
+            drop_graphs(st);
             if (st->w_bf16) CUDA_CHECK(cudaFree(st->w_bf16));
             st->w_bf16 = NULL;
             st->w_bf16_elems = 0;
@@ -356,40 +523,60 @@ static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, fl
 
 static void cuda_add_bias(pgd_backend *be, float *y, const float *b, int n_rows, int dim) {
     cuda_state *st = be->impl;
-    if (b) CUDA_CHECK((cudaError_t)pgd_k_add_bias(st->stream, y, b, n_rows, dim));
+    SKIP_IN_REPLAY(st);
+    if (b) CUDA_CHECK((cudaError_t)pgd_k_add_bias(st->stream, y, b, rows_of(st, n_rows), dim));
 }
 
 static void cuda_rope(pgd_backend *be, float *x, int n_rows, int n_heads,
                       const pgd_rope_params *rp) {
     cuda_state *st = be->impl;
-    CUDA_CHECK((cudaError_t)pgd_k_rope(st->stream, x, n_rows, n_heads, rp->head_dim, rp->mode == 1,
-                                       st->d_pos, st->d_inv_freq));
+    SKIP_IN_REPLAY(st);
+    CUDA_CHECK((cudaError_t)pgd_k_rope(st->stream, x, rows_of(st, n_rows), n_heads, rp->head_dim,
+                                       rp->mode == 1, st->d_pos, st->d_inv_freq));
 }
 
 static void cuda_kv_store(pgd_backend *be, const pgd_kv_layer *kv, const float *k, const float *v,
                           const pgd_step *s) {
     cuda_state *st = be->impl;
+    SKIP_IN_REPLAY(st);
     CUDA_CHECK((cudaError_t)pgd_k_kv_store(st->stream, kv->dtype, kv->k, kv->v, kv->kv_dim, k, v,
-                                           st->d_slot, s->n_tokens));
+                                           st->d_slot, rows_of(st, s->n_tokens)));
+}
+
+static void cuda_rope_kv_store(pgd_backend *be, float *q, float *k, const float *v, int n_head,
+                               int n_kv_head, const pgd_kv_layer *kv, const pgd_step *s,
+                               const pgd_rope_params *rp) {
+    cuda_state *st = be->impl;
+    SKIP_IN_REPLAY(st);
+    CUDA_CHECK((cudaError_t)pgd_k_rope_kv_store(st->stream, q, k, v, rows_of(st, s->n_tokens),
+                                                n_head, n_kv_head, rp->head_dim, rp->mode == 1,
+                                                st->d_pos, st->d_inv_freq, kv->dtype, kv->k,
+                                                kv->v, st->d_slot));
 }
 
 static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
                            int n_head, int n_kv_head, int head_dim, const pgd_step *s) {
     cuda_state *st = be->impl;
-    int stride;
-    if (fill_tables(be, s, kv->block_size, &stride)) {
+    SKIP_IN_REPLAY(st);
+    if (fill_tables(be, s, kv->block_size, st->max_pos / kv->block_size + 1)) {
         pgd__cuda_failed = 1;
         return;
     }
-    int n_splits = (st->max_pos + ATTN_SPLIT_LEN) / ATTN_SPLIT_LEN;
-    long cap = (long)(st->part_cap / ((size_t)s->n_tokens * (size_t)n_head));
-    if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
-    if (n_splits > cap) n_splits = cap;
-    int split_len = (st->max_pos + n_splits) / n_splits;
+    int n_tok = rows_of(st, s->n_tokens), n_splits, split_len;
+    if (st->mode != MODE_EAGER) { /* the graph key's geometry, whatever this step's positions */
+        n_splits = st->g_splits;
+        split_len = st->g_split_len;
+    } else {
+        n_splits = (st->max_pos + ATTN_SPLIT_LEN) / ATTN_SPLIT_LEN;
+        long cap = (long)(st->part_cap / ((size_t)n_tok * (size_t)n_head));
+        if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
+        if (n_splits > cap) n_splits = (int)cap;
+        split_len = (st->max_pos + n_splits) / n_splits;
+    }
     pgd_k_attn a = {
         .q = q, .out = out, .k = kv->k, .v = kv->v, .kv_dtype = kv->dtype, .kv_dim = kv->kv_dim,
         .block_size = kv->block_size, .pos = st->d_pos, .seq = st->d_seq, .tables = st->d_tables,
-        .table_stride = stride, .n_tokens = s->n_tokens, .n_head = n_head,
+        .table_stride = st->tables_stride, .n_tokens = n_tok, .n_head = n_head,
         .n_kv_head = n_kv_head, .hd = head_dim, .n_splits = n_splits, .split_len = split_len,
         .part = st->part,
     };
@@ -398,20 +585,23 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
 
 static void cuda_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
     cuda_state *st = be->impl;
-    CUDA_CHECK((cudaError_t)pgd_k_silu_gate(st->stream, g, u, n));
+    SKIP_IN_REPLAY(st);
+    CUDA_CHECK((cudaError_t)pgd_k_silu_gate(st->stream, g, u, elems_of(st, n)));
 }
 
 static void cuda_add(pgd_backend *be, float *x, const float *y, size_t n) {
     cuda_state *st = be->impl;
-    CUDA_CHECK((cudaError_t)pgd_k_add(st->stream, x, y, n));
+    SKIP_IN_REPLAY(st);
+    CUDA_CHECK((cudaError_t)pgd_k_add(st->stream, x, y, elems_of(st, n)));
 }
 
 static void cuda_gather_rows(pgd_backend *be, const float *src, float *dst, int dim,
                              const pgd_step *s) {
     cuda_state *st = be->impl;
+    SKIP_IN_REPLAY(st);
     if (s->n_logits)
         CUDA_CHECK((cudaError_t)pgd_k_gather_rows(st->stream, src, dst, dim, st->d_rows,
-                                                  s->n_logits));
+                                                  rows_of(st, s->n_logits)));
 }
 
 static void cuda_copy_block(pgd_backend *be, const pgd_kv_layer *kv, int32_t src, int32_t dst,
@@ -446,6 +636,7 @@ static const pgd_backend_ops cuda_ops = {
     .add_bias = cuda_add_bias,
     .rope = cuda_rope,
     .kv_store = cuda_kv_store,
+    .rope_kv_store = cuda_rope_kv_store,
     .attention = cuda_attention,
     .silu_gate = cuda_silu_gate,
     .add = cuda_add,
@@ -455,6 +646,11 @@ static const pgd_backend_ops cuda_ops = {
 };
 
 const pgd_backend_ops *pgd_cuda_backend_ops(void) { return &cuda_ops; }
+
+void *pgd_cuda_stream(const pgd_backend *be) {
+    const cuda_state *st = be->impl;
+    return st ? (void *)st->stream : NULL;
+}
 
 /* Bandwidth probe for bench/gpu: copies bytes device-to-device `iters` times with the copy
  * kernel and returns GB/s (read + write), or a negative value on failure. */
