@@ -23,7 +23,11 @@ typedef struct pgd_k_attn {
     int table_stride;
     int n_tokens, n_head, n_kv_head, hd;
     int n_splits, split_len;   /* flash-decoding: positions per split */
-    float *part;               /* (n_tokens, n_head, n_splits, hd + 2) scratch */
+    float *part;               /* (n_list, n_head, n_splits, hd + 2) scratch */
+    /* pgd_k_attention: the tokens it computes, tok_list[0 .. n_list) (device), or all n_tokens
+     * when tok_list is NULL (then n_list is ignored) */
+    const int32_t *tok_list;
+    int n_list;
 } pgd_k_attn;
 
 int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_rows_w,

@@ -259,7 +259,8 @@ __global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, in
 #define ATT_MAXD 8 /* head_dim <= 256 */
 __global__ void k_attention(pgd_k_attn a) {
     int w = blockIdx.x, split = blockIdx.y;
-    int t = w / a.n_kv_head, kvh = w % a.n_kv_head;
+    int idx = w / a.n_kv_head, kvh = w % a.n_kv_head;
+    int t = a.tok_list ? a.tok_list[idx] : idx;
     int G = a.n_head / a.n_kv_head, hd = a.hd, nd = (hd + 31) / 32;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int p = a.pos[t];
@@ -322,8 +323,8 @@ __global__ void k_attention(pgd_k_attn a) {
             L += o[hd + 1] * f;
             A += o[i] * f;
         }
-        float *dst = a.part + (((size_t)t * a.n_head + (size_t)kvh * G + g) * a.n_splits + split) *
-                                  stride;
+        float *dst = a.part +
+                     (((size_t)idx * a.n_head + (size_t)kvh * G + g) * a.n_splits + split) * stride;
         dst[i] = A;
         if (i == 0) {
             dst[hd] = M;
@@ -333,8 +334,10 @@ __global__ void k_attention(pgd_k_attn a) {
 }
 
 __global__ void k_attn_combine(pgd_k_attn a) {
-    int th = blockIdx.x; // token * n_head + head
+    int th = blockIdx.x; // list index * n_head + head
     int hd = a.hd, stride = hd + 2;
+    int idx = th / a.n_head, h = th % a.n_head;
+    int t = a.tok_list ? a.tok_list[idx] : idx;
     const float *pp = a.part + (size_t)th * a.n_splits * stride;
     float M = -INFINITY;
     for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, pp[(size_t)s * stride + hd]);
@@ -346,7 +349,7 @@ __global__ void k_attn_combine(pgd_k_attn a) {
             L += o[hd + 1] * f;
             A += o[i] * f;
         }
-        a.out[(size_t)th * hd + i] = A / L;
+        a.out[((size_t)t * a.n_head + h) * hd + i] = A / L;
     }
 }
 
@@ -446,10 +449,12 @@ int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *
 int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
     int G = a->n_head / a->n_kv_head;
     if (G > ATT_MAXG || a->hd > 32 * ATT_MAXD) return (int)cudaErrorInvalidValue;
-    dim3 grid((unsigned)(a->n_tokens * a->n_kv_head), (unsigned)a->n_splits);
+    int n = a->tok_list ? a->n_list : a->n_tokens;
+    if (n == 0) return (int)cudaSuccess;
+    dim3 grid((unsigned)(n * a->n_kv_head), (unsigned)a->n_splits);
     size_t shm = (size_t)ATT_WARPS * G * (a->hd + 2) * sizeof(float);
     k_attention<<<grid, 32 * ATT_WARPS, shm, s>>>(*a);
-    k_attn_combine<<<a->n_tokens * a->n_head, 128, 0, s>>>(*a);
+    k_attn_combine<<<n * a->n_head, 128, 0, s>>>(*a);
     return LAUNCHED();
 }
 

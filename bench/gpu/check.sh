@@ -33,11 +33,19 @@ for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-rando
     a=$(timeout 60 $B greedy "$m" cpu 32 2>>"$res" | sed 's/"device":"cpu",//' || true)
     b=$(timeout 60 $B greedy "$m" cuda 32 2>>"$res" | sed 's/"device":"cuda",//' || true)
     if [ -n "$a" ] && [ "$a" = "$b" ]; then log "greedy $m: CUDA == CPU ($a)"; else log "greedy $m: DIFFER cpu=$a cuda=$b"; fi
+    # a 100-token prompt (tensor-core prefill attention) and decode with and without CUDA graphs
+    a=$(timeout 60 $B greedy "$m" cpu 24 100 2>>"$res" | sed 's/"device":"cpu",//' || true)
+    for env in "" PAGODA_CUDA_GRAPHS=0 PAGODA_CUDA_TC_ATTN=0; do
+        b=$(timeout 60 env $env $B greedy "$m" cuda 24 100 2>>"$res" | sed 's/"device":"cuda",//' || true)
+        if [ -n "$a" ] && [ "$a" = "$b" ]; then log "greedy $m, 100-token prompt ${env:-(graphs, TC attention)}: CUDA == CPU"; else log "greedy $m, 100-token prompt ${env:-(graphs, TC attention)}: DIFFER cpu=$a cuda=$b"; fi
+    done
 done
 cfg=configs/models/Llama-3-8B.json
 step "HBM bandwidth (copy kernel)" 60 $B bandwidth
 for bs in 1 8 64 256; do step "decode batch $bs ctx 512" 90 $B decode "$cfg" "$bs" 512 32; done
+for bs in 1 64; do step "decode batch $bs ctx 512, no CUDA graphs" 90 env PAGODA_CUDA_GRAPHS=0 $B decode "$cfg" "$bs" 512 32; done
 step "prefill 2048" 90 $B prefill "$cfg" 2048
+step "prefill 2048, CUDA-core attention" 90 env PAGODA_CUDA_TC_ATTN=0 $B prefill "$cfg" 2048
 # roofline: batch-1 decode step time vs weight bytes / measured bandwidth
 $py - "$res" <<'PY' >>"$res" 2>&1 || true
 import json, sys

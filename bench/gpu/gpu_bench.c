@@ -1,5 +1,7 @@
 /* bench/gpu helper (built by check.sh against build-cuda/libpagoda.a):
- *   gpu_bench greedy MODEL cpu|cuda N      -> prints N greedy token ids after a fixed prompt
+ *   gpu_bench greedy MODEL cpu|cuda N [L]  -> prints N greedy token ids after a fixed prompt
+ *                                             (L tokens: 9 by default; >= 16 takes the
+ *                                             tensor-core prefill attention on CUDA)
  *   gpu_bench decode CONFIG.json B CTX STEPS -> decode tok/s at batch B with CTX-token contexts
  *   gpu_bench prefill CONFIG.json T         -> prefill tok/s for one T-token prompt
  *   gpu_bench bandwidth                     -> HBM GB/s from the copy kernel
@@ -48,12 +50,14 @@ int main(int argc, char **argv) {
     if (pgd_model_load(argv[2], &mo, &m, &err)) return die(&err);
     int nv = m->cfg.n_vocab;
     if (greedy) {
-        int n = atoi(argv[4]);
+        int n = atoi(argv[4]), L = argc > 5 ? atoi(argv[5]) : 9;
+        if (L < 1 || L > 256) return 2;
         pgd_session s;
-        if (pgd_session_init(&s, m, pool, 16, &err)) return die(&err);
-        int32_t prompt[9] = {1, 450, 4996, 17354, 1701, 432, 17204, 975, 278};
-        for (int i = 0; i < 9; i++) prompt[i] %= nv;
-        int rc = pgd_session_forward(&s, prompt, 9, false);
+        if (pgd_session_init(&s, m, pool, 256, &err)) return die(&err);
+        int32_t prompt[256] = {1, 450, 4996, 17354, 1701, 432, 17204, 975, 278};
+        for (int i = 9; i < L; i++) prompt[i] = (int32_t)((i * 7919 + 13) % 30000);
+        for (int i = 0; i < L; i++) prompt[i] %= nv;
+        int rc = pgd_session_forward(&s, prompt, L, false);
         printf("{\"bench\":\"greedy\",\"device\":\"%s\",\"tokens\":[", argv[3]);
         for (int g = 0; g < n && !rc; g++) {
             int32_t best = 0;

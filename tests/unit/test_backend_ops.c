@@ -264,7 +264,10 @@ static void test_step_ops(pair *p) {
             char what[64];
             snprintf(what, sizeof what, "attention %d/%d heads hd %d %s", nh, nkv, hd,
                      pgd_type_name(g[gi].kdt));
-            expect(p, what, &o, (size_t)N * q_dim, 1e-8);
+            /* The 40- and 20-token runs take CUDA's tensor-core prefill kernel: Q, K, V and the
+             * softmax weights enter its products as F16 (BF16 for a BF16 cache). */
+            const double attn_thr = g[gi].kdt == PGD_TYPE_BF16 ? 1e-4 : 2e-5;
+            expect(p, what, &o, (size_t)N * q_dim, attn_thr);
             /* The fused RoPE + K/V store on the device under test, from the unroped rows into a
              * copy of the pool as it was: the same roped Q, stored K/V and attention output as
              * the reference's three ops. (The step's slots are the ones stored above.) */
@@ -286,7 +289,7 @@ static void test_step_ops(pair *p) {
             }
             snprintf(what, sizeof what, "attention after rope_kv_store, %s",
                      pgd_type_name(g[gi].kdt));
-            expect(p, what, &o2, (size_t)N * q_dim, 1e-8);
+            expect(p, what, &o2, (size_t)N * q_dim, attn_thr);
             buf2 *bs2[] = {&E, &x, &xr, &q, &k, &v, &o, &q2, &k2, &v2, &o2, &K2, &V2};
             for (int i = 0; i < 13; i++) rm(p, bs2[i]);
             free(eh);

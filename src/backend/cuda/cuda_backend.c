@@ -32,6 +32,7 @@ _Static_assert(PGD_TYPE_F32 == 0 && PGD_TYPE_F16 == 1 && PGD_TYPE_Q4_0 == 2 &&
 #define ATTN_PART_MIN (1 << 16) /* (token, head, split) partials kept for flash-decoding, at
                                   * least; more when one step has more (token, head) pairs */
 
+#define PREFILL_MIN_RUN 16  /* tokens of one sequence at consecutive positions: a prefill run */
 #define GRAPH_MAX 128       /* captured shapes per instance, at most */
 #define GRAPH_MIN_STRIDE 16 /* block-table entries per sequence in a graph step, at least */
 
@@ -55,6 +56,11 @@ typedef struct cuda_state {
     /* step metadata, staged by begin: pinned host copy -> device */
     int32_t *h_meta, *d_meta;    /* tokens, pos, seq, logit_rows (max_tokens each), tables */
     int64_t *h_slot, *d_slot;    /* (max_tokens) */
+    /* attention plan of an eager step: query tiles (2 ints each) for the tensor-core prefill
+     * kernel, then the list of the other tokens (flash-decoding kernel); 3 * max_tokens ints */
+    int32_t *h_att, *d_att;
+    int n_tiles, n_list;
+    bool tc_attn;                /* the prefill kernel may run (head_dim, PAGODA_CUDA_TC_ATTN) */
     size_t meta_cap;             /* int32 elements of h_meta / d_meta */
     int32_t *d_tokens, *d_pos, *d_seq, *d_rows, *d_tables;
     int max_pos;
@@ -164,15 +170,20 @@ static int end_graph(cuda_state *st) {
     if (mode == MODE_CAPTURE) {
         cudaGraph_t graph = NULL;
         cudaError_t e = cudaStreamEndCapture(st->stream, &graph);
-        if (e == cudaSuccess && !pgd__cuda_failed) e = cudaGraphInstantiate(&g->exec, graph, 0);
+        /* g is NULL when an op dropped every graph mid-capture (a buffer grew: it also
+         * synchronised, which broke the capture) */
+        if (e == cudaSuccess && !pgd__cuda_failed && g)
+            e = cudaGraphInstantiate(&g->exec, graph, 0);
         if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
-        if (e != cudaSuccess || pgd__cuda_failed) {
-            fprintf(stderr, "pagoda: CUDA graph capture of %d rows failed (%s); that shape runs "
-                    "without a graph\n", g->pad, cudaGetErrorString(e));
+        if (e != cudaSuccess || pgd__cuda_failed || !g) {
+            fprintf(stderr, "pagoda: CUDA graph capture failed (%s); the step runs again "
+                    "without a graph\n", cudaGetErrorString(e));
             (void)cudaGetLastError();
             pgd__cuda_failed = st->failed_before;
-            g->exec = NULL;
-            g->failed = true;
+            if (g) {
+                g->exec = NULL;
+                g->failed = true;
+            }
             return PGD_EAGAIN;
         }
     }
@@ -198,12 +209,13 @@ static void cuda_free(pgd_backend *be) {
     cudaSetDevice(be->device);
     if (st->stream) CUDA_CHECK(cudaStreamSynchronize(st->stream));
     drop_graphs(st);
-    void *dev[] = {st->lt_ws, st->d_meta, st->d_slot, st->d_inv_freq, st->part, st->x_bf16,
+    void *dev[] = {st->lt_ws, st->d_meta, st->d_att, st->d_slot, st->d_inv_freq, st->part, st->x_bf16,
                    st->w_bf16};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) CUDA_CHECK(cudaFree(dev[i]));
     if (st->h_meta) CUDA_CHECK(cudaFreeHost(st->h_meta));
     if (st->h_slot) CUDA_CHECK(cudaFreeHost(st->h_slot));
+    if (st->h_att) CUDA_CHECK(cudaFreeHost(st->h_att));
     if (st->lt) CUBLAS_CHECK(cublasLtDestroy(st->lt));
     if (st->blas) CUBLAS_CHECK(cublasDestroy(st->blas));
     if (st->stream) CUDA_CHECK(cudaStreamDestroy(st->stream));
@@ -250,6 +262,12 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     CUDA_CHECK_OR(cudaMalloc((void **)&st->d_slot, (size_t)max_tokens * sizeof(int64_t)), goto fail);
     CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_slot, (size_t)max_tokens * sizeof(int64_t)),
                   goto fail);
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->d_att, (size_t)max_tokens * 3 * sizeof(int32_t)),
+                  goto fail);
+    CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_att, (size_t)max_tokens * 3 * sizeof(int32_t)),
+                  goto fail);
+    const char *tc = getenv("PAGODA_CUDA_TC_ATTN");
+    st->tc_attn = head_dim % 16 == 0 && head_dim <= 256 && !(tc && tc[0] == '0');
     CUDA_CHECK_OR(cudaMalloc((void **)&st->d_inv_freq, (size_t)(head_dim / 2 + 1) * sizeof(float)),
                   goto fail);
     /* Every (token, head) pair of the largest step needs one partial (one split): a prefill
@@ -366,6 +384,40 @@ static int begin_graph(pgd_backend *be, const pgd_step *s) {
     return PGD_OK;
 }
 
+/* Splits an eager step's tokens between the attention kernels: runs of PREFILL_MIN_RUN or more
+ * tokens of one sequence at consecutive positions (prefill chunks) in query tiles of
+ * PGD_K_QTILE_MAX for the tensor-core kernel, every other token (decodes, short runs) listed
+ * for the flash-decoding kernel. */
+static int plan_attention(cuda_state *st, const pgd_step *s) {
+    int n = s->n_tokens, nt = 0, nl = 0, M = st->max_tokens;
+    int32_t *tiles = st->h_att, *list = st->h_att + 2 * M;
+    for (int t = 0; t < n;) {
+        int e = t + 1;
+        while (e < n && s->seq[e] == s->seq[t] && s->pos[e] == s->pos[e - 1] + 1) e++;
+        if (st->tc_attn && e - t >= PREFILL_MIN_RUN) {
+            for (int a = t; a < e; a += PGD_K_QTILE_MAX) {
+                tiles[2 * nt] = a;
+                tiles[2 * nt + 1] = e - a < PGD_K_QTILE_MAX ? e - a : PGD_K_QTILE_MAX;
+                nt++;
+            }
+        } else {
+            for (int a = t; a < e; a++) list[nl++] = a;
+        }
+        t = e;
+    }
+    st->n_tiles = nt;
+    st->n_list = nl;
+    if (nt == 0) return PGD_OK; /* every token in the flash-decoding kernel: no list needed */
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_att, tiles, (size_t)nt * 2 * 4, cudaMemcpyHostToDevice,
+                                  st->stream),
+                  return PGD_EIO);
+    if (nl)
+        CUDA_CHECK_OR(cudaMemcpyAsync(st->d_att + 2 * M, list, (size_t)nl * 4,
+                                      cudaMemcpyHostToDevice, st->stream),
+                      return PGD_EIO);
+    return PGD_OK;
+}
+
 static int cuda_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params *rp) {
     cuda_state *st = be->impl;
     /* A rank's thread may not have this device current (tensor parallel: one thread per GPU). */
@@ -403,7 +455,9 @@ static int cuda_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params 
                                   cudaMemcpyHostToDevice, sm),
                   return PGD_EIO);
     set_meta_views(st);
-    return graph ? begin_graph(be, s) : PGD_OK;
+    int rc = graph ? begin_graph(be, s) : PGD_OK;
+    if (rc || st->mode != MODE_EAGER) return rc;
+    return plan_attention(st, s);
 }
 
 static void cuda_embed(pgd_backend *be, const pgd_weight *w, int32_t vocab_lo, const pgd_step *s,
@@ -580,6 +634,13 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
         .n_kv_head = n_kv_head, .hd = head_dim, .n_splits = n_splits, .split_len = split_len,
         .part = st->part,
     };
+    if (st->mode == MODE_EAGER && st->n_tiles > 0) {
+        CUDA_CHECK((cudaError_t)pgd_k_attention_prefill(st->stream, &a,
+                                                        (const pgd_k_qtile *)st->d_att,
+                                                        st->n_tiles));
+        a.tok_list = st->d_att + 2 * st->max_tokens;
+        a.n_list = st->n_list;
+    }
     CUDA_CHECK((cudaError_t)pgd_k_attention(st->stream, &a));
 }
 
