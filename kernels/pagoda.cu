@@ -159,6 +159,61 @@ __global__ void k_gemv(int type, const uint8_t *w, size_t row_bytes, int64_t n_i
     }
 }
 
+// The same for 16-bit float weights with rows of a multiple of 8 elements: each lane reads 16
+// bytes (8 weights) at a time, a warp 512 contiguous bytes per load instruction, 4 loads in
+// flight per lane; decode is a stream of the weights, so the loads bypass L1.
+static __device__ __forceinline__ void unpack8(uint4 u, bool f16, float w[8]) {
+    uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (f16) {
+            __half2 h;
+            memcpy(&h, &v[i], 4);
+            float2 f = __half22float2(h);
+            w[2 * i] = f.x;
+            w[2 * i + 1] = f.y;
+        } else {
+            w[2 * i] = __uint_as_float(v[i] << 16);
+            w[2 * i + 1] = __uint_as_float(v[i] & 0xFFFF0000u);
+        }
+    }
+}
+
+__global__ void k_gemv16(bool f16, const uint4 *w, int64_t n_in, int64_t n_out, const float *x,
+                         float *y, int n) {
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= n_out) return;
+    int64_t n8 = n_in / 8;
+    const uint4 *wr = w + row * n8;
+    float acc[GEMV_MAX_N];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = 0.0f;
+#pragma unroll 4
+    for (int64_t c = lane; c < n8; c += 32) {
+        uint4 u;
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                     : "l"(wr + c));
+        float wf[8];
+        unpack8(u, f16, wf);
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_N; t++) {
+            if (t >= n) break;
+            const float4 *xv = (const float4 *)(x + (size_t)t * n_in + c * 8);
+            float4 a = xv[0], b = xv[1];
+            acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x +
+                      wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_N; t++) {
+        if (t >= n) break;
+        float s = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * n_out + row] = s;
+    }
+}
+
 __global__ void k_dequant_bf16(int type, const uint8_t *w, size_t row_bytes, int64_t n_in,
                                int64_t n_out, __nv_bfloat16 *dst) {
     int64_t nb = (n_in + 31) / 32;
@@ -400,6 +455,14 @@ int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t 
                int64_t n_out, const float *x, float *y, int n) {
     for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
         int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
+        if ((type == T_BF16 || type == T_F16) && n_in % 8 == 0 && row_bytes == (size_t)n_in * 2 &&
+            ((uintptr_t)w & 15) == 0) {
+            k_gemv16<<<blocks((size_t)n_out, 4), 128, 0, s>>>(type == T_F16, (const uint4 *)w,
+                                                               n_in, n_out,
+                                                               x + (size_t)t0 * n_in,
+                                                               y + (size_t)t0 * n_out, nt);
+            continue;
+        }
         // y rows are (n, n_out): offset the token block; k_gemv writes y[t * n_out + row].
         k_gemv<<<blocks((size_t)n_out, 4), 128, 0, s>>>(type, (const uint8_t *)w, row_bytes,
                                                           n_in, n_out, x + (size_t)t0 * n_in,
