@@ -42,6 +42,7 @@ for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-rando
 done
 cfg=configs/models/Llama-3-8B.json
 step "HBM bandwidth (copy kernel)" 60 $B bandwidth
+step "cuBLASLt BF16 GEMM peak (8192^3)" 60 $B gemm
 for bs in 1 8 64 256; do step "decode batch $bs ctx 512" 90 $B decode "$cfg" "$bs" 512 32; done
 for bs in 1 64; do step "decode batch $bs ctx 512, no CUDA graphs" 90 env PAGODA_CUDA_GRAPHS=0 $B decode "$cfg" "$bs" 512 32; done
 step "prefill 2048" 90 $B prefill "$cfg" 2048
@@ -57,6 +58,12 @@ if bw and d1:
     print(json.dumps({"bench": "roofline", "weight_GB": d1["weight_bytes"] / 1e9, "GBps": bw,
                       "roofline_step_ms": roof_ms, "step_ms": d1["step_ms"],
                       "fraction_of_roofline": roof_ms / d1["step_ms"]}))
+gemm = next((r["TFLOPs"] for r in rows if r.get("bench") == "gemm"), None)
+pre = next((r for r in rows if r.get("bench") == "prefill"), None)
+if gemm and pre:
+    tf = pre["gflop"] / (pre["ms"] / 1e3) / 1e3
+    print(json.dumps({"bench": "prefill_roofline", "TFLOPs": tf, "gemm_TFLOPs": gemm,
+                      "fraction_of_gemm_peak": tf / gemm}))
 PY
 step "transformers baseline (same shapes, BF16, random weights)" 240 $py bench/gpu/hf_baseline.py "$cfg"
 log "done: $res"

@@ -5,6 +5,8 @@
  *   gpu_bench decode CONFIG.json B CTX STEPS -> decode tok/s at batch B with CTX-token contexts
  *   gpu_bench prefill CONFIG.json T         -> prefill tok/s for one T-token prompt
  *   gpu_bench bandwidth                     -> HBM GB/s from the copy kernel
+ *   gpu_bench gemm                          -> cuBLASLt BF16 TFLOP/s (8192^3, F32 out): the
+ *                                              prefill roofline
  * Dummy (random BF16) weights for CONFIG.json; one JSON object per line on stdout. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,11 +17,20 @@
 #include "model/model.h"
 
 double pgd_cuda_copy_bandwidth(int device, size_t bytes, int iters);
+double pgd_cuda_gemm_tflops(int device, int m, int n, int k, int iters);
 
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Weight elements of the matrices a step multiplies by (every layer's and the LM head). */
+static double matrix_params(const pgd_model_config *c) {
+    return (double)c->n_vocab * c->dim +
+           (double)c->n_layer * ((double)c->dim * (c->n_head + 2 * c->n_kv_head) * c->head_dim +
+                                 (double)c->n_head * c->head_dim * c->dim +
+                                 3.0 * (double)c->dim * c->ffn_dim);
 }
 
 static int die(const pgd_err *e) {
@@ -36,6 +47,11 @@ int main(int argc, char **argv) {
         double gbs = pgd_cuda_copy_bandwidth(0, (size_t)2 << 30, 20);
         printf("{\"bench\":\"bandwidth\",\"GBps\":%.1f}\n", gbs);
         return gbs > 0 ? 0 : 1;
+    }
+    if (!strcmp(argv[1], "gemm")) {
+        double tf = pgd_cuda_gemm_tflops(0, 8192, 8192, 8192, 20);
+        printf("{\"bench\":\"gemm\",\"TFLOPs\":%.1f}\n", tf);
+        return tf > 0 ? 0 : 1;
     }
     if (argc < 4) return 2;
     pgd_model_opts mo = {0};
@@ -90,8 +106,13 @@ int main(int argc, char **argv) {
         int reps = 3, rc = 0;
         for (int r = 0; r < reps; r++) rc |= pgd_model_forward(&f, &kv, &b);
         double dt = (now() - t0) / reps;
-        printf("{\"bench\":\"prefill\",\"tokens\":%d,\"tok_s\":%.1f,\"ms\":%.2f,\"rc\":%d}\n", T,
-               T / dt, dt * 1e3, rc);
+        /* matmuls (the LM head for one row) + causal attention (QK^T and PV) */
+        const pgd_model_config *c = &m->cfg;
+        double head = (double)c->n_vocab * c->dim;
+        double flops = 2.0 * ((matrix_params(c) - head) * T + head) +
+                       4.0 * c->n_layer * (double)c->n_head * c->head_dim * T * (T + 1) / 2.0;
+        printf("{\"bench\":\"prefill\",\"tokens\":%d,\"tok_s\":%.1f,\"ms\":%.2f,"
+               "\"gflop\":%.1f,\"rc\":%d}\n", T, T / dt, dt * 1e3, flops / 1e9, rc);
         return rc ? 1 : 0;
     }
     int B = atoi(argv[3]), ctx = atoi(argv[4]), steps = argc > 5 ? atoi(argv[5]) : 32;
@@ -135,11 +156,7 @@ int main(int argc, char **argv) {
         rc |= pgd_model_forward(&f, &kv, &b);
     }
     double dt = now() - t0;
-    size_t wbytes = 0;
-    const pgd_model_config *c = &m->cfg;
-    wbytes = 2 * ((size_t)c->n_vocab * c->dim + (size_t)c->n_layer *
-                  ((size_t)c->dim * (c->n_head + 2 * c->n_kv_head) * c->head_dim +
-                   (size_t)c->n_head * c->head_dim * c->dim + 3 * (size_t)c->dim * c->ffn_dim));
+    size_t wbytes = (size_t)(2.0 * matrix_params(&m->cfg)); /* BF16 */
     printf("{\"bench\":\"decode\",\"batch\":%d,\"ctx\":%d,\"steps\":%d,\"tok_s\":%.1f,"
            "\"step_ms\":%.3f,\"weight_bytes\":%zu,\"rc\":%d}\n",
            B, ctx, steps, B * steps / dt, dt / steps * 1e3, wbytes, rc);

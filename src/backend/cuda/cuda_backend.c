@@ -739,3 +739,40 @@ done:
     if (b) cudaFree(b);
     return r;
 }
+
+/* cuBLASLt BF16 GEMM throughput for bench/gpu (the prefill roofline): y (n x m) = x (n x k) .
+ * W^T (W: m x k) with F32 accumulation and output, as the backend's GEMM path runs it, `iters`
+ * times after one warm-up; TFLOP/s, or a negative value on failure. */
+double pgd_cuda_gemm_tflops(int device, int m, int n, int k, int iters) {
+    pgd_backend be = {.ops = &cuda_ops, .device = device};
+    pgd_err err = {{0}};
+    void *w = NULL, *x = NULL;
+    float *y = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = 0.0f;
+    double r = -1.0;
+    if (cuda_init(&be, 1, 64, 1, 1, 16, &err)) return -1.0;
+    cuda_state *st = be.impl;
+    CUDA_CHECK_OR(cudaMalloc(&w, (size_t)m * k * 2), goto done);
+    CUDA_CHECK_OR(cudaMalloc(&x, (size_t)n * k * 2), goto done);
+    CUDA_CHECK_OR(cudaMalloc((void **)&y, (size_t)m * n * 4), goto done);
+    CUDA_CHECK_OR(cudaMemsetAsync(w, 0x3c, (size_t)m * k * 2, st->stream), goto done);
+    CUDA_CHECK_OR(cudaMemsetAsync(x, 0x3c, (size_t)n * k * 2, st->stream), goto done);
+    CUDA_CHECK_OR(cudaEventCreate(&e0), goto done);
+    CUDA_CHECK_OR(cudaEventCreate(&e1), goto done);
+    gemm_bf16(&be, w, x, y, k, m, n);
+    CUDA_CHECK_OR(cudaEventRecord(e0, st->stream), goto done);
+    for (int i = 0; i < iters; i++) gemm_bf16(&be, w, x, y, k, m, n);
+    CUDA_CHECK_OR(cudaEventRecord(e1, st->stream), goto done);
+    CUDA_CHECK_OR(cudaEventSynchronize(e1), goto done);
+    CUDA_CHECK_OR(cudaEventElapsedTime(&ms, e0, e1), goto done);
+    if (!pgd__cuda_failed && ms > 0) r = 2.0 * m * n * (double)k * iters / (ms * 1e-3) / 1e12;
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (w) cudaFree(w);
+    if (x) cudaFree(x);
+    if (y) cudaFree(y);
+    cuda_free(&be);
+    return r;
+}
