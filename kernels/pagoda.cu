@@ -310,22 +310,26 @@ __global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, in
 // query head of the GQA group; lanes own hd/32 dimensions. Online softmax per warp, merged in
 // shared memory, then per split into `part`; k_attn_combine merges the splits.
 #define ATT_WARPS 4
-#define ATT_MAXG 16
-#define ATT_MAXD 8 /* head_dim <= 256 */
-__global__ void k_attention(pgd_k_attn a) {
+#define ATT_MAXG 16 /* GQA group size, at most */
+#define ATT_MAXD 8 /* head_dim / 32, at most (head_dim <= 256) */
+// GM >= the GQA group size and ND >= head_dim / 32 are compile-time bounds, so the per-head
+// arrays live in registers (runtime bounds put them in local memory).
+template <int GM, int ND> __global__ void k_attention(pgd_k_attn a) {
     int w = blockIdx.x, split = blockIdx.y;
     int idx = w / a.n_kv_head, kvh = w % a.n_kv_head;
     int t = a.tok_list ? a.tok_list[idx] : idx;
-    int G = a.n_head / a.n_kv_head, hd = a.hd, nd = (hd + 31) / 32;
+    int G = a.n_head / a.n_kv_head, hd = a.hd;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int p = a.pos[t];
     int start = split * a.split_len, end = min(p + 1, start + a.split_len);
     const int32_t *bt = a.tables + (size_t)a.seq[t] * a.table_stride;
     float scale = rsqrtf((float)hd);
-    float q[ATT_MAXG][ATT_MAXD], acc[ATT_MAXG][ATT_MAXD], m[ATT_MAXG], l[ATT_MAXG];
-    for (int g = 0; g < G; g++) {
+    float q[GM][ND], acc[GM][ND], m[GM], l[GM];
+#pragma unroll
+    for (int g = 0; g < GM && g < G; g++) {
         const float *qg = a.q + ((size_t)t * a.n_head + (size_t)kvh * G + g) * hd;
-        for (int d = 0; d < nd; d++) {
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
             int i = d * 32 + lane;
             q[g][d] = i < hd ? qg[i] * scale : 0.0f;
             acc[g][d] = 0.0f;
@@ -336,28 +340,34 @@ __global__ void k_attention(pgd_k_attn a) {
     for (int j = start + warp; j < end; j += ATT_WARPS) {
         size_t slot = (size_t)bt[j / a.block_size] * a.block_size + (size_t)(j % a.block_size);
         size_t base = slot * a.kv_dim + (size_t)kvh * hd;
-        float kr[ATT_MAXD], vr[ATT_MAXD];
-        for (int d = 0; d < nd; d++) {
+        float kr[ND], vr[ND];
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
             int i = d * 32 + lane;
             kr[d] = i < hd ? load_elem(a.kv_dtype, a.k, base + i) : 0.0f;
             vr[d] = i < hd ? load_elem(a.kv_dtype, a.v, base + i) : 0.0f;
         }
-        for (int g = 0; g < G; g++) {
+#pragma unroll
+        for (int g = 0; g < GM && g < G; g++) {
             float s = 0.0f;
-            for (int d = 0; d < nd; d++) s += q[g][d] * kr[d];
+#pragma unroll
+            for (int d = 0; d < ND; d++) s += q[g][d] * kr[d];
             s = warp_sum(s);
             float mn = fmaxf(m[g], s), corr = __expf(m[g] - mn), pr = __expf(s - mn);
             l[g] = l[g] * corr + pr;
-            for (int d = 0; d < nd; d++) acc[g][d] = acc[g][d] * corr + pr * vr[d];
+#pragma unroll
+            for (int d = 0; d < ND; d++) acc[g][d] = acc[g][d] * corr + pr * vr[d];
             m[g] = mn;
         }
     }
     // merge the warps: shared (ATT_WARPS, G, hd + 2)
     extern __shared__ float sh[];
     int stride = hd + 2;
-    for (int g = 0; g < G; g++) {
+#pragma unroll
+    for (int g = 0; g < GM && g < G; g++) {
         float *o = sh + ((size_t)warp * G + g) * stride;
-        for (int d = 0; d < nd; d++) {
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
             int i = d * 32 + lane;
             if (i < hd) o[i] = acc[g][d];
         }
@@ -516,7 +526,20 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
     if (n == 0) return (int)cudaSuccess;
     dim3 grid((unsigned)(n * a->n_kv_head), (unsigned)a->n_splits);
     size_t shm = (size_t)ATT_WARPS * G * (a->hd + 2) * sizeof(float);
-    k_attention<<<grid, 32 * ATT_WARPS, shm, s>>>(*a);
+    int nd = (a->hd + 31) / 32;
+#define ATT_LAUNCH(GM, ND) k_attention<GM, ND><<<grid, 32 * ATT_WARPS, shm, s>>>(*a)
+#define ATT_ND(GM)                                                                                 \
+    if (nd <= 1) ATT_LAUNCH(GM, 1);                                                                \
+    else if (nd <= 2) ATT_LAUNCH(GM, 2);                                                           \
+    else if (nd <= 4) ATT_LAUNCH(GM, 4);                                                           \
+    else ATT_LAUNCH(GM, 8);
+    if (G <= 1) { ATT_ND(1) }
+    else if (G <= 2) { ATT_ND(2) }
+    else if (G <= 4) { ATT_ND(4) }
+    else if (G <= 8) { ATT_ND(8) }
+    else { ATT_ND(16) }
+#undef ATT_ND
+#undef ATT_LAUNCH
     k_attn_combine<<<n * a->n_head, 128, 0, s>>>(*a);
     return LAUNCHED();
 }
