@@ -46,11 +46,13 @@ int pgd_k_rope(pgd_stream s, float *x, int n_rows, int n_heads, int hd, int neox
                const int32_t *pos, const float *inv_freq);
 int pgd_k_kv_store(pgd_stream s, int dtype, void *k, void *v, int kv_dim, const float *kin,
                    const float *vin, const int64_t *slot, int n);
-/* RoPE on q (n, n_head, hd) in place; K rows (n, n_kv_head * hd) roped into the cache at their
- * slots with the V rows (a slot < 0: a padding row, only its Q is roped). */
+/* RoPE on q (n, n_head, hd) in place; K rows (n, n_kv_head * hd) roped into the cache (rows of
+ * kv_dim elements) at their slots with the V rows (a slot < 0: a padding row, only its Q is
+ * roped). */
 int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *v_in, int n,
                         int n_head, int n_kv_head, int hd, int neox, const int32_t *pos,
-                        const float *inv_freq, int dtype, void *k, void *v, const int64_t *slot);
+                        const float *inv_freq, int dtype, void *k, void *v, int kv_dim,
+                        const int64_t *slot);
 int pgd_k_attention(pgd_stream s, const pgd_k_attn *a);
 int pgd_k_silu_gate(pgd_stream s, float *g, const float *u, size_t n);
 int pgd_k_add(pgd_stream s, float *x, const float *y, size_t n);

@@ -179,36 +179,53 @@ static __device__ __forceinline__ void unpack8(uint4 u, bool f16, float w[8]) {
     }
 }
 
+static __device__ __forceinline__ uint4 ld_stream16(const uint4 *p) {
+    uint4 u;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(p));
+    return u;
+}
+
+// NT tokens (a template bound: the token loop has no runtime exit, so the four loads of a
+// group are issued before the FMAs that use them).
+#define GEMV16_LOADS 4
+template <int NT>
 __global__ void k_gemv16(bool f16, const uint4 *w, int64_t n_in, int64_t n_out, const float *x,
-                         float *y, int n) {
+                         float *y) {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (row >= n_out) return;
     int64_t n8 = n_in / 8;
     const uint4 *wr = w + row * n8;
-    float acc[GEMV_MAX_N];
+    float acc[NT];
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_N; t++) acc[t] = 0.0f;
-#pragma unroll 4
-    for (int64_t c = lane; c < n8; c += 32) {
-        uint4 u;
-        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                     : "l"(wr + c));
-        float wf[8];
-        unpack8(u, f16, wf);
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int64_t c0 = lane; c0 < n8; c0 += 32 * GEMV16_LOADS) {
+        uint4 u[GEMV16_LOADS];
 #pragma unroll
-        for (int t = 0; t < GEMV_MAX_N; t++) {
-            if (t >= n) break;
-            const float4 *xv = (const float4 *)(x + (size_t)t * n_in + c * 8);
-            float4 a = xv[0], b = xv[1];
-            acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x +
-                      wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+        for (int k = 0; k < GEMV16_LOADS; k++) {
+            int64_t c = c0 + 32 * k;
+            u[k] = c < n8 ? ld_stream16(wr + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < GEMV16_LOADS; k++) {
+            int64_t c = c0 + 32 * k;
+            if (c < n8) {
+                float wf[8];
+                unpack8(u[k], f16, wf);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float4 *xv = (const float4 *)(x + (size_t)t * n_in + c * 8);
+                    float4 a = xv[0], b = xv[1];
+                    acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+                              wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                }
+            }
         }
     }
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_N; t++) {
-        if (t >= n) break;
+    for (int t = 0; t < NT; t++) {
         float s = warp_sum(acc[t]);
         if (lane == 0) y[(size_t)t * n_out + row] = s;
     }
@@ -277,9 +294,9 @@ __global__ void k_kv_store(int dt, void *k, void *v, int kv_dim, const float *ki
 // token, the rotation as k_rope computes it (same angle and operation order).
 __global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, int n_head,
                                 int n_kv_head, int hd, int neox, const int32_t *pos,
-                                const float *inv_freq, int dt, void *k, void *v,
+                                const float *inv_freq, int dt, void *k, void *v, int kv_dim,
                                 const int64_t *slot) {
-    int t = blockIdx.x, half = hd / 2, kv_dim = n_kv_head * hd;
+    int t = blockIdx.x, half = hd / 2;
     float p = (float)pos[t];
     for (int j = threadIdx.x; j < n_head * half; j += blockDim.x) {
         int h = j / half, i = j % half;
@@ -466,11 +483,19 @@ int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t 
     for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
         int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
         if ((type == T_BF16 || type == T_F16) && n_in % 8 == 0 && row_bytes == (size_t)n_in * 2 &&
-            ((uintptr_t)w & 15) == 0) {
-            k_gemv16<<<blocks((size_t)n_out, 4), 128, 0, s>>>(type == T_F16, (const uint4 *)w,
-                                                               n_in, n_out,
-                                                               x + (size_t)t0 * n_in,
-                                                               y + (size_t)t0 * n_out, nt);
+            ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0) {
+            const uint4 *w4 = (const uint4 *)w;
+            const float *xt = x + (size_t)t0 * n_in;
+            float *yt = y + (size_t)t0 * n_out;
+            unsigned nb = blocks((size_t)n_out, 4);
+            bool f16 = type == T_F16;
+            switch (nt) {
+#define GEMV16_CASE(N)                                                                             \
+    case N: k_gemv16<N><<<nb, 128, 0, s>>>(f16, w4, n_in, n_out, xt, yt); break;
+                GEMV16_CASE(1) GEMV16_CASE(2) GEMV16_CASE(3) GEMV16_CASE(4)
+                GEMV16_CASE(5) GEMV16_CASE(6) GEMV16_CASE(7) GEMV16_CASE(8)
+#undef GEMV16_CASE
+            }
             continue;
         }
         // y rows are (n, n_out): offset the token block; k_gemv writes y[t * n_out + row].
@@ -513,9 +538,10 @@ int pgd_k_kv_store(pgd_stream s, int dtype, void *k, void *v, int kv_dim, const 
 
 int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *v_in, int n,
                         int n_head, int n_kv_head, int hd, int neox, const int32_t *pos,
-                        const float *inv_freq, int dtype, void *k, void *v, const int64_t *slot) {
+                        const float *inv_freq, int dtype, void *k, void *v, int kv_dim,
+                        const int64_t *slot) {
     k_rope_kv_store<<<n, 128, 0, s>>>(q, k_in, v_in, n_head, n_kv_head, hd, neox, pos, inv_freq,
-                                      dtype, k, v, slot);
+                                      dtype, k, v, kv_dim, slot);
     return LAUNCHED();
 }
 
@@ -527,7 +553,17 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
     dim3 grid((unsigned)(n * a->n_kv_head), (unsigned)a->n_splits);
     size_t shm = (size_t)ATT_WARPS * G * (a->hd + 2) * sizeof(float);
     int nd = (a->hd + 31) / 32;
-#define ATT_LAUNCH(GM, ND) k_attention<GM, ND><<<grid, 32 * ATT_WARPS, shm, s>>>(*a)
+    /* (ATT_WARPS, G, hd + 2) floats: over the default 48 KiB for large groups and heads */
+#define ATT_LAUNCH(GM, ND)                                                                         \
+    do {                                                                                           \
+        if (shm > 48 * 1024) {                                                                     \
+            cudaError_t e_ = cudaFuncSetAttribute(k_attention<GM, ND>,                             \
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,     \
+                                                  (int)shm);                                       \
+            if (e_ != cudaSuccess) return (int)e_;                                                 \
+        }                                                                                          \
+        k_attention<GM, ND><<<grid, 32 * ATT_WARPS, shm, s>>>(*a);                                 \
+    } while (0)
 #define ATT_ND(GM)                                                                                 \
     if (nd <= 1) ATT_LAUNCH(GM, 1);                                                                \
     else if (nd <= 2) ATT_LAUNCH(GM, 2);                                                           \

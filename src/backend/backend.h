@@ -12,6 +12,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "model/gguf.h"
+#include "sample/device_sample.h"
 #include "util/status.h"
 
 typedef enum {
@@ -47,7 +48,7 @@ typedef struct pgd_step {
      * replay one captured graph per padded size. 0: run the step as it is. */
     int32_t pad_tokens;
     int32_t block_size;                /* of the KV storage the step's layers use */
-    const void *kv_key;                /* identifies that storage (its base address) */
+    uint64_t kv_key;                   /* identifies that storage (its addresses and size) */
 } pgd_step;
 
 /* Paged K/V storage of one layer as ops see it (backend memory). */
@@ -116,6 +117,11 @@ typedef struct pgd_backend_ops {
     /* Device memory of be->device (no init needed): bytes free now and in total, counting every
      * process's allocations. NULL for host-memory backends, whose KV pool has a fixed budget. */
     int (*mem_info)(pgd_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* Samples a token from each row of logits (n_rows, n_vocab; backend memory, valid after the
+     * ops that wrote it) with rows[i] (host) into out[i] (host), by the sort-free algorithm of
+     * src/sample/device_sample.h; synchronous. Only the token ids cross to the host. */
+    int (*sample)(pgd_backend *be, const float *logits, int n_rows, int n_vocab,
+                  const pgd_sample_row *rows, int32_t *out);
 } pgd_backend_ops;
 
 /* A backend instance. The ops table is shared and constant; impl is the backend's own state. */

@@ -53,6 +53,7 @@ typedef struct seq {
     struct seq *prev, *next;  /* in waiting or running */
     int32_t sched_n;          /* tokens scheduled this step */
     int32_t logit_row;        /* row of this step's logits, or -1 */
+    bool dev_sampled;         /* this step's token is sampled by the backend (b_sampled) */
 } seq;
 
 typedef struct seq_list {
@@ -84,6 +85,11 @@ struct pgd_engine {
     int32_t *b_tokens, *b_pos, *b_seq;          /* (max_num_batched_tokens) */
     int32_t *b_rows;                            /* (max_logits) */
     int32_t max_logits;                         /* logit rows per step */
+    /* sampling on the backend (PAGODA_DEVICE_SAMPLING): rows whose chain is temperature, top-k,
+     * top-p and min-p only are sampled there; the logits come to the host only for the rest */
+    bool device_sampling;
+    pgd_sample_row *b_sample;                   /* (max_logits) */
+    int32_t *b_sampled;                         /* (max_logits) */
     int64_t *b_slot;                            /* (max_num_batched_tokens) */
     const int32_t **b_tables;                   /* (max_num_seqs) */
     seq **b_seqs;                               /* (max_num_seqs) sequences in this step */
@@ -393,10 +399,12 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->b_slot = malloc(T * sizeof *e->b_slot);
     e->b_tables = malloc(S * sizeof *e->b_tables);
     e->b_seqs = malloc(S * sizeof *e->b_seqs);
+    e->b_sample = malloc((size_t)e->max_logits * sizeof *e->b_sample);
+    e->b_sampled = malloc((size_t)e->max_logits * sizeof *e->b_sampled);
     int32_t nv = e->model->cfg.n_vocab;
     e->eog = malloc((size_t)nv * sizeof *e->eog);
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_rows || !e->b_slot || !e->b_tables ||
-        !e->b_seqs || !e->eog) {
+        !e->b_seqs || !e->b_sample || !e->b_sampled || !e->eog) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
@@ -405,6 +413,13 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
         if (pgd_tokenizer_is_eog(e->model->tok, i)) e->eog[e->n_eog++] = i;
     if ((rc = pgd_sampler_scratch_init(&e->sample_scratch, nv, e->eog, e->n_eog, &perr)))
         goto fail_perr;
+    /* On by default where the logits live in device memory of one GPU (downloading them costs
+     * n_vocab floats per row); PAGODA_DEVICE_SAMPLING=1 forces it (on the CPU too: the path CI
+     * tests), =0 turns it off. Several ranks gather the logits on the host anyway. */
+    const char *ds = getenv("PAGODA_DEVICE_SAMPLING");
+    if (ds && *ds) e->device_sampling = ds[0] == '1';
+    else e->device_sampling = e->model->device != PGD_DEVICE_CPU && e->model->n_ranks == 1;
+    if (!e->model->shards[0].be.ops->sample) e->device_sampling = false;
     e->stats.kv_blocks_total = (int32_t)n_blocks;
     *out = e;
     return PGD_OK;
@@ -441,6 +456,8 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->b_slot);
     free(e->b_tables);
     free(e->b_seqs);
+    free(e->b_sample);
+    free(e->b_sampled);
     pgd_sampler_scratch_free(&e->sample_scratch);
     free(e->eog);
     free(e->aborts);
@@ -877,6 +894,10 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
     pgd_finish_reason why = 0;
     for (int32_t j = 0; j <= k && !why; j++) {
         const float *lg = rows + (size_t)j * nv;
+        if (s->dev_sampled) { /* k == 0; lg is not used: no logprobs */
+            why = emit_token(e, s, e->b_sampled[s->logit_row], lg);
+            break;
+        }
         pgd_sampler_dist d;
         pgd_sampler_dist_compute(&s->sampler, lg, s->tokens, s->n_prompt, s->n_tokens, &d);
         bool accepted = false;
@@ -908,6 +929,48 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
         pgd_draft_rollback(&e->draft, &s->dseq, dn);
     }
     return 0;
+}
+
+/* Whether s's next token can be sampled on the backend: its chain is temperature, top-k, top-p
+ * and min-p alone -- no processor that reads the history or the bias, no logprobs (they need the
+ * logits), no proposals to verify. */
+static bool device_sampleable(const pgd_engine *e, const seq *s) {
+    const pgd_sampler_params *p = &s->sampler.params;
+    return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 &&
+           (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
+           p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           (e->n_eog == 0 || s->n_tokens - s->n_prompt >= p->min_tokens);
+}
+
+/* Fills the backend's sample rows for the step's sampleable sequences, each draw's u from the
+ * sequence's own generator (none for greedy ones, as on the host). The other rows (placeholders:
+ * greedy) are sampled on the host from logits the batch then asks for too, so a sequence's
+ * tokens never depend on what shares its step. */
+static void plan_device_sampling(pgd_engine *e, int32_t ns, pgd_batch *b) {
+    int32_t n_dev = 0, n_host = 0;
+    memset(e->b_sample, 0, (size_t)b->n_logits * sizeof *e->b_sample);
+    for (int32_t i = 0; i < ns; i++) {
+        seq *s = e->b_seqs[i];
+        if (s->logit_row < 0) continue;
+        if (!device_sampleable(e, s)) {
+            n_host++;
+            continue;
+        }
+        const pgd_sampler_params *p = &s->sampler.params;
+        pgd_sample_row *r = &e->b_sample[s->logit_row];
+        *r = (pgd_sample_row){.temperature = p->temperature, .top_p = p->top_p,
+                              .min_p = p->min_p, .top_k = p->top_k};
+        if (p->temperature > 0 && p->top_k != 1) {
+            r->u = (float)pgd_sampler_uniform(&s->sampler);
+            if (r->u >= 1.0f) r->u = 0x1.fffffep-1f; /* rounded up from [0, 1) */
+        }
+        s->dev_sampled = true;
+        n_dev++;
+    }
+    if (n_dev == 0) return;
+    b->sample = e->b_sample;
+    b->sampled = e->b_sampled;
+    b->need_logits = n_host > 0;
 }
 
 /* Publishes the engine-thread-owned counters for other threads; O(running sequences). Called
@@ -962,6 +1025,7 @@ int pgd_engine_step(pgd_engine *e) {
             nt++;
         }
         s->logit_row = -1;
+        s->dev_sampled = false;
         if (s->n_draft > 0) { /* every row: the k proposals and the bonus position */
             s->logit_row = nl;
             for (int32_t j = s->sched_n; j > 0; j--) e->b_rows[nl++] = nt - j;
@@ -974,6 +1038,7 @@ int pgd_engine_step(pgd_engine *e) {
     pgd_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
                    .slot = e->b_slot, .block_tables = e->b_tables, .n_logits = nl,
                    .logit_rows = e->b_rows};
+    if (e->device_sampling && nl > 0) plan_device_sampling(e, ns, &b);
     int rc = pgd_model_forward(&e->fwd, &e->kv, &b);
     int32_t n_prefill = 0;
     for (int32_t i = 0; i < ns; i++) {

@@ -217,13 +217,21 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
     }
     if (f->n_ranks > 1) {
         size_t wide_all = B * (size_t)c->dim;
-        if (m->device != PGD_DEVICE_CPU) {
-            rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: tensor parallel on %s needs NCCL "
-                             "(not wired into the forward pass yet; use --device cpu)", m->path,
-                             m->shards[0].be.ops->name);
-            goto fail;
+        if (m->device == PGD_DEVICE_CPU) {
+            rc = pgd_comm_inproc_create(f->n_ranks, wide_all, &f->comm, err);
+        } else {
+#ifdef PGD_HAVE_CUDA
+            /* After every rank's init: the collectives run on the ranks' streams. */
+            pgd_backend *bes[PGD_MAX_TP];
+            PGD_ASSERT(f->n_ranks <= PGD_MAX_TP);
+            for (int ri = 0; ri < f->n_ranks; ri++) bes[ri] = &f->ranks[ri].be;
+            rc = pgd_comm_nccl_create(f->n_ranks, bes, &f->comm, err);
+#else
+            rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: tensor parallel on %s needs a CUDA "
+                             "build (NCCL)", m->path, m->shards[0].be.ops->name);
+#endif
         }
-        if ((rc = pgd_comm_inproc_create(f->n_ranks, wide_all, &f->comm, err))) goto fail;
+        if (rc) goto fail;
         pthread_mutex_init(&f->sync->mu, NULL);
         pthread_cond_init(&f->sync->go, NULL);
         pthread_cond_init(&f->sync->done, NULL);
@@ -288,7 +296,41 @@ static int all_reduce(pgd_fwd *f, pgd_fwd_rank *r, float *buf, size_t n) {
     return f->comm->ops->all_reduce_sum(f->comm, r->rank, buf, n);
 }
 
+/* CUDA graphs: the padded size a step may run as (backend.h, pgd_step.pad_tokens), or 0. Steps
+ * where every token needs logits (decode, speculative verification) of up to
+ * PGD_GRAPH_MAX_TOKENS tokens are offered as the next power of two that the scratch holds; a
+ * backend without graphs ignores it. One rank only: collectives are not captured. */
+#define PGD_GRAPH_MAX_TOKENS 256
+static int32_t graph_pad(const pgd_fwd *f, const pgd_batch *b) {
+    if (f->n_ranks != 1 || b->n_logits != b->n_tokens) return 0;
+    int32_t p = 1;
+    while (p < b->n_tokens) p *= 2;
+    return p <= PGD_GRAPH_MAX_TOKENS && p <= f->max_tokens && p <= f->max_logits ? p : 0;
+}
+
+/* The graph key of a rank's KV storage: every layer's K/V address follows from these. */
+static uint64_t kv_key(const pgd_kv_cache *kv, int rank) {
+    uint64_t v[] = {(uint64_t)(uintptr_t)kv->rk[rank], (uint64_t)(uintptr_t)kv->rv[rank],
+                    (uint64_t)kv->n_blocks, (uint64_t)kv->block_size, (uint64_t)kv->dtype};
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        h ^= v[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+        h *= 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    return h;
+}
+
+static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b);
+
+/* A backend that could not capture a step's graph has done none of its work and answers
+ * PGD_EAGAIN at sync; it then runs the step without one, so one more try is enough. */
 static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
+    int rc = forward_rank_once(f, r, kv, b);
+    return rc == PGD_EAGAIN ? forward_rank_once(f, r, kv, b) : rc;
+}
+
+static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
     const pgd_model *m = f->model;
     const pgd_model_config *c = &m->cfg;
     const pgd_shard *sh = &m->shards[r->rank];
@@ -299,6 +341,7 @@ static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd
     pgd_step s = {
         .n_tokens = n, .tokens = b->tokens, .pos = b->pos, .seq = b->seq, .slot = b->slot,
         .block_tables = b->block_tables, .n_logits = b->n_logits, .logit_rows = b->logit_rows,
+        .pad_tokens = graph_pad(f, b), .block_size = kv->block_size, .kv_key = kv_key(kv, r->rank),
     };
     pgd_rope_params rp = {.mode = c->rope_mode == PGD_ROPE_NEOX, .head_dim = c->head_dim,
                           .inv_freq = f->inv_freq};
@@ -317,10 +360,8 @@ static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd
         if (l->bq) o->add_bias(be, r->q, l->bq, n, q_dim);
         if (l->bk) o->add_bias(be, r->k, l->bk, n, kv_dim);
         if (l->bv) o->add_bias(be, r->v, l->bv, n, kv_dim);
-        o->rope(be, r->q, n, sh->n_head, &rp);
-        o->rope(be, r->k, n, sh->n_kv_head, &rp);
         pgd_kv_layer kl = kv_layer(kv, r->rank, il);
-        o->kv_store(be, &kl, r->k, r->v, &s);
+        o->rope_kv_store(be, r->q, r->k, r->v, sh->n_head, sh->n_kv_head, &kl, &s, &rp);
         o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s);
         o->matmul(be, &l->wo, r->xb, r->xb2, n);
         if ((rc = all_reduce(f, r, r->xb2, (size_t)n * dim))) return rc;
@@ -338,10 +379,20 @@ static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd
     o->rms_norm(be, r->xb, sh->output_norm, r->xb2, b->n_logits, dim, c->rms_eps);
     o->matmul(be, &sh->output, r->xb2, r->logits, b->n_logits);
     if ((rc = o->sync(be))) return rc;
-    if (f->n_ranks > 1)
-        return f->comm->ops->gather_cols(f->comm, r->rank, r->logits, b->n_logits, sh->n_vocab,
-                                         sh->vocab_lo, r->rank == 0 ? f->logits : NULL,
-                                         c->n_vocab);
+    if (f->n_ranks > 1) {
+        rc = f->comm->ops->gather_cols(f->comm, r->rank, r->logits, b->n_logits, sh->n_vocab,
+                                       sh->vocab_lo, r->rank == 0 ? f->logits : NULL,
+                                       c->n_vocab);
+        /* the vocabulary slices meet on the host: rank 0 samples there with the reference */
+        if (!rc && b->sample && r->rank == 0)
+            pgd_device_sample_rows(be->pool, f->logits, b->n_logits, c->n_vocab, b->sample,
+                                   b->sampled);
+        return rc;
+    }
+    if (b->sample) { /* only the token ids leave the backend */
+        rc = o->sample(be, r->logits, b->n_logits, c->n_vocab, b->sample, b->sampled);
+        if (rc || !b->need_logits) return rc;
+    }
     if (r->logits != f->logits)
         return o->download(be, f->logits, r->logits,
                            (size_t)b->n_logits * (size_t)c->n_vocab * sizeof(float));

@@ -150,6 +150,12 @@ typedef struct pgd_batch {
     const int32_t *const *block_tables; /* (n_seqs) each covering positions 0..max pos */
     int32_t n_logits;
     const int32_t *logit_rows;    /* (n_logits) token indices whose logits are computed */
+    /* Sampling on the backend (sample NULL: off): logit row i is sampled with sample[i] into
+     * sampled[i] (src/sample/device_sample.h) and the logits stay on the backend, unless
+     * need_logits asks for them in f->logits too (rows the caller samples on the host). */
+    const pgd_sample_row *sample; /* (n_logits) */
+    int32_t *sampled;             /* (n_logits) out */
+    bool need_logits;
 } pgd_batch;
 
 /* Scratch for pgd_model_forward, sized once for up to max_tokens tokens and max_logits logit
@@ -172,7 +178,8 @@ typedef struct pgd_fwd {
 int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tokens,
                  int32_t max_logits, pgd_err *err);
 void pgd_fwd_free(pgd_fwd *f);
-/* Runs the batch; logits of batch->logit_rows[i] land in f->logits row i. The logits of a token
+/* Runs the batch; logits of batch->logit_rows[i] land in f->logits row i (with batch->sample:
+ * their sampled tokens in batch->sampled, the logits only when need_logits). The logits of a token
  * are bit-identical whatever else shares its batch and however its sequence was chunked.
  * Returns PGD_EINVAL for a malformed batch (token id, position or size out of range). */
 int pgd_model_forward(pgd_fwd *f, pgd_kv_cache *kv, const pgd_batch *b);

@@ -230,7 +230,7 @@ static void test_step_ops(pair *p) {
         buf2 K = mk(p, hk, n_slots * kv_dim * es), V = mk(p, hv, n_slots * kv_dim * es);
         float inv_freq[64];
         for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, 2.0f * i / hd);
-        pgd_step st = {N, tok, pos, seq, slot, tables, 3, rows, 0, bs, NULL};
+        pgd_step st = {N, tok, pos, seq, slot, tables, 3, rows, 0, bs, 0};
         for (int mode = 0; mode < 2; mode++) {
             pgd_rope_params rp = {mode, hd, inv_freq};
             p->ref.ops->begin(&p->ref, &st, &rp);
@@ -238,7 +238,8 @@ static void test_step_ops(pair *p) {
             size_t eb;
             void *eh = rand_weight(PGD_TYPE_Q8_0, 64, 100, &eb);
             buf2 E = mk(p, eh, eb * 100), x = mk(p, NULL, (size_t)N * 64 * 4);
-            pgd_weight er = {PGD_TYPE_Q8_0, 64, 50, eb, E.r}, ed = er; /* rows 30..79 */
+            /* rows 30..79 */
+            pgd_weight er = {PGD_TYPE_Q8_0, 64, 50, eb, E.r}, ed = er;
             ed.data = E.d;
             p->ref.ops->embed(&p->ref, &er, 30, &st, x.r);
             p->dut.ops->embed(&p->dut, &ed, 30, &st, x.d);

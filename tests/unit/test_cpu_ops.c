@@ -211,7 +211,7 @@ static void test_attention_ref(void) {
         tok[t] = 0;
         slot[t] = (int64_t)bt[t / BS] * BS + t % BS;
     }
-    pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, NULL};
+    pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, 0};
     double worst_all = 0;
     for (int di = 0; di < 3; di++)
         for (int gi = 0; gi < 3; gi++)
@@ -278,13 +278,13 @@ static void test_attention_invariance(void) {
             float *o1 = malloc(N * row * sizeof *o1), *oa = malloc(row * sizeof *oa);
             fill(q, N * row, 2.0f);
             pgd_kv_layer kl = layer_of(&p);
-            pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, NULL};
+            pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, 0};
             be2.ops->attention(&be2, q, &kl, o2, n_head, n_kv, hd, &st);
             be1.ops->attention(&be1, q, &kl, o1, n_head, n_kv, hd, &st);
             CHECK(memcmp(o1, o2, N * row * sizeof *o1) == 0);
             long bad = 0;
             for (int t = 0; t < N; t++) {
-                pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, NULL};
+                pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};
                 be2.ops->attention(&be2, q + t * row, &kl, oa, n_head, n_kv, hd, &one);
                 if (memcmp(oa, o2 + t * row, row * sizeof *oa) != 0) bad++;
             }
@@ -382,7 +382,7 @@ static void test_rope_kv_store(void) {
     for (int i = 0; i < N_BLOCKS; i++) bt[i] = i;
     const int32_t *tables[1] = {bt};
     for (int t = 0; t < N; t++) pos[t] = (t * 37) % 700, slot[t] = (t * 13) % (N_BLOCKS * BS);
-    pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, NULL};
+    pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, 0};
     for (int hi = 0; hi < 2; hi++) {
         int hd = hds[hi], nh = 6, half = hd / 2;
         float inv_freq[64];
@@ -402,7 +402,7 @@ static void test_rope_kv_store(void) {
             CHECK(memcmp(a, b, bytes) == 0);
             double e = 0;
             for (int t = 0; t < N; t++) {
-                pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, NULL};
+                pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};
                 be2.ops->begin(&be2, &one, &rp);
                 be2.ops->rope(&be2, c + t * row, 1, nh, &rp);
                 for (int h = 0; h < nh; h++)
@@ -443,7 +443,7 @@ static void test_rope_kv_store(void) {
         pgd_kv_layer l1 = {dts[di], K1, V1, BS, kv_dim}, l2 = {dts[di], K2, V2, BS, kv_dim};
         be2.ops->kv_store(&be2, &l2, k, v, &st);
         for (int t = 0; t < N; t++) {
-            pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, NULL};
+            pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};
             be1.ops->kv_store(&be1, &l1, k + (size_t)t * kv_dim, v + (size_t)t * kv_dim, &one);
         }
         CHECK(memcmp(K1, K2, sb) == 0 && memcmp(V1, V2, sb) == 0);

@@ -690,6 +690,13 @@ static void cpu_copy_block(pgd_backend *be, const pgd_kv_layer *kv, int32_t src,
     memcpy((char *)kv->v + d, (char *)kv->v + so, (size_t)n * row);
 }
 
+/* The reference itself (src/sample/device_sample.c), one row per pool chunk. */
+static int cpu_sample(pgd_backend *be, const float *logits, int n_rows, int n_vocab,
+                      const pgd_sample_row *rows, int32_t *out) {
+    pgd_device_sample_rows(be->pool, logits, n_rows, n_vocab, rows, out);
+    return PGD_OK;
+}
+
 const pgd_backend_ops pgd_cpu_backend_ops = {
     .name = "cpu",
     .host_memory = true,
@@ -715,6 +722,7 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .copy_block = cpu_copy_block,
+    .sample = cpu_sample,
 };
 
 #ifndef PGD_HAVE_CUDA

@@ -20,6 +20,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "kernels.h"
+#include "sample.h"
 
 int pgd__cuda_failed;
 
@@ -38,7 +39,7 @@ _Static_assert(PGD_TYPE_F32 == 0 && PGD_TYPE_F16 == 1 && PGD_TYPE_Q4_0 == 2 &&
 
 typedef struct graph_entry {
     int32_t pad, stride;     /* the key: rows run, table stride */
-    const void *kv_key;
+    uint64_t kv_key;
     bool warm;               /* ran once eagerly at this shape */
     bool failed;             /* capture failed: this shape always runs eagerly */
     cudaGraphExec_t exec;    /* NULL until captured */
@@ -66,6 +67,7 @@ typedef struct cuda_state {
     int max_pos;
     uint64_t step, tables_step;  /* tables are staged once per step */
     int tables_stride;           /* entries per sequence of the staged tables */
+    int32_t *h_hi;               /* (max_tokens) host scratch: each sequence's last position */
     float *d_inv_freq;           /* (head_dim / 2) */
     float *part;                 /* attention split partials: (part_cap, head_dim + 2) */
     size_t part_cap;             /* max(ATTN_PART_MIN, max_tokens * n_head) */
@@ -82,6 +84,9 @@ typedef struct cuda_state {
     graph_entry *cur;
     graph_entry graphs[GRAPH_MAX];
     int n_graphs;
+    /* sampling (cuda_sample): rows in and token ids out, max_tokens of each */
+    pgd_k_sample_row *h_srow, *d_srow;
+    int32_t *h_stok, *d_stok;
 } cuda_state;
 
 /* Every op starts with this: a replayed step's work is all in its graph. */
@@ -184,6 +189,9 @@ static int end_graph(cuda_state *st) {
                 g->exec = NULL;
                 g->failed = true;
             }
+            /* the staging copies queued before the capture finish before the retry rewrites
+             * their pinned sources */
+            CUDA_CHECK_OR(cudaStreamSynchronize(st->stream), return PGD_EIO);
             return PGD_EAGAIN;
         }
     }
@@ -216,6 +224,11 @@ static void cuda_free(pgd_backend *be) {
     if (st->h_meta) CUDA_CHECK(cudaFreeHost(st->h_meta));
     if (st->h_slot) CUDA_CHECK(cudaFreeHost(st->h_slot));
     if (st->h_att) CUDA_CHECK(cudaFreeHost(st->h_att));
+    free(st->h_hi);
+    if (st->d_srow) CUDA_CHECK(cudaFree(st->d_srow));
+    if (st->d_stok) CUDA_CHECK(cudaFree(st->d_stok));
+    if (st->h_srow) CUDA_CHECK(cudaFreeHost(st->h_srow));
+    if (st->h_stok) CUDA_CHECK(cudaFreeHost(st->h_stok));
     if (st->lt) CUBLAS_CHECK(cublasLtDestroy(st->lt));
     if (st->blas) CUBLAS_CHECK(cublasDestroy(st->blas));
     if (st->stream) CUDA_CHECK(cudaStreamDestroy(st->stream));
@@ -223,17 +236,34 @@ static void cuda_free(pgd_backend *be) {
     be->impl = NULL;
 }
 
-static int grow_meta(cuda_state *st, size_t need) {
+static void set_meta_views(cuda_state *st);
+
+/* Grows the metadata staging to `need` int32s (twice that, for headroom). The new buffers are
+ * allocated before the old ones go, and the first `keep` int32s of the device copy (this step's
+ * staged metadata) move with it; on failure nothing changes. */
+static int grow_meta(cuda_state *st, size_t need, size_t keep) {
     if (need <= st->meta_cap) return PGD_OK;
-    drop_graphs(st); /* they read the old buffers */
     size_t cap = need * 2;
-    if (st->h_meta) CUDA_CHECK_OR(cudaFreeHost(st->h_meta), return PGD_EIO);
-    if (st->d_meta) CUDA_CHECK_OR(cudaFree(st->d_meta), return PGD_EIO);
-    st->h_meta = NULL;
-    st->d_meta = NULL;
-    CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_meta, cap * sizeof(int32_t)), return PGD_ENOMEM);
-    CUDA_CHECK_OR(cudaMalloc((void **)&st->d_meta, cap * sizeof(int32_t)), return PGD_ENOMEM);
+    int32_t *h = NULL, *d = NULL;
+    CUDA_CHECK_OR(cudaMallocHost((void **)&h, cap * sizeof(int32_t)), return PGD_ENOMEM);
+    CUDA_CHECK_OR(cudaMalloc((void **)&d, cap * sizeof(int32_t)), cudaFreeHost(h);
+                  return PGD_ENOMEM);
+    if (st->d_meta) {
+        /* the old buffers may still be read by queued work */
+        CUDA_CHECK_OR(cudaStreamSynchronize(st->stream), cudaFree(d); cudaFreeHost(h);
+                      return PGD_EIO);
+        if (keep)
+            CUDA_CHECK_OR(cudaMemcpy(d, st->d_meta, keep * sizeof(int32_t),
+                                     cudaMemcpyDeviceToDevice),
+                          cudaFree(d); cudaFreeHost(h); return PGD_EIO);
+        CUDA_CHECK(cudaFree(st->d_meta));
+    }
+    if (st->h_meta) CUDA_CHECK(cudaFreeHost(st->h_meta));
+    drop_graphs(st); /* they read the old buffers */
+    st->h_meta = h;
+    st->d_meta = d;
     st->meta_cap = cap;
+    set_meta_views(st);
     return PGD_OK;
 }
 
@@ -277,7 +307,16 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     CUDA_CHECK_OR(cudaMalloc((void **)&st->part, st->part_cap * (head_dim + 2) * sizeof(float)),
                   goto fail);
     CUDA_CHECK_OR(cudaMalloc((void **)&st->x_bf16, st->x_bf16_elems * 2), goto fail);
-    if (grow_meta(st, (size_t)max_tokens * 4 + (size_t)max_tokens * 64)) goto fail;
+    size_t srow_bytes = (size_t)max_tokens * sizeof(pgd_k_sample_row);
+    CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_srow, srow_bytes), goto fail);
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->d_srow, srow_bytes), goto fail);
+    CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_stok, (size_t)max_tokens * sizeof(int32_t)),
+                  goto fail);
+    CUDA_CHECK_OR(cudaMalloc((void **)&st->d_stok, (size_t)max_tokens * sizeof(int32_t)),
+                  goto fail);
+    if (grow_meta(st, (size_t)max_tokens * 4 + (size_t)max_tokens * 64, 0)) goto fail;
+    st->h_hi = malloc((size_t)max_tokens * sizeof *st->h_hi);
+    if (!st->h_hi) goto fail;
     (void)n_kv_head;
     return PGD_OK;
 fail:
@@ -300,31 +339,21 @@ static void set_meta_views(cuda_state *st) {
  * stride) and by the first layer's attention otherwise. */
 static int fill_tables(pgd_backend *be, const pgd_step *s, int bs, int stride) {
     cuda_state *st = be->impl;
+    if (st->tables_step == st->step) return PGD_OK;
     int n_seqs = 0;
     for (int t = 0; t < s->n_tokens; t++)
         if (s->seq[t] + 1 > n_seqs) n_seqs = s->seq[t] + 1;
-    if (st->tables_step == st->step) return PGD_OK;
     size_t M = (size_t)st->max_tokens;
-    if (4 * M + (size_t)n_seqs * stride > st->meta_cap) {
-        /* Grows the staging (rare: longer contexts than seen so far); the metadata of this
-         * step is already on the device, so only the tables need the new buffer. */
-        CUDA_CHECK_OR(cudaStreamSynchronize(st->stream), return PGD_EIO);
-        int32_t *old_d = st->d_meta;
-        int32_t *keep = NULL;
-        CUDA_CHECK_OR(cudaMalloc((void **)&keep, 4 * M * 4), return PGD_ENOMEM);
-        CUDA_CHECK_OR(cudaMemcpy(keep, old_d, 4 * M * 4, cudaMemcpyDeviceToDevice), return PGD_EIO);
-        int rc = grow_meta(st, 4 * M + (size_t)n_seqs * stride);
-        if (rc) return rc;
-        CUDA_CHECK_OR(cudaMemcpy(st->d_meta, keep, 4 * M * 4, cudaMemcpyDeviceToDevice),
-                      return PGD_EIO);
-        CUDA_CHECK_OR(cudaFree(keep), return PGD_EIO);
-        set_meta_views(st);
-    }
+    /* Grows the staging (rare: longer contexts than seen so far), keeping this step's staged
+     * metadata (the first 4 M int32s). */
+    int rc = grow_meta(st, 4 * M + (size_t)n_seqs * stride, 4 * M);
+    if (rc) return rc;
+    for (int i = 0; i < n_seqs; i++) st->h_hi[i] = -1; /* n_seqs <= n_tokens <= max_tokens */
+    for (int t = 0; t < s->n_tokens; t++)
+        if (s->pos[t] > st->h_hi[s->seq[t]]) st->h_hi[s->seq[t]] = s->pos[t];
     int32_t *tab = st->h_meta + 4 * M;
     for (int i = 0; i < n_seqs; i++) {
-        int hi = -1;
-        for (int t = 0; t < s->n_tokens; t++)
-            if (s->seq[t] == i && s->pos[t] > hi) hi = s->pos[t];
+        int hi = st->h_hi[i];
         int nb = hi < 0 ? 0 : hi / bs + 1;
         memset(tab + (size_t)i * stride, 0, (size_t)stride * 4);
         if (nb) memcpy(tab + (size_t)i * stride, s->block_tables[i], (size_t)nb * 4);
@@ -338,7 +367,7 @@ static int fill_tables(pgd_backend *be, const pgd_step *s, int bs, int stride) {
 }
 
 /* The graph of (pad, stride, kv_key), added (not warm) when new; NULL when the table is full. */
-static graph_entry *graph_for(cuda_state *st, int32_t pad, int32_t stride, const void *kv_key) {
+static graph_entry *graph_for(cuda_state *st, int32_t pad, int32_t stride, uint64_t kv_key) {
     for (int i = 0; i < st->n_graphs; i++) {
         graph_entry *g = &st->graphs[i];
         if (g->pad == pad && g->stride == stride && g->kv_key == kv_key) return g;
@@ -557,6 +586,12 @@ static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, fl
     const void *wb = w->data;
     if (w->type != PGD_TYPE_BF16) {
         size_t wn = (size_t)w->n_in * (size_t)w->n_out;
+        if (wn > st->w_bf16_elems && st->mode == MODE_CAPTURE) {
+            /* no synchronisation or allocation under capture: fail it; the step runs again
+             * eagerly and grows the scratch then */
+            pgd__cuda_failed = 1;
+            return;
+        }
         if (wn > st->w_bf16_elems) {
             /* Grows once, at the first large step, to the largest weight (never while a graph
              * is captured: each shape runs eagerly first). */
@@ -605,7 +640,7 @@ static void cuda_rope_kv_store(pgd_backend *be, float *q, float *k, const float 
     CUDA_CHECK((cudaError_t)pgd_k_rope_kv_store(st->stream, q, k, v, rows_of(st, s->n_tokens),
                                                 n_head, n_kv_head, rp->head_dim, rp->mode == 1,
                                                 st->d_pos, st->d_inv_freq, kv->dtype, kv->k,
-                                                kv->v, st->d_slot));
+                                                kv->v, kv->kv_dim, st->d_slot));
 }
 
 static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
@@ -678,6 +713,39 @@ static void cuda_copy_block(pgd_backend *be, const pgd_kv_layer *kv, int32_t src
     CUDA_CHECK(cudaStreamSynchronize(sm));
 }
 
+/* The kernels include nothing outside kernels/: their row type must be pgd_sample_row's layout. */
+_Static_assert(sizeof(pgd_sample_row) == sizeof(pgd_k_sample_row) &&
+                   offsetof(pgd_sample_row, temperature) ==
+                       offsetof(pgd_k_sample_row, temperature) &&
+                   offsetof(pgd_sample_row, top_p) == offsetof(pgd_k_sample_row, top_p) &&
+                   offsetof(pgd_sample_row, min_p) == offsetof(pgd_k_sample_row, min_p) &&
+                   offsetof(pgd_sample_row, u) == offsetof(pgd_k_sample_row, u) &&
+                   offsetof(pgd_sample_row, top_k) == offsetof(pgd_k_sample_row, top_k),
+               "pgd_sample_row (src/sample/device_sample.h) and pgd_k_sample_row "
+               "(kernels/sample.h) differ");
+
+/* Rows through the pinned staging, one CTA per row (kernels/sample.cu), token ids back: n_rows
+ * ints cross the bus instead of n_rows * n_vocab floats. Runs eagerly after the step's sync. */
+static int cuda_sample(pgd_backend *be, const float *logits, int n_rows, int n_vocab,
+                       const pgd_sample_row *rows, int32_t *out) {
+    cuda_state *st = be->impl;
+    if (n_rows <= 0) return PGD_OK;
+    if (n_rows > st->max_tokens) return PGD_EINVAL;
+    size_t rb = (size_t)n_rows * sizeof *st->h_srow, tb = (size_t)n_rows * sizeof *out;
+    CUDA_CHECK_OR(cudaSetDevice(be->device), return PGD_EIO);
+    memcpy(st->h_srow, rows, rb); /* the last call synchronised: the staging is free */
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->d_srow, st->h_srow, rb, cudaMemcpyHostToDevice, st->stream),
+                  return PGD_EIO);
+    CUDA_CHECK_OR((cudaError_t)pgd_k_sample(st->stream, logits, n_rows, n_vocab, st->d_srow,
+                                            st->d_stok),
+                  return PGD_EIO);
+    CUDA_CHECK_OR(cudaMemcpyAsync(st->h_stok, st->d_stok, tb, cudaMemcpyDeviceToHost, st->stream),
+                  return PGD_EIO);
+    CUDA_CHECK_OR(cudaStreamSynchronize(st->stream), return PGD_EIO);
+    memcpy(out, st->h_stok, tb);
+    return PGD_OK;
+}
+
 static const pgd_backend_ops cuda_ops = {
     .name = "cuda",
     .host_memory = false,
@@ -704,6 +772,7 @@ static const pgd_backend_ops cuda_ops = {
     .gather_rows = cuda_gather_rows,
     .copy_block = cuda_copy_block,
     .mem_info = cuda_mem_info,
+    .sample = cuda_sample,
 };
 
 const pgd_backend_ops *pgd_cuda_backend_ops(void) { return &cuda_ops; }
