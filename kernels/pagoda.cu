@@ -253,18 +253,35 @@ __global__ void k_add_bias(float *y, const float *b, int n_rows, int dim) {
     if (i < (size_t)n_rows * dim) y[i] += b[i % dim];
 }
 
+// The rotation of pair i (of hd / 2) of one head at position p: its two element indices and
+// rotated values. k_rope and k_rope_kv_store both use it, so they agree bit for bit.
+struct rope_pair {
+    int i0, i1;
+    float r0, r1;
+};
+static __device__ __forceinline__ rope_pair rotate(const float *head, int i, int hd, int neox,
+                                                   float p, const float *inv_freq) {
+    int half = hd / 2;
+    float ang = p * inv_freq[i];
+    float cs = cosf(ang), sn = sinf(ang);
+    rope_pair r;
+    r.i0 = neox ? i : 2 * i;
+    r.i1 = neox ? i + half : 2 * i + 1;
+    float a = head[r.i0], b = head[r.i1];
+    r.r0 = a * cs - b * sn;
+    r.r1 = b * cs + a * sn;
+    return r;
+}
+
 __global__ void k_rope(float *x, int n_heads, int hd, int neox, const int32_t *pos,
                        const float *inv_freq) {
     int t = blockIdx.x, half = hd / 2;
     for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
         int h = k / half, i = k % half;
-        float ang = (float)pos[t] * inv_freq[i];
-        float cs = cosf(ang), sn = sinf(ang);
         float *v = x + ((size_t)t * n_heads + h) * hd;
-        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        float a = v[i0], b = v[i1];
-        v[i0] = a * cs - b * sn;
-        v[i1] = b * cs + a * sn;
+        rope_pair r = rotate(v, i, hd, neox, (float)pos[t], inv_freq);
+        v[r.i0] = r.r0;
+        v[r.i1] = r.r1;
     }
 }
 
@@ -300,23 +317,18 @@ __global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, in
     float p = (float)pos[t];
     for (int j = threadIdx.x; j < n_head * half; j += blockDim.x) {
         int h = j / half, i = j % half;
-        float ang = p * inv_freq[i], cs = cosf(ang), sn = sinf(ang);
         float *x = q + ((size_t)t * n_head + h) * hd;
-        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        float a = x[i0], b = x[i1];
-        x[i0] = a * cs - b * sn;
-        x[i1] = b * cs + a * sn;
+        rope_pair r = rotate(x, i, hd, neox, p, inv_freq);
+        x[r.i0] = r.r0;
+        x[r.i1] = r.r1;
     }
     if (slot[t] < 0) return; // a padding row of a graph-sized step
     size_t base = (size_t)slot[t] * kv_dim;
     for (int j = threadIdx.x; j < n_kv_head * half; j += blockDim.x) {
         int h = j / half, i = j % half;
-        float ang = p * inv_freq[i], cs = cosf(ang), sn = sinf(ang);
-        const float *x = kin + ((size_t)t * n_kv_head + h) * hd;
-        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        float a = x[i0], b = x[i1];
-        store_elem(dt, k, base + (size_t)h * hd + i0, a * cs - b * sn);
-        store_elem(dt, k, base + (size_t)h * hd + i1, b * cs + a * sn);
+        rope_pair r = rotate(kin + ((size_t)t * n_kv_head + h) * hd, i, hd, neox, p, inv_freq);
+        store_elem(dt, k, base + (size_t)h * hd + r.i0, r.r0);
+        store_elem(dt, k, base + (size_t)h * hd + r.i1, r.r1);
     }
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x)
         store_elem(dt, v, base + i, vin[(size_t)t * kv_dim + i]);
