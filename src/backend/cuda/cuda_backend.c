@@ -80,7 +80,7 @@ typedef struct cuda_state {
     int mode;                    /* MODE_*: how this step's ops run */
     int failed_before;           /* pgd__cuda_failed when the capture began */
     int32_t n_real, n_pad;       /* the step's token rows as called and as run */
-    int32_t g_stride, g_splits, g_split_len; /* attention geometry of a graph step */
+    int32_t g_splits, g_split_len; /* attention geometry of a graph step */
     graph_entry *cur;
     graph_entry graphs[GRAPH_MAX];
     int n_graphs;
@@ -378,6 +378,18 @@ static graph_entry *graph_for(cuda_state *st, int32_t pad, int32_t stride, uint6
     return g;
 }
 
+/* Flash-decoding splits for `ctx` positions and `rows` tokens of n_head heads: ATTN_SPLIT_LEN
+ * positions per split, fewer splits (longer ones) when the partials would not fit part_cap. */
+static void split_geometry(const cuda_state *st, int ctx, int rows, int n_head, int32_t *n_splits,
+                           int32_t *split_len) {
+    long cap = (long)(st->part_cap / ((size_t)rows * (size_t)n_head));
+    if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
+    int n = (ctx + ATTN_SPLIT_LEN - 1) / ATTN_SPLIT_LEN;
+    if (n > cap) n = (int)cap;
+    *n_splits = n;
+    *split_len = (ctx + n - 1) / n;
+}
+
 /* Chooses how a graph step runs (st->mode) and stages its tables; PGD_OK leaves st->mode
  * MODE_EAGER when the step runs as it is. */
 static int begin_graph(pgd_backend *be, const pgd_step *s) {
@@ -389,14 +401,7 @@ static int begin_graph(pgd_backend *be, const pgd_step *s) {
     if (rc) return rc;
     graph_entry *g = graph_for(st, P, stride, s->kv_key);
     if (!g || g->failed) return PGD_OK; /* eagerly, with the tables as staged */
-    int ctx = stride * bs;
-    long cap = (long)(st->part_cap / ((size_t)P * (size_t)st->n_head));
-    int n_splits = (ctx + ATTN_SPLIT_LEN - 1) / ATTN_SPLIT_LEN;
-    if (cap < 1) cap = 1;
-    if (n_splits > cap) n_splits = (int)cap;
-    st->g_stride = stride;
-    st->g_splits = n_splits;
-    st->g_split_len = (ctx + n_splits - 1) / n_splits;
+    split_geometry(st, stride * bs, P, st->n_head, &st->g_splits, &st->g_split_len);
     st->n_pad = P;
     st->cur = g;
     if (g->exec) {
@@ -651,17 +656,10 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
         pgd__cuda_failed = 1;
         return;
     }
-    int n_tok = rows_of(st, s->n_tokens), n_splits, split_len;
-    if (st->mode != MODE_EAGER) { /* the graph key's geometry, whatever this step's positions */
-        n_splits = st->g_splits;
-        split_len = st->g_split_len;
-    } else {
-        n_splits = (st->max_pos + ATTN_SPLIT_LEN) / ATTN_SPLIT_LEN;
-        long cap = (long)(st->part_cap / ((size_t)n_tok * (size_t)n_head));
-        if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
-        if (n_splits > cap) n_splits = (int)cap;
-        split_len = (st->max_pos + n_splits) / n_splits;
-    }
+    int n_tok = rows_of(st, s->n_tokens);
+    int32_t n_splits = st->g_splits, split_len = st->g_split_len; /* a graph key's geometry */
+    if (st->mode == MODE_EAGER)
+        split_geometry(st, st->max_pos + 1, n_tok, n_head, &n_splits, &split_len);
     pgd_k_attn a = {
         .q = q, .out = out, .k = kv->k, .v = kv->v, .kv_dtype = kv->dtype, .kv_dim = kv->kv_dim,
         .block_size = kv->block_size, .pos = st->d_pos, .seq = st->d_seq, .tables = st->d_tables,
