@@ -6,6 +6,13 @@
 # bandwidth (copy kernel), batch-1 decode as a fraction of the roofline, and transformers
 # generate on the same shapes as a baseline. Writes one results file: $OUT or bench/gpu/results.txt.
 # Written without access to a GPU: never run yet.
+#
+# Needs only the CUDA toolkit (nvcc, cuBLAS), NCCL (the toolkit's, the system's, or PyTorch's
+# nvidia-nccl wheel), CMake, a C compiler and libcjson; the HTTP server is not built
+# (-DPAGODA_SERVER=OFF: no libuv/libmicrohttpd). Where libcjson is missing and nothing can be
+# installed (a GPU image with no network), run bench/gpu/fetch-deps.sh on a machine with apt first:
+# it puts the Debian packages in bench/gpu/deps/, which this script unpacks under /tmp (carry
+# bench/gpu/deps and models/ to such a machine).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -21,11 +28,42 @@ step() { # name timeout_s cmd...: runs, logs output, never aborts the script
 log "host: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 py=${PYTHON:-python3}
 
-step "configure+build (CUDA, sm_80+sm_90)" 300 bash -c \
-    "cmake -S . -B build-cuda -DPAGODA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null && cmake --build build-cuda -j\$(nproc) --target pagoda test_backend_ops test_tp >/dev/null"
-step "build gpu_bench" 60 bash -c \
-    "cc -O2 -std=c11 -D_GNU_SOURCE -Isrc -Iinclude bench/gpu/gpu_bench.c build-cuda/libpagoda.a build-cuda/libpagoda_kernels.a -L/usr/local/cuda/lib64 -L/usr/local/cuda/lib -lcublasLt -lcublas -lcudart -lnccl -lcjson -lm -lpthread -lstdc++ -o build-cuda/gpu_bench"
-step "op-by-op CUDA vs CPU (NMSE)" 120 ./build-cuda/test_backend_ops
+# What this machine has, for a run that fails before it measures anything.
+{
+    echo "-- environment"
+    command -v nvcc cmake cc pkg-config "$py" 2>&1 || true
+    nvcc --version 2>&1 | tail -1 || true
+    ls -d /usr/local/cuda*/lib64 2>&1 | head -3
+    timeout 30 find / -xdev \( -name 'libcublasLt.so*' -o -name 'libnccl.so*' -o -name nccl.h \
+        -o -name cJSON.h \) 2>/dev/null | grep -v "^/proc" | head -12
+} >>"$res" 2>&1 || true
+
+# libcjson: the system's, else the Debian packages fetched into bench/gpu/deps, else apt-get.
+cmake_extra=()
+if ! { [ -f /usr/include/cjson/cJSON.h ] || pkg-config --exists libcjson 2>/dev/null; }; then
+    if ls bench/gpu/deps/*.deb >/dev/null 2>&1; then
+        for d in bench/gpu/deps/*.deb; do dpkg-deb -x "$d" /tmp/pgd-deps || log "cannot unpack $d"; done
+        cmake_extra+=("-DCMAKE_PREFIX_PATH=/tmp/pgd-deps/usr")
+        export LD_LIBRARY_PATH=/tmp/pgd-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        log "libcjson: unpacked from bench/gpu/deps"
+    elif command -v apt-get >/dev/null; then
+        timeout 120 apt-get install -y libcjson-dev >>"$res" 2>&1 || log "apt-get install libcjson-dev failed"
+    fi
+fi
+# NCCL: the toolkit's or the system's, else PyTorch's nvidia-nccl wheel (libnccl.so.2 + nccl.h).
+if ! ls /usr/local/cuda*/lib64/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so* >/dev/null 2>&1; then
+    nccl=$($py -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
+    lib=$(ls "$nccl"/lib/libnccl.so* 2>/dev/null | head -1 || true)
+    if [ -n "$lib" ] && [ -f "$nccl/include/nccl.h" ]; then
+        cmake_extra+=("-DPGD_NCCL_LIBRARY=$lib" "-DPGD_NCCL_INCLUDE=$nccl/include")
+        export LD_LIBRARY_PATH=$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        log "NCCL: $lib"
+    fi
+fi
+
+step "configure+build (CUDA, sm_90)" 300 bash -c \
+    "cmake -S . -B build-cuda -DPAGODA_CUDA=ON -DPAGODA_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 ${cmake_extra[*]} >/dev/null && cmake --build build-cuda -j\$(nproc) --target test_backend_ops test_tp gpu_bench >/dev/null"
+step "op-by-op CUDA vs CPU (NMSE)" 120 env PAGODA_REQUIRE_CUDA=1 ./build-cuda/test_backend_ops
 B=./build-cuda/gpu_bench
 for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-random.gguf \
          models/SmolLM2-135M-Instruct.Q4_1.gguf; do

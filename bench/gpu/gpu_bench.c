@@ -1,4 +1,4 @@
-/* bench/gpu helper (built by check.sh against build-cuda/libpagoda.a):
+/* bench/gpu helper (the CMake target gpu_bench of a CUDA build; check.sh builds it):
  *   gpu_bench greedy MODEL cpu|cuda N [L]  -> prints N greedy token ids after a fixed prompt
  *                                             (L tokens: 9 by default; >= 16 takes the
  *                                             tensor-core prefill attention on CUDA)
@@ -64,6 +64,12 @@ int main(int argc, char **argv) {
     }
     pgd_model *m;
     if (pgd_model_load(argv[2], &mo, &m, &err)) return die(&err);
+    /* The loader falls back to the CPU where it finds no CUDA device: here that would compare
+     * the CPU with itself (or time an 8B model on the CPU), so it is a failure. */
+    if (mo.device == 1 + PGD_DEVICE_CUDA && m->device != PGD_DEVICE_CUDA) {
+        fprintf(stderr, "gpu_bench: asked for cuda but the model is on the CPU\n");
+        return 1;
+    }
     int nv = m->cfg.n_vocab;
     if (greedy) {
         int n = atoi(argv[4]), L = argc > 5 ? atoi(argv[5]) : 9;
@@ -100,7 +106,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < T; i++) tok[i] = (i * 7919) % nv, pos[i] = i, slot[i] = i;
         const int32_t *tables[1] = {tab};
         int32_t last = T - 1;
-        pgd_batch b = {T, tok, pos, seq, slot, tables, 1, &last};
+        pgd_batch b = {.n_tokens = T, .tokens = tok, .pos = pos, .seq = seq, .slot = slot,
+                       .block_tables = tables, .n_logits = 1, .logit_rows = &last};
         pgd_model_forward(&f, &kv, &b); /* warm-up */
         double t0 = now();
         int reps = 3, rc = 0;
@@ -140,7 +147,9 @@ int main(int argc, char **argv) {
                 slot[i] = (int64_t)tabs[s][(p0 + i) / bs] * bs + (p0 + i) % bs;
             }
             rows[0] = n - 1;
-            pgd_batch b = {n, tok, pos, seq, slot, (const int32_t *const *)tabs, 1, rows};
+            pgd_batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = seq, .slot = slot,
+                           .block_tables = (const int32_t *const *)tabs, .n_logits = 1,
+                           .logit_rows = rows};
             if (pgd_model_forward(&f, &kv, &b)) return 1;
         }
     double t0 = 0;
@@ -152,7 +161,9 @@ int main(int argc, char **argv) {
             tok[s] = (s + st + 3) % nv, pos[s] = p, seq[s] = s, rows[s] = s;
             slot[s] = (int64_t)tabs[s][p / bs] * bs + p % bs;
         }
-        pgd_batch b = {B, tok, pos, seq, slot, (const int32_t *const *)tabs, B, rows};
+        pgd_batch b = {.n_tokens = B, .tokens = tok, .pos = pos, .seq = seq, .slot = slot,
+                       .block_tables = (const int32_t *const *)tabs, .n_logits = B,
+                       .logit_rows = rows};
         rc |= pgd_model_forward(&f, &kv, &b);
     }
     double dt = now() - t0;

@@ -340,6 +340,13 @@ int main(void) {
     } else {
         printf("no CUDA device (%s build): checking the harness with cpu vs cpu\n",
                pgd_cuda_backend_ops() ? "CUDA" : "CPU-only");
+        /* bench/gpu/check.sh sets it: on the GPU machine cpu vs cpu would pass vacuously. */
+        const char *req = getenv("PAGODA_REQUIRE_CUDA");
+        if (req && *req && *req != '0') {
+            fprintf(stderr, "test_backend_ops: PAGODA_REQUIRE_CUDA is set but no CUDA device\n");
+            pgd_pool_free(pool);
+            return 1;
+        }
         run_pair(&pgd_cpu_backend_ops, 0, pool);
     }
     pgd_pool_free(pool);
