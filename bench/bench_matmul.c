@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
         if (!d) return 1;
         if (env_int("HUGE", 0) && madvise(d, sz, MADV_HUGEPAGE)) perror("madvise");
         for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = (unsigned char)rand();
-        w[m] = (pgd_weight){ty, cols, rows, rb, d}; /* random scales: speed does not care */
+        w[m] = (pgd_weight){ty, cols, rows, rb, d, false}; /* random scales: speed does not care */
     }
     float *x = malloc(sizeof(float) * (size_t)cols * n), *y = malloc(sizeof(float) * (size_t)rows * n);
     size_t ab = pgd_cpu_matmul_act_row_bytes(&w[0]);

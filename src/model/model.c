@@ -611,7 +611,14 @@ static void weights_to_hugepages(pgd_model *m) {
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         size_t bytes = ws[i]->row_bytes * (size_t)ws[i]->n_out;
-        memcpy(base + off, ws[i]->data, bytes);
+        /* F16 matrices the CPU multiplies in panels of 16 rows are stored so (the embedding
+         * table stays row-major: the token lookup reads its rows). */
+        if (ws[i] != &m->tok_embd && pgd_cpu_can_pack(ws[i])) {
+            pgd_cpu_pack_f16(ws[i], base + off);
+            ws[i]->panel16 = true;
+        } else {
+            memcpy(base + off, ws[i]->data, bytes);
+        }
         if (ws[i] == &m->tok_embd && m->output.data == m->tok_embd.data) m->output.data = base + off;
         ws[i]->data = base + off;
         off += (bytes + 63) / 64 * 64;
@@ -712,7 +719,8 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         buf[i] = pgd_fp32_to_bf16((u * 2.0f - 1.0f) * 0.02f);
     }
     for (int i = 0; i < c->dim; i++) ones[i] = 1.0f;
-#define DW(w, in, out) ((w) = (pgd_weight){PGD_TYPE_BF16, (in), (out), (size_t)(in) * 2, buf})
+#define DW(w, in, out)                                                                           \
+    ((w) = (pgd_weight){PGD_TYPE_BF16, (in), (out), (size_t)(in) * 2, buf, false})
     DW(m->tok_embd, c->dim, c->n_vocab);
     DW(m->output, c->dim, c->n_vocab);
     m->output_norm = ones;

@@ -127,7 +127,7 @@ static void test_matmul(pair *p) {
                 buf2 wb = mk(p, wh, rb * (size_t)n_out);
                 float *xh = randv((size_t)n * n_in);
                 buf2 x = mk(p, xh, (size_t)n * n_in * 4), y = mk(p, NULL, (size_t)n * n_out * 4);
-                pgd_weight wr = {types[ti], n_in, n_out, rb, wb.r}, wd = wr;
+                pgd_weight wr = {types[ti], n_in, n_out, rb, wb.r, false}, wd = wr;
                 wd.data = wb.d;
                 p->ref.ops->matmul(&p->ref, &wr, x.r, y.r, n);
                 p->dut.ops->matmul(&p->dut, &wd, x.d, y.d, n);
@@ -239,7 +239,7 @@ static void test_step_ops(pair *p) {
             void *eh = rand_weight(PGD_TYPE_Q8_0, 64, 100, &eb);
             buf2 E = mk(p, eh, eb * 100), x = mk(p, NULL, (size_t)N * 64 * 4);
             /* rows 30..79 */
-            pgd_weight er = {PGD_TYPE_Q8_0, 64, 50, eb, E.r}, ed = er;
+            pgd_weight er = {PGD_TYPE_Q8_0, 64, 50, eb, E.r, false}, ed = er;
             ed.data = E.d;
             p->ref.ops->embed(&p->ref, &er, 30, &st, x.r);
             p->dut.ops->embed(&p->dut, &ed, 30, &st, x.d);

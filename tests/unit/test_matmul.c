@@ -94,7 +94,7 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
     uint8_t *buf = malloc(row_bytes * (size_t)n_out + 1), *wdata = buf + 1;
     uint8_t *wz = malloc(row_bytes);
     fill_blocks(T, wdata, nb * n_out, 0.02f);
-    pgd_weight w = {T->t, n_in, n_out, row_bytes, wdata};
+    pgd_weight w = {T->t, n_in, n_out, row_bytes, wdata, false};
 
     float *x = malloc(sizeof(float) * (size_t)(N_TOK * n_in));
     for (int64_t i = 0; i < N_TOK * n_in; i++) {
@@ -169,6 +169,48 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
     free(buf), free(wz), free(x), free(y_all), free(y), free(act), free(wf), free(zf), free(af);
 }
 
+/* F16 weights in the panel16 layout (when this build packs): every token's row is
+ * bit-identical at n = 1 and in batches of every size and offset, and agrees with the
+ * row-major path (a different summation order) within a relative 1e-5 of the row's scale. */
+static void check_panel16(pgd_pool *pool, int64_t n_in, int64_t n_out) {
+    size_t rb = (size_t)n_in * 2;
+    uint16_t *wr = malloc(rb * (size_t)n_out), *wp = malloc(rb * (size_t)n_out);
+    float *x = malloc(sizeof(float) * (size_t)(N_TOK * n_in));
+    float *y1 = malloc(sizeof(float) * (size_t)(N_TOK * n_out));
+    float *yb = malloc(sizeof(float) * (size_t)(N_TOK * n_out));
+    float *yr = malloc(sizeof(float) * (size_t)n_out);
+    for (size_t i = 0; i < (size_t)(n_in * n_out); i++)
+        wr[i] = pgd_fp32_to_fp16(rnd_sym(1.0f));
+    for (int64_t i = 0; i < N_TOK * n_in; i++) x[i] = rnd_sym(1.0f);
+    pgd_weight w = {PGD_TYPE_F16, n_in, n_out, rb, wr, false};
+    if (!pgd_cpu_can_pack(&w)) goto out; /* a build without the layout (portable) */
+    pgd_cpu_pack_f16(&w, wp);
+    pgd_weight wpk = w;
+    wpk.data = wp;
+    wpk.panel16 = true;
+    int badb = 0, badr = 0;
+    for (int t = 0; t < N_TOK; t++) run(pool, &wpk, x + t * n_in, y1 + t * n_out, 1);
+    const int sizes[] = {2, 6, 7, 13, 63};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+        for (int o = 0; o + sizes[si] <= N_TOK; o += 17) {
+            run(pool, &wpk, x + o * n_in, yb, sizes[si]);
+            badb += memcmp(yb, y1 + o * n_out, sizeof(float) * (size_t)(sizes[si] * n_out)) != 0;
+        }
+    for (int t = 0; t < N_TOK; t += 9) {
+        run(pool, &w, x + t * n_in, yr, 1);
+        for (int64_t r = 0; r < n_out; r++) {
+            double tol = 1e-5 * sqrt((double)n_in) + 1e-6;
+            badr += fabs((double)yr[r] - y1[t * n_out + r]) > tol;
+        }
+    }
+    CHECK(badb == 0, "F16 panel16 %lldx%lld: %d batches differ from n = 1",
+          (long long)n_out, (long long)n_in, badb);
+    CHECK(badr == 0, "F16 panel16 %lldx%lld: %d outputs off the row-major path",
+          (long long)n_out, (long long)n_in, badr);
+out:
+    free(wr), free(wp), free(x), free(y1), free(yb), free(yr);
+}
+
 static int run_all(void) {
     pgd_err err;
     for (int nth = 1; nth <= 3; nth++) {
@@ -185,6 +227,8 @@ static int run_all(void) {
             check_type(pool, T, n_in, 37);
             if (nth == 2) check_type(pool, T, T->qk == 1 ? 2056 : 4096 + (T->qk == 32) * 96, 9);
         }
+        check_panel16(pool, 72, 128);  /* one K slice; rows split unevenly over 3 threads */
+        check_panel16(pool, 600, 192); /* K slices of 256, 256 and 88 */
         pgd_pool_free(pool);
     }
     return 0;

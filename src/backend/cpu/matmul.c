@@ -10,6 +10,7 @@
  * y is bit-identical for any n and any neighbouring rows (tests/unit/test_matmul.c). */
 #include "backend/cpu/matmul.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/quant.h"
@@ -409,6 +410,121 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
 }
 #endif /* __AVX2__ */
 
+/* ---- F16 weights in panels of 16 rows (panel16) ---------------------------------------------
+ * Outer-product tiles: per k, the 16 rows' weights (two vectors) meet a broadcast of each token's
+ * x[k]. Every y[t][r] is one FMA chain over k = 0..n_in-1 in order, started from +0: the GEMM
+ * (6 tokens x 16 rows, K in slices with the chains continued from y) and the GEMV (1 token, 4
+ * panels at a time) run the same chains, so a row's result is bit-identical at every n. Against
+ * the row-major tiles: fewer operand bytes per FMA (a weight vector serves 6 tokens) and one
+ * long stream per panel in decode (bench/bench_outer.c, bench/RESULTS.md). */
+#ifdef PGD_F32ACT_SIMD
+#define P16_KC 256       /* K slice of a GEMM pass: the panel's slice (8 KiB) stays in L1 */
+#define P16_TB 96        /* tokens per block: their K slice (96 KiB) stays in L2 */
+
+INLINE void p16_tile(const uint16_t *p, const float *x, size_t K, float *y, size_t N,
+                     const int NT, size_t k0, size_t k1) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++)
+            acc[t][h] = k0 ? _mm256_loadu_ps(y + (size_t)t * N + 8 * h) : _mm256_setzero_ps();
+    for (size_t k = k0; k < k1; k++) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * 16)));
+        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * 16 + 8)));
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) {
+            __m256 b = _mm256_broadcast_ss(x + (size_t)t * K + k);
+            acc[t][0] = _mm256_fmadd_ps(w0, b, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(w1, b, acc[t][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(y + (size_t)t * N + 8 * h, acc[t][h]);
+}
+
+typedef void (*p16_fn)(const uint16_t *, const float *, size_t, float *, size_t, size_t, size_t);
+#define P16_T(NT)                                                                                \
+    static void p16_tile_##NT(const uint16_t *p, const float *x, size_t K, float *y, size_t N,  \
+                              size_t k0, size_t k1) {                                            \
+        p16_tile(p, x, K, y, N, NT, k0, k1);                                                     \
+    }
+P16_T(1) P16_T(2) P16_T(3) P16_T(4) P16_T(5) P16_T(6)
+static const p16_fn p16_tiles[6] = {p16_tile_1, p16_tile_2, p16_tile_3,
+                                    p16_tile_4, p16_tile_5, p16_tile_6};
+
+/* One token, rows [lo, hi) (multiples of 64): 4 panels at a time, 8 independent chains. */
+static void p16_gemv(const uint16_t *P, const float *x, float *y, size_t K, long lo, long hi) {
+    for (long n = lo; n < hi; n += 64) {
+        const uint16_t *p = P + (size_t)n * K;
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+        for (size_t k = 0; k < K; k++) {
+            __m256 b = _mm256_broadcast_ss(x + k);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++)
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const uint16_t *w = p + (size_t)q * 16 * K + k * 16 + 8 * h;
+                    a[2 * q + h] = _mm256_fmadd_ps(
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)), b, a[2 * q + h]);
+                }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(y + n + 8 * i, a[i]);
+    }
+}
+
+/* n tokens, rows [lo, hi) (multiples of 16): token blocks, then panels, then K slices, then
+ * token tiles of up to 6. */
+static void p16_gemm(const uint16_t *P, const float *x, float *y, size_t K, size_t N, int n,
+                     long lo, long hi) {
+    /* Equal slices of at most P16_KC (576 = 2 x 288, not 256 + 256 + 64: a short slice pays the
+     * accumulators' reload and store for few FMAs). */
+    const size_t ns = (K + P16_KC - 1) / P16_KC, kc = (K + ns - 1) / ns;
+    for (long t0 = 0; t0 < n; t0 += P16_TB) {
+        long t1 = t0 + P16_TB < n ? t0 + P16_TB : n;
+        for (long r = lo; r < hi; r += 16) {
+            const uint16_t *p = P + (size_t)r * K;
+            for (size_t k0 = 0; k0 < K; k0 += kc) {
+                size_t k1 = k0 + kc < K ? k0 + kc : K;
+                for (long t = t0; t < t1; t += 6) {
+                    int nt = t1 - t < 6 ? (int)(t1 - t) : 6;
+                    p16_tiles[nt - 1](p, x + (size_t)t * K, K, y + (size_t)t * N + r, N, k0, k1);
+                }
+            }
+        }
+    }
+}
+#endif
+
+bool pgd_cpu_can_pack(const pgd_weight *w) {
+#ifdef PGD_F32ACT_SIMD
+    const char *env = getenv("PAGODA_PACK_F16");
+    if (env && env[0] == '0') return false;
+    return w->type == PGD_TYPE_F16 && !w->panel16 && w->n_out % 64 == 0 && w->n_in > 0 &&
+           w->row_bytes == (size_t)w->n_in * 2;
+#else
+    (void)w;
+    return false;
+#endif
+}
+
+void pgd_cpu_pack_f16(const pgd_weight *w, void *dst) {
+    const uint16_t *src = w->data;
+    uint16_t *out = dst;
+    const size_t K = (size_t)w->n_in;
+    for (int64_t p = 0; p < w->n_out / 16; p++)
+        for (int r = 0; r < 16; r++) {
+            const uint16_t *row = src + ((size_t)p * 16 + (size_t)r) * K;
+            uint16_t *o = out + (size_t)p * 16 * K + (size_t)r;
+            for (size_t k = 0; k < K; k++) o[k * 16] = row[k];
+        }
+}
+
 /* ---- Pool tasks ---------------------------------------------------------------------------- */
 
 typedef struct matmul_ctx {
@@ -496,6 +612,13 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     const pgd_weight *w = c->w;
     const unsigned char *base = w->data;
 #ifdef PGD_F32ACT_SIMD
+    if (w->panel16) {
+        if (c->n == 1) p16_gemv(w->data, c->x, c->y, (size_t)w->n_in, lo, hi);
+        else p16_gemm(w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo, hi);
+        return;
+    }
+#endif
+#ifdef PGD_F32ACT_SIMD
     if (c->panel && c->n >= PANEL_MIN_TOKENS && is_quant_type(w->type) &&
         pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
         matmul_rows_panel(c, lo, hi, ith);
@@ -557,6 +680,7 @@ void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *
     long rows = (long)((w->n_out + 8 * nth - 1) / (8 * nth));
     if (rows < 16) rows = 16;
     rows = (rows + TILE_R - 1) / TILE_R * TILE_R;
+    if (w->panel16) rows = (rows + 63) / 64 * 64; /* whole 4-panel groups (n_out % 64 == 0) */
     matmul_ctx c = {w, x, act, act_row_bytes, panel, y, n, rows};
     if (!(tiled_type(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32)) {
         if (n > 1) pgd_pool_run_chunks(pool, quant_chunk, &c, n);

@@ -2,19 +2,30 @@
 #ifndef PGD_BACKEND_CPU_MATMUL_H
 #define PGD_BACKEND_CPU_MATMUL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "backend/cpu/pool.h"
 #include "model/gguf.h"
 
-/* A 2-D weight: n_out rows of n_in elements, each row row_bytes long (row-major). */
+/* A 2-D weight: n_out rows of n_in elements, each row row_bytes long (row-major), unless
+ * panel16: then (F16 only) data holds panels of 16 rows, each k-major (element k of rows
+ * 16p..16p+15 at ((16p * n_in) + 16k + r) halves), as pgd_cpu_pack_f16 writes them. */
 typedef struct pgd_weight {
     pgd_type type;
     int64_t n_in, n_out;
     size_t row_bytes;
     const void *data;
+    bool panel16;
 } pgd_weight;
+
+/* Whether this build multiplies w in the panel16 layout (F16, AVX2+FMA+F16C, n_out a multiple
+ * of 64; PAGODA_PACK_F16=0 says no). The layout changes a row's summation order (one FMA chain
+ * over k instead of 8 lanes and a tree), the same for every batch size. */
+bool pgd_cpu_can_pack(const pgd_weight *w);
+/* Writes w's rows (row-major F16, w->data) into dst in the panel16 layout (the same bytes). */
+void pgd_cpu_pack_f16(const pgd_weight *w, void *dst);
 
 /* Bytes of one activation row of the scratch buffer pgd_cpu_matmul needs for weight w with
  * inputs of n_in elements (64-byte multiple). */
