@@ -8,7 +8,8 @@
  *   /tmp/bench_matmul THREADS ROWS COLS N TYPE    (TYPE: ggml id, 0 F32, 1 F16, 2 Q4_0, 3 Q4_1,
  *                                                  8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)
  * Environment: NMAT, REPS (20), NOPANEL, PAGODA_INT8_ACT, HUGE=1 (weights in transparent huge
- * pages). */
+ * pages), PACK=1 (F16 weights in the CPU backend's 16-row panels, as the model loader stores
+ * them; without it the row-major tiles). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -49,6 +50,15 @@ int main(int argc, char **argv) {
         if (env_int("HUGE", 0) && madvise(d, sz, MADV_HUGEPAGE)) perror("madvise");
         for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = (unsigned char)rand();
         w[m] = (pgd_weight){ty, cols, rows, rb, d, false}; /* random scales: speed does not care */
+        if (env_int("PACK", 0) && pgd_cpu_can_pack(&w[m])) { /* F16 in 16-row panels */
+            unsigned char *p = aligned_alloc(2u << 20, sz);
+            if (!p) return 1;
+            if (env_int("HUGE", 0) && madvise(p, sz, MADV_HUGEPAGE)) perror("madvise");
+            pgd_cpu_pack_f16(&w[m], p);
+            free(d);
+            w[m].data = p;
+            w[m].panel16 = true;
+        }
     }
     float *x = malloc(sizeof(float) * (size_t)cols * n), *y = malloc(sizeof(float) * (size_t)rows * n);
     size_t ab = pgd_cpu_matmul_act_row_bytes(&w[0]);

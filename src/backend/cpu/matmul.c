@@ -416,7 +416,7 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
  * (6 tokens x 16 rows, K in slices with the chains continued from y) and the GEMV (1 token, 4
  * panels at a time) run the same chains, so a row's result is bit-identical at every n. Against
  * the row-major tiles: fewer operand bytes per FMA (a weight vector serves 6 tokens) and one
- * long stream per panel in decode (bench/bench_outer.c, bench/RESULTS.md). */
+ * long stream per panel in decode (bench/RESULTS.md; `PACK=1 bench/bench_matmul.c`). */
 #ifdef PGD_F32ACT_SIMD
 #define P16_KC 256       /* K slice of a GEMM pass: the panel's slice (8 KiB) stays in L1 */
 #define P16_TB 96        /* tokens per block: their K slice (96 KiB) stays in L2 */
