@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
             unsigned char *p = aligned_alloc(2u << 20, sz);
             if (!p) return 1;
             if (env_int("HUGE", 0) && madvise(p, sz, MADV_HUGEPAGE)) perror("madvise");
-            pgd_cpu_pack_f16(&w[m], p);
+            pgd_cpu_pack(&w[m], p);
             free(d);
             w[m].data = p;
             w[m].panel16 = true;

@@ -169,22 +169,23 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
     free(buf), free(wz), free(x), free(y_all), free(y), free(act), free(wf), free(zf), free(af);
 }
 
-/* F16 weights in the panel16 layout (when this build packs): every token's row is
+/* Weights in the panel16 layout (F16, Q8_0; when this build packs them): every token's row is
  * bit-identical at n = 1 and in batches of every size and offset, and agrees with the
- * row-major path (a different summation order) within a relative 1e-5 of the row's scale. */
-static void check_panel16(pgd_pool *pool, int64_t n_in, int64_t n_out) {
-    size_t rb = (size_t)n_in * 2;
-    uint16_t *wr = malloc(rb * (size_t)n_out), *wp = malloc(rb * (size_t)n_out);
+ * row-major path (a different summation order) within 1e-5 x sqrt(n_in) x the weights' scale. */
+static void check_panel16(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_out) {
+    int64_t nb = n_in / T->qk;
+    size_t rb = (size_t)(nb * T->bytes);
+    uint8_t *wr = malloc(rb * (size_t)n_out), *wp = malloc(rb * (size_t)n_out);
     float *x = malloc(sizeof(float) * (size_t)(N_TOK * n_in));
     float *y1 = malloc(sizeof(float) * (size_t)(N_TOK * n_out));
     float *yb = malloc(sizeof(float) * (size_t)(N_TOK * n_out));
     float *yr = malloc(sizeof(float) * (size_t)n_out);
-    for (size_t i = 0; i < (size_t)(n_in * n_out); i++)
-        wr[i] = pgd_fp32_to_fp16(rnd_sym(1.0f));
+    const float scale = T->qk == 1 ? 1.0f : 0.02f; /* Q8_0: |d * q| <= 0.02 * 127 */
+    fill_blocks(T, wr, nb * n_out, scale);
     for (int64_t i = 0; i < N_TOK * n_in; i++) x[i] = rnd_sym(1.0f);
-    pgd_weight w = {PGD_TYPE_F16, n_in, n_out, rb, wr, false};
-    if (!pgd_cpu_can_pack(&w)) goto out; /* a build without the layout (portable) */
-    pgd_cpu_pack_f16(&w, wp);
+    pgd_weight w = {T->t, n_in, n_out, rb, wr, false};
+    if (!pgd_cpu_can_pack(&w)) goto out; /* a build without the layout (portable, int8 mode) */
+    pgd_cpu_pack(&w, wp);
     pgd_weight wpk = w;
     wpk.data = wp;
     wpk.panel16 = true;
@@ -196,16 +197,15 @@ static void check_panel16(pgd_pool *pool, int64_t n_in, int64_t n_out) {
             run(pool, &wpk, x + o * n_in, yb, sizes[si]);
             badb += memcmp(yb, y1 + o * n_out, sizeof(float) * (size_t)(sizes[si] * n_out)) != 0;
         }
+    const double wmax = T->qk == 1 ? 1.0 : 0.02 * 128;
     for (int t = 0; t < N_TOK; t += 9) {
         run(pool, &w, x + t * n_in, yr, 1);
-        for (int64_t r = 0; r < n_out; r++) {
-            double tol = 1e-5 * sqrt((double)n_in) + 1e-6;
-            badr += fabs((double)yr[r] - y1[t * n_out + r]) > tol;
-        }
+        for (int64_t r = 0; r < n_out; r++)
+            badr += fabs((double)yr[r] - y1[t * n_out + r]) > 1e-5 * sqrt((double)n_in) * wmax;
     }
-    CHECK(badb == 0, "F16 panel16 %lldx%lld: %d batches differ from n = 1",
+    CHECK(badb == 0, "%s panel16 %lldx%lld: %d batches differ from n = 1", T->name,
           (long long)n_out, (long long)n_in, badb);
-    CHECK(badr == 0, "F16 panel16 %lldx%lld: %d outputs off the row-major path",
+    CHECK(badr == 0, "%s panel16 %lldx%lld: %d outputs off the row-major path", T->name,
           (long long)n_out, (long long)n_in, badr);
 out:
     free(wr), free(wp), free(x), free(y1), free(yb), free(yr);
@@ -227,8 +227,11 @@ static int run_all(void) {
             check_type(pool, T, n_in, 37);
             if (nth == 2) check_type(pool, T, T->qk == 1 ? 2056 : 4096 + (T->qk == 32) * 96, 9);
         }
-        check_panel16(pool, 72, 128);  /* one K slice; rows split unevenly over 3 threads */
-        check_panel16(pool, 600, 192); /* K slices of 256, 256 and 88 */
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            if (k_types[ti].t != PGD_TYPE_F16 && k_types[ti].t != PGD_TYPE_Q8_0) continue;
+            check_panel16(pool, &k_types[ti], 96, 128);  /* one K slice; rows split unevenly */
+            check_panel16(pool, &k_types[ti], 608, 192); /* K slices of 224, 224 and 160 */
+        }
         pgd_pool_free(pool);
     }
     return 0;

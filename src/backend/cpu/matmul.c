@@ -410,19 +410,93 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
 }
 #endif /* __AVX2__ */
 
-/* ---- F16 weights in panels of 16 rows (panel16) ---------------------------------------------
+/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0) -------------------------------------
  * Outer-product tiles: per k, the 16 rows' weights (two vectors) meet a broadcast of each token's
- * x[k]. Every y[t][r] is one FMA chain over k = 0..n_in-1 in order, started from +0: the GEMM
- * (6 tokens x 16 rows, K in slices with the chains continued from y) and the GEMV (1 token, 4
- * panels at a time) run the same chains, so a row's result is bit-identical at every n. Against
- * the row-major tiles: fewer operand bytes per FMA (a weight vector serves 6 tokens) and one
- * long stream per panel in decode (bench/RESULTS.md; `PACK=1 bench/bench_matmul.c`). */
+ * x[k]. F16: every y[t][r] is one FMA chain over k = 0..n_in-1 in order, started from +0. Q8_0:
+ * per 32-element block a chain s = sum q[k] x[k] (q widened exactly) from +0, then
+ * y = fma(d, s, y) block after block from +0 (the scale leaves the inner loop). The GEMM (6 tokens
+ * x 16 rows over K slices converted to F32 once, the chains continued from y) and the GEMV (1
+ * token, 4 panels at a time, converting in registers) run the same chains, so a row's result is
+ * bit-identical at every n. Against the row-major tiles: fewer operand bytes per FMA (a weight vector serves
+ * 6 tokens) and one long stream per panel in decode (bench/RESULTS.md; `PACK=1
+ * bench/bench_matmul.c`). Q8_0 panel layout, per (panel, 32-element block): the 16 rows' fp16
+ * scales, then q[k][16] (k-major): 544 bytes, as 16 rows' blocks take row-major. */
 #ifdef PGD_F32ACT_SIMD
-#define P16_KC 256       /* K slice of a GEMM pass: the panel's slice (8 KiB) stays in L1 */
-#define P16_TB 96        /* tokens per block: their K slice (96 KiB) stays in L2 */
+#define P16_KC 256 /* K slice of a GEMM pass (a multiple of 32): 16 KiB of F32 weights in L1 */
+#define P16_TB 96  /* tokens per block: their K slice (96 KiB) stays in L2 */
+#define P16_Q8_BLOCK (16 * 2 + 32 * 16)
 
-INLINE void p16_tile(const uint16_t *p, const float *x, size_t K, float *y, size_t N,
-                     const int NT, size_t k0, size_t k1) {
+/* The 16 weights of element k of a panel as two F32 vectors: F16 widened; Q8_0 the quants
+ * q[k][0..15] of the panel's block qb widened (exact integers), without the scales. */
+INLINE void p16_w_f16(const uint16_t *p, size_t k, __m256 *w0, __m256 *w1) {
+    *w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * 16)));
+    *w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * 16 + 8)));
+}
+INLINE void p16_w_q8(const uint8_t *qb, int k, __m256 *w0, __m256 *w1) {
+    const uint8_t *q = qb + 32 + k * 16;
+    *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
+}
+/* The 16 scales of a Q8_0 panel block as floats. */
+INLINE void p16_d_q8(const uint8_t *qb, __m256 *d0, __m256 *d1) {
+    *d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)qb));
+    *d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + 16)));
+}
+
+/* Elements [k0, k1) of one panel as F32, wf[k - k0][16] (F16 weights; Q8_0 quants), and for
+ * Q8_0 the scales of its blocks, ds[(k - k0) / 32][16]. */
+static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, float *wf,
+                      float *ds) {
+    for (size_t k = k0; k < k1; k++) {
+        __m256 w0, w1;
+        if (t == PGD_TYPE_F16) {
+            p16_w_f16((const uint16_t *)panel, k, &w0, &w1);
+        } else {
+            const uint8_t *qb = panel + (k / 32) * P16_Q8_BLOCK;
+            p16_w_q8(qb, (int)(k % 32), &w0, &w1);
+            if (k % 32 == 0) {
+                __m256 d0, d1;
+                p16_d_q8(qb, &d0, &d1);
+                _mm256_store_ps(ds + (k - k0) / 32 * 16, d0);
+                _mm256_store_ps(ds + (k - k0) / 32 * 16 + 8, d1);
+            }
+        }
+        _mm256_store_ps(wf + (k - k0) * 16, w0);
+        _mm256_store_ps(wf + (k - k0) * 16 + 8, w1);
+    }
+}
+
+/* Q8_0 GEMM tile: NT tokens x 16 rows over the blocks of [k0, k1); y holds the running sums. */
+INLINE void p16_tile_q8(const float *wf, const float *ds, const float *x, size_t K, float *y,
+                        size_t N, const int NT, size_t k0, size_t k1) {
+    for (size_t b0 = k0; b0 < k1; b0 += 32) {
+        __m256 s[6][2];
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) s[t][0] = s[t][1] = _mm256_setzero_ps();
+        for (size_t k = b0; k < b0 + 32; k++) {
+            __m256 w0 = _mm256_load_ps(wf + (k - k0) * 16);
+            __m256 w1 = _mm256_load_ps(wf + (k - k0) * 16 + 8);
+#pragma GCC unroll 6
+            for (int t = 0; t < NT; t++) {
+                __m256 b = _mm256_broadcast_ss(x + (size_t)t * K + k);
+                s[t][0] = _mm256_fmadd_ps(w0, b, s[t][0]);
+                s[t][1] = _mm256_fmadd_ps(w1, b, s[t][1]);
+            }
+        }
+        const float *d = ds + (b0 - k0) / 32 * 16;
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                float *yt = y + (size_t)t * N + 8 * h;
+                __m256 a = b0 ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
+                _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_load_ps(d + 8 * h), s[t][h], a));
+            }
+    }
+}
+
+INLINE void p16_tile(const float *wf, const float *x, size_t K, float *y, size_t N, const int NT,
+                     size_t k0, size_t k1) {
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int t = 0; t < NT; t++)
@@ -430,8 +504,7 @@ INLINE void p16_tile(const uint16_t *p, const float *x, size_t K, float *y, size
         for (int h = 0; h < 2; h++)
             acc[t][h] = k0 ? _mm256_loadu_ps(y + (size_t)t * N + 8 * h) : _mm256_setzero_ps();
     for (size_t k = k0; k < k1; k++) {
-        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * 16)));
-        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * 16 + 8)));
+        __m256 w0 = _mm256_load_ps(wf + (k - k0) * 16), w1 = _mm256_load_ps(wf + (k - k0) * 16 + 8);
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) {
             __m256 b = _mm256_broadcast_ss(x + (size_t)t * K + k);
@@ -445,55 +518,107 @@ INLINE void p16_tile(const uint16_t *p, const float *x, size_t K, float *y, size
         for (int h = 0; h < 2; h++) _mm256_storeu_ps(y + (size_t)t * N + 8 * h, acc[t][h]);
 }
 
-typedef void (*p16_fn)(const uint16_t *, const float *, size_t, float *, size_t, size_t, size_t);
+typedef void (*p16_fn)(const float *, const float *, size_t, float *, size_t, size_t, size_t);
 #define P16_T(NT)                                                                                \
-    static void p16_tile_##NT(const uint16_t *p, const float *x, size_t K, float *y, size_t N,  \
+    static void p16_tile_##NT(const float *wf, const float *x, size_t K, float *y, size_t N,    \
                               size_t k0, size_t k1) {                                            \
-        p16_tile(p, x, K, y, N, NT, k0, k1);                                                     \
+        p16_tile(wf, x, K, y, N, NT, k0, k1);                                                    \
     }
 P16_T(1) P16_T(2) P16_T(3) P16_T(4) P16_T(5) P16_T(6)
 static const p16_fn p16_tiles[6] = {p16_tile_1, p16_tile_2, p16_tile_3,
                                     p16_tile_4, p16_tile_5, p16_tile_6};
+typedef void (*p16q_fn)(const float *, const float *, const float *, size_t, float *, size_t,
+                        size_t, size_t);
+#define P16Q_T(NT)                                                                               \
+    static void p16_tile_q8_##NT(const float *wf, const float *ds, const float *x, size_t K,    \
+                                 float *y, size_t N, size_t k0, size_t k1) {                     \
+        p16_tile_q8(wf, ds, x, K, y, N, NT, k0, k1);                                             \
+    }
+P16Q_T(1) P16Q_T(2) P16Q_T(3) P16Q_T(4) P16Q_T(5) P16Q_T(6)
+static const p16q_fn p16_tiles_q8[6] = {p16_tile_q8_1, p16_tile_q8_2, p16_tile_q8_3,
+                                        p16_tile_q8_4, p16_tile_q8_5, p16_tile_q8_6};
+
+static size_t p16_panel_bytes(pgd_type t, size_t K) {
+    return t == PGD_TYPE_F16 ? 16 * K * 2 : (K / 32) * P16_Q8_BLOCK;
+}
 
 /* One token, rows [lo, hi) (multiples of 64): 4 panels at a time, 8 independent chains. */
-static void p16_gemv(const uint16_t *P, const float *x, float *y, size_t K, long lo, long hi) {
+INLINE void p16_gemv_t(const pgd_type t, const uint8_t *P, const float *x, float *y, size_t K,
+                       long lo, long hi) {
+    const size_t pb = p16_panel_bytes(t, K);
     for (long n = lo; n < hi; n += 64) {
-        const uint16_t *p = P + (size_t)n * K;
+        const uint8_t *p = P + (size_t)(n / 16) * pb;
         __m256 a[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-        for (size_t k = 0; k < K; k++) {
-            __m256 b = _mm256_broadcast_ss(x + k);
+        if (t == PGD_TYPE_F16) {
+            for (size_t k = 0; k < K; k++) {
+                __m256 b = _mm256_broadcast_ss(x + k);
 #pragma GCC unroll 4
-            for (int q = 0; q < 4; q++)
-#pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    const uint16_t *w = p + (size_t)q * 16 * K + k * 16 + 8 * h;
-                    a[2 * q + h] = _mm256_fmadd_ps(
-                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)), b, a[2 * q + h]);
+                for (int q = 0; q < 4; q++) {
+                    __m256 w0, w1;
+                    p16_w_f16((const uint16_t *)(p + q * pb), k, &w0, &w1);
+                    a[2 * q] = _mm256_fmadd_ps(w0, b, a[2 * q]);
+                    a[2 * q + 1] = _mm256_fmadd_ps(w1, b, a[2 * q + 1]);
                 }
+            }
+        } else {
+            for (size_t blk = 0; blk < K / 32; blk++) {
+                __m256 sq[8];
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) sq[i] = _mm256_setzero_ps();
+                for (int k = 0; k < 32; k++) {
+                    __m256 b = _mm256_broadcast_ss(x + blk * 32 + (size_t)k);
+#pragma GCC unroll 4
+                    for (int q = 0; q < 4; q++) {
+                        __m256 w0, w1;
+                        p16_w_q8(p + q * pb + blk * P16_Q8_BLOCK, k, &w0, &w1);
+                        sq[2 * q] = _mm256_fmadd_ps(w0, b, sq[2 * q]);
+                        sq[2 * q + 1] = _mm256_fmadd_ps(w1, b, sq[2 * q + 1]);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++) {
+                    __m256 d0, d1;
+                    p16_d_q8(p + q * pb + blk * P16_Q8_BLOCK, &d0, &d1);
+                    a[2 * q] = _mm256_fmadd_ps(d0, sq[2 * q], a[2 * q]);
+                    a[2 * q + 1] = _mm256_fmadd_ps(d1, sq[2 * q + 1], a[2 * q + 1]);
+                }
+            }
         }
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) _mm256_storeu_ps(y + n + 8 * i, a[i]);
     }
 }
+static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, long lo,
+                     long hi) {
+    if (t == PGD_TYPE_F16) p16_gemv_t(PGD_TYPE_F16, P, x, y, K, lo, hi);
+    else p16_gemv_t(PGD_TYPE_Q8_0, P, x, y, K, lo, hi);
+}
 
-/* n tokens, rows [lo, hi) (multiples of 16): token blocks, then panels, then K slices, then
- * token tiles of up to 6. */
-static void p16_gemm(const uint16_t *P, const float *x, float *y, size_t K, size_t N, int n,
-                     long lo, long hi) {
-    /* Equal slices of at most P16_KC (576 = 2 x 288, not 256 + 256 + 64: a short slice pays the
-     * accumulators' reload and store for few FMAs). */
-    const size_t ns = (K + P16_KC - 1) / P16_KC, kc = (K + ns - 1) / ns;
+/* n tokens, rows [lo, hi) (multiples of 16): token blocks, then panels, then K slices (each
+ * converted to F32 once), then token tiles of up to 6. */
+static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
+                     int n, long lo, long hi) {
+    static _Thread_local float wf[P16_KC * 16] __attribute__((aligned(32)));
+    static _Thread_local float ds[P16_KC / 32 * 16] __attribute__((aligned(32)));
+    /* Equal slices of at most P16_KC, multiples of 32 (576 = 288 + 288, not 256 + 256 + 64: a
+     * short slice pays the accumulators' reload and store for few FMAs). */
+    const size_t ns = (K + P16_KC - 1) / P16_KC, kc = ((K + ns - 1) / ns + 31) / 32 * 32;
+    const size_t pb = p16_panel_bytes(t, K);
     for (long t0 = 0; t0 < n; t0 += P16_TB) {
         long t1 = t0 + P16_TB < n ? t0 + P16_TB : n;
         for (long r = lo; r < hi; r += 16) {
-            const uint16_t *p = P + (size_t)r * K;
+            const uint8_t *p = P + (size_t)(r / 16) * pb;
             for (size_t k0 = 0; k0 < K; k0 += kc) {
                 size_t k1 = k0 + kc < K ? k0 + kc : K;
-                for (long t = t0; t < t1; t += 6) {
-                    int nt = t1 - t < 6 ? (int)(t1 - t) : 6;
-                    p16_tiles[nt - 1](p, x + (size_t)t * K, K, y + (size_t)t * N + r, N, k0, k1);
+                p16_slice(t, p, k0, k1, wf, ds);
+                for (long tt = t0; tt < t1; tt += 6) {
+                    int nt = t1 - tt < 6 ? (int)(t1 - tt) : 6;
+                    const float *xt = x + (size_t)tt * K;
+                    float *yt = y + (size_t)tt * N + r;
+                    if (t == PGD_TYPE_F16) p16_tiles[nt - 1](wf, xt, K, yt, N, k0, k1);
+                    else p16_tiles_q8[nt - 1](wf, ds, xt, K, yt, N, k0, k1);
                 }
             }
         }
@@ -503,25 +628,50 @@ static void p16_gemm(const uint16_t *P, const float *x, float *y, size_t K, size
 
 bool pgd_cpu_can_pack(const pgd_weight *w) {
 #ifdef PGD_F32ACT_SIMD
-    const char *env = getenv("PAGODA_PACK_F16");
+    const char *env = getenv("PAGODA_PACK");
     if (env && env[0] == '0') return false;
-    return w->type == PGD_TYPE_F16 && !w->panel16 && w->n_out % 64 == 0 && w->n_in > 0 &&
-           w->row_bytes == (size_t)w->n_in * 2;
+    if (w->panel16 || w->n_out % 64 || w->n_in <= 0) return false;
+    if (w->type == PGD_TYPE_F16) {
+        env = getenv("PAGODA_PACK_F16");
+        return !(env && env[0] == '0') && w->row_bytes == (size_t)w->n_in * 2;
+    }
+    if (w->type == PGD_TYPE_Q8_0 && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
+        env = getenv("PAGODA_PACK_Q8_0");
+        return !(env && env[0] == '0') && w->n_in % 32 == 0 &&
+               w->row_bytes == (size_t)(w->n_in / 32) * Q8_0_BYTES;
+    }
+    return false;
 #else
     (void)w;
     return false;
 #endif
 }
 
-void pgd_cpu_pack_f16(const pgd_weight *w, void *dst) {
-    const uint16_t *src = w->data;
-    uint16_t *out = dst;
+void pgd_cpu_pack(const pgd_weight *w, void *dst) {
     const size_t K = (size_t)w->n_in;
+    if (w->type == PGD_TYPE_F16) {
+        const uint16_t *src = w->data;
+        uint16_t *out = dst;
+        for (int64_t p = 0; p < w->n_out / 16; p++)
+            for (int r = 0; r < 16; r++) {
+                const uint16_t *row = src + ((size_t)p * 16 + (size_t)r) * K;
+                uint16_t *o = out + (size_t)p * 16 * K + (size_t)r;
+                for (size_t k = 0; k < K; k++) o[k * 16] = row[k];
+            }
+        return;
+    }
+    PGD_ASSERT(w->type == PGD_TYPE_Q8_0);
+    const uint8_t *src = w->data;
+    uint8_t *out = dst;
+    const size_t nb = K / 32, blk = 16 * 2 + 32 * 16;
     for (int64_t p = 0; p < w->n_out / 16; p++)
-        for (int r = 0; r < 16; r++) {
-            const uint16_t *row = src + ((size_t)p * 16 + (size_t)r) * K;
-            uint16_t *o = out + (size_t)p * 16 * K + (size_t)r;
-            for (size_t k = 0; k < K; k++) o[k * 16] = row[k];
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *o = out + ((size_t)p * nb + b) * blk;
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *ib = src + ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * Q8_0_BYTES;
+                memcpy(o + 2 * r, ib, 2);
+                for (int k = 0; k < 32; k++) o[32 + k * 16 + r] = ib[2 + k];
+            }
         }
 }
 
@@ -613,8 +763,9 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     const unsigned char *base = w->data;
 #ifdef PGD_F32ACT_SIMD
     if (w->panel16) {
-        if (c->n == 1) p16_gemv(w->data, c->x, c->y, (size_t)w->n_in, lo, hi);
-        else p16_gemm(w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo, hi);
+        if (c->n == 1) p16_gemv(w->type, w->data, c->x, c->y, (size_t)w->n_in, lo, hi);
+        else p16_gemm(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
+                      hi);
         return;
     }
 #endif

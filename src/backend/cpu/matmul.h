@@ -10,8 +10,9 @@
 #include "model/gguf.h"
 
 /* A 2-D weight: n_out rows of n_in elements, each row row_bytes long (row-major), unless
- * panel16: then (F16 only) data holds panels of 16 rows, each k-major (element k of rows
- * 16p..16p+15 at ((16p * n_in) + 16k + r) halves), as pgd_cpu_pack_f16 writes them. */
+ * panel16: then data holds panels of 16 rows, each k-major, as pgd_cpu_pack writes them (F16:
+ * element k of rows 16p..16p+15 at halves 16p * n_in + 16k + r; Q8_0: per panel and 32-element
+ * block, the 16 fp16 scales then q[k][16]). The same bytes as row-major. */
 typedef struct pgd_weight {
     pgd_type type;
     int64_t n_in, n_out;
@@ -20,12 +21,13 @@ typedef struct pgd_weight {
     bool panel16;
 } pgd_weight;
 
-/* Whether this build multiplies w in the panel16 layout (F16, AVX2+FMA+F16C, n_out a multiple
- * of 64; PAGODA_PACK_F16=0 says no). The layout changes a row's summation order (one FMA chain
- * over k instead of 8 lanes and a tree), the same for every batch size. */
+/* Whether this build multiplies w in the panel16 layout (F16, or Q8_0 with F32 activations;
+ * AVX2+FMA+F16C, n_out a multiple of 64; PAGODA_PACK=0, PAGODA_PACK_F16=0 or PAGODA_PACK_Q8_0=0
+ * say no). The layout changes a row's summation order (one FMA chain over k instead of 8 lanes
+ * and a tree), the same for every batch size. */
 bool pgd_cpu_can_pack(const pgd_weight *w);
-/* Writes w's rows (row-major F16, w->data) into dst in the panel16 layout (the same bytes). */
-void pgd_cpu_pack_f16(const pgd_weight *w, void *dst);
+/* Writes w's rows (row-major, w->data) into dst in the panel16 layout (the same byte count). */
+void pgd_cpu_pack(const pgd_weight *w, void *dst);
 
 /* Bytes of one activation row of the scratch buffer pgd_cpu_matmul needs for weight w with
  * inputs of n_in elements (64-byte multiple). */
