@@ -229,8 +229,9 @@ static int run_all(void) {
         }
         for (int ti = 0; ti < N_TYPES; ti++) {
             if (k_types[ti].t != PGD_TYPE_F16 && k_types[ti].t != PGD_TYPE_Q8_0) continue;
-            check_panel16(pool, &k_types[ti], 96, 128);  /* one K slice; rows split unevenly */
-            check_panel16(pool, &k_types[ti], 608, 192); /* K slices of 224, 224 and 160 */
+            check_panel16(pool, &k_types[ti], 96, 128); /* one K slice; rows split unevenly */
+            check_panel16(pool, &k_types[ti], 64, 80);  /* decode: a 4-panel group + 1 panel */
+            check_panel16(pool, &k_types[ti], 608, 208); /* K slices 224, 224, 160; 13 panels */
         }
         pgd_pool_free(pool);
     }

@@ -542,53 +542,59 @@ static size_t p16_panel_bytes(pgd_type t, size_t K) {
     return t == PGD_TYPE_F16 ? 16 * K * 2 : (K / 32) * P16_Q8_BLOCK;
 }
 
-/* One token, rows [lo, hi) (multiples of 64): 4 panels at a time, 8 independent chains. */
+/* One token, NP panels (16 * NP rows from row n): 2 * NP independent chains. */
+INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t pb,
+                        const float *x, float *y, size_t K) {
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * NP; i++) a[i] = _mm256_setzero_ps();
+    if (t == PGD_TYPE_F16) {
+        for (size_t k = 0; k < K; k++) {
+            __m256 b = _mm256_broadcast_ss(x + k);
+#pragma GCC unroll 4
+            for (int q = 0; q < NP; q++) {
+                __m256 w0, w1;
+                p16_w_f16((const uint16_t *)(p + q * pb), k, &w0, &w1);
+                a[2 * q] = _mm256_fmadd_ps(w0, b, a[2 * q]);
+                a[2 * q + 1] = _mm256_fmadd_ps(w1, b, a[2 * q + 1]);
+            }
+        }
+    } else {
+        for (size_t blk = 0; blk < K / 32; blk++) {
+            __m256 sq[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 2 * NP; i++) sq[i] = _mm256_setzero_ps();
+            for (int k = 0; k < 32; k++) {
+                __m256 b = _mm256_broadcast_ss(x + blk * 32 + (size_t)k);
+#pragma GCC unroll 4
+                for (int q = 0; q < NP; q++) {
+                    __m256 w0, w1;
+                    p16_w_q8(p + q * pb + blk * P16_Q8_BLOCK, k, &w0, &w1);
+                    sq[2 * q] = _mm256_fmadd_ps(w0, b, sq[2 * q]);
+                    sq[2 * q + 1] = _mm256_fmadd_ps(w1, b, sq[2 * q + 1]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int q = 0; q < NP; q++) {
+                __m256 d0, d1;
+                p16_d_q8(p + q * pb + blk * P16_Q8_BLOCK, &d0, &d1);
+                a[2 * q] = _mm256_fmadd_ps(d0, sq[2 * q], a[2 * q]);
+                a[2 * q + 1] = _mm256_fmadd_ps(d1, sq[2 * q + 1], a[2 * q + 1]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * NP; i++) _mm256_storeu_ps(y + 8 * i, a[i]);
+}
+
+/* One token, rows [lo, hi) (multiples of 16): 4 panels at a time (4 long streams), then the
+ * remaining panels one by one. A row's chain is the same either way. */
 INLINE void p16_gemv_t(const pgd_type t, const uint8_t *P, const float *x, float *y, size_t K,
                        long lo, long hi) {
     const size_t pb = p16_panel_bytes(t, K);
-    for (long n = lo; n < hi; n += 64) {
-        const uint8_t *p = P + (size_t)(n / 16) * pb;
-        __m256 a[8];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-        if (t == PGD_TYPE_F16) {
-            for (size_t k = 0; k < K; k++) {
-                __m256 b = _mm256_broadcast_ss(x + k);
-#pragma GCC unroll 4
-                for (int q = 0; q < 4; q++) {
-                    __m256 w0, w1;
-                    p16_w_f16((const uint16_t *)(p + q * pb), k, &w0, &w1);
-                    a[2 * q] = _mm256_fmadd_ps(w0, b, a[2 * q]);
-                    a[2 * q + 1] = _mm256_fmadd_ps(w1, b, a[2 * q + 1]);
-                }
-            }
-        } else {
-            for (size_t blk = 0; blk < K / 32; blk++) {
-                __m256 sq[8];
-#pragma GCC unroll 8
-                for (int i = 0; i < 8; i++) sq[i] = _mm256_setzero_ps();
-                for (int k = 0; k < 32; k++) {
-                    __m256 b = _mm256_broadcast_ss(x + blk * 32 + (size_t)k);
-#pragma GCC unroll 4
-                    for (int q = 0; q < 4; q++) {
-                        __m256 w0, w1;
-                        p16_w_q8(p + q * pb + blk * P16_Q8_BLOCK, k, &w0, &w1);
-                        sq[2 * q] = _mm256_fmadd_ps(w0, b, sq[2 * q]);
-                        sq[2 * q + 1] = _mm256_fmadd_ps(w1, b, sq[2 * q + 1]);
-                    }
-                }
-#pragma GCC unroll 4
-                for (int q = 0; q < 4; q++) {
-                    __m256 d0, d1;
-                    p16_d_q8(p + q * pb + blk * P16_Q8_BLOCK, &d0, &d1);
-                    a[2 * q] = _mm256_fmadd_ps(d0, sq[2 * q], a[2 * q]);
-                    a[2 * q + 1] = _mm256_fmadd_ps(d1, sq[2 * q + 1], a[2 * q + 1]);
-                }
-            }
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(y + n + 8 * i, a[i]);
-    }
+    long n = lo;
+    for (; n + 64 <= hi; n += 64) p16_gemv_np(t, 4, P + (size_t)(n / 16) * pb, pb, x, y + n, K);
+    for (; n < hi; n += 16) p16_gemv_np(t, 1, P + (size_t)(n / 16) * pb, pb, x, y + n, K);
 }
 static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, long lo,
                      long hi) {
@@ -630,7 +636,7 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
 #ifdef PGD_F32ACT_SIMD
     const char *env = getenv("PAGODA_PACK");
     if (env && env[0] == '0') return false;
-    if (w->panel16 || w->n_out % 64 || w->n_in <= 0) return false;
+    if (w->panel16 || w->n_out % 16 || w->n_in <= 0) return false;
     if (w->type == PGD_TYPE_F16) {
         env = getenv("PAGODA_PACK_F16");
         return !(env && env[0] == '0') && w->row_bytes == (size_t)w->n_in * 2;
@@ -831,7 +837,8 @@ void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *
     long rows = (long)((w->n_out + 8 * nth - 1) / (8 * nth));
     if (rows < 16) rows = 16;
     rows = (rows + TILE_R - 1) / TILE_R * TILE_R;
-    if (w->panel16) rows = (rows + 63) / 64 * 64; /* whole 4-panel groups (n_out % 64 == 0) */
+    /* Whole panels; in decode whole groups of 4 (4 streams) where the matrix has enough. */
+    if (w->panel16) rows = (rows + (n == 1 ? 63 : 15)) / (n == 1 ? 64 : 16) * (n == 1 ? 64 : 16);
     matmul_ctx c = {w, x, act, act_row_bytes, panel, y, n, rows};
     if (!(tiled_type(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32)) {
         if (n > 1) pgd_pool_run_chunks(pool, quant_chunk, &c, n);

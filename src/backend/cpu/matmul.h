@@ -22,7 +22,7 @@ typedef struct pgd_weight {
 } pgd_weight;
 
 /* Whether this build multiplies w in the panel16 layout (F16, or Q8_0 with F32 activations;
- * AVX2+FMA+F16C, n_out a multiple of 64; PAGODA_PACK=0, PAGODA_PACK_F16=0 or PAGODA_PACK_Q8_0=0
+ * AVX2+FMA+F16C, n_out a multiple of 16; PAGODA_PACK=0, PAGODA_PACK_F16=0 or PAGODA_PACK_Q8_0=0
  * say no). The layout changes a row's summation order (one FMA chain over k instead of 8 lanes
  * and a tree), the same for every batch size. */
 bool pgd_cpu_can_pack(const pgd_weight *w);
