@@ -417,14 +417,14 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
  * y = fma(d, s, y) block after block from +0 (the scale leaves the inner loop). The GEMM (6 tokens
  * x 16 rows over K slices converted to F32 once, the chains continued from y) and the GEMV (1
  * token, 4 panels at a time, converting in registers) run the same chains, so a row's result is
- * bit-identical at every n. Against the row-major tiles: fewer operand bytes per FMA (a weight vector serves
- * 6 tokens) and one long stream per panel in decode (bench/RESULTS.md; `PACK=1
+ * bit-identical at every n. Against the row-major tiles: fewer operand bytes per FMA (a weight
+ * vector serves 6 tokens) and one long stream per panel in decode (bench/RESULTS.md; `PACK=1
  * bench/bench_matmul.c`). Q8_0 panel layout, per (panel, 32-element block): the 16 rows' fp16
  * scales, then q[k][16] (k-major): 544 bytes, as 16 rows' blocks take row-major. */
+#define P16_Q8_BLOCK (16 * 2 + 32 * 16)
 #ifdef PGD_F32ACT_SIMD
 #define P16_KC 256 /* K slice of a GEMM pass (a multiple of 32): 16 KiB of F32 weights in L1 */
 #define P16_TB 96  /* tokens per block: their K slice (96 KiB) stays in L2 */
-#define P16_Q8_BLOCK (16 * 2 + 32 * 16)
 
 /* The 16 weights of element k of a panel as two F32 vectors: F16 widened; Q8_0 the quants
  * q[k][0..15] of the panel's block qb widened (exact integers), without the scales. */
@@ -466,14 +466,21 @@ static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, fl
     }
 }
 
-/* Q8_0 GEMM tile: NT tokens x 16 rows over the blocks of [k0, k1); y holds the running sums. */
-INLINE void p16_tile_q8(const float *wf, const float *ds, const float *x, size_t K, float *y,
-                        size_t N, const int NT, size_t k0, size_t k1) {
-    for (size_t b0 = k0; b0 < k1; b0 += 32) {
+/* GEMM tile: NT tokens x 16 rows over [k0, k1) of a slice converted by p16_slice; y holds the
+ * running sums between slices. F16: one chain over the slice, continued from y. Q8_0 (q8): a
+ * chain per 32-element block from +0, then y = fma(d, chain, y). */
+INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K, float *y,
+                     size_t N, const int NT, size_t k0, size_t k1, const bool q8) {
+    for (size_t b0 = k0; b0 < k1; b0 += q8 ? 32 : k1 - k0) {
+        const size_t b1 = q8 ? b0 + 32 : k1;
         __m256 s[6][2];
 #pragma GCC unroll 6
-        for (int t = 0; t < NT; t++) s[t][0] = s[t][1] = _mm256_setzero_ps();
-        for (size_t k = b0; k < b0 + 32; k++) {
+        for (int t = 0; t < NT; t++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++)
+                s[t][h] = !q8 && k0 ? _mm256_loadu_ps(y + (size_t)t * N + 8 * h)
+                                    : _mm256_setzero_ps();
+        for (size_t k = b0; k < b1; k++) {
             __m256 w0 = _mm256_load_ps(wf + (k - k0) * 16);
             __m256 w1 = _mm256_load_ps(wf + (k - k0) * 16 + 8);
 #pragma GCC unroll 6
@@ -489,54 +496,28 @@ INLINE void p16_tile_q8(const float *wf, const float *ds, const float *x, size_t
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 float *yt = y + (size_t)t * N + 8 * h;
-                __m256 a = b0 ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
-                _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_load_ps(d + 8 * h), s[t][h], a));
+                __m256 a = s[t][h];
+                if (q8)
+                    a = _mm256_fmadd_ps(_mm256_load_ps(d + 8 * h), a,
+                                        b0 ? _mm256_loadu_ps(yt) : _mm256_setzero_ps());
+                _mm256_storeu_ps(yt, a);
             }
     }
 }
 
-INLINE void p16_tile(const float *wf, const float *x, size_t K, float *y, size_t N, const int NT,
-                     size_t k0, size_t k1) {
-    __m256 acc[6][2];
-#pragma GCC unroll 6
-    for (int t = 0; t < NT; t++)
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++)
-            acc[t][h] = k0 ? _mm256_loadu_ps(y + (size_t)t * N + 8 * h) : _mm256_setzero_ps();
-    for (size_t k = k0; k < k1; k++) {
-        __m256 w0 = _mm256_load_ps(wf + (k - k0) * 16), w1 = _mm256_load_ps(wf + (k - k0) * 16 + 8);
-#pragma GCC unroll 6
-        for (int t = 0; t < NT; t++) {
-            __m256 b = _mm256_broadcast_ss(x + (size_t)t * K + k);
-            acc[t][0] = _mm256_fmadd_ps(w0, b, acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(w1, b, acc[t][1]);
-        }
+typedef void (*p16_fn)(const float *, const float *, const float *, size_t, float *, size_t,
+                       size_t, size_t);
+#define P16_T(NAME, NT, Q8)                                                                      \
+    static void NAME##_##NT(const float *wf, const float *ds, const float *x, size_t K, float *y, \
+                            size_t N, size_t k0, size_t k1) {                                    \
+        p16_tile(wf, ds, x, K, y, N, NT, k0, k1, Q8);                                            \
     }
-#pragma GCC unroll 6
-    for (int t = 0; t < NT; t++)
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) _mm256_storeu_ps(y + (size_t)t * N + 8 * h, acc[t][h]);
-}
-
-typedef void (*p16_fn)(const float *, const float *, size_t, float *, size_t, size_t, size_t);
-#define P16_T(NT)                                                                                \
-    static void p16_tile_##NT(const float *wf, const float *x, size_t K, float *y, size_t N,    \
-                              size_t k0, size_t k1) {                                            \
-        p16_tile(wf, x, K, y, N, NT, k0, k1);                                                    \
-    }
-P16_T(1) P16_T(2) P16_T(3) P16_T(4) P16_T(5) P16_T(6)
-static const p16_fn p16_tiles[6] = {p16_tile_1, p16_tile_2, p16_tile_3,
-                                    p16_tile_4, p16_tile_5, p16_tile_6};
-typedef void (*p16q_fn)(const float *, const float *, const float *, size_t, float *, size_t,
-                        size_t, size_t);
-#define P16Q_T(NT)                                                                               \
-    static void p16_tile_q8_##NT(const float *wf, const float *ds, const float *x, size_t K,    \
-                                 float *y, size_t N, size_t k0, size_t k1) {                     \
-        p16_tile_q8(wf, ds, x, K, y, N, NT, k0, k1);                                             \
-    }
-P16Q_T(1) P16Q_T(2) P16Q_T(3) P16Q_T(4) P16Q_T(5) P16Q_T(6)
-static const p16q_fn p16_tiles_q8[6] = {p16_tile_q8_1, p16_tile_q8_2, p16_tile_q8_3,
-                                        p16_tile_q8_4, p16_tile_q8_5, p16_tile_q8_6};
+#define P16_TILES(NAME, Q8)                                                                      \
+    P16_T(NAME, 1, Q8) P16_T(NAME, 2, Q8) P16_T(NAME, 3, Q8) P16_T(NAME, 4, Q8)                  \
+    P16_T(NAME, 5, Q8) P16_T(NAME, 6, Q8)                                                        \
+    static const p16_fn NAME[6] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6};
+P16_TILES(p16_tiles_f16, false)
+P16_TILES(p16_tiles_q8, true)
 
 static size_t p16_panel_bytes(pgd_type t, size_t K) {
     return t == PGD_TYPE_F16 ? 16 * K * 2 : (K / 32) * P16_Q8_BLOCK;
@@ -623,8 +604,8 @@ static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, siz
                     int nt = t1 - tt < 6 ? (int)(t1 - tt) : 6;
                     const float *xt = x + (size_t)tt * K;
                     float *yt = y + (size_t)tt * N + r;
-                    if (t == PGD_TYPE_F16) p16_tiles[nt - 1](wf, xt, K, yt, N, k0, k1);
-                    else p16_tiles_q8[nt - 1](wf, ds, xt, K, yt, N, k0, k1);
+                    const p16_fn *fns = t == PGD_TYPE_F16 ? p16_tiles_f16 : p16_tiles_q8;
+                    fns[nt - 1](wf, ds, xt, K, yt, N, k0, k1);
                 }
             }
         }
@@ -669,12 +650,13 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
     PGD_ASSERT(w->type == PGD_TYPE_Q8_0);
     const uint8_t *src = w->data;
     uint8_t *out = dst;
-    const size_t nb = K / 32, blk = 16 * 2 + 32 * 16;
+    const size_t nb = K / 32;
     for (int64_t p = 0; p < w->n_out / 16; p++)
         for (size_t b = 0; b < nb; b++) {
-            uint8_t *o = out + ((size_t)p * nb + b) * blk;
+            uint8_t *o = out + ((size_t)p * nb + b) * P16_Q8_BLOCK;
             for (int r = 0; r < 16; r++) {
-                const uint8_t *ib = src + ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * Q8_0_BYTES;
+                const uint8_t *ib =
+                    src + ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * Q8_0_BYTES;
                 memcpy(o + 2 * r, ib, 2);
                 for (int k = 0; k < 32; k++) o[32 + k * 16 + r] = ib[2 + k];
             }
@@ -837,8 +819,10 @@ void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *
     long rows = (long)((w->n_out + 8 * nth - 1) / (8 * nth));
     if (rows < 16) rows = 16;
     rows = (rows + TILE_R - 1) / TILE_R * TILE_R;
-    /* Whole panels; in decode whole groups of 4 (4 streams) where the matrix has enough. */
-    if (w->panel16) rows = (rows + (n == 1 ? 63 : 15)) / (n == 1 ? 64 : 16) * (n == 1 ? 64 : 16);
+    if (w->panel16) { /* whole panels; in decode whole groups of 4 (4 streams) */
+        const long g = n == 1 ? 64 : 16;
+        rows = (rows + g - 1) / g * g;
+    }
     matmul_ctx c = {w, x, act, act_row_bytes, panel, y, n, rows};
     if (!(tiled_type(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32)) {
         if (n > 1) pgd_pool_run_chunks(pool, quant_chunk, &c, n);
