@@ -960,10 +960,7 @@ static void plan_device_sampling(pgd_engine *e, int32_t ns, pgd_batch *b) {
         pgd_sample_row *r = &e->b_sample[s->logit_row];
         *r = (pgd_sample_row){.temperature = p->temperature, .top_p = p->top_p,
                               .min_p = p->min_p, .top_k = p->top_k};
-        if (p->temperature > 0 && p->top_k != 1) {
-            r->u = (float)pgd_sampler_uniform(&s->sampler);
-            if (r->u >= 1.0f) r->u = 0x1.fffffep-1f; /* rounded up from [0, 1) */
-        }
+        if (p->temperature > 0 && p->top_k != 1) r->u = pgd_sampler_uniform_f32(&s->sampler);
         s->dev_sampled = true;
         n_dev++;
     }

@@ -30,6 +30,10 @@ static uint64_t next_u64(uint64_t s[4]) {
 }
 
 double pgd_sampler_uniform(pgd_sampler *s) { return (double)(next_u64(s->rng) >> 11) * 0x1.0p-53; }
+float pgd_sampler_uniform_f32(pgd_sampler *s) {
+    float u = (float)pgd_sampler_uniform(s);
+    return u >= 1.0f ? 0x1.fffffep-1f : u;
+}
 
 /* ---- set-up ---- */
 

@@ -110,5 +110,8 @@ float pgd_logprobs(const float *logits, int32_t n_vocab, int32_t id, int32_t n_t
 int32_t pgd_argmax(const float *logits, int32_t n);
 /* Uniform double in [0, 1) from the sampler's RNG. */
 double pgd_sampler_uniform(pgd_sampler *s);
+/* The next uniform as a float in [0, 1) (rounding to float can reach 1.0: that becomes the
+ * largest float below 1), the u of a backend-sampled row (device_sample.h). */
+float pgd_sampler_uniform_f32(pgd_sampler *s);
 
 #endif

@@ -217,6 +217,19 @@ static void test_greedy(void) {
     CHECK_EQ_INT(pgd_device_sample_row(t, 6, &r), 2);
 }
 
+/* Counts of n draws against the chain's probabilities: each within 5 standard deviations of its
+ * binomial count, never a token the chain drops. Returns the largest deviation in deviations. */
+static double check_binomial(const long *count, const double *want, int nv, long n) {
+    double worst = 0;
+    for (int i = 0; i < nv && n > 0; i++) {
+        double f = (double)count[i] / (double)n, sd = sqrt(want[i] * (1 - want[i]) / (double)n);
+        if (want[i] == 0) CHECK_EQ_INT(count[i], 0);
+        else CHECK(fabs(f - want[i]) <= 5 * sd);
+        if (sd > 0 && fabs(f - want[i]) / sd > worst) worst = fabs(f - want[i]) / sd;
+    }
+    return worst;
+}
+
 /* (c) Draws with many u follow the chain's probabilities; u walks the kept tokens in id order. */
 static void test_draws(void) {
     const float L[10] = {1.0f, 3.0f, 2.0f, -1.0f, 0.5f, 2.5f, -2.0f, 0.0f, 2.0f, 1.5f};
@@ -231,22 +244,14 @@ static void test_draws(void) {
     double want[10] = {0};
     for (int32_t i = 0; i < d.n; i++) want[d.cand[i].id] = d.cand[i].p;
     enum { N = 400000 };
-    static int count[10];
+    static long count[10];
     pgd_sample_row r = {.temperature = sp.temperature, .top_p = sp.top_p, .min_p = sp.min_p,
                         .top_k = sp.top_k};
     for (int i = 0; i < N; i++) {
-        r.u = (float)pgd_sampler_uniform(&s);
-        if (r.u >= 1.0f) r.u = 0x1.fffffep-1f;
+        r.u = pgd_sampler_uniform_f32(&s);
         count[pgd_device_sample_row(L, 10, &r)]++;
     }
-    /* within 5 standard deviations of the binomial count; never a token the chain drops */
-    double worst = 0;
-    for (int i = 0; i < 10; i++) {
-        double f = (double)count[i] / N, sd = sqrt(want[i] * (1 - want[i]) / N);
-        if (want[i] == 0) CHECK_EQ_INT(count[i], 0);
-        else CHECK(fabs(f - want[i]) <= 5 * sd);
-        if (sd > 0 && fabs(f - want[i]) / sd > worst) worst = fabs(f - want[i]) / sd;
-    }
+    double worst = check_binomial(count, want, 10, N);
     printf("draws: %d, %d kept tokens, largest deviation %.2f standard deviations (bound 5)\n", N,
            d.n, worst);
     /* u = 0: the lowest kept id; u just below 1: the highest */
@@ -325,21 +330,14 @@ static void test_backend_op(const pgd_backend_ops *ops, int device, pgd_pool *po
             for (int i = 0; i < DRAW_ROWS; i++) {
                 rows[i] = (pgd_sample_row){.temperature = sp.temperature, .top_p = sp.top_p,
                                            .min_p = sp.min_p, .top_k = sp.top_k,
-                                           .u = (float)pgd_sampler_uniform(&s)};
-                if (rows[i].u >= 1.0f) rows[i].u = 0x1.fffffep-1f;
+                                           .u = pgd_sampler_uniform_f32(&s)};
             }
             if (ops->sample(&be, dd, DRAW_ROWS, DNV, rows, out)) break;
             for (int i = 0; i < DRAW_ROWS; i++) count[out[i]]++;
             n += DRAW_ROWS;
         }
     CHECK_EQ_INT(n, (long)DRAW_ROWS * DRAW_CALLS);
-    double worst = 0;
-    for (int i = 0; i < DNV && n > 0; i++) {
-        double f = (double)count[i] / (double)n, sd = sqrt(want[i] * (1 - want[i]) / (double)n);
-        if (want[i] == 0) CHECK_EQ_INT(count[i], 0);
-        else CHECK(fabs(f - want[i]) <= 5 * sd);
-        if (sd > 0 && fabs(f - want[i]) / sd > worst) worst = fabs(f - want[i]) / sd;
-    }
+    double worst = check_binomial(count, want, DNV, n);
     printf("%s op: %ld draws, largest deviation %.2f standard deviations (bound 5)\n", ops->name,
            n, worst);
     if (dd) ops->mem_free(&be, dd);
@@ -474,10 +472,7 @@ static void replay(const pgd_request_params *q, int32_t *out) {
                           .top_k = q->top_k};
     CHECK_EQ_INT(pgd_session_forward(&ss, q->prompt, q->n_prompt, false), 0);
     for (int i = 0; i < q->max_tokens; i++) {
-        if (row.temperature > 0 && row.top_k != 1) {
-            row.u = (float)pgd_sampler_uniform(&rng);
-            if (row.u >= 1.0f) row.u = 0x1.fffffep-1f;
-        }
+        if (row.temperature > 0 && row.top_k != 1) row.u = pgd_sampler_uniform_f32(&rng);
         out[i] = pgd_device_sample_row(ss.logits, m->cfg.n_vocab, &row);
         if (i + 1 < q->max_tokens) CHECK_EQ_INT(pgd_session_forward(&ss, &out[i], 1, false), 0);
     }
