@@ -8,7 +8,12 @@ from transformers import AutoConfig, AutoModelForCausalLM
 cfg = AutoConfig.for_model(**{k: v for k, v in json.load(open(sys.argv[1])).items() if k != "architectures"})
 torch.manual_seed(0)
 with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).eval()
+    try:  # transformers >= 4.56 names it dtype; older ones torch_dtype
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    except TypeError:
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).eval()
+print(json.dumps({"bench": "hf_env", "torch": torch.__version__, "gpu":
+                  torch.cuda.get_device_name(0), "attn": getattr(model.config, "_attn_implementation", None)}), flush=True)
 V = cfg.vocab_size
 for bs in (1, 8, 64, 256):
     ids = torch.randint(3, V, (bs, 512), device="cuda")
