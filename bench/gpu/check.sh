@@ -43,6 +43,8 @@ cmake_extra=()
 if ! { [ -f /usr/include/cjson/cJSON.h ] || pkg-config --exists libcjson 2>/dev/null; }; then
     if ls bench/gpu/deps/*.deb >/dev/null 2>&1; then
         for d in bench/gpu/deps/*.deb; do dpkg-deb -x "$d" /tmp/pgd-deps || log "cannot unpack $d"; done
+        # the .pc files name prefix=/usr: point them at where the packages were unpacked
+        sed -i 's|=/usr|=/tmp/pgd-deps/usr|' /tmp/pgd-deps/usr/lib/*/pkgconfig/*.pc || true
         cmake_extra+=("-DCMAKE_PREFIX_PATH=/tmp/pgd-deps/usr")
         export LD_LIBRARY_PATH=/tmp/pgd-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         log "libcjson: unpacked from bench/gpu/deps"
@@ -52,7 +54,8 @@ if ! { [ -f /usr/include/cjson/cJSON.h ] || pkg-config --exists libcjson 2>/dev/
 fi
 # NCCL: the toolkit's or the system's, else PyTorch's nvidia-nccl wheel (libnccl.so.2 + nccl.h,
 # wherever the wheel's layout puts them under site-packages/nvidia).
-if ! ls /usr/local/cuda*/lib64/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so* >/dev/null 2>&1; then
+if ! compgen -G "/usr/local/cuda*/lib64/libnccl.so*" >/dev/null &&
+   ! compgen -G "/usr/lib/x86_64-linux-gnu/libnccl.so*" >/dev/null; then
     sp=$($py -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null || true)
     lib=$(find "$sp/nvidia" -name 'libnccl.so*' 2>/dev/null | sort | head -1 || true)
     inc=$(find "$sp/nvidia" -name nccl.h 2>/dev/null | head -1 || true)
@@ -96,7 +99,7 @@ step "cuBLASLt BF16 GEMM peak (8192^3)" 30 $B gemm
 step "decode batch 1 ctx 512" 60 $B decode "$cfg" 1 512 32
 step "prefill 2048" 60 $B prefill "$cfg" 2048
 for bs in 8 64 256; do step "decode batch $bs ctx 512" 60 $B decode "$cfg" "$bs" 512 32; done
-step "transformers baseline (same shapes, BF16, random weights)" 180 $py bench/gpu/hf_baseline.py "$cfg"
+[ -n "${PGD_SKIP_HF:-}" ] || step "transformers baseline (same shapes, BF16, random weights)" 180 $py bench/gpu/hf_baseline.py "$cfg"
 for bs in 1 64; do step "decode batch $bs ctx 512, no CUDA graphs" 60 env PAGODA_CUDA_GRAPHS=0 $B decode "$cfg" "$bs" 512 32; done
 step "prefill 2048, CUDA-core attention" 60 env PAGODA_CUDA_TC_ATTN=0 $B prefill "$cfg" 2048
 # roofline: batch-1 decode step time vs weight bytes / measured bandwidth
