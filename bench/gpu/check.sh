@@ -69,14 +69,14 @@ if ! compgen -G "/usr/local/cuda*/lib64/libnccl.so*" >/dev/null &&
 fi
 
 step "configure+build (CUDA, sm_90)" 240 bash -c \
-    "cmake -S . -B build-cuda -DPAGODA_CUDA=ON -DPAGODA_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 ${cmake_extra[*]} >/dev/null && cmake --build build-cuda -j\$(nproc) --target test_backend_ops test_tp gpu_bench >/dev/null"
+    "rm -rf build-gpucheck && cmake -S . -B build-gpucheck -DPAGODA_CUDA=ON -DPAGODA_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 ${cmake_extra[*]} >/dev/null && cmake --build build-gpucheck -j\$(nproc) --target test_backend_ops test_tp gpu_bench >/dev/null"
 log "$(nvidia-smi --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tr '\n' ' ')"
-step "op-by-op CUDA vs CPU (NMSE)" 90 env PAGODA_REQUIRE_CUDA=1 ./build-cuda/test_backend_ops
+step "op-by-op CUDA vs CPU (NMSE)" 90 env PAGODA_REQUIRE_CUDA=1 ./build-gpucheck/test_backend_ops
 if ! grep -q "all ops within thresholds" "$res" && command -v compute-sanitizer >/dev/null; then
     step "op-by-op under compute-sanitizer memcheck" 100 env PAGODA_REQUIRE_CUDA=1 \
-        compute-sanitizer --tool memcheck --print-limit 20 ./build-cuda/test_backend_ops
+        compute-sanitizer --tool memcheck --print-limit 20 ./build-gpucheck/test_backend_ops
 fi
-B=./build-cuda/gpu_bench
+B=./build-gpucheck/gpu_bench
 # SmolLM2-135M: the whole model where it is there, else its first 3 of 30 layers (real weights
 # and shapes in a file small enough to travel: bench/gpu/truncate_gguf.py).
 smol=models/SmolLM2-135M-Instruct.Q4_1.gguf

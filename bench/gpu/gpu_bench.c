@@ -15,6 +15,7 @@
 
 #include "backend/cpu/pool.h"
 #include "model/model.h"
+#include "sample/device_sample.h"
 
 double pgd_cuda_copy_bandwidth(int device, size_t bytes, int iters);
 double pgd_cuda_gemm_tflops(int device, int m, int n, int k, int iters);
@@ -154,16 +155,21 @@ int main(int argc, char **argv) {
         }
     double t0 = 0;
     int rc = 0;
+    /* greedy sampling on the device, as the server samples: only the token ids come back, and
+     * each sequence's next input is its sampled token */
+    pgd_sample_row *srow = calloc(B, sizeof *srow);
+    int32_t *next = malloc(B * 4);
+    for (int s = 0; s < B; s++) next[s] = (s + 3) % nv;
     for (int st = -2; st < steps; st++) { /* two warm-up steps */
         if (st == 0) t0 = now();
         int p = ctx + st + 2;
         for (int s = 0; s < B; s++) {
-            tok[s] = (s + st + 3) % nv, pos[s] = p, seq[s] = s, rows[s] = s;
+            tok[s] = next[s], pos[s] = p, seq[s] = s, rows[s] = s;
             slot[s] = (int64_t)tabs[s][p / bs] * bs + p % bs;
         }
         pgd_batch b = {.n_tokens = B, .tokens = tok, .pos = pos, .seq = seq, .slot = slot,
                        .block_tables = (const int32_t *const *)tabs, .n_logits = B,
-                       .logit_rows = rows};
+                       .logit_rows = rows, .sample = srow, .sampled = next};
         rc |= pgd_model_forward(&f, &kv, &b);
     }
     double dt = now() - t0;

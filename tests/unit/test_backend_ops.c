@@ -298,7 +298,10 @@ static void test_step_ops(pair *p) {
             free(kh);
             free(vh);
         }
-        /* copy_block then compare the pools bytewise through F32 views of F32 storage only */
+        /* copy_block from the same pool contents (the stored K rows went through each
+         * backend's RoPE, which may differ in the last bit), then compare the pools bytewise
+         * through F32 views of F32 storage only */
+        p->dut.ops->upload(&p->dut, K.d, K.r, K.bytes);
         pgd_kv_layer lr = {g[gi].kdt, K.r, V.r, bs, kv_dim}, ld = {g[gi].kdt, K.d, V.d, bs, kv_dim};
         p->ref.ops->copy_block(&p->ref, &lr, 5, 9, 11);
         p->dut.ops->copy_block(&p->dut, &ld, 5, 9, 11);

@@ -62,6 +62,7 @@ typedef struct cuda_state {
     int32_t *h_att, *d_att;
     int n_tiles, n_list;
     bool tc_attn;                /* the prefill kernel may run (head_dim, PAGODA_CUDA_TC_ATTN) */
+    int gemv_max;                /* matmuls of up to this many rows take the fused GEMV */
     size_t meta_cap;             /* int32 elements of h_meta / d_meta */
     int32_t *d_tokens, *d_pos, *d_seq, *d_rows, *d_tables;
     int max_pos;
@@ -296,6 +297,9 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
                   goto fail);
     CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_att, (size_t)max_tokens * 3 * sizeof(int32_t)),
                   goto fail);
+    const char *gm = getenv("PAGODA_CUDA_GEMV_MAX"); /* 0..GEMV_MAX_ROWS, for measuring */
+    st->gemv_max = gm && *gm ? atoi(gm) : GEMV_MAX_ROWS;
+    if (st->gemv_max < 0 || st->gemv_max > GEMV_MAX_ROWS) st->gemv_max = GEMV_MAX_ROWS;
     const char *tc = getenv("PAGODA_CUDA_TC_ATTN");
     st->tc_attn = head_dim % 16 == 0 && head_dim <= 256 && !(tc && tc[0] == '0');
     CUDA_CHECK_OR(cudaMalloc((void **)&st->d_inv_freq, (size_t)(head_dim / 2 + 1) * sizeof(float)),
@@ -569,7 +573,7 @@ static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, fl
     cuda_state *st = be->impl;
     SKIP_IN_REPLAY(st);
     n = rows_of(st, n);
-    if (n <= GEMV_MAX_ROWS) {
+    if (n <= st->gemv_max) {
         CUDA_CHECK((cudaError_t)pgd_k_gemv(st->stream, w->type, w->data, w->row_bytes, w->n_in,
                                            w->n_out, x, y, n));
         return;
@@ -667,7 +671,9 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
         .n_kv_head = n_kv_head, .hd = head_dim, .n_splits = n_splits, .split_len = split_len,
         .part = st->part,
     };
-    if (st->mode == MODE_EAGER && st->n_tiles > 0) {
+    /* the tensor-core kernel takes head sizes of a multiple of 16 up to 256: others run every
+     * token in the flash-decoding kernel (no list: all of them) */
+    if (st->mode == MODE_EAGER && st->n_tiles > 0 && head_dim % 16 == 0 && head_dim <= 256) {
         CUDA_CHECK((cudaError_t)pgd_k_attention_prefill(st->stream, &a,
                                                         (const pgd_k_qtile *)st->d_att,
                                                         st->n_tiles));
