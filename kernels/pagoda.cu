@@ -110,24 +110,45 @@ static __device__ float block_sum(float v) {
     return r;
 }
 
-// One block per row: x += d (when d), then out = w * x / rms(x).
-__global__ void k_rms_norm(float *x, const float *d, const float *w, float *out, int dim,
-                           float eps) {
+// One block per row: x += d (when d), then out = w * x / rms(x). Each thread holds RMS_VEC
+// elements in registers, all loaded before any store (a decode step normalizes one row: the block
+// is latency-bound, so its loads are issued together); rows longer than RMS_VEC * blockDim.x
+// finish in a plain loop.
+#define RMS_VEC 4
+__global__ void k_rms_norm(float *x, const float *__restrict__ d, const float *__restrict__ w,
+                           float *__restrict__ out, int dim, float eps) {
     float *xr = x + (size_t)blockIdx.x * dim;
     const float *dr = d ? d + (size_t)blockIdx.x * dim : nullptr;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xr[i];
+    float *o = out + (size_t)blockIdx.x * dim;
+    float v[RMS_VEC], ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < dim ? (dr ? xr[i] + dr[i] : xr[i]) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (dr && i < dim) xr[i] = v[k];
+        ss += v[k] * v[k];
+    }
+    int rest = RMS_VEC * blockDim.x;
+    for (int i = threadIdx.x + rest; i < dim; i += blockDim.x) {
+        float a = xr[i];
         if (dr) {
-            v += dr[i];
-            xr[i] = v;
+            a += dr[i];
+            xr[i] = a;
         }
-        ss += v * v;
+        ss += a * a;
     }
     ss = block_sum(ss);
     float scale = rsqrtf(ss / (float)dim + eps);
-    float *o = out + (size_t)blockIdx.x * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = w[i] * (xr[i] * scale);
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < dim) o[i] = w[i] * (v[k] * scale);
+    }
+    for (int i = threadIdx.x + rest; i < dim; i += blockDim.x) o[i] = w[i] * (xr[i] * scale);
 }
 
 // Fused dequantize-GEMV: one warp per output row, lanes stride over blocks of 32 weights, each
@@ -309,29 +330,39 @@ __global__ void k_kv_store(int dt, void *k, void *v, int kv_dim, const float *ki
 
 // RoPE on Q in place and on K on its way into the cache, V stored beside it: one block per
 // token, the rotation as k_rope computes it (same angle and operation order).
+// Grid (tokens, n_head + 2 * n_kv_head): block y ropes query head y, then K head y - n_head
+// (stored), then copies V head y - n_head - n_kv_head; a thread per rotated pair. (One block per
+// token walked every head in turn: a decode step's single block was latency-bound.)
 __global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, int n_head,
                                 int n_kv_head, int hd, int neox, const int32_t *pos,
                                 const float *inv_freq, int dt, void *k, void *v, int kv_dim,
                                 const int64_t *slot) {
-    int t = blockIdx.x, half = hd / 2;
+    int t = blockIdx.x, y = blockIdx.y, half = hd / 2;
     float p = (float)pos[t];
-    for (int j = threadIdx.x; j < n_head * half; j += blockDim.x) {
-        int h = j / half, i = j % half;
-        float *x = q + ((size_t)t * n_head + h) * hd;
-        rope_pair r = rotate(x, i, hd, neox, p, inv_freq);
-        x[r.i0] = r.r0;
-        x[r.i1] = r.r1;
+    if (y < n_head) {
+        float *x = q + ((size_t)t * n_head + y) * hd;
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            rope_pair r = rotate(x, i, hd, neox, p, inv_freq);
+            x[r.i0] = r.r0;
+            x[r.i1] = r.r1;
+        }
+        return;
     }
     if (slot[t] < 0) return; // a padding row of a graph-sized step
     size_t base = (size_t)slot[t] * kv_dim;
-    for (int j = threadIdx.x; j < n_kv_head * half; j += blockDim.x) {
-        int h = j / half, i = j % half;
-        rope_pair r = rotate(kin + ((size_t)t * n_kv_head + h) * hd, i, hd, neox, p, inv_freq);
-        store_elem(dt, k, base + (size_t)h * hd + r.i0, r.r0);
-        store_elem(dt, k, base + (size_t)h * hd + r.i1, r.r1);
+    int h = y - n_head;
+    if (h < n_kv_head) {
+        const float *x = kin + ((size_t)t * n_kv_head + h) * hd;
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            rope_pair r = rotate(x, i, hd, neox, p, inv_freq);
+            store_elem(dt, k, base + (size_t)h * hd + r.i0, r.r0);
+            store_elem(dt, k, base + (size_t)h * hd + r.i1, r.r1);
+        }
+        return;
     }
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x)
-        store_elem(dt, v, base + i, vin[(size_t)t * kv_dim + i]);
+    h -= n_kv_head;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        store_elem(dt, v, base + (size_t)h * hd + i, vin[(size_t)t * kv_dim + (size_t)h * hd + i]);
 }
 
 // Paged attention. Grid (n_tokens * n_kv_head, n_splits), 4 warps. Each warp walks positions of
@@ -366,27 +397,44 @@ template <int GM, int ND> __global__ void k_attention(pgd_k_attn a) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
-    for (int j = start + warp; j < end; j += ATT_WARPS) {
-        size_t slot = (size_t)bt[j / a.block_size] * a.block_size + (size_t)(j % a.block_size);
-        size_t base = slot * a.kv_dim + (size_t)kvh * hd;
-        float kr[ND], vr[ND];
+    // A warp takes positions j, j + ATT_WARPS, ... in that order; U of them are loaded before
+    // the first is scored (U loads in flight: one position at a time left a decode step's warps
+    // waiting on memory), fewer when the per-head arrays already fill the registers.
+    constexpr int U = GM * ND <= 32 ? 4 : GM * ND <= 64 ? 2 : 1;
+    for (int j0 = start + warp; j0 < end; j0 += ATT_WARPS * U) {
+        float kr[U][ND], vr[U][ND];
 #pragma unroll
-        for (int d = 0; d < ND; d++) {
-            int i = d * 32 + lane;
-            kr[d] = i < hd ? load_elem(a.kv_dtype, a.k, base + i) : 0.0f;
-            vr[d] = i < hd ? load_elem(a.kv_dtype, a.v, base + i) : 0.0f;
+        for (int u = 0; u < U; u++) {
+            int j = j0 + u * ATT_WARPS;
+            size_t base = 0;
+            if (j < end) {
+                size_t slot = (size_t)bt[j / a.block_size] * a.block_size +
+                              (size_t)(j % a.block_size);
+                base = slot * a.kv_dim + (size_t)kvh * hd;
+            }
+#pragma unroll
+            for (int d = 0; d < ND; d++) {
+                int i = d * 32 + lane;
+                bool in = j < end && i < hd;
+                kr[u][d] = in ? load_elem(a.kv_dtype, a.k, base + i) : 0.0f;
+                vr[u][d] = in ? load_elem(a.kv_dtype, a.v, base + i) : 0.0f;
+            }
         }
 #pragma unroll
-        for (int g = 0; g < GM && g < G; g++) {
-            float s = 0.0f;
+        for (int u = 0; u < U; u++) {
+            if (j0 + u * ATT_WARPS >= end) break; // the same for the whole warp
 #pragma unroll
-            for (int d = 0; d < ND; d++) s += q[g][d] * kr[d];
-            s = warp_sum(s);
-            float mn = fmaxf(m[g], s), corr = __expf(m[g] - mn), pr = __expf(s - mn);
-            l[g] = l[g] * corr + pr;
+            for (int g = 0; g < GM && g < G; g++) {
+                float s = 0.0f;
 #pragma unroll
-            for (int d = 0; d < ND; d++) acc[g][d] = acc[g][d] * corr + pr * vr[d];
-            m[g] = mn;
+                for (int d = 0; d < ND; d++) s += q[g][d] * kr[u][d];
+                s = warp_sum(s);
+                float mn = fmaxf(m[g], s), corr = __expf(m[g] - mn), pr = __expf(s - mn);
+                l[g] = l[g] * corr + pr;
+#pragma unroll
+                for (int d = 0; d < ND; d++) acc[g][d] = acc[g][d] * corr + pr * vr[u][d];
+                m[g] = mn;
+            }
         }
     }
     // merge the warps: shared (ATT_WARPS, G, hd + 2)
@@ -486,7 +534,9 @@ int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t
 
 int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float *out, int n_rows,
                    int dim, float eps) {
-    k_rms_norm<<<n_rows, 256, 0, s>>>(x, d, w, out, dim, eps);
+    int threads = (dim + RMS_VEC - 1) / RMS_VEC;
+    threads = threads < 32 ? 32 : threads > 1024 ? 1024 : (threads + 31) / 32 * 32;
+    k_rms_norm<<<n_rows, threads, 0, s>>>(x, d, w, out, dim, eps);
     return LAUNCHED();
 }
 
@@ -566,8 +616,12 @@ int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *
                         int n_head, int n_kv_head, int hd, int neox, const int32_t *pos,
                         const float *inv_freq, int dtype, void *k, void *v, int kv_dim,
                         const int64_t *slot) {
-    k_rope_kv_store<<<n, 128, 0, s>>>(q, k_in, v_in, n_head, n_kv_head, hd, neox, pos, inv_freq,
-                                      dtype, k, v, kv_dim, slot);
+    if (n <= 0) return (int)cudaSuccess;
+    int threads = (hd / 2 + 31) / 32 * 32;
+    if (threads < 32) threads = 32;
+    dim3 grid((unsigned)n, (unsigned)(n_head + 2 * n_kv_head));
+    k_rope_kv_store<<<grid, threads, 0, s>>>(q, k_in, v_in, n_head, n_kv_head, hd, neox, pos,
+                                             inv_freq, dtype, k, v, kv_dim, slot);
     return LAUNCHED();
 }
 

@@ -30,6 +30,8 @@ _Static_assert(PGD_TYPE_F32 == 0 && PGD_TYPE_F16 == 1 && PGD_TYPE_Q4_0 == 2 &&
 
 #define GEMV_MAX_ROWS 8
 #define ATTN_SPLIT_LEN 256
+#define ATTN_SPLIT_MIN 16   /* positions per split, at least, when splitting for parallelism */
+#define ATTN_BLOCKS_PER_SM 4 /* attention blocks a step should give each multiprocessor */
 #define ATTN_PART_MIN (1 << 16) /* (token, head, split) partials kept for flash-decoding, at
                                   * least; more when one step has more (token, head) pairs */
 
@@ -53,7 +55,8 @@ typedef struct cuda_state {
     cublasLtHandle_t lt;
     void *lt_ws;                 /* cuBLASLt workspace */
     size_t lt_ws_bytes;
-    int32_t max_tokens, n_head, head_dim;
+    int32_t max_tokens, n_head, n_kv_head, head_dim;
+    int n_sm;                    /* multiprocessors */
     /* step metadata, staged by begin: pinned host copy -> device */
     int32_t *h_meta, *d_meta;    /* tokens, pos, seq, logit_rows (max_tokens each), tables */
     int64_t *h_slot, *d_slot;    /* (max_tokens) */
@@ -275,6 +278,7 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     be->impl = st;
     st->max_tokens = max_tokens;
     st->n_head = n_head;
+    st->n_kv_head = n_kv_head;
     st->head_dim = head_dim;
     st->lt_ws_bytes = 32u << 20;
     /* act_row_bytes >= 4 * widest n_in (F32 rows): bounds the BF16 activations. */
@@ -321,7 +325,8 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     if (grow_meta(st, (size_t)max_tokens * 4 + (size_t)max_tokens * 64, 0)) goto fail;
     st->h_hi = malloc((size_t)max_tokens * sizeof *st->h_hi);
     if (!st->h_hi) goto fail;
-    (void)n_kv_head;
+    CUDA_CHECK_OR(cudaDeviceGetAttribute(&st->n_sm, cudaDevAttrMultiProcessorCount, be->device),
+                  goto fail);
     return PGD_OK;
 fail:
     cuda_free(be);
@@ -382,16 +387,24 @@ static graph_entry *graph_for(cuda_state *st, int32_t pad, int32_t stride, uint6
     return g;
 }
 
-/* Flash-decoding splits for `ctx` positions and `rows` tokens of n_head heads: ATTN_SPLIT_LEN
- * positions per split, fewer splits (longer ones) when the partials would not fit part_cap. */
-static void split_geometry(const cuda_state *st, int ctx, int rows, int n_head, int32_t *n_splits,
-                           int32_t *split_len) {
+/* Flash-decoding splits for `ctx` positions and `rows` tokens of n_head heads (n_kv_head KV
+ * heads: a block per token, KV head and split): ATTN_SPLIT_LEN positions per split; more splits
+ * (down to ATTN_SPLIT_MIN positions) when there are too few (token, KV head) pairs to give each
+ * multiprocessor ATTN_BLOCKS_PER_SM blocks (small-batch decode); fewer (longer ones) when the
+ * partials would not fit part_cap. */
+static void split_geometry(const cuda_state *st, int ctx, int rows, int n_head, int n_kv_head,
+                           int32_t *n_splits, int32_t *split_len) {
     long cap = (long)(st->part_cap / ((size_t)rows * (size_t)n_head));
     if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
-    int n = (ctx + ATTN_SPLIT_LEN - 1) / ATTN_SPLIT_LEN;
-    if (n > cap) n = (int)cap;
-    *n_splits = n;
-    *split_len = (ctx + n - 1) / n;
+    long n = (ctx + ATTN_SPLIT_LEN - 1) / ATTN_SPLIT_LEN;
+    long pairs = (long)rows * (n_kv_head > 0 ? n_kv_head : 1);
+    long want = ((long)ATTN_BLOCKS_PER_SM * st->n_sm + pairs - 1) / pairs;
+    long most = (ctx + ATTN_SPLIT_MIN - 1) / ATTN_SPLIT_MIN;
+    if (want > most) want = most;
+    if (want > n) n = want;
+    if (n > cap) n = cap;
+    *n_splits = (int32_t)n;
+    *split_len = (int32_t)((ctx + n - 1) / n);
 }
 
 /* Chooses how a graph step runs (st->mode) and stages its tables; PGD_OK leaves st->mode
@@ -405,7 +418,8 @@ static int begin_graph(pgd_backend *be, const pgd_step *s) {
     if (rc) return rc;
     graph_entry *g = graph_for(st, P, stride, s->kv_key);
     if (!g || g->failed) return PGD_OK; /* eagerly, with the tables as staged */
-    split_geometry(st, stride * bs, P, st->n_head, &st->g_splits, &st->g_split_len);
+    split_geometry(st, stride * bs, P, st->n_head, st->n_kv_head, &st->g_splits,
+                   &st->g_split_len);
     st->n_pad = P;
     st->cur = g;
     if (g->exec) {
@@ -573,7 +587,10 @@ static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, fl
     cuda_state *st = be->impl;
     SKIP_IN_REPLAY(st);
     n = rows_of(st, n);
-    if (n <= st->gemv_max) {
+    /* The fused GEMV for one row, and for up to gemv_max rows of weights the GEMM would first
+     * dequantize (a BF16 matrix goes straight to cuBLASLt: the GEMV's per-token activation
+     * loads made 8 rows take 2.3x one row's time on an H200, cuBLASLt 1.1x). */
+    if (n <= st->gemv_max && (n == 1 || w->type != PGD_TYPE_BF16)) {
         CUDA_CHECK((cudaError_t)pgd_k_gemv(st->stream, w->type, w->data, w->row_bytes, w->n_in,
                                            w->n_out, x, y, n));
         return;
@@ -663,7 +680,7 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
     int n_tok = rows_of(st, s->n_tokens);
     int32_t n_splits = st->g_splits, split_len = st->g_split_len; /* a graph key's geometry */
     if (st->mode == MODE_EAGER)
-        split_geometry(st, st->max_pos + 1, n_tok, n_head, &n_splits, &split_len);
+        split_geometry(st, st->max_pos + 1, n_tok, n_head, n_kv_head, &n_splits, &split_len);
     pgd_k_attn a = {
         .q = q, .out = out, .k = kv->k, .v = kv->v, .kv_dtype = kv->dtype, .kv_dim = kv->kv_dim,
         .block_size = kv->block_size, .pos = st->d_pos, .seq = st->d_seq, .tables = st->d_tables,

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Where a decode step's time goes on the GPU (run after bench/gpu/check.sh, which builds
+# build-gpucheck): per-kernel durations and DRAM bytes from Nsight Compute for one decode step of the
+# Llama-3-8B-shaped dummy model at batch 1, 8 and 64 (CUDA graphs off, so each kernel is seen),
+# and the decode benchmark without CUDA graphs and at more batch sizes. Writes $OUT/diag.txt and $OUT/ncu_b*.csv.
+set -u
+cd "$(dirname "$0")/../.."
+out=${OUT:-bench/gpu}
+d=$out/diag.txt
+: >"$d"
+export LD_LIBRARY_PATH=/tmp/pgd-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+B=./build-gpucheck/gpu_bench
+cfg=configs/models/Llama-3-8B.json
+log() { echo "[$(date +%T)] $*" | tee -a "$d" >&2; }
+for v in "PAGODA_CUDA_GRAPHS=0 8" "PAGODA_CUDA_GRAPHS=0 256" "X=0 2" "X=0 4" "X=0 16" \
+         "X=0 32" "X=0 128"; do
+    set -- $v
+    log "decode batch $2, $1"
+    timeout 60 env "$1" $B decode "$cfg" "$2" 512 32 >>"$d" 2>&1
+done
+# One decode step's kernels: the context fill runs B prefill forwards (about 650 kernels each),
+# then 14 steps of about 610; the skip lands a few steps in.
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for bs in 1 8 64; do
+    log "ncu decode batch $bs"
+    timeout 100 env PAGODA_CUDA_GRAPHS=0 "$ncu" --clock-control none --csv --page raw \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        --launch-skip $((bs * 650 + 2500)) --launch-count 640 --log-file "$out/ncu_b$bs.csv" \
+        $B decode "$cfg" "$bs" 512 12 >>"$d" 2>&1 || log "ncu batch $bs failed ($?)"
+done
+log "ncu prefill 2048"
+timeout 100 "$ncu" --clock-control none --csv --page raw \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    --launch-count 640 --log-file "$out/ncu_prefill.csv" $B prefill "$cfg" 2048 >>"$d" 2>&1 ||
+    log "ncu prefill failed ($?)"
+log "done"
