@@ -5,7 +5,8 @@
 # decode tok/s at batch 1/8/64/256 with 512-token contexts, prefill tok/s at 2,048 tokens, HBM
 # bandwidth (copy kernel), batch-1 decode as a fraction of the roofline, and transformers
 # generate on the same shapes as a baseline. Writes one results file: $OUT or bench/gpu/results.txt.
-# Written without access to a GPU: never run yet.
+# Run on an H200 on 2026-11-29 (bench/RESULTS.md); bench/gpu/diag.sh profiles a decode step
+# after it.
 #
 # Needs only the CUDA toolkit (nvcc, cuBLAS), NCCL (the toolkit's, the system's, or PyTorch's
 # nvidia-nccl wheel), CMake, a C compiler and libcjson; the HTTP server is not built
@@ -68,8 +69,11 @@ if ! compgen -G "/usr/local/cuda*/lib64/libnccl.so*" >/dev/null &&
     fi
 fi
 
+cfg_args="-DPAGODA_CUDA=ON -DPAGODA_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 ${cmake_extra[*]}"
 step "configure+build (CUDA, sm_90)" 240 bash -c \
-    "rm -rf build-gpucheck && cmake -S . -B build-gpucheck -DPAGODA_CUDA=ON -DPAGODA_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 ${cmake_extra[*]} >/dev/null && cmake --build build-gpucheck -j\$(nproc) --target test_backend_ops test_tp gpu_bench >/dev/null"
+    "rm -rf build-gpucheck && cmake -S . -B build-gpucheck $cfg_args >/dev/null &&
+     cmake --build build-gpucheck -j\$(nproc) --target test_backend_ops test_tp gpu_bench >/dev/null"
 log "$(nvidia-smi --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tr '\n' ' ')"
 step "op-by-op CUDA vs CPU (NMSE)" 90 env PAGODA_REQUIRE_CUDA=1 ./build-gpucheck/test_backend_ops
 if ! grep -q "all ops within thresholds" "$res" && command -v compute-sanitizer >/dev/null; then
@@ -99,25 +103,16 @@ step "cuBLASLt BF16 GEMM peak (8192^3)" 30 $B gemm
 step "decode batch 1 ctx 512" 60 $B decode "$cfg" 1 512 32
 step "prefill 2048" 60 $B prefill "$cfg" 2048
 for bs in 8 64 256; do step "decode batch $bs ctx 512" 60 $B decode "$cfg" "$bs" 512 32; done
-[ -n "${PGD_SKIP_HF:-}" ] || step "transformers baseline (same shapes, BF16, random weights)" 180 $py bench/gpu/hf_baseline.py "$cfg"
-for bs in 1 64; do step "decode batch $bs ctx 512, no CUDA graphs" 60 env PAGODA_CUDA_GRAPHS=0 $B decode "$cfg" "$bs" 512 32; done
+[ -n "${PGD_SKIP_HF:-}" ] ||
+    step "transformers baseline (same shapes, BF16, random weights)" 180 \
+        $py bench/gpu/hf_baseline.py "$cfg"
+for bs in 1 64; do
+    step "decode batch $bs ctx 512, no CUDA graphs" 60 \
+        env PAGODA_CUDA_GRAPHS=0 $B decode "$cfg" "$bs" 512 32
+done
 step "prefill 2048, CUDA-core attention" 60 env PAGODA_CUDA_TC_ATTN=0 $B prefill "$cfg" 2048
-# roofline: batch-1 decode step time vs weight bytes / measured bandwidth
-$py - "$res" <<'PY' >>"$res" 2>&1 || true
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-bw = next((r["GBps"] for r in rows if r.get("bench") == "bandwidth"), None)
-d1 = next((r for r in rows if r.get("bench") == "decode" and r["batch"] == 1), None)
-if bw and d1:
-    roof_ms = d1["weight_bytes"] / (bw * 1e9) * 1e3
-    print(json.dumps({"bench": "roofline", "weight_GB": d1["weight_bytes"] / 1e9, "GBps": bw,
-                      "roofline_step_ms": roof_ms, "step_ms": d1["step_ms"],
-                      "fraction_of_roofline": roof_ms / d1["step_ms"]}))
-gemm = next((r["TFLOPs"] for r in rows if r.get("bench") == "gemm"), None)
-pre = next((r for r in rows if r.get("bench") == "prefill"), None)
-if gemm and pre:
-    tf = pre["gflop"] / (pre["ms"] / 1e3) / 1e3
-    print(json.dumps({"bench": "prefill_roofline", "TFLOPs": tf, "gemm_TFLOPs": gemm,
-                      "fraction_of_gemm_peak": tf / gemm}))
-PY
+# the figures against the issue's targets (batch-1 decode / roofline, prefill / GEMM peak, batch
+# 64 / transformers) and every batch size against transformers
+$py bench/gpu/summarize.py "$res" >"$res.sum" 2>&1 || true
+cat "$res.sum" >>"$res" && rm -f "$res.sum"
 log "done: $res"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Where a decode step's time goes on the GPU (run after bench/gpu/check.sh, which builds
-# build-gpucheck): per-kernel durations and DRAM bytes from Nsight Compute for one decode step of the
-# Llama-3-8B-shaped dummy model at batch 1, 8 and 64 (CUDA graphs off, so each kernel is seen),
-# and the decode benchmark without CUDA graphs and at more batch sizes. Writes $OUT/diag.txt and $OUT/ncu_b*.csv.
+# build-gpucheck): per-kernel durations and DRAM bytes from Nsight Compute for one decode step of
+# the Llama-3-8B-shaped dummy model at batch 1, 8 and 64 (CUDA graphs off, so each kernel is
+# seen) and for a 2,048-token prefill, and the decode benchmark without CUDA graphs and at more
+# batch sizes. Writes $OUT/diag.txt and $OUT/ncu_*.csv (bench/gpu/ncu_summary.py tabulates them).
 set -u
 cd "$(dirname "$0")/../.."
 out=${OUT:-bench/gpu}

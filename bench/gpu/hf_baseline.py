@@ -12,8 +12,9 @@ with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     except TypeError:
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).eval()
-print(json.dumps({"bench": "hf_env", "torch": torch.__version__, "gpu":
-                  torch.cuda.get_device_name(0), "attn": getattr(model.config, "_attn_implementation", None)}), flush=True)
+attn = getattr(model.config, "_attn_implementation", None)
+print(json.dumps({"bench": "hf_env", "torch": torch.__version__,
+                  "gpu": torch.cuda.get_device_name(0), "attn": attn}), flush=True)
 V = cfg.vocab_size
 for bs in (1, 8, 64, 256):
     ids = torch.randint(3, V, (bs, 512), device="cuda")

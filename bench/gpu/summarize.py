@@ -1,0 +1,53 @@
+"""The GPU check's figures against issue 7's targets, from check.sh's results file(s): one JSON
+object per line in, one per line out (appended by check.sh to its results file).
+    python3 bench/gpu/summarize.py RESULTS.txt [MORE.txt ...]
+Rows read: bandwidth (copy kernel GB/s), gemm (cuBLASLt TFLOP/s), decode (the first at each batch
+size: CUDA graphs on), prefill (the first: tensor-core attention), hf_decode / hf_prefill."""
+import json
+import sys
+
+rows = []
+for path in sys.argv[1:]:
+    for line in open(path):
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+
+
+def first(bench, **match):
+    return next((r for r in rows if r.get("bench") == bench and
+                 all(r.get(k) == v for k, v in match.items())), None)
+
+
+out = []
+bw, gemm, d1 = first("bandwidth"), first("gemm"), first("decode", batch=1)
+if bw and d1:
+    roof_ms = d1["weight_bytes"] / (bw["GBps"] * 1e9) * 1e3
+    out.append({"bench": "roofline", "weight_GB": d1["weight_bytes"] / 1e9, "GBps": bw["GBps"],
+                "roofline_step_ms": roof_ms, "step_ms": d1["step_ms"],
+                "fraction_of_roofline": roof_ms / d1["step_ms"], "target": 0.80})
+pre = first("prefill")
+if gemm and pre:
+    tf = pre["gflop"] / (pre["ms"] / 1e3) / 1e3
+    out.append({"bench": "prefill_roofline", "TFLOPs": tf, "gemm_TFLOPs": gemm["TFLOPs"],
+                "fraction_of_gemm_peak": tf / gemm["TFLOPs"], "target": 0.50})
+for bs in (1, 8, 64, 256):
+    ours, hf = first("decode", batch=bs), first("hf_decode", batch=bs)
+    if ours and hf:
+        r = {"bench": "vs_transformers_decode", "batch": bs, "tok_s": ours["tok_s"],
+             "hf_tok_s": hf["tok_s"], "ratio": ours["tok_s"] / hf["tok_s"]}
+        if bs == 64:
+            r["target"] = 5.0
+        out.append(r)
+hp = first("hf_prefill")
+if pre and hp:
+    out.append({"bench": "vs_transformers_prefill", "tokens": pre["tokens"],
+                "tok_s": pre["tok_s"], "hf_tok_s": hp["tok_s"],
+                "ratio": pre["tok_s"] / hp["tok_s"]})
+for r in out:
+    if "target" in r:
+        v = r.get("fraction_of_roofline", r.get("fraction_of_gemm_peak", r.get("ratio")))
+        r["meets_target"] = v >= r["target"]
+    print(json.dumps(r))
