@@ -89,6 +89,8 @@ typedef struct pgd_backend_ops {
 
     void (*embed)(pgd_backend *be, const pgd_weight *w, int32_t vocab_lo, const pgd_step *s,
                   float *x);
+    /* out = w * x / rms(x) per row (add_rms_norm first adds d into x); out overlaps neither x
+     * nor d (the CUDA kernel declares them restrict). */
     void (*rms_norm)(pgd_backend *be, const float *x, const float *w, float *out, int n_rows,
                      int dim, float eps);
     void (*add_rms_norm)(pgd_backend *be, float *x, const float *d, const float *w, float *out,
