@@ -10,8 +10,10 @@
  * else shares the step or how its prompt was chunked. */
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
@@ -89,6 +91,14 @@ void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t 
 
 /* ---- scratch ---- */
 
+/* PAGODA_PROFILE=1: wall time per op of the layer program, summed over every step and printed
+ * by pgd_fwd_free (CPU backend only: a device backend's ops return before their work is done). */
+enum { PR_EMBED, PR_NORM, PR_Q, PR_K, PR_V, PR_ROPE_KV, PR_ATTN, PR_O, PR_GATE, PR_UP, PR_ACT,
+       PR_DOWN, PR_REDUCE, PR_HEAD, PR_N };
+static const char *const pr_name[PR_N] = {
+    "embed", "rms_norm", "matmul q", "matmul k", "matmul v", "rope+kv store", "attention",
+    "matmul o", "matmul gate", "matmul up", "silu*up", "matmul down", "all-reduce", "lm head"};
+
 typedef struct pgd_fwd_rank {
     struct pgd_fwd *f;
     int rank;
@@ -102,7 +112,45 @@ typedef struct pgd_fwd_rank {
     pthread_t thread;
     bool started;
     int rc;
+    bool prof;               /* PAGODA_PROFILE */
+    long prof_steps, prof_calls[PR_N];
+    double prof_s[PR_N], prof_step_s; /* per op; whole steps */
 } pgd_fwd_rank;
+
+static double prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+/* Runs `call`, timing it under k when the rank profiles. */
+#define TIMED(r, k, call)                                                                       \
+    do {                                                                                        \
+        if (!(r)->prof) {                                                                       \
+            call;                                                                               \
+            break;                                                                              \
+        }                                                                                       \
+        double t0_ = prof_now();                                                                \
+        call;                                                                                   \
+        (r)->prof_s[k] += prof_now() - t0_;                                                     \
+        (r)->prof_calls[k]++;                                                                   \
+    } while (0)
+
+static void prof_print(const pgd_fwd_rank *r) {
+    if (r->prof_steps == 0 || r->prof_step_s <= 0) return;
+    double total = r->prof_step_s, ops = 0;
+    fprintf(stderr, "pagoda profile (rank %d): %ld steps, %.3f ms\n", r->rank, r->prof_steps,
+            total * 1e3);
+    fprintf(stderr, "  %-14s %10s %10s %10s %7s\n", "op", "calls", "ms", "us/call", "share");
+    for (int k = 0; k < PR_N; k++) {
+        if (!r->prof_calls[k]) continue;
+        ops += r->prof_s[k];
+        fprintf(stderr, "  %-14s %10ld %10.3f %10.2f %6.1f%%\n", pr_name[k], r->prof_calls[k],
+                r->prof_s[k] * 1e3, r->prof_s[k] * 1e6 / (double)r->prof_calls[k],
+                100.0 * r->prof_s[k] / total);
+    }
+    fprintf(stderr, "  %-14s %10s %10.3f %10s %6.1f%%\n", "the rest", "", (total - ops) * 1e3, "",
+            100.0 * (total - ops) / total);
+}
 
 typedef struct pgd_fwd_sync {
     pthread_mutex_t mu;
@@ -172,11 +220,14 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
         f->inv_freq[i] = inv;
     }
     int nth = pool ? pgd_pool_n_threads(pool) : 1;
+    const char *pe = getenv("PAGODA_PROFILE");
+    bool prof = pe && *pe && strcmp(pe, "0") != 0;
     for (int ri = 0; ri < f->n_ranks; ri++) {
         const pgd_shard *sh = &m->shards[ri];
         pgd_fwd_rank *r = &f->ranks[ri];
         r->f = f;
         r->rank = ri;
+        r->prof = prof && sh->be.ops->host_memory; /* the CPU backend's ops finish on return */
         r->be = sh->be;
         r->be.impl = NULL;
         r->be.pool = pool;
@@ -273,6 +324,7 @@ void pgd_fwd_free(pgd_fwd *f) {
     for (int ri = 0; f->ranks && ri < f->n_ranks; ri++) {
         pgd_fwd_rank *r = &f->ranks[ri];
         pgd_backend *be = &r->be;
+        if (r->prof) prof_print(r);
         if (!be->ops) continue;
         float *bufs[] = {r->x, r->xb, r->xb2, r->q, r->k, r->v, r->hb, r->hb2,
                          r->logits != f->logits ? r->logits : NULL};
@@ -326,8 +378,14 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
 /* A backend that could not capture a step's graph has done none of its work and answers
  * PGD_EAGAIN at sync; it then runs the step without one, so one more try is enough. */
 static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
+    double t0 = r->prof ? prof_now() : 0;
     int rc = forward_rank_once(f, r, kv, b);
-    return rc == PGD_EAGAIN ? forward_rank_once(f, r, kv, b) : rc;
+    if (rc == PGD_EAGAIN) rc = forward_rank_once(f, r, kv, b);
+    if (r->prof) {
+        r->prof_step_s += prof_now() - t0;
+        r->prof_steps++;
+    }
+    return rc;
 }
 
 static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
@@ -347,37 +405,43 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
                           .inv_freq = f->inv_freq};
     if ((rc = o->begin(be, &s, &rp))) return rc;
 
-    o->embed(be, &sh->tok_embd, sh->vocab_lo, &s, r->x);
-    if ((rc = all_reduce(f, r, r->x, (size_t)n * dim))) return rc;
+    TIMED(r, PR_EMBED, o->embed(be, &sh->tok_embd, sh->vocab_lo, &s, r->x));
+    TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->x, (size_t)n * dim));
+    if (rc) return rc;
     for (int il = 0; il < c->n_layer; il++) {
         const pgd_layer *l = &sh->layers[il];
         /* xb: the normalized input of the block; xb2: the (reduced) output of the last one. */
-        if (il == 0) o->rms_norm(be, r->x, l->attn_norm, r->xb, n, dim, c->rms_eps);
-        else o->add_rms_norm(be, r->x, r->xb2, l->attn_norm, r->xb, n, dim, c->rms_eps);
-        o->matmul(be, &l->wq, r->xb, r->q, n);
-        o->matmul(be, &l->wk, r->xb, r->k, n);
-        o->matmul(be, &l->wv, r->xb, r->v, n);
+        const float *an = l->attn_norm, *fn = l->ffn_norm;
+        if (il == 0) TIMED(r, PR_NORM, o->rms_norm(be, r->x, an, r->xb, n, dim, c->rms_eps));
+        else TIMED(r, PR_NORM, o->add_rms_norm(be, r->x, r->xb2, an, r->xb, n, dim, c->rms_eps));
+        TIMED(r, PR_Q, o->matmul(be, &l->wq, r->xb, r->q, n));
+        TIMED(r, PR_K, o->matmul(be, &l->wk, r->xb, r->k, n));
+        TIMED(r, PR_V, o->matmul(be, &l->wv, r->xb, r->v, n));
         if (l->bq) o->add_bias(be, r->q, l->bq, n, q_dim);
         if (l->bk) o->add_bias(be, r->k, l->bk, n, kv_dim);
         if (l->bv) o->add_bias(be, r->v, l->bv, n, kv_dim);
         pgd_kv_layer kl = kv_layer(kv, r->rank, il);
-        o->rope_kv_store(be, r->q, r->k, r->v, sh->n_head, sh->n_kv_head, &kl, &s, &rp);
-        o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s);
-        o->matmul(be, &l->wo, r->xb, r->xb2, n);
-        if ((rc = all_reduce(f, r, r->xb2, (size_t)n * dim))) return rc;
-        o->add_rms_norm(be, r->x, r->xb2, l->ffn_norm, r->xb, n, dim, c->rms_eps);
-        o->matmul(be, &l->w_gate, r->xb, r->hb, n);
-        o->matmul(be, &l->w_up, r->xb, r->hb2, n);
-        o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim);
-        o->matmul(be, &l->w_down, r->hb, r->xb2, n);
-        if ((rc = all_reduce(f, r, r->xb2, (size_t)n * dim))) return rc;
+        TIMED(r, PR_ROPE_KV,
+              o->rope_kv_store(be, r->q, r->k, r->v, sh->n_head, sh->n_kv_head, &kl, &s, &rp));
+        TIMED(r, PR_ATTN,
+              o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s));
+        TIMED(r, PR_O, o->matmul(be, &l->wo, r->xb, r->xb2, n));
+        TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
+        if (rc) return rc;
+        TIMED(r, PR_NORM, o->add_rms_norm(be, r->x, r->xb2, fn, r->xb, n, dim, c->rms_eps));
+        TIMED(r, PR_GATE, o->matmul(be, &l->w_gate, r->xb, r->hb, n));
+        TIMED(r, PR_UP, o->matmul(be, &l->w_up, r->xb, r->hb2, n));
+        TIMED(r, PR_ACT, o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
+        TIMED(r, PR_DOWN, o->matmul(be, &l->w_down, r->hb, r->xb2, n));
+        TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
+        if (rc) return rc;
     }
     o->add(be, r->x, r->xb2, (size_t)n * dim);
 
     if (b->n_logits == 0) return o->sync(be);
     o->gather_rows(be, r->x, r->xb, dim, &s);
     o->rms_norm(be, r->xb, sh->output_norm, r->xb2, b->n_logits, dim, c->rms_eps);
-    o->matmul(be, &sh->output, r->xb2, r->logits, b->n_logits);
+    TIMED(r, PR_HEAD, o->matmul(be, &sh->output, r->xb2, r->logits, b->n_logits));
     if ((rc = o->sync(be))) return rc;
     if (f->n_ranks > 1) {
         rc = f->comm->ops->gather_cols(f->comm, r->rank, r->logits, b->n_logits, sh->n_vocab,
