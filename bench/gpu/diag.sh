@@ -14,7 +14,7 @@ B=./build-gpucheck/gpu_bench
 cfg=configs/models/Llama-3-8B.json
 log() { echo "[$(date +%T)] $*" | tee -a "$d" >&2; }
 for v in "PAGODA_CUDA_GRAPHS=0 8" "PAGODA_CUDA_GRAPHS=0 256" "X=0 2" "X=0 4" "X=0 16" \
-         "X=0 32" "X=0 128"; do
+         "X=0 32" "X=0 128" "PAGODA_CUDA_ATTN_FILL=0 1" "PAGODA_CUDA_ATTN_FILL=0 64"; do
     set -- $v
     log "decode batch $2, $1"
     timeout 60 env "$1" $B decode "$cfg" "$2" 512 32 >>"$d" 2>&1

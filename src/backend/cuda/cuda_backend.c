@@ -57,6 +57,7 @@ typedef struct cuda_state {
     size_t lt_ws_bytes;
     int32_t max_tokens, n_head, n_kv_head, head_dim;
     int n_sm;                    /* multiprocessors */
+    int attn_fill;               /* attention blocks per SM to split for (PAGODA_CUDA_ATTN_FILL) */
     /* step metadata, staged by begin: pinned host copy -> device */
     int32_t *h_meta, *d_meta;    /* tokens, pos, seq, logit_rows (max_tokens each), tables */
     int64_t *h_slot, *d_slot;    /* (max_tokens) */
@@ -327,6 +328,9 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     if (!st->h_hi) goto fail;
     CUDA_CHECK_OR(cudaDeviceGetAttribute(&st->n_sm, cudaDevAttrMultiProcessorCount, be->device),
                   goto fail);
+    const char *af = getenv("PAGODA_CUDA_ATTN_FILL"); /* 0: 256-position splits only */
+    st->attn_fill = af && *af ? atoi(af) : ATTN_BLOCKS_PER_SM;
+    if (st->attn_fill < 0) st->attn_fill = 0;
     return PGD_OK;
 fail:
     cuda_free(be);
@@ -390,7 +394,7 @@ static graph_entry *graph_for(cuda_state *st, int32_t pad, int32_t stride, uint6
 /* Flash-decoding splits for `ctx` positions and `rows` tokens of n_head heads (n_kv_head KV
  * heads: a block per token, KV head and split): ATTN_SPLIT_LEN positions per split; more splits
  * (down to ATTN_SPLIT_MIN positions) when there are too few (token, KV head) pairs to give each
- * multiprocessor ATTN_BLOCKS_PER_SM blocks (small-batch decode); fewer (longer ones) when the
+ * multiprocessor attn_fill blocks (small-batch decode); fewer (longer ones) when the
  * partials would not fit part_cap. */
 static void split_geometry(const cuda_state *st, int ctx, int rows, int n_head, int n_kv_head,
                            int32_t *n_splits, int32_t *split_len) {
@@ -398,7 +402,7 @@ static void split_geometry(const cuda_state *st, int ctx, int rows, int n_head, 
     if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
     long n = (ctx + ATTN_SPLIT_LEN - 1) / ATTN_SPLIT_LEN;
     long pairs = (long)rows * (n_kv_head > 0 ? n_kv_head : 1);
-    long want = ((long)ATTN_BLOCKS_PER_SM * st->n_sm + pairs - 1) / pairs;
+    long want = ((long)st->attn_fill * st->n_sm + pairs - 1) / pairs;
     long most = (ctx + ATTN_SPLIT_MIN - 1) / ATTN_SPLIT_MIN;
     if (want > most) want = most;
     if (want > n) n = want;
