@@ -39,20 +39,34 @@ py=${PYTHON:-python3}
         -o -name cJSON.h \) 2>/dev/null | grep -v "^/proc" | head -12
 } >>"$res" 2>&1 || true
 
-# libcjson: the system's, else the Debian packages fetched into bench/gpu/deps, else apt-get.
+# libcjson, and for the pagoda command libuv and libmicrohttpd: the system's, else the Debian
+# packages bench/gpu/fetch-deps.sh put in bench/gpu/deps (unpacked under /tmp/pgd-deps: nothing
+# is installed; PGD_FORCE_DEPS=1 uses them even where the system has its own), else apt-get.
 cmake_extra=()
-if ! { [ -f /usr/include/cjson/cJSON.h ] || pkg-config --exists libcjson 2>/dev/null; }; then
-    if ls bench/gpu/deps/*.deb >/dev/null 2>&1; then
-        for d in bench/gpu/deps/*.deb; do dpkg-deb -x "$d" /tmp/pgd-deps || log "cannot unpack $d"; done
-        # the .pc files name prefix=/usr: point them at where the packages were unpacked
-        sed -i 's|=/usr|=/tmp/pgd-deps/usr|' /tmp/pgd-deps/usr/lib/*/pkgconfig/*.pc || true
-        cmake_extra+=("-DCMAKE_PREFIX_PATH=/tmp/pgd-deps/usr")
-        export LD_LIBRARY_PATH=/tmp/pgd-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-        log "libcjson: unpacked from bench/gpu/deps"
-    elif command -v apt-get >/dev/null; then
-        timeout 120 apt-get install -y libcjson-dev >>"$res" 2>&1 || log "apt-get install libcjson-dev failed"
-    fi
+have() { pkg-config --exists "$1" 2>/dev/null; }
+if ls bench/gpu/deps/*.deb >/dev/null 2>&1 &&
+   { [ -n "${PGD_FORCE_DEPS:-}" ] ||
+     ! { have libcjson && have libuv && have libmicrohttpd; }; }; then
+    rm -rf /tmp/pgd-deps
+    for d in bench/gpu/deps/*.deb; do dpkg-deb -x "$d" /tmp/pgd-deps || log "cannot unpack $d"; done
+    # the .pc files name /usr: point them at the unpacked tree; drop Requires.private
+    # (libmicrohttpd's gnutls: needed only to link statically, its .pc absent on a bare image)
+    sed -i -e 's|=/usr|=/tmp/pgd-deps/usr|' -e '/^Requires.private:/d' \
+        /tmp/pgd-deps/usr/lib/*/pkgconfig/*.pc || true
+    pcdir=/tmp/pgd-deps/usr/lib/x86_64-linux-gnu/pkgconfig
+    export PKG_CONFIG_PATH=$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+    cmake_extra+=("-DCMAKE_PREFIX_PATH=/tmp/pgd-deps/usr")
+    libdir=/tmp/pgd-deps/usr/lib/x86_64-linux-gnu
+    export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    log "unpacked bench/gpu/deps: $(cd bench/gpu/deps && echo *.deb)"
 fi
+if ! { [ -f /usr/include/cjson/cJSON.h ] || have libcjson; } && command -v apt-get >/dev/null; then
+    timeout 120 apt-get install -y libcjson-dev >>"$res" 2>&1 ||
+        log "apt-get install libcjson-dev failed"
+fi
+server=OFF
+have libuv && have libmicrohttpd && server=ON
+log "the pagoda command (libuv, libmicrohttpd): $server"
 # NCCL: the toolkit's or the system's, else PyTorch's nvidia-nccl wheel (libnccl.so.2 + nccl.h,
 # wherever the wheel's layout puts them under site-packages/nvidia).
 if ! compgen -G "/usr/local/cuda*/lib64/libnccl.so*" >/dev/null &&
@@ -69,11 +83,13 @@ if ! compgen -G "/usr/local/cuda*/lib64/libnccl.so*" >/dev/null &&
     fi
 fi
 
-cfg_args="-DPAGODA_CUDA=ON -DPAGODA_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
+cfg_args="-DPAGODA_CUDA=ON -DPAGODA_SERVER=$server -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90 ${cmake_extra[*]}"
+targets="test_backend_ops test_tp gpu_bench"
+[ "$server" = ON ] && targets="$targets pagoda"
 step "configure+build (CUDA, sm_90)" 240 bash -c \
     "rm -rf build-gpucheck && cmake -S . -B build-gpucheck $cfg_args >/dev/null &&
-     cmake --build build-gpucheck -j\$(nproc) --target test_backend_ops test_tp gpu_bench >/dev/null"
+     cmake --build build-gpucheck -j\$(nproc) --target $targets >/dev/null"
 log "$(nvidia-smi --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tr '\n' ' ')"
 step "op-by-op CUDA vs CPU (NMSE)" 90 env PAGODA_REQUIRE_CUDA=1 ./build-gpucheck/test_backend_ops
 if ! grep -q "all ops within thresholds" "$res" && command -v compute-sanitizer >/dev/null; then
@@ -98,6 +114,31 @@ for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-rando
     done
 done
 cfg=configs/models/Llama-3-8B.json
+# The product's own path on CUDA (the engine behind `pagoda generate` and `pagoda bench`, device
+# sampling, graphs): stories260K's greedy text from BOS against llama2.c's, then the benchmark.
+# (`pagoda` falls back to the CPU where it finds no CUDA device: then these steps are skipped.)
+P=./build-gpucheck/pagoda
+[ -x "$P" ] || P=
+if [ -n "$P" ]; then
+    exp=tests/data/models/stories260K.expected.txt
+    timeout 60 $P generate -m tests/data/models/stories260K.gguf --device cuda -p "" -n 200 \
+        --temperature 0 >/tmp/pgd-stories.txt 2>/tmp/pgd-stories.err || true
+    cat /tmp/pgd-stories.err >>"$res"
+    starts='import sys; a, b = (open(f).read() for f in sys.argv[1:]); sys.exit(a[:len(b)] != b)'
+    if grep -q "using the CPU backend" /tmp/pgd-stories.err; then
+        log "pagoda --device cuda found no CUDA device: its steps are skipped"
+        P=
+    elif $py -c "$starts" /tmp/pgd-stories.txt "$exp"; then
+        log "pagoda generate --device cuda, stories260K: llama2.c's text"
+    else
+        log "pagoda generate --device cuda, stories260K: DIFFERS from llama2.c's text:"
+        head -c 300 /tmp/pgd-stories.txt >>"$res"
+    fi
+    if [ -n "$P" ]; then
+        step "pagoda bench --device cuda, $smol" 120 \
+            $P bench -m "$smol" --device cuda -p 128 -n 64 -r 2 --batch 1,16,64 --json
+    fi
+fi
 step "HBM bandwidth (copy kernel)" 30 $B bandwidth
 step "cuBLASLt BF16 GEMM peak (8192^3)" 30 $B gemm
 step "decode batch 1 ctx 512" 60 $B decode "$cfg" 1 512 32
@@ -111,6 +152,10 @@ for bs in 1 64; do
         env PAGODA_CUDA_GRAPHS=0 $B decode "$cfg" "$bs" 512 32
 done
 step "prefill 2048, CUDA-core attention" 60 env PAGODA_CUDA_TC_ATTN=0 $B prefill "$cfg" 2048
+if [ -n "$P" ]; then
+    step "pagoda bench --device cuda, Llama-3-8B dummy BF16" 180 \
+        $P bench --load-format dummy -m "$cfg" --device cuda -p 512 -n 64 -r 2 --batch 64 --json
+fi
 # the figures against the issue's targets (batch-1 decode / roofline, prefill / GEMM peak, batch
 # 64 / transformers) and every batch size against transformers
 $py bench/gpu/summarize.py "$res" >"$res.sum" 2>&1 || true
