@@ -19,6 +19,10 @@ for v in "PAGODA_CUDA_GRAPHS=0 8" "PAGODA_CUDA_GRAPHS=0 256" "X=0 2" "X=0 4" "X=
     log "decode batch $2, $1"
     timeout 60 env "$1" $B decode "$cfg" "$2" 512 32 >>"$d" 2>&1
 done
+for v in PAGODA_CUDA_XCONV=0 X=0; do # each GEMM converting its own activations, or sharing
+    log "prefill 2048, $v"
+    timeout 60 env "$v" $B prefill "$cfg" 2048 >>"$d" 2>&1
+done
 # One decode step's kernels: the context fill runs B prefill forwards (about 650 kernels each),
 # then 14 steps of about 610; the skip lands a few steps in.
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

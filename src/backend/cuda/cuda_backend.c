@@ -78,6 +78,12 @@ typedef struct cuda_state {
     size_t part_cap;             /* max(ATTN_PART_MIN, max_tokens * n_head) */
     uint16_t *x_bf16;            /* (max_tokens, widest n_in) activations for the GEMM */
     size_t x_bf16_elems;
+    /* x_bf16 holds (xconv_n, xconv_n_in) of xconv_src, converted by the last matmul with no
+     * other op since (Q, K and V, and gate and up, read the same x): NULL when unknown */
+    const float *xconv_src;
+    bool xconv_keep;             /* reuse it (PAGODA_CUDA_XCONV=0: never, for measuring) */
+    int xconv_n;
+    int64_t xconv_n_in;
     uint16_t *w_bf16;            /* dequantized weight for the GEMM (grows to the largest) */
     size_t w_bf16_elems;
     /* CUDA graphs (see the top of this file) */
@@ -94,9 +100,11 @@ typedef struct cuda_state {
     int32_t *h_stok, *d_stok;
 } cuda_state;
 
-/* Every op starts with this: a replayed step's work is all in its graph. */
+/* Every op but matmul starts with this: a replayed step's work is all in its graph; an op may
+ * write the activations the GEMM converted last, so the conversion is forgotten. */
 #define SKIP_IN_REPLAY(st)                                                                      \
     do {                                                                                        \
+        (st)->xconv_src = NULL;                                                                 \
         if ((st)->mode == MODE_REPLAY) return;                                                  \
     } while (0)
 
@@ -141,6 +149,8 @@ static void *cuda_alloc(pgd_backend *be, size_t bytes) {
 }
 
 static void cuda_mem_free(pgd_backend *be, void *p) {
+    cuda_state *st = be->impl;
+    if (st) st->xconv_src = NULL; /* the address may come back holding other values */
     if (p) CUDA_CHECK(cudaFree(p));
 }
 
@@ -156,6 +166,8 @@ static cudaStream_t stream_of(pgd_backend *be) {
 }
 
 static int cuda_upload(pgd_backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_state *st = be->impl;
+    if (st) st->xconv_src = NULL;
     CUDA_CHECK_OR(cudaSetDevice(be->device), return PGD_EIO);
     CUDA_CHECK_OR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(be)),
                   return PGD_EIO);
@@ -302,6 +314,8 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
                   goto fail);
     CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_att, (size_t)max_tokens * 3 * sizeof(int32_t)),
                   goto fail);
+    const char *xc = getenv("PAGODA_CUDA_XCONV");
+    st->xconv_keep = !(xc && xc[0] == '0');
     const char *gm = getenv("PAGODA_CUDA_GEMV_MAX"); /* 0..GEMV_MAX_ROWS, for measuring */
     st->gemv_max = gm && *gm ? atoi(gm) : GEMV_MAX_ROWS;
     if (st->gemv_max < 0 || st->gemv_max > GEMV_MAX_ROWS) st->gemv_max = GEMV_MAX_ROWS;
@@ -483,6 +497,7 @@ static int cuda_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params 
         if (s->pos[t] > max_pos) max_pos = s->pos[t];
     st->max_pos = max_pos;
     st->step++;
+    st->xconv_src = NULL; /* a failed capture's conversion never ran */
     st->mode = MODE_EAGER;
     st->cur = NULL;
     st->n_real = st->n_pad = n;
@@ -589,7 +604,7 @@ done:
 
 static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    if (st->mode == MODE_REPLAY) return; /* keeps the conversion: a matmul writes only y */
     n = rows_of(st, n);
     /* The fused GEMV for one row, and for up to gemv_max rows of weights the GEMM would first
      * dequantize (a BF16 matrix goes straight to cuBLASLt: the GEMV's per-token activation
@@ -612,7 +627,14 @@ static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, fl
         fprintf(stderr, "%s:%d: activation scratch too small\n", __FILE__, __LINE__);
         return;
     }
-    CUDA_CHECK((cudaError_t)pgd_k_f32_to_bf16(st->stream, x, st->x_bf16, xn));
+    if (x != st->xconv_src || n != st->xconv_n || w->n_in != st->xconv_n_in) {
+        st->xconv_src = NULL; /* until the conversion is queued */
+        CUDA_CHECK_OR((cudaError_t)pgd_k_f32_to_bf16(st->stream, x, st->x_bf16, xn),
+                      pgd__cuda_failed = 1; return);
+        st->xconv_src = st->xconv_keep ? x : NULL;
+        st->xconv_n = n;
+        st->xconv_n_in = w->n_in;
+    }
     const void *wb = w->data;
     if (w->type != PGD_TYPE_BF16) {
         size_t wn = (size_t)w->n_in * (size_t)w->n_out;
