@@ -113,6 +113,22 @@ for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-rando
         if [ -n "$a" ] && [ "$a" = "$b" ]; then log "greedy $m, 100-token prompt ${env:-(graphs, TC attention)}: CUDA == CPU"; else log "greedy $m, 100-token prompt ${env:-(graphs, TC attention)}: DIFFER cpu=$a cuda=$b"; fi
     done
 done
+# Tensor parallel over NCCL where the machine has GPUs enough: TP=2 on the tiny models, TP=3 on
+# SmolLM2 (9 heads, 3 KV heads), greedy ids against the CPU's (TP=1).
+n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+for spec in "2 tests/data/models/stories260K.gguf" "2 tests/data/models/llama-2-tiny-random.gguf" \
+            "3 $smol"; do
+    read -r tp m <<<"$spec"
+    if [ "${n_gpu:-0}" -lt "$tp" ]; then
+        log "tensor parallel $tp, $m: skipped (${n_gpu:-0} GPU)"
+        continue
+    fi
+    a=$(timeout 30 $B greedy "$m" cpu 32 2>>"$res" | sed 's/"device":"cpu",//' || true)
+    b=$(timeout 60 env PAGODA_TENSOR_PARALLEL=$tp $B greedy "$m" cuda 32 2>>"$res" |
+        sed 's/"device":"cuda",//' || true)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then log "greedy $m, TP=$tp on CUDA == CPU"
+    else log "greedy $m, TP=$tp on CUDA: DIFFER cpu=$a cuda=$b"; fi
+done
 cfg=configs/models/Llama-3-8B.json
 # The product's own path on CUDA (the engine behind `pagoda generate` and `pagoda bench`, device
 # sampling, graphs): stories260K's greedy text from BOS against llama2.c's, then the benchmark.
