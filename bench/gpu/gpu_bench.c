@@ -17,8 +17,6 @@
 #include "model/model.h"
 #include "sample/device_sample.h"
 
-double pgd_cuda_copy_bandwidth(int device, size_t bytes, int iters);
-double pgd_cuda_gemm_tflops(int device, int m, int n, int k, int iters);
 
 static double now(void) {
     struct timespec ts;

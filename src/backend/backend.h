@@ -140,6 +140,12 @@ extern const pgd_backend_ops pgd_cpu_backend_ops;
 int pgd_cuda_device_count(void);
 /* The CUDA ops table, or NULL in a CPU-only build. */
 const pgd_backend_ops *pgd_cuda_backend_ops(void);
+/* CUDA ceilings for the benchmarks (a negative value in a CPU-only build or on failure): GB/s of
+ * the copy kernel (bytes read + written, device to device, `iters` copies of `bytes`), and TFLOP/s
+ * of cuBLASLt's BF16 GEMM (m x k weights times n x k activations, F32 out) as the GEMM path runs
+ * it. */
+double pgd_cuda_copy_bandwidth(int device, size_t bytes, int iters);
+double pgd_cuda_gemm_tflops(int device, int m, int n, int k, int iters);
 /* CUDA: the cudaStream_t an initialised CUDA instance runs its ops on (NULL otherwise); the NCCL
  * communicator enqueues its collectives there, in order with the ops. */
 void *pgd_cuda_stream(const pgd_backend *be);

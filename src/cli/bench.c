@@ -385,14 +385,29 @@ int pgd_cli_bench(int argc, char **argv) {
         tokens[i] = (int32_t)((rng >> 33) % (uint64_t)m->cfg.n_vocab);
     }
 
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-        fprintf(stderr, "pagoda bench: the bandwidth and FLOP/s probes need a CPU with AVX2 and "
-                        "FMA\n");
-        goto done;
+    /* On a GPU its own ceilings (the copy kernel, cuBLASLt's BF16 GEMM at 8192^3), else the
+     * CPU's probes. */
+    double bw = -1, peak = -1;
+    bool gpu = m->device == PGD_DEVICE_CUDA;
+    if (gpu) {
+        if (!o.json) fprintf(stderr, "measuring GPU 0's copy bandwidth and BF16 GEMM peak...\n");
+        bw = pgd_cuda_copy_bandwidth(0, (size_t)2 << 30, 20) * 1e9;
+        peak = pgd_cuda_gemm_tflops(0, 8192, 8192, 8192, 20) * 1e12;
+        if (!(bw > 0 && peak > 0)) {
+            fprintf(stderr, "pagoda bench: the GPU probes failed\n");
+            goto done;
+        }
+    } else {
+        __builtin_cpu_init();
+        if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+            fprintf(stderr, "pagoda bench: the bandwidth and FLOP/s probes need a CPU with AVX2 "
+                            "and FMA\n");
+            goto done;
+        }
+        if (!o.json) fprintf(stderr, "probing memory bandwidth and peak FLOP/s...\n");
+        bw = probe_bandwidth(pool);
+        peak = probe_flops(pool);
     }
-    if (!o.json) fprintf(stderr, "probing memory bandwidth and peak FLOP/s...\n");
-    double bw = probe_bandwidth(pool), peak = probe_flops(pool);
     model_cost mc = cost_of(m);
     double step_bytes = mc.layer_bytes + mc.head_bytes;
     double *times = calloc((size_t)o.reps, sizeof *times);
@@ -442,8 +457,9 @@ int pgd_cli_bench(int argc, char **argv) {
     if (o.json) {
         printf("{\"model\":\"%s\",\"weight_type\":\"%s\",\"head_type\":\"%s\",\"params\":%.0f,"
                "\"weight_bytes_per_step\":%.0f,\"threads\":%ld,\"reps\":%ld,"
-               "\"bandwidth_gbs\":%.3f,\"peak_gflops\":%.3f,\"results\":[",
-               m->path, wtype, htype, params, step_bytes, o.threads, o.reps, bw / 1e9, peak / 1e9);
+               "\"device\":\"%s\",\"bandwidth_gbs\":%.3f,\"peak_gflops\":%.3f,\"results\":[",
+               m->path, wtype, htype, params, step_bytes, o.threads, o.reps, gpu ? "cuda" : "cpu",
+               bw / 1e9, peak / 1e9);
         for (int i = 0; i < n_res; i++)
             printf("%s{\"test\":\"%s%ld\",\"tokens_per_s\":%.3f,\"roofline_tokens_per_s\":%.3f,"
                    "\"fraction\":%.4f,\"bound\":\"%s\"%s}",
@@ -454,9 +470,14 @@ int pgd_cli_bench(int argc, char **argv) {
     } else {
         printf("model: %s (%s weights, %s head, %.1fM params, %.1f MB read per step)\n", m->path,
                wtype, htype, params / 1e6, step_bytes / 1e6);
-        printf("machine: %ld threads, read bandwidth %.2f GB/s (best of 12), peak FP32 %.1f "
-               "GFLOP/s (best of 5)\n",
-               o.threads, bw / 1e9, peak / 1e9);
+        if (gpu)
+            printf("machine: GPU 0, copy bandwidth %.1f GB/s (read + write), BF16 GEMM peak %.1f "
+                   "TFLOP/s (cuBLASLt, 8192^3)\n",
+                   bw / 1e9, peak / 1e12);
+        else
+            printf("machine: %ld threads, read bandwidth %.2f GB/s (best of 12), peak FP32 %.1f "
+                   "GFLOP/s (best of 5)\n",
+                   o.threads, bw / 1e9, peak / 1e9);
         printf("| %-10s | %12s | %14s | %8s | %-9s |\n", "test", "t/s (median)", "roofline t/s",
                "fraction", "bound");
         printf("|------------|--------------|----------------|----------|-----------|\n");

@@ -93,6 +93,8 @@ def test_bench_json():
     j = json.loads(p.stdout)
     assert [r["test"] for r in j["results"]] == ["pp16", "tg8", "batch1", "batch4"]
     assert j["weight_type"] == "BF16" and all(r["tokens_per_s"] > 0 for r in j["results"])
+    # the ceilings the fractions are of: the CPU's probes here (a GPU's own on CUDA)
+    assert j["device"] == "cpu" and j["bandwidth_gbs"] > 0 and j["peak_gflops"] > 0
 
 
 def test_bench_tensor_parallel_and_shared_options():

@@ -732,4 +732,12 @@ void *pgd_cuda_stream(const pgd_backend *be) {
     (void)be;
     return NULL;
 }
+double pgd_cuda_copy_bandwidth(int device, size_t bytes, int iters) {
+    (void)device, (void)bytes, (void)iters;
+    return -1.0;
+}
+double pgd_cuda_gemm_tflops(int device, int m, int n, int k, int iters) {
+    (void)device, (void)m, (void)n, (void)k, (void)iters;
+    return -1.0;
+}
 #endif
