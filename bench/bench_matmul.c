@@ -13,16 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quant.h"
+#include "util/clock.h"
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v ? atoi(v) : dflt;
@@ -68,10 +63,10 @@ int main(int argc, char **argv) {
     if (env_int("NOPANEL", 0)) panel = NULL;
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t = now();
+        double t = pgd_now_s();
         for (int m = 0; m < nmat; m++)
             pgd_cpu_matmul(pool, &w[m], x, y, n, act, ab, panel);
-        t = now() - t;
+        t = pgd_now_s() - t;
         if (t < best) best = t;
     }
     double bytes = (double)rb * rows * nmat;

@@ -11,18 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/cpu/pool.h"
 #include "model/model.h"
 #include "sample/device_sample.h"
+#include "util/clock.h"
 
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Weight elements of the matrices a step multiplies by (every layer's and the LM head). */
 static double matrix_params(const pgd_model_config *c) {
@@ -108,10 +102,10 @@ int main(int argc, char **argv) {
         pgd_batch b = {.n_tokens = T, .tokens = tok, .pos = pos, .seq = seq, .slot = slot,
                        .block_tables = tables, .n_logits = 1, .logit_rows = &last};
         pgd_model_forward(&f, &kv, &b); /* warm-up */
-        double t0 = now();
+        double t0 = pgd_now_s();
         int reps = 3, rc = 0;
         for (int r = 0; r < reps; r++) rc |= pgd_model_forward(&f, &kv, &b);
-        double dt = (now() - t0) / reps;
+        double dt = (pgd_now_s() - t0) / reps;
         /* matmuls (the LM head for one row) + causal attention (QK^T and PV) */
         const pgd_model_config *c = &m->cfg;
         double head = (double)c->n_vocab * c->dim;
@@ -159,7 +153,7 @@ int main(int argc, char **argv) {
     int32_t *next = malloc(B * 4);
     for (int s = 0; s < B; s++) next[s] = (s + 3) % nv;
     for (int st = -2; st < steps; st++) { /* two warm-up steps */
-        if (st == 0) t0 = now();
+        if (st == 0) t0 = pgd_now_s();
         int p = ctx + st + 2;
         for (int s = 0; s < B; s++) {
             tok[s] = next[s], pos[s] = p, seq[s] = s, rows[s] = s;
@@ -170,7 +164,7 @@ int main(int argc, char **argv) {
                        .logit_rows = rows, .sample = srow, .sampled = next};
         rc |= pgd_model_forward(&f, &kv, &b);
     }
-    double dt = now() - t0;
+    double dt = pgd_now_s() - t0;
     size_t wbytes = (size_t)(2.0 * matrix_params(&m->cfg)); /* BF16 */
     printf("{\"bench\":\"decode\",\"batch\":%d,\"ctx\":%d,\"steps\":%d,\"tok_s\":%.1f,"
            "\"step_ms\":%.3f,\"weight_bytes\":%zu,\"rc\":%d}\n",

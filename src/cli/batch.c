@@ -6,11 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "pagoda/pagoda.h"
+#include "util/clock.h"
 #include "util/mapfile.h"
 #include "util/parse.h"
 
@@ -275,14 +275,8 @@ static void append(result *r, const pgd_event *ev) {
     }
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void progress(int done, int total, long tokens, double t0, bool final) {
-    double dt = now_s() - t0;
+    double dt = pgd_now_s() - t0;
     int w = 30, fill = total ? done * w / total : w;
     fprintf(stderr, "\r[");
     for (int i = 0; i < w; i++) fputc(i < fill ? '#' : '.', stderr);
@@ -443,7 +437,7 @@ int pgd_cli_batch(int argc, char **argv) {
         perror(trace_path);
         goto done;
     }
-    double t0 = now_s(), last_draw = 0;
+    double t0 = pgd_now_s(), last_draw = 0;
     int next = 0, n_done = 0;
     long steps = 0, tokens = 0;
     pgd_event ev[256];
@@ -468,7 +462,7 @@ int pgd_cli_batch(int argc, char **argv) {
         if (trace) {
             pgd_engine_stats ts;
             pgd_engine_get_stats(e, &ts);
-            fprintf(trace, "%.6f %d %d %d\n", now_s() - t0, ts.last_step_seqs, ts.num_waiting,
+            fprintf(trace, "%.6f %d %d %d\n", pgd_now_s() - t0, ts.last_step_seqs, ts.num_waiting,
                     step_tokens);
         }
         int n;
@@ -487,12 +481,12 @@ int pgd_cli_batch(int argc, char **argv) {
                 r->done = true;
                 n_done++;
             }
-        if (show_progress && now_s() - last_draw > 0.2) {
+        if (show_progress && pgd_now_s() - last_draw > 0.2) {
             progress(n_done, n_valid, tokens, t0, false);
-            last_draw = now_s();
+            last_draw = pgd_now_s();
         }
     }
-    double dt = now_s() - t0;
+    double dt = pgd_now_s() - t0;
     if (show_progress) progress(n_done, n_valid, tokens, t0, true);
     for (int i = 0; i < n_lines; i++) {
         result *r = &res[i];

@@ -7,12 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "backend/cpu/pool.h"
 #include "cli/cli.h"
 #include "model/model.h"
+#include "util/clock.h"
 
 #define MAX_BATCHES 16
 #define BATCH_STEPS 16 /* decode steps per batched measurement */
@@ -30,11 +30,6 @@ typedef struct bench_opts {
     bool json;
 } bench_opts;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -178,9 +173,9 @@ static double probe_bandwidth(pgd_pool *pool) {
     bw_ctx c = {.buf = buf, .n = bytes / sizeof(float)};
     double best = 0;
     for (int r = 0; r < 13; r++) {
-        double t = now_s();
+        double t = pgd_now_s();
         pgd_pool_run(pool, bw_task, &c);
-        t = now_s() - t;
+        t = pgd_now_s() - t;
         if (r > 0 && (double)bytes / t > best) best = (double)bytes / t; /* run 0 warms up */
     }
     free(buf);
@@ -228,9 +223,9 @@ static double probe_flops(pgd_pool *pool) {
     flops_ctx c = {.iters = 20 * 1000 * 1000};
     double best = 0;
     for (int r = 0; r < 5; r++) {
-        double t = now_s();
+        double t = pgd_now_s();
         pgd_pool_run(pool, flops_task, &c);
-        t = now_s() - t;
+        t = pgd_now_s() - t;
         double f = (double)c.iters * 10 * 16 * pgd_pool_n_threads(pool) / t;
         if (f > best) best = f;
     }
@@ -309,7 +304,7 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
                            .slot = slot, .block_tables = tables, .n_logits = (int32_t)b,
                            .logit_rows = rows};
         for (long r = 0; r < o->reps; r++) {
-            double t = now_s();
+            double t = pgd_now_s();
             for (int32_t step = 0; step < BATCH_STEPS; step++) {
                 for (long j = 0; j < b; j++) {
                     pos[j] = step;
@@ -321,7 +316,7 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
                     goto out;
                 }
             }
-            times[r] = now_s() - t;
+            times[r] = pgd_now_s() - t;
         }
         double t = median(times, (int)o->reps) / BATCH_STEPS;
         /* A step reads the weights once and computes every sequence's logits. */
@@ -422,9 +417,9 @@ int pgd_cli_bench(int argc, char **argv) {
     if (o.n_prompt > 0) {
         for (long r = 0; r < o.reps; r++) {
             s.n_past = 0;
-            double t = now_s();
+            double t = pgd_now_s();
             pgd_session_forward(&s, tokens, (int32_t)o.n_prompt, false);
-            times[r] = now_s() - t;
+            times[r] = pgd_now_s() - t;
         }
         double t = median(times, (int)o.reps);
         /* Compute roofline: 2 flops per multiply-add, LM head for the last token only. */
@@ -435,10 +430,10 @@ int pgd_cli_bench(int argc, char **argv) {
     if (o.n_gen > 0) {
         for (long r = 0; r < o.reps; r++) {
             s.n_past = 0;
-            double t = now_s();
+            double t = pgd_now_s();
             for (long i = 0; i < o.n_gen; i++)
                 pgd_session_forward(&s, &tokens[i % max_batch], 1, false);
-            times[r] = now_s() - t;
+            times[r] = pgd_now_s() - t;
         }
         double t = median(times, (int)o.reps);
         res[n_res++] = (result){"tg", o.n_gen, (double)o.n_gen / t, bw / step_bytes, "bandwidth"};

@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "pagoda/pagoda.h"
 #include "sample/sampler.h"
+#include "util/clock.h"
 #include "util/mapfile.h"
 
 #define PREFILL_CHUNK 64
@@ -143,12 +144,6 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
         return -1;
     }
     return 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Loads the model, pool and session for `pagoda logits`; parses --ids. */
@@ -307,7 +302,7 @@ int pgd_cli_generate(int argc, char **argv) {
         fprintf(stderr, "pagoda: %s\n", err);
         goto done;
     }
-    double t0 = now_s(), t_first = 0;
+    double t0 = pgd_now_s(), t_first = 0;
     long n_gen = 0;
     bool finished = false;
     pgd_event ev[16];
@@ -316,7 +311,7 @@ int pgd_cli_generate(int argc, char **argv) {
         int n = pgd_engine_poll(e, ev, 16, 0);
         for (int i = 0; i < n; i++) {
             if (ev[i].type == PGD_EVENT_TOKEN) {
-                if (n_gen++ == 0) t_first = now_s();
+                if (n_gen++ == 0) t_first = pgd_now_s();
                 if (o.print_ids) printf(n_gen > 1 ? " %d" : "%d", ev[i].token);
             } else {
                 finished = true;
@@ -332,7 +327,7 @@ int pgd_cli_generate(int argc, char **argv) {
     }
     if (o.print_ids) printf("\n");
     fflush(stdout);
-    double t2 = now_s();
+    double t2 = pgd_now_s();
     if (n_gen == 0) t_first = t2;
     /* the first token comes out of the prefill; the rest each cost one decode step */
     fprintf(stderr, "\nprefill: %zu tokens in %.3f s (%.1f tokens/s)\n", n_ids, t_first - t0,

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "cli/cli.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 #include "util/mapfile.h"
 
 /* Encodes into *ids (grown as needed). */
@@ -35,18 +35,12 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int bench(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool special) {
     int32_t *ids = NULL;
     size_t cap = 0, got = 0;
     double mbs[5];
     for (int r = 0; r < 5; r++) {
-        double t0 = now_s(), el;
+        double t0 = pgd_now_s(), el;
         long reps = 0;
         do {
             if (encode(t, s, n, bos, special, &ids, &cap, &got) != 0) {
@@ -54,7 +48,7 @@ static int bench(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool
                 return -1;
             }
             reps++;
-            el = now_s() - t0;
+            el = pgd_now_s() - t0;
         } while (el < 1.0);
         mbs[r] = (double)n * (double)reps / el / 1e6;
     }

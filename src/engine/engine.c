@@ -19,6 +19,7 @@
 #include "engine/engine_internal.h"
 #include "sample/sampler.h"
 #include "spec/spec.h"
+#include "util/clock.h"
 
 _Static_assert(PGD_SPEC_MAX_K == PGD_SPEC_MAX_TOKENS, "one limit on proposals");
 
@@ -119,12 +120,6 @@ struct pgd_engine {
     bool admitting;            /* static batching: the current batch is still being filled */
 };
 
-static double mono_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- lists ---- */
 
 static void list_push_back(seq_list *l, seq *s) {
@@ -197,7 +192,7 @@ static void emit_finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char
         ev->n_cached = s->n_cached;
         ev->n_spec_draft_tokens = s->n_spec_draft;
         ev->n_spec_accepted = s->n_spec_accepted;
-        ev->queue_seconds = s->admitted_once ? s->queue_seconds : mono_now() - s->t_submit;
+        ev->queue_seconds = s->admitted_once ? s->queue_seconds : pgd_now_s() - s->t_submit;
         size_t rest = s->text_len > s->emitted ? s->text_len - s->emitted : 0;
         if (rest > PGD_EVENT_TEXT_MAX) rest = PGD_EVENT_TEXT_MAX;
         if (rest) memcpy(ev->text, s->text + s->emitted, rest);
@@ -594,7 +589,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         return fail(err, errlen, PGD_ERANGE, "%s", "the waiting queue is full");
     }
     s->id = e->next_id++;
-    s->t_submit = mono_now();
+    s->t_submit = pgd_now_s();
     *id = s->id;
     e->n_pending++;
     list_push_back(&e->incoming, s);
@@ -790,7 +785,7 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
         if (!s->admitted_once) {
             s->n_cached = hit;
             s->admitted_once = true;
-            s->queue_seconds = mono_now() - s->t_submit;
+            s->queue_seconds = pgd_now_s() - s->t_submit;
             e->stats.prompt_tokens_total += s->n_prompt;
         }
         list_remove(&e->waiting, s);

@@ -13,12 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
 #include "comm/comm.h"
 #include "model/model.h"
+#include "util/clock.h"
 
 /* ---- KV storage ---- */
 
@@ -117,11 +117,6 @@ typedef struct pgd_fwd_rank {
     double prof_s[PR_N], prof_step_s; /* per op; whole steps */
 } pgd_fwd_rank;
 
-static double prof_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 /* Runs `call`, timing it under k when the rank profiles. */
 #define TIMED(r, k, call)                                                                       \
     do {                                                                                        \
@@ -129,9 +124,9 @@ static double prof_now(void) {
             call;                                                                               \
             break;                                                                              \
         }                                                                                       \
-        double t0_ = prof_now();                                                                \
+        double t0_ = pgd_now_s();                                                                \
         call;                                                                                   \
-        (r)->prof_s[k] += prof_now() - t0_;                                                     \
+        (r)->prof_s[k] += pgd_now_s() - t0_;                                                     \
         (r)->prof_calls[k]++;                                                                   \
     } while (0)
 
@@ -378,11 +373,11 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
 /* A backend that could not capture a step's graph has done none of its work and answers
  * PGD_EAGAIN at sync; it then runs the step without one, so one more try is enough. */
 static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
-    double t0 = r->prof ? prof_now() : 0;
+    double t0 = r->prof ? pgd_now_s() : 0;
     int rc = forward_rank_once(f, r, kv, b);
     if (rc == PGD_EAGAIN) rc = forward_rank_once(f, r, kv, b);
     if (r->prof) {
-        r->prof_step_s += prof_now() - t0;
+        r->prof_step_s += pgd_now_s() - t0;
         r->prof_steps++;
     }
     return rc;

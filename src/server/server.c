@@ -36,6 +36,7 @@
 #include "server/config.h"
 #include "server/metrics.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 
 typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
@@ -110,12 +111,6 @@ struct server {
 };
 
 /* ---- small helpers ---- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void run_list_remove(server *s, req_ctx *c) {
     if (!c->in_run_list) return;
@@ -264,7 +259,7 @@ static void handle_event(server *s, const pgd_event *ev) {
     int i = choice_of(c, ev->request_id);
     if (i < 0) return;
     pgd_api_choice *ch = &c->choices[i];
-    double t = now_s();
+    double t = pgd_now_s();
     if (ev->type == PGD_EVENT_TOKEN) {
         if (c->t_first == 0) {
             c->t_first = t;
@@ -317,7 +312,7 @@ static void handle_event(server *s, const pgd_event *ev) {
 }
 
 static void finish_request(server *s, req_ctx *c) {
-    double t = now_s();
+    double t = pgd_now_s();
     run_list_remove(s, c);
     pgd_metrics_observe(&s->metrics, PGD_H_E2E, t - c->t_arrival);
     if (c->conn_done) return;
@@ -512,7 +507,7 @@ static void after_work_cb(uv_work_t *w, int status) {
     } else {
         c->ph = c->api.stream ? PH_STREAMING : PH_RUNNING;
         if (!c->api.stream) run_list_add(s, c);
-        c->t_submitted = now_s();
+        c->t_submitted = pgd_now_s();
         if (c->api.stream) {
             /* echo goes out first */
             for (int i = 0; i < c->n_choices; i++)
@@ -735,7 +730,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         c->live_next = s->live;
         if (s->live) s->live->live_prev = c;
         s->live = c;
-        c->t_arrival = now_s();
+        c->t_arrival = pgd_now_s();
         c->created = (long)time(NULL);
         c->status = 0;
         snprintf(c->method, sizeof c->method, "%s", method);
@@ -914,7 +909,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 
 static void log_request(server *s, req_ctx *c, int term) {
     if (!s->cfg.log_requests) return;
-    double t = now_s();
+    double t = pgd_now_s();
     /* acceptance is null, not NaN (invalid JSON), when nothing was proposed */
     char acc[32] = "null";
     if (c->spec_draft_tokens > 0)
@@ -1052,11 +1047,11 @@ static void close_walk_cb(uv_handle_t *h, void *arg) {
 static void drain_check_cb(uv_timer_t *t) {
     server *s = t->data;
     static double started;
-    if (started == 0) started = now_s();
+    if (started == 0) started = pgd_now_s();
     /* a SIGTERM while the model loads waits for the load: the pool thread is writing s->engine,
      * which the shutdown path reads and frees */
     if (s->loading) return;
-    if (s->in_flight <= 0 || now_s() - started > s->cfg.drain_timeout) {
+    if (s->in_flight <= 0 || pgd_now_s() - started > s->cfg.drain_timeout) {
         if (s->in_flight > 0)
             fprintf(stderr, "{\"event\":\"drain_timeout\",\"in_flight\":%d}\n", s->in_flight);
         uv_stop(&s->loop);
