@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "kernels.h"
 
@@ -211,7 +210,8 @@ static __device__ __forceinline__ uint4 ld_stream16(const uint4 *p) {
 
 // NT tokens (a template bound: the token loop has no runtime exit, so the four loads of a
 // group are issued before the FMAs that use them).
-template <int NT, int GEMV16_LOADS>
+#define GEMV16_LOADS 4
+template <int NT>
 __global__ void k_gemv16(bool f16, const uint4 *w, int64_t n_in, int64_t n_out, const float *x,
                          float *y) {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -540,16 +540,6 @@ int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float
     return LAUNCHED();
 }
 
-// loads in flight per lane for one token (PAGODA_CUDA_GEMV_LOADS=8: 8, else 4), for measuring
-static int gemv_loads(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("PAGODA_CUDA_GEMV_LOADS");
-        v = e && e[0] == '8' ? 8 : 4;
-    }
-    return v;
-}
-
 int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
                int64_t n_out, const float *x, float *y, int n) {
     for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
@@ -561,13 +551,9 @@ int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t 
             float *yt = y + (size_t)t0 * n_out;
             unsigned nb = blocks((size_t)n_out, 4);
             bool f16 = type == T_F16;
-            if (nt == 1 && gemv_loads() == 8) {
-                k_gemv16<1, 8><<<nb, 128, 0, s>>>(f16, w4, n_in, n_out, xt, yt);
-                continue;
-            }
             switch (nt) {
 #define GEMV16_CASE(N)                                                                             \
-    case N: k_gemv16<N, 4><<<nb, 128, 0, s>>>(f16, w4, n_in, n_out, xt, yt); break;
+    case N: k_gemv16<N><<<nb, 128, 0, s>>>(f16, w4, n_in, n_out, xt, yt); break;
                 GEMV16_CASE(1) GEMV16_CASE(2) GEMV16_CASE(3) GEMV16_CASE(4)
                 GEMV16_CASE(5) GEMV16_CASE(6) GEMV16_CASE(7) GEMV16_CASE(8)
 #undef GEMV16_CASE
