@@ -102,7 +102,7 @@ typedef struct cuda_state {
 
 /* Every op but matmul starts with this: a replayed step's work is all in its graph; an op may
  * write the activations the GEMM converted last, so the conversion is forgotten. */
-#define SKIP_IN_REPLAY(st)                                                                      \
+#define OP_START(st)                                                                               \
     do {                                                                                        \
         (st)->xconv_src = NULL;                                                                 \
         if ((st)->mode == MODE_REPLAY) return;                                                  \
@@ -534,7 +534,7 @@ static int cuda_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params 
 static void cuda_embed(pgd_backend *be, const pgd_weight *w, int32_t vocab_lo, const pgd_step *s,
                        float *x) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     CUDA_CHECK((cudaError_t)pgd_k_embed(st->stream, w->type, w->data, w->row_bytes, w->n_out,
                                         vocab_lo, st->d_tokens, rows_of(st, s->n_tokens),
                                         (int)w->n_in, x));
@@ -543,7 +543,7 @@ static void cuda_embed(pgd_backend *be, const pgd_weight *w, int32_t vocab_lo, c
 static void cuda_rms_norm(pgd_backend *be, const float *x, const float *w, float *out, int n_rows,
                           int dim, float eps) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, (float *)x, NULL, w, out,
                                            rows_of(st, n_rows), dim, eps));
 }
@@ -551,7 +551,7 @@ static void cuda_rms_norm(pgd_backend *be, const float *x, const float *w, float
 static void cuda_add_rms_norm(pgd_backend *be, float *x, const float *d, const float *w,
                               float *out, int n_rows, int dim, float eps) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, x, d, w, out, rows_of(st, n_rows), dim, eps));
 }
 
@@ -664,14 +664,14 @@ static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, fl
 
 static void cuda_add_bias(pgd_backend *be, float *y, const float *b, int n_rows, int dim) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     if (b) CUDA_CHECK((cudaError_t)pgd_k_add_bias(st->stream, y, b, rows_of(st, n_rows), dim));
 }
 
 static void cuda_rope(pgd_backend *be, float *x, int n_rows, int n_heads,
                       const pgd_rope_params *rp) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     CUDA_CHECK((cudaError_t)pgd_k_rope(st->stream, x, rows_of(st, n_rows), n_heads, rp->head_dim,
                                        rp->mode == 1, st->d_pos, st->d_inv_freq));
 }
@@ -679,7 +679,7 @@ static void cuda_rope(pgd_backend *be, float *x, int n_rows, int n_heads,
 static void cuda_kv_store(pgd_backend *be, const pgd_kv_layer *kv, const float *k, const float *v,
                           const pgd_step *s) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     CUDA_CHECK((cudaError_t)pgd_k_kv_store(st->stream, kv->dtype, kv->k, kv->v, kv->kv_dim, k, v,
                                            st->d_slot, rows_of(st, s->n_tokens)));
 }
@@ -688,7 +688,7 @@ static void cuda_rope_kv_store(pgd_backend *be, float *q, float *k, const float 
                                int n_kv_head, const pgd_kv_layer *kv, const pgd_step *s,
                                const pgd_rope_params *rp) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     CUDA_CHECK((cudaError_t)pgd_k_rope_kv_store(st->stream, q, k, v, rows_of(st, s->n_tokens),
                                                 n_head, n_kv_head, rp->head_dim, rp->mode == 1,
                                                 st->d_pos, st->d_inv_freq, kv->dtype, kv->k,
@@ -698,7 +698,7 @@ static void cuda_rope_kv_store(pgd_backend *be, float *q, float *k, const float 
 static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
                            int n_head, int n_kv_head, int head_dim, const pgd_step *s) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     if (fill_tables(be, s, kv->block_size, st->max_pos / kv->block_size + 1)) {
         pgd__cuda_failed = 1;
         return;
@@ -728,20 +728,20 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
 
 static void cuda_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     CUDA_CHECK((cudaError_t)pgd_k_silu_gate(st->stream, g, u, elems_of(st, n)));
 }
 
 static void cuda_add(pgd_backend *be, float *x, const float *y, size_t n) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     CUDA_CHECK((cudaError_t)pgd_k_add(st->stream, x, y, elems_of(st, n)));
 }
 
 static void cuda_gather_rows(pgd_backend *be, const float *src, float *dst, int dim,
                              const pgd_step *s) {
     cuda_state *st = be->impl;
-    SKIP_IN_REPLAY(st);
+    OP_START(st);
     if (s->n_logits)
         CUDA_CHECK((cudaError_t)pgd_k_gather_rows(st->stream, src, dst, dim, st->d_rows,
                                                   rows_of(st, s->n_logits)));
