@@ -24,7 +24,8 @@ log() { echo "[$(date +%T)] $*" | tee -a "$res" >&2; }
 step() { # name timeout_s cmd...: runs, logs output, never aborts the script
     local name=$1 t=$2; shift 2
     log "== $name"
-    if timeout "$t" "$@" >>"$res" 2>&1; then log "   $name: ok"; else log "   $name: FAILED ($?)"; fi
+    if timeout "$t" "$@" >>"$res" 2>&1; then log "   $name: ok"
+    else log "   $name: FAILED ($?)"; fi
 }
 log "host: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 py=${PYTHON:-python3}
@@ -90,7 +91,8 @@ targets="test_backend_ops test_tp gpu_bench"
 step "configure+build (CUDA, sm_90)" 240 bash -c \
     "rm -rf build-gpucheck && cmake -S . -B build-gpucheck $cfg_args >/dev/null &&
      cmake --build build-gpucheck -j\$(nproc) --target $targets >/dev/null"
-log "$(nvidia-smi --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1 | tr '\n' ' ')"
+log "$(nvidia-smi --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1 |
+       tr '\n' ' ')"
 step "op-by-op CUDA vs CPU (NMSE)" 90 env PAGODA_REQUIRE_CUDA=1 ./build-gpucheck/test_backend_ops
 if ! grep -q "all ops within thresholds" "$res" && command -v compute-sanitizer >/dev/null; then
     step "op-by-op under compute-sanitizer memcheck" 100 env PAGODA_REQUIRE_CUDA=1 \
@@ -101,16 +103,27 @@ B=./build-gpucheck/gpu_bench
 # and shapes in a file small enough to travel: bench/gpu/truncate_gguf.py).
 smol=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$smol" ] || smol=models/SmolLM2-135M-Instruct.Q4_1.first3.gguf
+# ids DEVICE MODEL N L [VAR=VALUE...]: the N greedy ids gpu_bench prints after an L-token prompt
+# (the device field dropped, so that CPU and CUDA lines compare)
+ids() {
+    local dev=$1 m=$2 n=$3 l=$4
+    shift 4
+    timeout 60 env "$@" $B greedy "$m" "$dev" "$n" "$l" 2>>"$res" |
+        sed "s/\"device\":\"$dev\",//" || true
+}
+# same WHAT CPU_IDS CUDA_IDS
+same() {
+    if [ -n "$2" ] && [ "$2" = "$3" ]; then log "greedy $1: CUDA == CPU ($2)"
+    else log "greedy $1: DIFFER cpu=$2 cuda=$3"; fi
+}
 for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-random.gguf "$smol"; do
     [ -f "$m" ] || { log "skip $m (missing)"; continue; }
-    a=$(timeout 30 $B greedy "$m" cpu 32 2>>"$res" | sed 's/"device":"cpu",//' || true)
-    b=$(timeout 30 $B greedy "$m" cuda 32 2>>"$res" | sed 's/"device":"cuda",//' || true)
-    if [ -n "$a" ] && [ "$a" = "$b" ]; then log "greedy $m: CUDA == CPU ($a)"; else log "greedy $m: DIFFER cpu=$a cuda=$b"; fi
+    same "$m" "$(ids cpu "$m" 32 9)" "$(ids cuda "$m" 32 9)"
     # a 100-token prompt (tensor-core prefill attention) and decode with and without CUDA graphs
-    a=$(timeout 30 $B greedy "$m" cpu 24 100 2>>"$res" | sed 's/"device":"cpu",//' || true)
+    a=$(ids cpu "$m" 24 100)
     for env in "" PAGODA_CUDA_GRAPHS=0 PAGODA_CUDA_TC_ATTN=0; do
-        b=$(timeout 30 env $env $B greedy "$m" cuda 24 100 2>>"$res" | sed 's/"device":"cuda",//' || true)
-        if [ -n "$a" ] && [ "$a" = "$b" ]; then log "greedy $m, 100-token prompt ${env:-(graphs, TC attention)}: CUDA == CPU"; else log "greedy $m, 100-token prompt ${env:-(graphs, TC attention)}: DIFFER cpu=$a cuda=$b"; fi
+        same "$m, 100-token prompt ${env:-(graphs, TC attention)}" "$a" \
+            "$(ids cuda "$m" 24 100 $env)"
     done
 done
 # Tensor parallel over NCCL where the machine has GPUs enough: TP=2 on the tiny models, TP=3 on
@@ -123,11 +136,7 @@ for spec in "2 tests/data/models/stories260K.gguf" "2 tests/data/models/llama-2-
         log "tensor parallel $tp, $m: skipped (${n_gpu:-0} GPU)"
         continue
     fi
-    a=$(timeout 30 $B greedy "$m" cpu 32 2>>"$res" | sed 's/"device":"cpu",//' || true)
-    b=$(timeout 60 env PAGODA_TENSOR_PARALLEL=$tp $B greedy "$m" cuda 32 2>>"$res" |
-        sed 's/"device":"cuda",//' || true)
-    if [ -n "$a" ] && [ "$a" = "$b" ]; then log "greedy $m, TP=$tp on CUDA == CPU"
-    else log "greedy $m, TP=$tp on CUDA: DIFFER cpu=$a cuda=$b"; fi
+    same "$m, TP=$tp" "$(ids cpu "$m" 32 9)" "$(ids cuda "$m" 32 9 PAGODA_TENSOR_PARALLEL=$tp)"
 done
 cfg=configs/models/Llama-3-8B.json
 # The product's own path on CUDA (the engine behind `pagoda generate` and `pagoda bench`, device
