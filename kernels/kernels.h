@@ -32,11 +32,23 @@ typedef struct pgd_k_attn {
 
 int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_rows_w,
                 int32_t vocab_lo, const int32_t *tokens, int n, int dim, float *x);
-int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float *out, int n_rows,
-                   int dim, float eps);
+/* out_bf16 and g_bf16 (may be NULL): the result in BF16 as well, for the GEMM that reads it */
+int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float *out,
+                   uint16_t *out_bf16, int n_rows, int dim, float eps);
 /* Fused dequantize-GEMV for small n (<= 8 per launch): y (n, n_out) = x (n, n_in) . W^T. */
 int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
                int64_t n_out, const float *x, float *y, int n);
+/* The same for up to PGD_K_GEMV_GROUP matrices of one type and n_in that read the same x, in
+ * one launch where the 16-bit kernel takes them (else one launch each): m[i].y = x . m[i].W^T. */
+#define PGD_K_GEMV_GROUP 4
+typedef struct pgd_k_gemv_mat {
+    const void *w;
+    size_t row_bytes;
+    int64_t n_out;
+    float *y;
+} pgd_k_gemv_mat;
+int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat *m, int n_mats,
+                     const float *x, int n);
 /* Dequantizes W (n_out rows) to BF16 (n_out, n_in). */
 int pgd_k_dequant_bf16(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
                        int64_t n_out, uint16_t *dst);
@@ -54,7 +66,7 @@ int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *
                         const float *inv_freq, int dtype, void *k, void *v, int kv_dim,
                         const int64_t *slot);
 int pgd_k_attention(pgd_stream s, const pgd_k_attn *a);
-int pgd_k_silu_gate(pgd_stream s, float *g, const float *u, size_t n);
+int pgd_k_silu_gate(pgd_stream s, float *g, const float *u, size_t n, uint16_t *g_bf16);
 int pgd_k_add(pgd_stream s, float *x, const float *y, size_t n);
 int pgd_k_gather_rows(pgd_stream s, const float *src, float *dst, int dim, const int32_t *rows,
                       int n);

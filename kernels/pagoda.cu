@@ -112,13 +112,16 @@ static __device__ float block_sum(float v) {
 // One block per row: x += d (when d), then out = w * x / rms(x). Each thread holds RMS_VEC
 // elements in registers, all loaded before any store (a decode step normalizes one row: the block
 // is latency-bound, so its loads are issued together); rows longer than RMS_VEC * blockDim.x
-// finish in a plain loop.
+// finish in a plain loop. ob, when not NULL, receives out in BF16 as well (the next matmuls'
+// GEMM input).
 #define RMS_VEC 4
 __global__ void k_rms_norm(float *x, const float *__restrict__ d, const float *__restrict__ w,
-                           float *__restrict__ out, int dim, float eps) {
+                           float *__restrict__ out, __nv_bfloat16 *__restrict__ ob, int dim,
+                           float eps) {
     float *xr = x + (size_t)blockIdx.x * dim;
     const float *dr = d ? d + (size_t)blockIdx.x * dim : nullptr;
     float *o = out + (size_t)blockIdx.x * dim;
+    __nv_bfloat16 *obr = ob ? ob + (size_t)blockIdx.x * dim : nullptr;
     float v[RMS_VEC], ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < RMS_VEC; k++) {
@@ -145,9 +148,17 @@ __global__ void k_rms_norm(float *x, const float *__restrict__ d, const float *_
 #pragma unroll
     for (int k = 0; k < RMS_VEC; k++) {
         int i = threadIdx.x + k * blockDim.x;
-        if (i < dim) o[i] = w[i] * (v[k] * scale);
+        if (i < dim) {
+            float r = w[i] * (v[k] * scale);
+            o[i] = r;
+            if (obr) obr[i] = __float2bfloat16(r);
+        }
     }
-    for (int i = threadIdx.x + rest; i < dim; i += blockDim.x) o[i] = w[i] * (xr[i] * scale);
+    for (int i = threadIdx.x + rest; i < dim; i += blockDim.x) {
+        float r = w[i] * (xr[i] * scale);
+        o[i] = r;
+        if (obr) obr[i] = __float2bfloat16(r);
+    }
 }
 
 // Fused dequantize-GEMV: one warp per output row, lanes stride over blocks of 32 weights, each
@@ -208,13 +219,35 @@ static __device__ __forceinline__ uint4 ld_stream16(const uint4 *p) {
     return u;
 }
 
-// NT tokens (a template bound: the token loop has no runtime exit, so the four loads of a
-// group are issued before the FMAs that use them).
+// Up to PGD_K_GEMV_GROUP matrices that read the same x (Q, K and V; gate and up) in one grid:
+// matrix m owns the blocks from first[m] (one launch instead of several, and no wave tail
+// between them). NT tokens is a template bound: the token loop has no runtime exit, so the four
+// loads of a group are issued before the FMAs that use them.
 #define GEMV16_LOADS 4
+#define GEMV16_ROWS 4 /* rows per block: one warp each */
+struct gemv16_group {
+    const uint4 *w[PGD_K_GEMV_GROUP];
+    float *y[PGD_K_GEMV_GROUP];
+    int64_t n_out[PGD_K_GEMV_GROUP];
+    unsigned first[PGD_K_GEMV_GROUP];
+    int n;
+};
 template <int NT>
-__global__ void k_gemv16(bool f16, const uint4 *w, int64_t n_in, int64_t n_out, const float *x,
-                         float *y) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+__global__ void k_gemv16(bool f16, gemv16_group g, int64_t n_in, const float *x, int t0) {
+    const uint4 *w = g.w[0];
+    float *y = g.y[0];
+    int64_t n_out = g.n_out[0];
+    unsigned b0 = 0;
+#pragma unroll
+    for (int m = 1; m < PGD_K_GEMV_GROUP; m++) {
+        if (m < g.n && blockIdx.x >= g.first[m]) {
+            w = g.w[m];
+            y = g.y[m];
+            n_out = g.n_out[m];
+            b0 = g.first[m];
+        }
+    }
+    int64_t row = (int64_t)(blockIdx.x - b0) * GEMV16_ROWS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (row >= n_out) return;
     int64_t n8 = n_in / 8;
@@ -248,7 +281,7 @@ __global__ void k_gemv16(bool f16, const uint4 *w, int64_t n_in, int64_t n_out, 
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float s = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * n_out + row] = s;
+        if (lane == 0) y[(size_t)(t0 + t) * n_out + row] = s;
     }
 }
 
@@ -475,19 +508,29 @@ template <int GM, int ND> __global__ void k_attention(pgd_k_attn a) {
     }
 }
 
+// One block per (token, head): each split's weight exp(m_s - M) is computed once into shared
+// memory (n_splits floats), then every thread sums its dimensions over the splits in split order.
 __global__ void k_attn_combine(pgd_k_attn a) {
+    extern __shared__ float wts[];
     int th = blockIdx.x; // list index * n_head + head
     int hd = a.hd, stride = hd + 2;
     int idx = th / a.n_head, h = th % a.n_head;
     int t = a.tok_list ? a.tok_list[idx] : idx;
     const float *pp = a.part + (size_t)th * a.n_splits * stride;
     float M = -INFINITY;
+#pragma unroll 8
     for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, pp[(size_t)s * stride + hd]);
+    for (int s = threadIdx.x; s < a.n_splits; s += blockDim.x) {
+        float ms = pp[(size_t)s * stride + hd];
+        wts[s] = ms == -INFINITY ? 0.0f : __expf(ms - M);
+    }
+    __syncthreads();
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float L = 0.0f, A = 0.0f;
+#pragma unroll 8
         for (int s = 0; s < a.n_splits; s++) {
             const float *o = pp + (size_t)s * stride;
-            float f = o[hd] == -INFINITY ? 0.0f : __expf(o[hd] - M);
+            float f = wts[s];
             L += o[hd + 1] * f;
             A += o[i] * f;
         }
@@ -495,11 +538,14 @@ __global__ void k_attn_combine(pgd_k_attn a) {
     }
 }
 
-__global__ void k_silu_gate(float *g, const float *u, size_t n) {
+// gb, when not NULL, receives the result in BF16 as well (the next matmul's GEMM input).
+__global__ void k_silu_gate(float *g, const float *u, size_t n, __nv_bfloat16 *gb) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float x = g[i];
-        g[i] = x / (1.0f + __expf(-x)) * u[i];
+        float r = x / (1.0f + __expf(-x)) * u[i];
+        g[i] = r;
+        if (gb) gb[i] = __float2bfloat16(r);
     }
 }
 
@@ -532,40 +578,64 @@ int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t
     return LAUNCHED();
 }
 
-int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float *out, int n_rows,
-                   int dim, float eps) {
+int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float *out,
+                   uint16_t *out_bf16, int n_rows, int dim, float eps) {
     int threads = (dim + RMS_VEC - 1) / RMS_VEC;
     threads = threads < 32 ? 32 : threads > 1024 ? 1024 : (threads + 31) / 32 * 32;
-    k_rms_norm<<<n_rows, threads, 0, s>>>(x, d, w, out, dim, eps);
+    k_rms_norm<<<n_rows, threads, 0, s>>>(x, d, w, out, (__nv_bfloat16 *)out_bf16, dim, eps);
+    return LAUNCHED();
+}
+
+static bool gemv16_ok(int type, const void *w, size_t row_bytes, int64_t n_in) {
+    return (type == T_BF16 || type == T_F16) && n_in % 8 == 0 && row_bytes == (size_t)n_in * 2 &&
+           ((uintptr_t)w & 15) == 0;
+}
+
+int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat *m, int n_mats,
+                     const float *x, int n) {
+    if (n_mats < 1 || n_mats > PGD_K_GEMV_GROUP) return (int)cudaErrorInvalidValue;
+    bool g16 = ((uintptr_t)x & 15) == 0;
+    for (int i = 0; i < n_mats; i++) g16 = g16 && gemv16_ok(type, m[i].w, m[i].row_bytes, n_in);
+    if (!g16) {
+        for (int i = 0; i < n_mats; i++)
+            for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
+                int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
+                // y rows are (n, n_out): offset the token block; k_gemv writes y[t * n_out + row]
+                k_gemv<<<blocks((size_t)m[i].n_out, 4), 128, 0, s>>>(
+                    type, (const uint8_t *)m[i].w, m[i].row_bytes, n_in, m[i].n_out,
+                    x + (size_t)t0 * n_in, m[i].y + (size_t)t0 * m[i].n_out, nt);
+            }
+        return LAUNCHED();
+    }
+    gemv16_group g = {};
+    unsigned nb = 0;
+    for (int i = 0; i < n_mats; i++) {
+        g.w[i] = (const uint4 *)m[i].w;
+        g.y[i] = m[i].y;
+        g.n_out[i] = m[i].n_out;
+        g.first[i] = nb;
+        nb += blocks((size_t)m[i].n_out, GEMV16_ROWS);
+    }
+    g.n = n_mats;
+    bool f16 = type == T_F16;
+    for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
+        int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
+        const float *xt = x + (size_t)t0 * n_in;
+        switch (nt) {
+#define GEMV16_CASE(N)                                                                             \
+    case N: k_gemv16<N><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0); break;
+            GEMV16_CASE(1) GEMV16_CASE(2) GEMV16_CASE(3) GEMV16_CASE(4)
+            GEMV16_CASE(5) GEMV16_CASE(6) GEMV16_CASE(7) GEMV16_CASE(8)
+#undef GEMV16_CASE
+        }
+    }
     return LAUNCHED();
 }
 
 int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
                int64_t n_out, const float *x, float *y, int n) {
-    for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
-        int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
-        if ((type == T_BF16 || type == T_F16) && n_in % 8 == 0 && row_bytes == (size_t)n_in * 2 &&
-            ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0) {
-            const uint4 *w4 = (const uint4 *)w;
-            const float *xt = x + (size_t)t0 * n_in;
-            float *yt = y + (size_t)t0 * n_out;
-            unsigned nb = blocks((size_t)n_out, 4);
-            bool f16 = type == T_F16;
-            switch (nt) {
-#define GEMV16_CASE(N)                                                                             \
-    case N: k_gemv16<N><<<nb, 128, 0, s>>>(f16, w4, n_in, n_out, xt, yt); break;
-                GEMV16_CASE(1) GEMV16_CASE(2) GEMV16_CASE(3) GEMV16_CASE(4)
-                GEMV16_CASE(5) GEMV16_CASE(6) GEMV16_CASE(7) GEMV16_CASE(8)
-#undef GEMV16_CASE
-            }
-            continue;
-        }
-        // y rows are (n, n_out): offset the token block; k_gemv writes y[t * n_out + row].
-        k_gemv<<<blocks((size_t)n_out, 4), 128, 0, s>>>(type, (const uint8_t *)w, row_bytes,
-                                                          n_in, n_out, x + (size_t)t0 * n_in,
-                                                          y + (size_t)t0 * n_out, nt);
-    }
-    return LAUNCHED();
+    pgd_k_gemv_mat m = {w, row_bytes, n_out, y};
+    return pgd_k_gemv_group(s, type, n_in, &m, 1, x, n);
 }
 
 int pgd_k_dequant_bf16(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
@@ -642,12 +712,12 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
     else { ATT_ND(16) }
 #undef ATT_ND
 #undef ATT_LAUNCH
-    k_attn_combine<<<n * a->n_head, 128, 0, s>>>(*a);
+    k_attn_combine<<<n * a->n_head, 128, (size_t)a->n_splits * sizeof(float), s>>>(*a);
     return LAUNCHED();
 }
 
-int pgd_k_silu_gate(pgd_stream s, float *g, const float *u, size_t n) {
-    k_silu_gate<<<blocks(n, 256), 256, 0, s>>>(g, u, n);
+int pgd_k_silu_gate(pgd_stream s, float *g, const float *u, size_t n, uint16_t *g_bf16) {
+    k_silu_gate<<<blocks(n, 256), 256, 0, s>>>(g, u, n, (__nv_bfloat16 *)g_bf16);
     return LAUNCHED();
 }
 

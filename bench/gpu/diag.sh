@@ -13,24 +13,29 @@ export LD_LIBRARY_PATH=/tmp/pgd-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+
 B=./build-gpucheck/gpu_bench
 cfg=configs/models/Llama-3-8B.json
 log() { echo "[$(date +%T)] $*" | tee -a "$d" >&2; }
-for v in "PAGODA_CUDA_GRAPHS=0 8" "PAGODA_CUDA_GRAPHS=0 256" "X=0 2" "X=0 4" "X=0 16" \
-         "X=0 32" "X=0 128" "PAGODA_CUDA_ATTN_FILL=0 1" "PAGODA_CUDA_ATTN_FILL=0 64"; do
+# DIAG_DECODE ("SWITCH=VALUE BATCH;..."), DIAG_PREFILL (switches) and DIAG_NCU (batch sizes)
+# choose a shorter run; X=0 is no switch.
+IFS=';' read -ra decode <<<"${DIAG_DECODE:-PAGODA_CUDA_GRAPHS=0 8;PAGODA_CUDA_GRAPHS=0 256;X=0 2;\
+X=0 4;X=0 16;X=0 32;X=0 128;PAGODA_CUDA_ATTN_FILL=0 1;PAGODA_CUDA_ATTN_FILL=0 64;\
+PAGODA_CUDA_GEMV_GROUP=0 1}"
+for v in "${decode[@]}"; do
     set -- $v
     log "decode batch $2, $1"
     timeout 60 env "$1" $B decode "$cfg" "$2" 512 32 >>"$d" 2>&1
 done
-for v in PAGODA_CUDA_XCONV=0 X=0; do # each GEMM converting its own activations, or sharing
+# each GEMM converting its own activations, or sharing the one its producer wrote
+for v in ${DIAG_PREFILL:-PAGODA_CUDA_XCONV=0 X=0}; do
     log "prefill 2048, $v"
     timeout 60 env "$v" $B prefill "$cfg" 2048 >>"$d" 2>&1
 done
-# One decode step's kernels: the context fill runs B prefill forwards (about 650 kernels each),
-# then 14 steps of about 610; the skip lands a few steps in.
+# One decode step's kernels: gpu_bench starts the profiler at the first timed step (after the
+# context fill and two warm-up steps); 640 kernels are about one step.
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-for bs in 1 8 64; do
+for bs in ${DIAG_NCU:-1 8 64}; do
     log "ncu decode batch $bs"
     timeout 100 env PAGODA_CUDA_GRAPHS=0 "$ncu" --clock-control none --csv --page raw \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-        --launch-skip $((bs * 650 + 2500)) --launch-count 640 --log-file "$out/ncu_b$bs.csv" \
+        --profile-from-start off --launch-count 640 --log-file "$out/ncu_b$bs.csv" \
         $B decode "$cfg" "$bs" 512 12 >>"$d" 2>&1 || log "ncu batch $bs failed ($?)"
 done
 log "ncu prefill 2048"

@@ -78,12 +78,19 @@ typedef struct cuda_state {
     size_t part_cap;             /* max(ATTN_PART_MIN, max_tokens * n_head) */
     uint16_t *x_bf16;            /* (max_tokens, widest n_in) activations for the GEMM */
     size_t x_bf16_elems;
-    /* x_bf16 holds (xconv_n, xconv_n_in) of xconv_src, converted by the last matmul with no
-     * other op since (Q, K and V, and gate and up, read the same x): NULL when unknown */
+    /* x_bf16 holds the first xconv_elems floats of xconv_src in BF16, written by the op that
+     * wrote them (RMSNorm, SiLU-gate) or converted by the last matmul, with no other op since
+     * (Q, K and V, and gate and up, read the same x): NULL when unknown */
     const float *xconv_src;
     bool xconv_keep;             /* reuse it (PAGODA_CUDA_XCONV=0: never, for measuring) */
-    int xconv_n;
-    int64_t xconv_n_in;
+    size_t xconv_elems;
+    /* GEMV-path matmuls of one x queued until the next op that is not one of them: Q, K and V
+     * (gate and up) go in one launch (PAGODA_CUDA_GEMV_GROUP=0: one launch each) */
+    pgd_k_gemv_mat gq[PGD_K_GEMV_GROUP];
+    int gq_n, gq_type, gq_rows;
+    int64_t gq_n_in;
+    const float *gq_x;
+    bool gq_on;
     uint16_t *w_bf16;            /* dequantized weight for the GEMM (grows to the largest) */
     size_t w_bf16_elems;
     /* CUDA graphs (see the top of this file) */
@@ -100,13 +107,34 @@ typedef struct cuda_state {
     int32_t *h_stok, *d_stok;
 } cuda_state;
 
-/* Every op but matmul starts with this: a replayed step's work is all in its graph; an op may
- * write the activations the GEMM converted last, so the conversion is forgotten. */
+/* Launches the queued GEMVs (every op and every use of the stream comes after them). */
+static void flush_gemv(cuda_state *st) {
+    if (!st || !st->gq_n) return;
+    int n = st->gq_n;
+    st->gq_n = 0;
+    CUDA_CHECK((cudaError_t)pgd_k_gemv_group(st->stream, st->gq_type, st->gq_n_in, st->gq, n,
+                                             st->gq_x, st->gq_rows));
+}
+
+/* Every op but matmul starts with this: the queued GEMVs go first; a replayed step's work is all
+ * in its graph; an op may write the activations the GEMM converted last, so the conversion is
+ * forgotten. */
 #define OP_START(st)                                                                               \
     do {                                                                                        \
+        flush_gemv(st);                                                                         \
         (st)->xconv_src = NULL;                                                                 \
         if ((st)->mode == MODE_REPLAY) return;                                                  \
     } while (0)
+
+/* Where an op that writes `elems` floats of `out` should write their BF16 copy for the GEMM of
+ * the next matmuls (NULL: not kept, or too large); note_bf16 records it once launched. */
+static uint16_t *bf16_copy_for(const cuda_state *st, size_t elems) {
+    return st->xconv_keep && elems <= st->x_bf16_elems ? st->x_bf16 : NULL;
+}
+static void note_bf16(cuda_state *st, const float *out, size_t elems, const uint16_t *copy) {
+    st->xconv_src = copy ? out : NULL;
+    st->xconv_elems = elems;
+}
 
 /* Rows an op runs on: the padded count for the step's own row count in a graph step. */
 static int rows_of(const cuda_state *st, int n) {
@@ -150,6 +178,7 @@ static void *cuda_alloc(pgd_backend *be, size_t bytes) {
 
 static void cuda_mem_free(pgd_backend *be, void *p) {
     cuda_state *st = be->impl;
+    flush_gemv(st);
     if (st) st->xconv_src = NULL; /* the address may come back holding other values */
     if (p) CUDA_CHECK(cudaFree(p));
 }
@@ -162,6 +191,7 @@ static int cuda_mem_info(pgd_backend *be, size_t *free_bytes, size_t *total_byte
 
 static cudaStream_t stream_of(pgd_backend *be) {
     cuda_state *st = be->impl;
+    flush_gemv(st);
     return st ? st->stream : 0;
 }
 
@@ -185,6 +215,7 @@ static int cuda_download(pgd_backend *be, void *dst, const void *src, size_t byt
 /* Ends a graph step: captures and launches, or replays; a capture that failed has done none of
  * the step's work, so the step is to be run again (eagerly: the shape is marked). */
 static int end_graph(cuda_state *st) {
+    flush_gemv(st);
     int mode = st->mode;
     graph_entry *g = st->cur;
     st->mode = MODE_EAGER;
@@ -232,6 +263,7 @@ static void cuda_free(pgd_backend *be) {
     cuda_state *st = be->impl;
     if (!st) return;
     cudaSetDevice(be->device);
+    flush_gemv(st);
     if (st->stream) CUDA_CHECK(cudaStreamSynchronize(st->stream));
     drop_graphs(st);
     void *dev[] = {st->lt_ws, st->d_meta, st->d_att, st->d_slot, st->d_inv_freq, st->part, st->x_bf16,
@@ -316,6 +348,8 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
                   goto fail);
     const char *xc = getenv("PAGODA_CUDA_XCONV");
     st->xconv_keep = !(xc && xc[0] == '0');
+    const char *gg = getenv("PAGODA_CUDA_GEMV_GROUP");
+    st->gq_on = !(gg && gg[0] == '0');
     const char *gm = getenv("PAGODA_CUDA_GEMV_MAX"); /* 0..GEMV_MAX_ROWS, for measuring */
     st->gemv_max = gm && *gm ? atoi(gm) : GEMV_MAX_ROWS;
     if (st->gemv_max < 0 || st->gemv_max > GEMV_MAX_ROWS) st->gemv_max = GEMV_MAX_ROWS;
@@ -497,6 +531,7 @@ static int cuda_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params 
         if (s->pos[t] > max_pos) max_pos = s->pos[t];
     st->max_pos = max_pos;
     st->step++;
+    flush_gemv(st);
     st->xconv_src = NULL; /* a failed capture's conversion never ran */
     st->mode = MODE_EAGER;
     st->cur = NULL;
@@ -544,15 +579,22 @@ static void cuda_rms_norm(pgd_backend *be, const float *x, const float *w, float
                           int dim, float eps) {
     cuda_state *st = be->impl;
     OP_START(st);
-    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, (float *)x, NULL, w, out,
+    size_t elems = (size_t)rows_of(st, n_rows) * (size_t)dim;
+    uint16_t *ob = bf16_copy_for(st, elems);
+    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, (float *)x, NULL, w, out, ob,
                                            rows_of(st, n_rows), dim, eps));
+    note_bf16(st, out, elems, ob);
 }
 
 static void cuda_add_rms_norm(pgd_backend *be, float *x, const float *d, const float *w,
                               float *out, int n_rows, int dim, float eps) {
     cuda_state *st = be->impl;
     OP_START(st);
-    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, x, d, w, out, rows_of(st, n_rows), dim, eps));
+    size_t elems = (size_t)rows_of(st, n_rows) * (size_t)dim;
+    uint16_t *ob = bf16_copy_for(st, elems);
+    CUDA_CHECK((cudaError_t)pgd_k_rms_norm(st->stream, x, d, w, out, ob, rows_of(st, n_rows), dim,
+                                           eps));
+    note_bf16(st, out, elems, ob);
 }
 
 /* y (n, n_out) row-major = x (n, n_in) . W^T: column-major C (n_out x n) = W^T-view (n_out x
@@ -605,15 +647,24 @@ done:
 static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n) {
     cuda_state *st = be->impl;
     if (st->mode == MODE_REPLAY) return; /* keeps the conversion: a matmul writes only y */
+    if (y == st->xconv_src) st->xconv_src = NULL;
     n = rows_of(st, n);
     /* The fused GEMV for one row, and for up to gemv_max rows of weights the GEMM would first
      * dequantize (a BF16 matrix goes straight to cuBLASLt: the GEMV's per-token activation
      * loads made 8 rows take 2.3x one row's time on an H200, cuBLASLt 1.1x). */
     if (n <= st->gemv_max && (n == 1 || w->type != PGD_TYPE_BF16)) {
-        CUDA_CHECK((cudaError_t)pgd_k_gemv(st->stream, w->type, w->data, w->row_bytes, w->n_in,
-                                           w->n_out, x, y, n));
+        if (st->gq_n && (x != st->gq_x || n != st->gq_rows || (int)w->type != st->gq_type ||
+                         w->n_in != st->gq_n_in || st->gq_n == PGD_K_GEMV_GROUP))
+            flush_gemv(st);
+        st->gq[st->gq_n++] = (pgd_k_gemv_mat){w->data, w->row_bytes, w->n_out, y};
+        st->gq_x = x;
+        st->gq_rows = n;
+        st->gq_type = (int)w->type;
+        st->gq_n_in = w->n_in;
+        if (!st->gq_on) flush_gemv(st);
         return;
     }
+    flush_gemv(st);
     if (w->type == PGD_TYPE_F32) {
         float alpha = 1.0f, beta = 0.0f;
         CUBLAS_CHECK(cublasSgemm(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n_out, n, (int)w->n_in,
@@ -627,13 +678,12 @@ static void cuda_matmul(pgd_backend *be, const pgd_weight *w, const float *x, fl
         fprintf(stderr, "%s:%d: activation scratch too small\n", __FILE__, __LINE__);
         return;
     }
-    if (x != st->xconv_src || n != st->xconv_n || w->n_in != st->xconv_n_in) {
+    if (x != st->xconv_src || xn != st->xconv_elems) {
         st->xconv_src = NULL; /* until the conversion is queued */
         CUDA_CHECK_OR((cudaError_t)pgd_k_f32_to_bf16(st->stream, x, st->x_bf16, xn),
                       pgd__cuda_failed = 1; return);
         st->xconv_src = st->xconv_keep ? x : NULL;
-        st->xconv_n = n;
-        st->xconv_n_in = w->n_in;
+        st->xconv_elems = xn;
     }
     const void *wb = w->data;
     if (w->type != PGD_TYPE_BF16) {
@@ -729,7 +779,10 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
 static void cuda_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
     cuda_state *st = be->impl;
     OP_START(st);
-    CUDA_CHECK((cudaError_t)pgd_k_silu_gate(st->stream, g, u, elems_of(st, n)));
+    size_t elems = elems_of(st, n);
+    uint16_t *gb = bf16_copy_for(st, elems);
+    CUDA_CHECK((cudaError_t)pgd_k_silu_gate(st->stream, g, u, elems, gb));
+    note_bf16(st, g, elems, gb);
 }
 
 static void cuda_add(pgd_backend *be, float *x, const float *y, size_t n) {
@@ -776,6 +829,7 @@ _Static_assert(sizeof(pgd_sample_row) == sizeof(pgd_k_sample_row) &&
 static int cuda_sample(pgd_backend *be, const float *logits, int n_rows, int n_vocab,
                        const pgd_sample_row *rows, int32_t *out) {
     cuda_state *st = be->impl;
+    flush_gemv(st);
     if (n_rows <= 0) return PGD_OK;
     if (n_rows > st->max_tokens) return PGD_EINVAL;
     size_t rb = (size_t)n_rows * sizeof *st->h_srow, tb = (size_t)n_rows * sizeof *out;
@@ -825,7 +879,8 @@ static const pgd_backend_ops cuda_ops = {
 const pgd_backend_ops *pgd_cuda_backend_ops(void) { return &cuda_ops; }
 
 void *pgd_cuda_stream(const pgd_backend *be) {
-    const cuda_state *st = be->impl;
+    cuda_state *st = be->impl;
+    flush_gemv(st);
     return st ? (void *)st->stream : NULL;
 }
 
