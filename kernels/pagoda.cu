@@ -344,12 +344,6 @@ static __device__ __forceinline__ void store_elem(int dt, void *base, size_t i, 
     else if (dt == T_F16) ((__half *)base)[i] = __float2half(v);
     else ((__nv_bfloat16 *)base)[i] = __float2bfloat16(v);
 }
-static __device__ __forceinline__ float load_elem(int dt, const void *base, size_t i) {
-    if (dt == T_F32) return ((const float *)base)[i];
-    if (dt == T_F16) return __half2float(((const __half *)base)[i]);
-    return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
-}
-
 __global__ void k_kv_store(int dt, void *k, void *v, int kv_dim, const float *kin,
                            const float *vin, const int64_t *slot) {
     int t = blockIdx.x;
@@ -406,8 +400,23 @@ __global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, in
 #define ATT_MAXG 16 /* GQA group size, at most */
 #define ATT_MAXD 8 /* head_dim / 32, at most (head_dim <= 256) */
 // GM >= the GQA group size and ND >= head_dim / 32 are compile-time bounds, so the per-head
-// arrays live in registers (runtime bounds put them in local memory).
-template <int GM, int ND> __global__ void k_attention(pgd_k_attn a) {
+// arrays live in registers (runtime bounds put them in local memory). DT, the KV cache's type, is
+// one too: K/V elements are loaded as raw bits and converted where they are used, so a warp's
+// loads are all in flight together (a conversion chosen at run time next to each load kept one
+// load in flight: ~7 us per 4 positions on an H200).
+template <int DT> struct kv_elem {
+    typedef unsigned short raw;
+    static __device__ __forceinline__ float f(raw h) {
+        return DT == T_F16 ? __half2float(__ushort_as_half(h)) : __uint_as_float((unsigned)h << 16);
+    }
+};
+template <> struct kv_elem<T_F32> {
+    typedef float raw;
+    static __device__ __forceinline__ float f(raw x) { return x; }
+};
+template <int GM, int ND, int DT> __global__ void k_attention(pgd_k_attn a) {
+    typedef typename kv_elem<DT>::raw raw;
+    const raw *K = (const raw *)a.k, *V = (const raw *)a.v;
     int w = blockIdx.x, split = blockIdx.y;
     int idx = w / a.n_kv_head, kvh = w % a.n_kv_head;
     int t = a.tok_list ? a.tok_list[idx] : idx;
@@ -435,22 +444,24 @@ template <int GM, int ND> __global__ void k_attention(pgd_k_attn a) {
     // waiting on memory), fewer when the per-head arrays already fill the registers.
     constexpr int U = GM * ND <= 32 ? 4 : GM * ND <= 64 ? 2 : 1;
     for (int j0 = start + warp; j0 < end; j0 += ATT_WARPS * U) {
-        float kr[U][ND], vr[U][ND];
+        raw kr[U][ND], vr[U][ND];
+        size_t base[U]; /* every position's table entry first, then all the K/V loads */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int j = j0 + u * ATT_WARPS;
-            size_t base = 0;
-            if (j < end) {
-                size_t slot = (size_t)bt[j / a.block_size] * a.block_size +
-                              (size_t)(j % a.block_size);
-                base = slot * a.kv_dim + (size_t)kvh * hd;
-            }
+            base[u] = j < end ? ((size_t)bt[j / a.block_size] * a.block_size +
+                                 (size_t)(j % a.block_size)) * a.kv_dim + (size_t)kvh * hd
+                              : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int j = j0 + u * ATT_WARPS;
 #pragma unroll
             for (int d = 0; d < ND; d++) {
                 int i = d * 32 + lane;
                 bool in = j < end && i < hd;
-                kr[u][d] = in ? load_elem(a.kv_dtype, a.k, base + i) : 0.0f;
-                vr[u][d] = in ? load_elem(a.kv_dtype, a.v, base + i) : 0.0f;
+                kr[u][d] = in ? K[base[u] + i] : (raw)0;
+                vr[u][d] = in ? V[base[u] + i] : (raw)0;
             }
         }
 #pragma unroll
@@ -460,12 +471,13 @@ template <int GM, int ND> __global__ void k_attention(pgd_k_attn a) {
             for (int g = 0; g < GM && g < G; g++) {
                 float s = 0.0f;
 #pragma unroll
-                for (int d = 0; d < ND; d++) s += q[g][d] * kr[u][d];
+                for (int d = 0; d < ND; d++) s += q[g][d] * kv_elem<DT>::f(kr[u][d]);
                 s = warp_sum(s);
                 float mn = fmaxf(m[g], s), corr = __expf(m[g] - mn), pr = __expf(s - mn);
                 l[g] = l[g] * corr + pr;
 #pragma unroll
-                for (int d = 0; d < ND; d++) acc[g][d] = acc[g][d] * corr + pr * vr[u][d];
+                for (int d = 0; d < ND; d++)
+                    acc[g][d] = acc[g][d] * corr + pr * kv_elem<DT>::f(vr[u][d]);
                 m[g] = mn;
             }
         }
@@ -690,15 +702,21 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
     size_t shm = (size_t)ATT_WARPS * G * (a->hd + 2) * sizeof(float);
     int nd = (a->hd + 31) / 32;
     /* (ATT_WARPS, G, hd + 2) floats: over the default 48 KiB for large groups and heads */
-#define ATT_LAUNCH(GM, ND)                                                                         \
+#define ATT_DT(GM, ND, DT)                                                                         \
     do {                                                                                           \
         if (shm > 48 * 1024) {                                                                     \
-            cudaError_t e_ = cudaFuncSetAttribute(k_attention<GM, ND>,                             \
+            cudaError_t e_ = cudaFuncSetAttribute(k_attention<GM, ND, DT>,                         \
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,     \
                                                   (int)shm);                                       \
             if (e_ != cudaSuccess) return (int)e_;                                                 \
         }                                                                                          \
-        k_attention<GM, ND><<<grid, 32 * ATT_WARPS, shm, s>>>(*a);                                 \
+        k_attention<GM, ND, DT><<<grid, 32 * ATT_WARPS, shm, s>>>(*a);                             \
+    } while (0)
+#define ATT_LAUNCH(GM, ND)                                                                         \
+    do {                                                                                           \
+        if (a->kv_dtype == T_F32) ATT_DT(GM, ND, T_F32);                                           \
+        else if (a->kv_dtype == T_F16) ATT_DT(GM, ND, T_F16);                                      \
+        else ATT_DT(GM, ND, T_BF16);                                                               \
     } while (0)
 #define ATT_ND(GM)                                                                                 \
     if (nd <= 1) ATT_LAUNCH(GM, 1);                                                                \
@@ -712,6 +730,7 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
     else { ATT_ND(16) }
 #undef ATT_ND
 #undef ATT_LAUNCH
+#undef ATT_DT
     k_attn_combine<<<n * a->n_head, 128, (size_t)a->n_splits * sizeof(float), s>>>(*a);
     return LAUNCHED();
 }
