@@ -8,6 +8,8 @@ import sys
 
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 rows = list(csv.DictReader(lines))[1:]  # the first row holds the units
+if not rows:
+    sys.exit(f"{sys.argv[1]}: no kernels profiled")
 key_of = lambda part: next(k for k in rows[0] if part in k)
 tk, rk, wk = key_of("gpu__time_duration"), key_of("dram__bytes_read"), key_of("dram__bytes_write")
 num = lambda v: float(v.replace(",", "")) if v else 0.0
