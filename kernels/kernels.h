@@ -39,7 +39,9 @@ int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float
 int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
                int64_t n_out, const float *x, float *y, int n);
 /* The same for up to PGD_K_GEMV_GROUP matrices of one type and n_in that read the same x, in
- * one launch where the 16-bit kernel takes them (else one launch each): m[i].y = x . m[i].W^T. */
+ * one launch where the 16-bit kernel takes them (else one launch each): m[i].y = x . m[i].W^T.
+ * gated: m is gate and up of one n_out; m[0].y receives silu(gate) * up (k_silu_gate's
+ * formula), m[1].y up; cudaErrorNotSupported where the 16-bit kernel does not take them. */
 #define PGD_K_GEMV_GROUP 4
 typedef struct pgd_k_gemv_mat {
     const void *w;
@@ -48,7 +50,7 @@ typedef struct pgd_k_gemv_mat {
     float *y;
 } pgd_k_gemv_mat;
 int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat *m, int n_mats,
-                     const float *x, int n);
+                     const float *x, int n, int gated);
 /* Dequantizes W (n_out rows) to BF16 (n_out, n_in). */
 int pgd_k_dequant_bf16(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
                        int64_t n_out, uint16_t *dst);

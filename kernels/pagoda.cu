@@ -232,7 +232,10 @@ struct gemv16_group {
     unsigned first[PGD_K_GEMV_GROUP];
     int n;
 };
-template <int NT>
+// GATED: the group is gate and up (same n_out) and each warp computes row r of both, then writes
+// silu(gate) * up over the gate row (as k_silu_gate would) and up as it is: the SiLU-gate
+// kernel of a decode step folded into the matmuls before it.
+template <int NT, bool GATED>
 __global__ void k_gemv16(bool f16, gemv16_group g, int64_t n_in, const float *x, int t0) {
     const uint4 *w = g.w[0];
     float *y = g.y[0];
@@ -240,7 +243,7 @@ __global__ void k_gemv16(bool f16, gemv16_group g, int64_t n_in, const float *x,
     unsigned b0 = 0;
 #pragma unroll
     for (int m = 1; m < PGD_K_GEMV_GROUP; m++) {
-        if (m < g.n && blockIdx.x >= g.first[m]) {
+        if (!GATED && m < g.n && blockIdx.x >= g.first[m]) {
             w = g.w[m];
             y = g.y[m];
             n_out = g.n_out[m];
@@ -251,37 +254,56 @@ __global__ void k_gemv16(bool f16, gemv16_group g, int64_t n_in, const float *x,
     int lane = threadIdx.x & 31;
     if (row >= n_out) return;
     int64_t n8 = n_in / 8;
-    const uint4 *wr = w + row * n8;
-    float acc[NT];
+    constexpr int R = GATED ? 2 : 1; /* weight rows per warp */
+    const uint4 *wr[R];
+    wr[0] = w + row * n8;
+    if (GATED) wr[R - 1] = g.w[1] + row * n8;
+    float acc[R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     for (int64_t c0 = lane; c0 < n8; c0 += 32 * GEMV16_LOADS) {
-        uint4 u[GEMV16_LOADS];
+        uint4 u[R][GEMV16_LOADS];
 #pragma unroll
-        for (int k = 0; k < GEMV16_LOADS; k++) {
-            int64_t c = c0 + 32 * k;
-            u[k] = c < n8 ? ld_stream16(wr + c) : make_uint4(0, 0, 0, 0);
-        }
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int k = 0; k < GEMV16_LOADS; k++) {
+                int64_t c = c0 + 32 * k;
+                u[r][k] = c < n8 ? ld_stream16(wr[r] + c) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
         for (int k = 0; k < GEMV16_LOADS; k++) {
             int64_t c = c0 + 32 * k;
             if (c < n8) {
-                float wf[8];
-                unpack8(u[k], f16, wf);
 #pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    const float4 *xv = (const float4 *)(x + (size_t)t * n_in + c * 8);
-                    float4 a = xv[0], b = xv[1];
-                    acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
-                              wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                for (int r = 0; r < R; r++) {
+                    float wf[8];
+                    unpack8(u[r][k], f16, wf);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        const float4 *xv = (const float4 *)(x + (size_t)t * n_in + c * 8);
+                        float4 a = xv[0], b = xv[1];
+                        acc[r][t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+                                     wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                    }
                 }
             }
         }
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)(t0 + t) * n_out + row] = s;
+        float s = warp_sum(acc[0][t]);
+        size_t at = (size_t)(t0 + t) * n_out + row;
+        if (GATED) {
+            float su = warp_sum(acc[R - 1][t]);
+            if (lane == 0) {
+                y[at] = s / (1.0f + __expf(-s)) * su;
+                g.y[1][at] = su;
+            }
+        } else if (lane == 0) {
+            y[at] = s;
+        }
     }
 }
 
@@ -604,10 +626,12 @@ static bool gemv16_ok(int type, const void *w, size_t row_bytes, int64_t n_in) {
 }
 
 int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat *m, int n_mats,
-                     const float *x, int n) {
+                     const float *x, int n, int gated) {
     if (n_mats < 1 || n_mats > PGD_K_GEMV_GROUP) return (int)cudaErrorInvalidValue;
     bool g16 = ((uintptr_t)x & 15) == 0;
     for (int i = 0; i < n_mats; i++) g16 = g16 && gemv16_ok(type, m[i].w, m[i].row_bytes, n_in);
+    if (gated && (!g16 || n_mats != 2 || m[0].n_out != m[1].n_out))
+        return (int)cudaErrorNotSupported;
     if (!g16) {
         for (int i = 0; i < n_mats; i++)
             for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
@@ -629,13 +653,17 @@ int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat 
         nb += blocks((size_t)m[i].n_out, GEMV16_ROWS);
     }
     g.n = n_mats;
+    if (gated) nb = blocks((size_t)m[0].n_out, GEMV16_ROWS); /* one warp: both rows */
     bool f16 = type == T_F16;
     for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
         int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
         const float *xt = x + (size_t)t0 * n_in;
         switch (nt) {
 #define GEMV16_CASE(N)                                                                             \
-    case N: k_gemv16<N><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0); break;
+    case N:                                                                                        \
+        if (gated) k_gemv16<N, true><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0);         \
+        else k_gemv16<N, false><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0);              \
+        break;
             GEMV16_CASE(1) GEMV16_CASE(2) GEMV16_CASE(3) GEMV16_CASE(4)
             GEMV16_CASE(5) GEMV16_CASE(6) GEMV16_CASE(7) GEMV16_CASE(8)
 #undef GEMV16_CASE
@@ -647,7 +675,7 @@ int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat 
 int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
                int64_t n_out, const float *x, float *y, int n) {
     pgd_k_gemv_mat m = {w, row_bytes, n_out, y};
-    return pgd_k_gemv_group(s, type, n_in, &m, 1, x, n);
+    return pgd_k_gemv_group(s, type, n_in, &m, 1, x, n, 0);
 }
 
 int pgd_k_dequant_bf16(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,

@@ -147,63 +147,68 @@ static void test_matmul(pair *p) {
 }
 
 /* The sequences a layer runs: RMSNorm then Q, K and V of its output (one grouped GEMV launch
- * for few rows; the GEMM reading the BF16 copy the norm wrote for many), SiLU-gate then down. */
+ * for few rows; the GEMM reading the BF16 copy the norm wrote for many); RMSNorm, gate and up,
+ * SiLU-gate (folded into the gate/up GEMV launch for few rows), then down. */
 static void test_matmul_chains(pair *p) {
     pgd_type types[] = {PGD_TYPE_BF16, PGD_TYPE_F16, PGD_TYPE_Q8_0};
     int ns[] = {1, 3, 33};
-    const int64_t dim = 256, outs[3] = {128, 64, 64}, ffn = 320;
+    enum { NW = 6 }; /* q, k, v, gate, up, down */
+    const int64_t dim = 256, ffn = 320;
+    const int64_t w_in[NW] = {dim, dim, dim, dim, dim, ffn};
+    const int64_t w_out[NW] = {128, 64, 64, ffn, ffn, dim};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         if (!p->dut.ops->supports(PGD_OP_MATMUL, types[ti])) continue;
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             int n = ns[ni];
-            float *xh = randv((size_t)n * dim), *nw = randv((size_t)dim);
-            float *gh = randv((size_t)n * ffn), *uh = randv((size_t)n * ffn);
-            buf2 x = mk(p, xh, (size_t)n * dim * 4), w = mk(p, nw, (size_t)dim * 4),
-                 o = mk(p, NULL, (size_t)n * dim * 4), g = mk(p, gh, (size_t)n * ffn * 4),
-                 u = mk(p, uh, (size_t)n * ffn * 4), yd = mk(p, NULL, (size_t)n * dim * 4);
-            buf2 wb[4], y[3];
-            pgd_weight wr[4], wd[4];
-            void *hw[4];
-            for (int m = 0; m < 4; m++) {
-                int64_t n_in = m < 3 ? dim : ffn, n_out = m < 3 ? outs[m] : dim;
+            float *xh = randv((size_t)n * dim), *x2h = randv((size_t)n * dim);
+            float *nw = randv((size_t)dim);
+            buf2 x = mk(p, xh, (size_t)n * dim * 4), x2 = mk(p, x2h, (size_t)n * dim * 4),
+                 w = mk(p, nw, (size_t)dim * 4), o = mk(p, NULL, (size_t)n * dim * 4),
+                 o2 = mk(p, NULL, (size_t)n * dim * 4);
+            buf2 wb[NW], y[NW];
+            pgd_weight wr[NW], wd[NW];
+            void *hw[NW];
+            for (int m = 0; m < NW; m++) {
                 size_t rb;
-                hw[m] = rand_weight(types[ti], n_in, n_out, &rb);
-                wb[m] = mk(p, hw[m], rb * (size_t)n_out);
-                wr[m] = (pgd_weight){types[ti], n_in, n_out, rb, wb[m].r, false};
+                hw[m] = rand_weight(types[ti], w_in[m], w_out[m], &rb);
+                wb[m] = mk(p, hw[m], rb * (size_t)w_out[m]);
+                wr[m] = (pgd_weight){types[ti], w_in[m], w_out[m], rb, wb[m].r, false};
                 wd[m] = wr[m];
                 wd[m].data = wb[m].d;
-                if (m < 3) y[m] = mk(p, NULL, (size_t)n * n_out * 4);
+                y[m] = mk(p, NULL, (size_t)n * w_out[m] * 4);
             }
-            p->ref.ops->rms_norm(&p->ref, x.r, w.r, o.r, n, (int)dim, 1e-5f);
-            p->dut.ops->rms_norm(&p->dut, x.d, w.d, o.d, n, (int)dim, 1e-5f);
-            for (int m = 0; m < 3; m++) {
-                p->ref.ops->matmul(&p->ref, &wr[m], o.r, y[m].r, n);
-                p->dut.ops->matmul(&p->dut, &wd[m], o.d, y[m].d, n);
+            pgd_backend *be[2] = {&p->ref, &p->dut};
+            for (int side = 0; side < 2; side++) {
+                pgd_backend *B = be[side];
+#define ON(b) (side ? (b).d : (b).r)
+                pgd_weight *W = side ? wd : wr;
+                B->ops->rms_norm(B, ON(x), ON(w), ON(o), n, (int)dim, 1e-5f);
+                for (int m = 0; m < 3; m++) B->ops->matmul(B, &W[m], ON(o), ON(y[m]), n);
+                B->ops->rms_norm(B, ON(x2), ON(w), ON(o2), n, (int)dim, 1e-5f);
+                B->ops->matmul(B, &W[3], ON(o2), ON(y[3]), n);
+                B->ops->matmul(B, &W[4], ON(o2), ON(y[4]), n);
+                B->ops->silu_gate(B, ON(y[3]), ON(y[4]), (size_t)n * ffn);
+                B->ops->matmul(B, &W[5], ON(y[3]), ON(y[5]), n);
+#undef ON
             }
-            p->ref.ops->silu_gate(&p->ref, g.r, u.r, (size_t)n * ffn);
-            p->dut.ops->silu_gate(&p->dut, g.d, u.d, (size_t)n * ffn);
-            p->ref.ops->matmul(&p->ref, &wr[3], g.r, yd.r, n);
-            p->dut.ops->matmul(&p->dut, &wd[3], g.d, yd.d, n);
-            char what[96];
-            for (int m = 0; m < 3; m++) {
-                snprintf(what, sizeof what, "norm then matmul %d of 3, %s n=%d", m,
+            static const char *names[NW] = {"q", "k", "v", "silu(gate) * up", "up",
+                                            "down of silu_gate"};
+            for (int m = 0; m < NW; m++) {
+                char what[96];
+                snprintf(what, sizeof what, "layer chain: %s, %s n=%d", names[m],
                          pgd_type_name(types[ti]), n);
-                expect(p, what, &y[m], (size_t)n * outs[m], 5e-3);
+                expect(p, what, &y[m], (size_t)n * w_out[m], 5e-3);
             }
-            snprintf(what, sizeof what, "silu_gate then matmul, %s n=%d",
-                     pgd_type_name(types[ti]), n);
-            expect(p, what, &yd, (size_t)n * dim, 5e-3);
-            for (int m = 0; m < 4; m++) {
+            for (int m = 0; m < NW; m++) {
                 rm(p, &wb[m]);
-                if (m < 3) rm(p, &y[m]);
+                rm(p, &y[m]);
                 free(hw[m]);
             }
-            buf2 *bs[] = {&x, &w, &o, &g, &u, &yd};
-            for (int i = 0; i < 6; i++) rm(p, bs[i]);
+            buf2 *bs[] = {&x, &x2, &w, &o, &o2};
+            for (int i = 0; i < 5; i++) rm(p, bs[i]);
             free(xh);
+            free(x2h);
             free(nw);
-            free(gh);
-            free(uh);
         }
     }
 }

@@ -113,7 +113,7 @@ static void flush_gemv(cuda_state *st) {
     int n = st->gq_n;
     st->gq_n = 0;
     CUDA_CHECK((cudaError_t)pgd_k_gemv_group(st->stream, st->gq_type, st->gq_n_in, st->gq, n,
-                                             st->gq_x, st->gq_rows));
+                                             st->gq_x, st->gq_rows, 0));
 }
 
 /* Every op but matmul starts with this: the queued GEMVs go first; a replayed step's work is all
@@ -778,6 +778,20 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
 
 static void cuda_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
     cuda_state *st = be->impl;
+    /* Gate and up still queued as the GEMVs writing g and u: one launch computes both and the
+     * gate (a decode step's SiLU-gate kernel folded into its matmuls). */
+    if (st->gq_n == 2 && st->gq[0].y == g && st->gq[1].y == u &&
+        st->gq[0].n_out == st->gq[1].n_out &&
+        elems_of(st, n) == (size_t)st->gq_rows * (size_t)st->gq[0].n_out) {
+        int e = pgd_k_gemv_group(st->stream, st->gq_type, st->gq_n_in, st->gq, 2, st->gq_x,
+                                 st->gq_rows, 1);
+        if (e != (int)cudaErrorNotSupported) {
+            st->gq_n = 0;
+            st->xconv_src = NULL;
+            CUDA_CHECK((cudaError_t)e);
+            return;
+        }
+    }
     OP_START(st);
     size_t elems = elems_of(st, n);
     uint16_t *gb = bf16_copy_for(st, elems);
