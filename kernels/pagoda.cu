@@ -591,6 +591,7 @@ __global__ void k_attn_combine(pgd_k_attn a) {
     combine_head(a, blockIdx.x / a.n_head, blockIdx.x % a.n_head, wts); // list index, head
 }
 
+// gb, when not NULL, receives the result in BF16 as well (the next matmul's GEMM input).
 __global__ void k_silu_gate(float *g, const float *u, size_t n, __nv_bfloat16 *gb) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
