@@ -28,10 +28,6 @@ typedef struct pgd_k_attn {
      * when tok_list is NULL (then n_list is ignored) */
     const int32_t *tok_list;
     int n_list;
-    /* pgd_k_attention: (n_list or n_tokens, n_kv_head) counters, all zero (device; they are
-     * zero again when the launch ends), with which the split block finishing last merges the
-     * splits; NULL: a second kernel merges them */
-    int *done;
 } pgd_k_attn;
 
 int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_rows_w,

@@ -414,42 +414,10 @@ __global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, in
         store_elem(dt, v, base + (size_t)h * hd + i, vin[(size_t)t * kv_dim + (size_t)h * hd + i]);
 }
 
-// Merges the n_splits partials of (list index idx, head h) into a.out; every thread of the block
-// calls it. Each split's weight exp(m_s - M) is computed once into wts (n_splits floats of shared
-// memory), then every thread sums its dimensions over the splits in split order. The partials
-// may come from other blocks of the same launch, so they are read past L1.
-static __device__ void combine_head(const pgd_k_attn &a, int idx, int h, float *wts) {
-    int hd = a.hd, stride = hd + 2;
-    int t = a.tok_list ? a.tok_list[idx] : idx;
-    const float *pp = a.part + ((size_t)idx * a.n_head + h) * a.n_splits * stride;
-    float M = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, __ldcg(pp + (size_t)s * stride + hd));
-    for (int s = threadIdx.x; s < a.n_splits; s += blockDim.x) {
-        float ms = __ldcg(pp + (size_t)s * stride + hd);
-        wts[s] = ms == -INFINITY ? 0.0f : __expf(ms - M);
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float L = 0.0f, A = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < a.n_splits; s++) {
-            const float *o = pp + (size_t)s * stride;
-            float f = wts[s];
-            L += __ldcg(o + hd + 1) * f;
-            A += __ldcg(o + i) * f;
-        }
-        a.out[((size_t)t * a.n_head + h) * hd + i] = A / L;
-    }
-    __syncthreads(); // wts is free again
-}
-
 // Paged attention. Grid (n_tokens * n_kv_head, n_splits), 4 warps. Each warp walks positions of
 // the block's split (j = start + warp, + 4, ...), loads each K/V row once and scores it for every
 // query head of the GQA group; lanes own hd/32 dimensions. Online softmax per warp, merged in
-// shared memory, then per split into `part`; the split block that finishes last for its (token,
-// KV head) merges the splits of the group's heads (a.done counts them), or k_attn_combine does
-// when a.done is NULL.
+// shared memory, then per split into `part`; k_attn_combine merges the splits.
 #define ATT_WARPS 4
 #define ATT_MAXG 16 /* GQA group size, at most */
 #define ATT_MAXD 8 /* head_dim / 32, at most (head_dim <= 256) */
@@ -572,23 +540,36 @@ template <int GM, int ND, int DT> __global__ void k_attention(pgd_k_attn a) {
             dst[hd + 1] = L;
         }
     }
-    if (!a.done) return;
-    // the partials visible device-wide before the count (the threadFenceReduction pattern)
-    __threadfence();
-    __syncthreads();
-    __shared__ bool last;
-    int *cnt = a.done + (size_t)idx * a.n_kv_head + kvh;
-    if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == a.n_splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int g = 0; g < G; g++) combine_head(a, idx, kvh * G + g, sh);
-    if (threadIdx.x == 0) *cnt = 0; // ready for the next launch (and graph replay)
 }
 
+// One block per (token, head): each split's weight exp(m_s - M) is computed once into shared
+// memory (n_splits floats), then every thread sums its dimensions over the splits in split order.
 __global__ void k_attn_combine(pgd_k_attn a) {
     extern __shared__ float wts[];
-    combine_head(a, blockIdx.x / a.n_head, blockIdx.x % a.n_head, wts); // list index, head
+    int th = blockIdx.x; // list index * n_head + head
+    int hd = a.hd, stride = hd + 2;
+    int idx = th / a.n_head, h = th % a.n_head;
+    int t = a.tok_list ? a.tok_list[idx] : idx;
+    const float *pp = a.part + (size_t)th * a.n_splits * stride;
+    float M = -INFINITY;
+#pragma unroll 8
+    for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, pp[(size_t)s * stride + hd]);
+    for (int s = threadIdx.x; s < a.n_splits; s += blockDim.x) {
+        float ms = pp[(size_t)s * stride + hd];
+        wts[s] = ms == -INFINITY ? 0.0f : __expf(ms - M);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float L = 0.0f, A = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < a.n_splits; s++) {
+            const float *o = pp + (size_t)s * stride;
+            float f = wts[s];
+            L += o[hd + 1] * f;
+            A += o[i] * f;
+        }
+        a.out[((size_t)t * a.n_head + h) * hd + i] = A / L;
+    }
 }
 
 // gb, when not NULL, receives the result in BF16 as well (the next matmul's GEMM input).
@@ -747,8 +728,6 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
     if (n == 0) return (int)cudaSuccess;
     dim3 grid((unsigned)(n * a->n_kv_head), (unsigned)a->n_splits);
     size_t shm = (size_t)ATT_WARPS * G * (a->hd + 2) * sizeof(float);
-    if (a->done && shm < (size_t)a->n_splits * sizeof(float)) /* the merge's split weights */
-        shm = (size_t)a->n_splits * sizeof(float);
     int nd = (a->hd + 31) / 32;
     /* (ATT_WARPS, G, hd + 2) floats: over the default 48 KiB for large groups and heads */
 #define ATT_DT(GM, ND, DT)                                                                         \
@@ -780,8 +759,7 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
 #undef ATT_ND
 #undef ATT_LAUNCH
 #undef ATT_DT
-    if (!a->done)
-        k_attn_combine<<<n * a->n_head, 128, (size_t)a->n_splits * sizeof(float), s>>>(*a);
+    k_attn_combine<<<n * a->n_head, 128, (size_t)a->n_splits * sizeof(float), s>>>(*a);
     return LAUNCHED();
 }
 

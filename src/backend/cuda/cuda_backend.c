@@ -75,11 +75,6 @@ typedef struct cuda_state {
     int32_t *h_hi;               /* (max_tokens) host scratch: each sequence's last position */
     float *d_inv_freq;           /* (head_dim / 2) */
     float *part;                 /* attention split partials: (part_cap, head_dim + 2) */
-    /* (max_tokens * n_head) split counters, zero between launches: the attention block that
-     * finishes a (token, KV head) last merges its splits (PAGODA_CUDA_ATTN_MERGE=0: NULL, a
-     * second kernel merges them) */
-    int *d_done;
-    size_t done_cap;
     size_t part_cap;             /* max(ATTN_PART_MIN, max_tokens * n_head) */
     uint16_t *x_bf16;            /* (max_tokens, widest n_in) activations for the GEMM */
     size_t x_bf16_elems;
@@ -271,8 +266,8 @@ static void cuda_free(pgd_backend *be) {
     flush_gemv(st);
     if (st->stream) CUDA_CHECK(cudaStreamSynchronize(st->stream));
     drop_graphs(st);
-    void *dev[] = {st->lt_ws, st->d_meta, st->d_att, st->d_slot, st->d_inv_freq, st->part,
-                   st->x_bf16, st->w_bf16, st->d_done};
+    void *dev[] = {st->lt_ws, st->d_meta, st->d_att, st->d_slot, st->d_inv_freq, st->part, st->x_bf16,
+                   st->w_bf16};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) CUDA_CHECK(cudaFree(dev[i]));
     if (st->h_meta) CUDA_CHECK(cudaFreeHost(st->h_meta));
@@ -369,13 +364,6 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     CUDA_CHECK_OR(cudaMalloc((void **)&st->part, st->part_cap * (head_dim + 2) * sizeof(float)),
                   goto fail);
     CUDA_CHECK_OR(cudaMalloc((void **)&st->x_bf16, st->x_bf16_elems * 2), goto fail);
-    const char *am = getenv("PAGODA_CUDA_ATTN_MERGE");
-    if (!(am && am[0] == '0')) {
-        st->done_cap = (size_t)max_tokens * (size_t)n_head; /* >= tokens x KV heads */
-        CUDA_CHECK_OR(cudaMalloc((void **)&st->d_done, st->done_cap * sizeof(int)), goto fail);
-        CUDA_CHECK_OR(cudaMemsetAsync(st->d_done, 0, st->done_cap * sizeof(int), st->stream),
-                      goto fail);
-    }
     size_t srow_bytes = (size_t)max_tokens * sizeof(pgd_k_sample_row);
     CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_srow, srow_bytes), goto fail);
     CUDA_CHECK_OR(cudaMalloc((void **)&st->d_srow, srow_bytes), goto fail);
@@ -776,7 +764,6 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
         .n_kv_head = n_kv_head, .hd = head_dim, .n_splits = n_splits, .split_len = split_len,
         .part = st->part,
     };
-    if ((size_t)n_tok * (size_t)n_kv_head <= st->done_cap) a.done = st->d_done;
     /* the tensor-core kernel takes head sizes of a multiple of 16 up to 256: others run every
      * token in the flash-decoding kernel (no list: all of them) */
     if (st->mode == MODE_EAGER && st->n_tiles > 0 && head_dim % 16 == 0 && head_dim <= 256) {
