@@ -542,27 +542,32 @@ template <int GM, int ND, int DT> __global__ void k_attention(pgd_k_attn a) {
     }
 }
 
-// One block per (token, head): each split's weight exp(m_s - M) is computed once into shared
-// memory (n_splits floats), then every thread sums its dimensions over the splits in split order.
+// One block per (token, head). The splits' maxima are loaded by all threads at once into shared
+// memory (n_splits floats), the first warp turns them into weights exp(m_s - M) (a warp max),
+// then every thread sums its dimensions over the splits in split order with 16 splits' loads in
+// flight (a serial walk over the splits left the kernel waiting on one load at a time).
 __global__ void k_attn_combine(pgd_k_attn a) {
     extern __shared__ float wts[];
     int th = blockIdx.x; // list index * n_head + head
-    int hd = a.hd, stride = hd + 2;
+    int hd = a.hd, stride = hd + 2, S = a.n_splits;
     int idx = th / a.n_head, h = th % a.n_head;
     int t = a.tok_list ? a.tok_list[idx] : idx;
-    const float *pp = a.part + (size_t)th * a.n_splits * stride;
-    float M = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < a.n_splits; s++) M = fmaxf(M, pp[(size_t)s * stride + hd]);
-    for (int s = threadIdx.x; s < a.n_splits; s += blockDim.x) {
-        float ms = pp[(size_t)s * stride + hd];
-        wts[s] = ms == -INFINITY ? 0.0f : __expf(ms - M);
+    const float *pp = a.part + (size_t)th * S * stride;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) wts[s] = pp[(size_t)s * stride + hd];
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float M = -INFINITY;
+        for (int s = threadIdx.x; s < S; s += 32) M = fmaxf(M, wts[s]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        for (int s = threadIdx.x; s < S; s += 32)
+            wts[s] = wts[s] == -INFINITY ? 0.0f : __expf(wts[s] - M);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float L = 0.0f, A = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < a.n_splits; s++) {
+#pragma unroll 16
+        for (int s = 0; s < S; s++) {
             const float *o = pp + (size_t)s * stride;
             float f = wts[s];
             L += o[hd + 1] * f;

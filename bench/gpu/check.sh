@@ -119,9 +119,10 @@ same() {
 for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-random.gguf "$smol"; do
     [ -f "$m" ] || { log "skip $m (missing)"; continue; }
     same "$m" "$(ids cpu "$m" 32 9)" "$(ids cuda "$m" 32 9)"
-    # a 100-token prompt (tensor-core prefill attention) and decode with and without CUDA graphs
+    # a 100-token prompt (tensor-core prefill attention) and decode with and without CUDA graphs,
+    # and with the grouped GEMVs (and the SiLU-gate folded into them) switched off
     a=$(ids cpu "$m" 24 100)
-    for env in "" PAGODA_CUDA_GRAPHS=0 PAGODA_CUDA_TC_ATTN=0; do
+    for env in "" PAGODA_CUDA_GRAPHS=0 PAGODA_CUDA_TC_ATTN=0 PAGODA_CUDA_GEMV_GROUP=0; do
         same "$m, 100-token prompt ${env:-(graphs, TC attention)}" "$a" \
             "$(ids cuda "$m" 24 100 $env)"
     done

@@ -17,7 +17,7 @@ log() { echo "[$(date +%T)] $*" | tee -a "$d" >&2; }
 # choose a shorter run; X=0 is no switch.
 IFS=';' read -ra decode <<<"${DIAG_DECODE:-PAGODA_CUDA_GRAPHS=0 8;PAGODA_CUDA_GRAPHS=0 256;X=0 2;\
 X=0 4;X=0 16;X=0 32;X=0 128;PAGODA_CUDA_ATTN_FILL=0 1;PAGODA_CUDA_ATTN_FILL=0 64;\
-PAGODA_CUDA_GEMV_GROUP=0 1}"
+PAGODA_CUDA_ATTN_FILL=2 1;PAGODA_CUDA_ATTN_FILL=8 1;PAGODA_CUDA_GEMV_GROUP=0 1}"
 for v in "${decode[@]}"; do
     set -- $v
     log "decode batch $2, $1"
