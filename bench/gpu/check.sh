@@ -4,13 +4,13 @@
 # generation CUDA vs CPU (tiny models, SmolLM2-135M), then a Llama-3-8B-shaped dummy model in BF16:
 # decode tok/s at batch 1/8/64/256 with 512-token contexts, prefill tok/s at 2,048 tokens, HBM
 # bandwidth (copy kernel), batch-1 decode as a fraction of the roofline, and transformers
-# generate on the same shapes as a baseline. Writes one results file: $OUT or bench/gpu/results.txt.
-# Run on an H200 on 2026-11-29 (bench/RESULTS.md); bench/gpu/diag.sh profiles a decode step
-# after it.
+# generate on the same shapes as a baseline (the three targets' figures PGD_REPS = 3 times, their
+# medians summarized). Writes one results file: $OUT or bench/gpu/results.txt. Run on an H200 on
+# 2026-11-29 and -30 (bench/RESULTS.md); bench/gpu/diag.sh profiles a decode step after it.
 #
 # Needs only the CUDA toolkit (nvcc, cuBLAS), NCCL (the toolkit's, the system's, or PyTorch's
-# nvidia-nccl wheel), CMake, a C compiler and libcjson; the HTTP server is not built
-# (-DPAGODA_SERVER=OFF: no libuv/libmicrohttpd). Where libcjson is missing and nothing can be
+# nvidia-nccl wheel), CMake, a C compiler and libcjson; the `pagoda` command is built too where
+# libuv and libmicrohttpd are found (fetch-deps.sh fetches them as well). Where libcjson is missing and nothing can be
 # installed (a GPU image with no network), run bench/gpu/fetch-deps.sh on a machine with apt first:
 # it puts the Debian packages in bench/gpu/deps/, which this script unpacks under /tmp (carry
 # bench/gpu/deps and models/ to such a machine).
@@ -167,9 +167,13 @@ if [ -n "$P" ]; then
 fi
 step "HBM bandwidth (copy kernel)" 30 $B bandwidth
 step "cuBLASLt BF16 GEMM peak (8192^3)" 30 $B gemm
-step "decode batch 1 ctx 512" 60 $B decode "$cfg" 1 512 32
-step "prefill 2048" 60 $B prefill "$cfg" 2048
-for bs in 8 64 256; do step "decode batch $bs ctx 512" 60 $B decode "$cfg" "$bs" 512 32; done
+# the three targets' figures PGD_REPS times (3), interleaved; summarize.py takes the medians
+for rep in $(seq "${PGD_REPS:-3}"); do
+    step "decode batch 1 ctx 512 (run $rep)" 60 $B decode "$cfg" 1 512 32
+    step "prefill 2048 (run $rep)" 60 $B prefill "$cfg" 2048
+    step "decode batch 64 ctx 512 (run $rep)" 60 $B decode "$cfg" 64 512 32
+done
+for bs in 8 256; do step "decode batch $bs ctx 512" 60 $B decode "$cfg" "$bs" 512 32; done
 [ -n "${PGD_SKIP_HF:-}" ] ||
     step "transformers baseline (same shapes, BF16, random weights)" 180 \
         $py bench/gpu/hf_baseline.py "$cfg"
