@@ -53,34 +53,33 @@ struct sample_smem {
 
 // ---- block reductions: every thread gets the result (same order everywhere) ----
 
+// A warp's values combined lane by lane, then the warps' partials in warp order.
+template <typename T, typename Op> static __device__ T block_reduce(T v, T *red, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(FULL_MASK, v, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    T r = red[0];
+    for (int w = 1; w < SAMPLE_WARPS; w++) r = op(r, red[w]);
+    __syncthreads();
+    return r;
+}
+struct fmax_op {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct imax_op {
+    __device__ int operator()(int a, int b) const { return max(a, b); }
+};
+struct dsum_op {
+    __device__ double operator()(double a, double b) const { return a + b; }
+};
 static __device__ float block_max(float v, sample_smem &sm) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
-    if ((threadIdx.x & 31) == 0) sm.red_f[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float r = sm.red_f[0];
-    for (int w = 1; w < SAMPLE_WARPS; w++) r = fmaxf(r, sm.red_f[w]);
-    __syncthreads();
-    return r;
+    return block_reduce(v, sm.red_f, fmax_op());
 }
-
 static __device__ double block_sum(double v, sample_smem &sm) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    if ((threadIdx.x & 31) == 0) sm.red_d[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double r = 0.0;
-    for (int w = 0; w < SAMPLE_WARPS; w++) r += sm.red_d[w];
-    __syncthreads();
-    return r;
+    return block_reduce(v, sm.red_d, dsum_op());
 }
-
 static __device__ int block_max_int(int v, sample_smem &sm) {
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
-    if ((threadIdx.x & 31) == 0) sm.red_i[threadIdx.x >> 5] = v;
-    __syncthreads();
-    int r = sm.red_i[0];
-    for (int w = 1; w < SAMPLE_WARPS; w++) r = max(r, sm.red_i[w]);
-    __syncthreads();
-    return r;
+    return block_reduce(v, sm.red_i, imax_op());
 }
 
 // The arg-max of l, lowest index among equal maxima (pgd_argmax); 0 when nothing beats -inf.

@@ -86,7 +86,7 @@ fi
 
 cfg_args="-DPAGODA_CUDA=ON -DPAGODA_SERVER=$server -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90 ${cmake_extra[*]}"
-targets="test_backend_ops test_tp gpu_bench"
+targets="test_backend_ops test_device_sample test_tp gpu_bench"
 [ "$server" = ON ] && targets="$targets pagoda"
 step "configure+build (CUDA, sm_90)" 240 bash -c \
     "rm -rf build-gpucheck && cmake -S . -B build-gpucheck $cfg_args >/dev/null &&
@@ -94,6 +94,9 @@ step "configure+build (CUDA, sm_90)" 240 bash -c \
 log "$(nvidia-smi --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1 |
        tr '\n' ' ')"
 step "op-by-op CUDA vs CPU (NMSE)" 90 env PAGODA_REQUIRE_CUDA=1 ./build-gpucheck/test_backend_ops
+# the sampling kernel (temperature, top-k/top-p/min-p) against the CPU chain's kept sets and draws
+step "sampling on the GPU vs the CPU chain (test_device_sample)" 120 \
+    ./build-gpucheck/test_device_sample
 if ! grep -q "all ops within thresholds" "$res" && command -v compute-sanitizer >/dev/null; then
     step "op-by-op under compute-sanitizer memcheck" 100 env PAGODA_REQUIRE_CUDA=1 \
         compute-sanitizer --tool memcheck --print-limit 20 ./build-gpucheck/test_backend_ops
