@@ -29,7 +29,7 @@ for v in ${DIAG_PREFILL:-PAGODA_CUDA_XCONV=0 X=0}; do
     timeout 60 env "$v" $B prefill "$cfg" 2048 >>"$d" 2>&1
 done
 # One decode step's kernels: gpu_bench starts the profiler at the first timed step (after the
-# context fill and two warm-up steps); 640 kernels are about one step.
+# context fill and two warm-up steps); 640 kernels are one to two steps.
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for bs in ${DIAG_NCU:-1 8 64}; do
     log "ncu decode batch $bs"
@@ -43,4 +43,15 @@ timeout 100 "$ncu" --clock-control none --csv --page raw \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --launch-count 640 --log-file "$out/ncu_prefill.csv" $B prefill "$cfg" 2048 >>"$d" 2>&1 ||
     log "ncu prefill failed ($?)"
+# Why the decode attention kernel stalls at batch 64 (40% of that step at ~1 TB/s): warp stall
+# reasons, occupancy and memory throughput of one launch (DIAG_ATTN= skips it).
+if [ -z "${DIAG_ATTN+x}" ] || [ -n "$DIAG_ATTN" ]; then
+    log "ncu decode attention, batch 64, details"
+    timeout 100 env PAGODA_CUDA_GRAPHS=0 "$ncu" --clock-control none --csv --page details \
+        --kernel-name regex:k_attention --launch-count 1 --section WarpStateStats \
+        --section Occupancy --section MemoryWorkloadAnalysis --section SchedulerStats \
+        --section ComputeWorkloadAnalysis --profile-from-start off \
+        --log-file "$out/ncu_attn_b64.csv" $B decode "$cfg" 64 512 4 >>"$d" 2>&1 ||
+        log "ncu attention details failed ($?)"
+fi
 log "done"
