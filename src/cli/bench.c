@@ -25,6 +25,7 @@ typedef struct bench_opts {
     float gpu_util;        /* --gpu-memory-utilization; 0: the default */
     bool load_dummy;       /* --load-format dummy */
     long n_prompt, n_gen, threads, reps;
+    long depth;            /* -d: pp and tg start after this many context tokens */
     long batches[MAX_BATCHES];
     int n_batches;
     bool json;
@@ -41,7 +42,7 @@ static double median(double *v, int n) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: pagoda bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS]\n"
+            "usage: pagoda bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-t THREADS] [-r REPS]\n"
             "                    [--batch 1,4,16,64] [--json] [--load-format auto|dummy]\n"
             "                    [--device cpu|cuda] [--tensor-parallel-size N]\n"
             "                    [--gpu-memory-utilization F]\n"
@@ -52,6 +53,9 @@ static void usage(FILE *f) {
             "memory bandwidth (read-only sum over 1 GiB, best of 12) and peak FP32 FLOP/s (FMA\n"
             "loop on every thread, best of 5) of this machine, and each figure's fraction of\n"
             "its roofline.\n"
+            "  -d DEPTH         pp and tg run after a DEPTH-token context (llama-bench's -d):\n"
+            "                   their rooflines add the attention over it (its FLOPs to pp's,\n"
+            "                   its K/V bytes to each tg step's)\n"
             "  --load-format dummy  MODEL is a config.json (or its folder; e.g.\n"
             "                   configs/models/Llama-3-8B.json): random BF16 weights of its real\n"
             "                   shapes, no download and no tokenizer needed\n"
@@ -95,6 +99,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         if (!strcmp(a, "-m")) o->model = v;
         else if (!strcmp(a, "-p")) rc = pgd_cli_parse_long(v, 0, 1 << 16, &o->n_prompt);
         else if (!strcmp(a, "-n")) rc = pgd_cli_parse_long(v, 0, 1 << 16, &o->n_gen);
+        else if (!strcmp(a, "-d")) rc = pgd_cli_parse_long(v, 0, 1 << 20, &o->depth);
         else if (!strcmp(a, "-t")) rc = pgd_cli_parse_long(v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-r")) rc = pgd_cli_parse_long(v, 1, 1000, &o->reps);
         else if (!strcmp(a, "--batch")) rc = parse_batches(v, o);
@@ -262,6 +267,7 @@ typedef struct result {
     double tps;         /* median tokens/s */
     double roof_tps;    /* roofline tokens/s */
     const char *bound;  /* "bandwidth" or "compute" */
+    long depth;         /* context tokens before the measured ones (-d) */
 } result;
 
 /* Batched decode: for each B, B sequences with their own blocks of a paged KV cache step
@@ -324,7 +330,7 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
         double t_fl = 2.0 * (mc->layer_params + mc->head_params) * (double)b / peak;
         res[(*n_res)++] = (result){"batch", b, (double)b / t,
                                    (double)b / (t_bw > t_fl ? t_bw : t_fl),
-                                   t_bw > t_fl ? "bandwidth" : "compute"};
+                                   t_bw > t_fl ? "bandwidth" : "compute", 0};
     }
     rc = 0;
 out:
@@ -353,6 +359,9 @@ int pgd_cli_bench(int argc, char **argv) {
     long max_batch = o.n_prompt > 1 ? o.n_prompt : 1;
     long n_ctx = max_batch > o.n_gen ? max_batch : o.n_gen;
     if (n_ctx < BATCH_STEPS) n_ctx = BATCH_STEPS;
+    n_ctx += o.depth;
+    /* the context is filled in chunks of up to 512 tokens */
+    if (o.depth > max_batch) max_batch = o.depth < 512 ? o.depth : 512;
     pgd_model_opts mo = {.n_ctx = (int32_t)(n_ctx + 8), .tensor_parallel = (int32_t)o.tp,
                          .load_format = o.load_dummy ? PGD_LOAD_DUMMY : PGD_LOAD_AUTO,
                          .gpu_memory_utilization = o.gpu_util};
@@ -413,30 +422,46 @@ int pgd_cli_bench(int argc, char **argv) {
     /* One untimed warm-up call: page in the weights, settle the threads. */
     s.n_past = 0;
     if (pgd_session_forward(&s, tokens, 1, false) != 0) goto done;
+    /* The -d context, once: each repetition restarts at its end (positions before it keep their
+     * K/V). Its attention costs per measured token: FLOPs (QK^T and PV) and K/V bytes read. */
+    s.n_past = 0;
+    for (long i = 0; i < o.depth; i += max_batch) {
+        int32_t n = (int32_t)(o.depth - i < max_batch ? o.depth - i : max_batch);
+        if (pgd_session_forward(&s, tokens, n, false) != 0) {
+            fprintf(stderr, "pagoda bench: filling the %ld-token context failed\n", o.depth);
+            goto done;
+        }
+    }
+    const pgd_model_config *cfg = &m->cfg;
+    double depth_flops = 4.0 * cfg->n_layer * cfg->n_head * cfg->head_dim * (double)o.depth;
+    double depth_bytes =
+        (double)pgd_kv_cache_bytes_per_token(m, s.kv.dtype) * (double)o.depth;
 
     if (o.n_prompt > 0) {
         for (long r = 0; r < o.reps; r++) {
-            s.n_past = 0;
+            s.n_past = (int32_t)o.depth;
             double t = pgd_now_s();
             pgd_session_forward(&s, tokens, (int32_t)o.n_prompt, false);
             times[r] = pgd_now_s() - t;
         }
         double t = median(times, (int)o.reps);
         /* Compute roofline: 2 flops per multiply-add, LM head for the last token only. */
-        double flops = 2.0 * (mc.layer_params * (double)o.n_prompt + mc.head_params);
+        double flops = 2.0 * (mc.layer_params * (double)o.n_prompt + mc.head_params) +
+                       depth_flops * (double)o.n_prompt;
         res[n_res++] = (result){"pp", o.n_prompt, (double)o.n_prompt / t,
-                                (double)o.n_prompt * peak / flops, "compute"};
+                                (double)o.n_prompt * peak / flops, "compute", o.depth};
     }
     if (o.n_gen > 0) {
         for (long r = 0; r < o.reps; r++) {
-            s.n_past = 0;
+            s.n_past = (int32_t)o.depth;
             double t = pgd_now_s();
             for (long i = 0; i < o.n_gen; i++)
                 pgd_session_forward(&s, &tokens[i % max_batch], 1, false);
             times[r] = pgd_now_s() - t;
         }
         double t = median(times, (int)o.reps);
-        res[n_res++] = (result){"tg", o.n_gen, (double)o.n_gen / t, bw / step_bytes, "bandwidth"};
+        res[n_res++] = (result){"tg", o.n_gen, (double)o.n_gen / t, bw / (step_bytes + depth_bytes),
+                                "bandwidth", o.depth};
     }
     long max_b = 0;
     for (int bi = 0; bi < o.n_batches; bi++)
@@ -457,9 +482,9 @@ int pgd_cli_bench(int argc, char **argv) {
                bw / 1e9, peak / 1e9);
         for (int i = 0; i < n_res; i++)
             printf("%s{\"test\":\"%s%ld\",\"tokens_per_s\":%.3f,\"roofline_tokens_per_s\":%.3f,"
-                   "\"fraction\":%.4f,\"bound\":\"%s\"%s}",
+                   "\"fraction\":%.4f,\"bound\":\"%s\",\"depth\":%ld%s}",
                    i ? "," : "", res[i].test, res[i].tokens, res[i].tps, res[i].roof_tps,
-                   res[i].tps / res[i].roof_tps, res[i].bound,
+                   res[i].tps / res[i].roof_tps, res[i].bound, res[i].depth,
                    strcmp(res[i].test, "batch") ? "" : ",\"sequences\":true");
         printf("]}\n");
     } else {
@@ -473,13 +498,16 @@ int pgd_cli_bench(int argc, char **argv) {
             printf("machine: %ld threads, read bandwidth %.2f GB/s (best of 12), peak FP32 %.1f "
                    "GFLOP/s (best of 5)\n",
                    o.threads, bw / 1e9, peak / 1e9);
-        printf("| %-10s | %12s | %14s | %8s | %-9s |\n", "test", "t/s (median)", "roofline t/s",
+        printf("| %-12s | %12s | %14s | %8s | %-9s |\n", "test", "t/s (median)", "roofline t/s",
                "fraction", "bound");
-        printf("|------------|--------------|----------------|----------|-----------|\n");
+        printf("|--------------|--------------|----------------|----------|-----------|\n");
         for (int i = 0; i < n_res; i++) {
-            char name[32];
-            snprintf(name, sizeof name, "%s%ld", res[i].test, res[i].tokens);
-            printf("| %-10s | %12.2f | %14.2f | %7.1f%% | %-9s |\n", name, res[i].tps,
+            char name[40];
+            if (res[i].depth)
+                snprintf(name, sizeof name, "%s%ld@d%ld", res[i].test, res[i].tokens,
+                         res[i].depth);
+            else snprintf(name, sizeof name, "%s%ld", res[i].test, res[i].tokens);
+            printf("| %-12s | %12.2f | %14.2f | %7.1f%% | %-9s |\n", name, res[i].tps,
                    res[i].roof_tps, 100.0 * res[i].tps / res[i].roof_tps, res[i].bound);
         }
         if (o.n_batches)

@@ -97,6 +97,26 @@ def test_bench_json():
     assert j["device"] == "cpu" and j["bandwidth_gbs"] > 0 and j["peak_gflops"] > 0
 
 
+def test_bench_depth():
+    """-d: pp and tg after a context of that many tokens; tg's roofline adds the context's K/V
+    bytes to each step's weight bytes (the session's cache is F32)."""
+    cfg = json.loads(TINY.read_text())
+    d = 100
+    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "8", "-n", "4", "-d", str(d),
+               "-r", "1", "--batch", "2", "--json", "-t", "1", check=True, timeout=300)
+    j = json.loads(p.stdout)
+    assert [(r["test"], r["depth"]) for r in j["results"]] == [("pp8", d), ("tg4", d),
+                                                               ("batch2", 0)]
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4 * d
+    want = j["bandwidth_gbs"] * 1e9 / (j["weight_bytes_per_step"] + kv_bytes)
+    assert j["results"][1]["roofline_tokens_per_s"] == pytest.approx(want, rel=1e-3)
+    # a context past the model's (256 positions) is refused in one line
+    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "8", "-n", "4", "-d", "300",
+               "-t", "1")
+    assert p.returncode == 1 and "context" in one_line(p)
+
+
 def test_bench_tensor_parallel_and_shared_options():
     p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "4", "-n", "2", "-r", "1",
                "--batch", "2", "--json", "-t", "1", *SHARED[:2], "--tensor-parallel-size", "2",
