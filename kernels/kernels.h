@@ -35,11 +35,9 @@ int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t
 /* out_bf16 and g_bf16 (may be NULL): the result in BF16 as well, for the GEMM that reads it */
 int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float *out,
                    uint16_t *out_bf16, int n_rows, int dim, float eps);
-/* Fused dequantize-GEMV for small n (<= 8 per launch): y (n, n_out) = x (n, n_in) . W^T. */
-int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
-               int64_t n_out, const float *x, float *y, int n);
-/* The same for up to PGD_K_GEMV_GROUP matrices of one type and n_in that read the same x, in
- * one launch where the 16-bit kernel takes them (else one launch each): m[i].y = x . m[i].W^T.
+/* Fused dequantize-GEMV for small n (<= 8 tokens per launch) of up to PGD_K_GEMV_GROUP matrices
+ * of one type and n_in that read the same x (n, n_in): m[i].y (n, m[i].n_out) = x . m[i].W^T, in
+ * one launch where the 16-bit kernel takes them (else one launch each).
  * gated: m is gate and up of one n_out; m[0].y receives silu(gate) * up (k_silu_gate's
  * formula), m[1].y up; cudaErrorNotSupported where the 16-bit kernel does not take them. */
 #define PGD_K_GEMV_GROUP 4

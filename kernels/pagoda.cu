@@ -93,6 +93,11 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// silu(x) * u, the SiLU-gate (k_silu_gate, and the gated GEMV's epilogue)
+static __device__ __forceinline__ float silu_mul(float x, float u) {
+    return x / (1.0f + __expf(-x)) * u;
+}
+
 static __device__ float block_sum(float v) {
     __shared__ float sh[32];
     v = warp_sum(v);
@@ -233,7 +238,7 @@ struct gemv16_group {
     int n;
 };
 // GATED: the group is gate and up (same n_out) and each warp computes row r of both, then writes
-// silu(gate) * up over the gate row (as k_silu_gate would) and up as it is: the SiLU-gate
+// silu(gate) * up over the gate row (silu_mul, as k_silu_gate) and up as it is: the SiLU-gate
 // kernel of a decode step folded into the matmuls before it.
 template <int NT, bool GATED>
 __global__ void k_gemv16(bool f16, gemv16_group g, int64_t n_in, const float *x, int t0) {
@@ -298,7 +303,7 @@ __global__ void k_gemv16(bool f16, gemv16_group g, int64_t n_in, const float *x,
         if (GATED) {
             float su = warp_sum(acc[R - 1][t]);
             if (lane == 0) {
-                y[at] = s / (1.0f + __expf(-s)) * su;
+                y[at] = silu_mul(s, su);
                 g.y[1][at] = su;
             }
         } else if (lane == 0) {
@@ -581,8 +586,7 @@ __global__ void k_attn_combine(pgd_k_attn a) {
 __global__ void k_silu_gate(float *g, const float *u, size_t n, __nv_bfloat16 *gb) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        float x = g[i];
-        float r = x / (1.0f + __expf(-x)) * u[i];
+        float r = silu_mul(g[i], u[i]);
         g[i] = r;
         if (gb) gb[i] = __float2bfloat16(r);
     }
@@ -675,12 +679,6 @@ int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat 
         }
     }
     return LAUNCHED();
-}
-
-int pgd_k_gemv(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
-               int64_t n_out, const float *x, float *y, int n) {
-    pgd_k_gemv_mat m = {w, row_bytes, n_out, y};
-    return pgd_k_gemv_group(s, type, n_in, &m, 1, x, n, 0);
 }
 
 int pgd_k_dequant_bf16(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
