@@ -779,9 +779,9 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
 static void cuda_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
     cuda_state *st = be->impl;
     /* Gate and up still queued as the GEMVs writing g and u: one launch computes both and the
-     * gate (a decode step's SiLU-gate kernel folded into its matmuls). */
+     * gate (a decode step's SiLU-gate kernel folded into its matmuls); the launcher refuses
+     * (NotSupported) matrices of different n_out or not 16-bit, which then run as queued. */
     if (st->gq_n == 2 && st->gq[0].y == g && st->gq[1].y == u &&
-        st->gq[0].n_out == st->gq[1].n_out &&
         elems_of(st, n) == (size_t)st->gq_rows * (size_t)st->gq[0].n_out) {
         int e = pgd_k_gemv_group(st->stream, st->gq_type, st->gq_n_in, st->gq, 2, st->gq_x,
                                  st->gq_rows, 1);
