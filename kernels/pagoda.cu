@@ -670,8 +670,8 @@ int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat 
         switch (nt) {
 #define GEMV16_CASE(N)                                                                             \
     case N:                                                                                        \
-        if (gated) k_gemv16<N, true><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0);         \
-        else k_gemv16<N, false><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0);              \
+        if (gated) k_gemv16<N, true><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0);        \
+        else k_gemv16<N, false><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0);             \
         break;
             GEMV16_CASE(1) GEMV16_CASE(2) GEMV16_CASE(3) GEMV16_CASE(4)
             GEMV16_CASE(5) GEMV16_CASE(6) GEMV16_CASE(7) GEMV16_CASE(8)
