@@ -249,8 +249,10 @@ static void test_attention_ref(void) {
            "1/3/4, head_dim 64/128/80/36, contexts 1..300)\n", worst_all);
 }
 
-/* (b) A mixed batch (a prefill chunk of seq 0 at 100..163, a decode of seq 1 at 250, a 30-token
- * prompt of seq 2) on 2 threads, then on 1 thread, then each token alone: all bit-identical. */
+/* (b) A mixed batch (a prefill chunk of seq 0 at 300..363, a decode of seq 1 at 700, a 30-token
+ * prompt of seq 2) on 2 threads, then on 1 thread, then each token alone, then three at a time:
+ * all bit-identical. Alone or three on two threads, a context longer than one attention segment
+ * (256 positions) is split over the threads and merged; in the batch it is folded in one item. */
 static void test_attention_invariance(void) {
     const pgd_type dts[] = {PGD_TYPE_F32, PGD_TYPE_F16, PGD_TYPE_BF16};
     const int hds[] = {64, 36};
@@ -264,8 +266,8 @@ static void test_attention_invariance(void) {
     }
     const int32_t *tables[3] = {t0, t1, t2};
     int n = 0;
-    for (int i = 0; i < 64; i++, n++) pos[n] = 100 + i, seq[n] = 0;
-    pos[n] = 250, seq[n] = 1, n++;
+    for (int i = 0; i < 64; i++, n++) pos[n] = 300 + i, seq[n] = 0;
+    pos[n] = 700, seq[n] = 1, n++;
     for (int i = 0; i < 30; i++, n++) pos[n] = i, seq[n] = 2;
     for (int i = 0; i < N; i++) slot[i] = (int64_t)tables[seq[i]][pos[i] / BS] * BS + pos[i] % BS;
     for (int di = 0; di < 3; di++)
@@ -287,6 +289,12 @@ static void test_attention_invariance(void) {
                 pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};
                 be2.ops->attention(&be2, q + t * row, &kl, oa, n_head, n_kv, hd, &one);
                 if (memcmp(oa, o2 + t * row, row * sizeof *oa) != 0) bad++;
+            }
+            CHECK_EQ_INT(bad, 0);
+            for (int t = 0; t + 3 <= N; t += 3) { /* 3 tokens: split on 2 threads */
+                pgd_step three = {3, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};
+                be2.ops->attention(&be2, q + t * row, &kl, o1, n_head, n_kv, hd, &three);
+                if (memcmp(o1, o2 + t * row, 3 * row * sizeof *o1) != 0) bad++;
             }
             CHECK_EQ_INT(bad, 0);
             free(q);

@@ -14,6 +14,12 @@
 #include "util/status.h"
 
 #define ATTN_TILE 32 /* positions per softmax tile: a multiple of 8 */
+/* Positions per attention segment (a multiple of ATTN_TILE): a token's context is folded one
+ * segment at a time, each from a fresh softmax state, and the segments' states are merged in
+ * position order, so a long context can be split over threads without changing any bit. */
+#define ATTN_SEG 256
+/* Budget of the per-segment states kept between the two passes of a split attention. */
+#define ATTN_PART_BYTES (4u << 20)
 /* Work, in about one float operation per unit, below which an op runs on the calling thread:
  * waking the pool costs a few microseconds. */
 #define PAR_MIN_WORK 32768
@@ -28,30 +34,53 @@ typedef struct cpu_state {
     int32_t attn_group, attn_hdp; /* largest GQA group; head_dim rounded up to 8 */
     float *attn_scratch;        /* (n_threads, attn_stride), 64-byte aligned: attn_bufs_at */
     size_t attn_stride;
+    float *attn_part;           /* ATTN_PART_BYTES: segment states of a split attention */
+    int32_t *attn_first;        /* (max_split + 1): first segment item of each token */
+    int max_split;              /* most tokens an attention call splits into segments */
 } cpu_state;
 
-/* One thread's attention scratch (G = group, P = padded head_dim, T = ATTN_TILE). */
-typedef struct attn_bufs {
-    float *q;    /* (G, P) the group's queries, zero-padded (only when head_dim % 8 != 0) */
-    float *acc;  /* (G, P) unnormalized outputs */
-    float *kt;   /* (T, P) the tile's K rows as floats (F16/BF16 or padded rows) */
-    float *vt;   /* (T, P) the tile's V rows */
-    float *zero; /* (P) zeros: the K row of score lanes past the tile's end */
-    float *sc;   /* (G, T) scores, then probabilities */
-    float *lsum; /* (G, 8) per-lane sums of the probabilities */
-    float *mx;   /* (G) running maxima */
-} attn_bufs;
+/* A softmax state over some positions for H query heads (P = padded head_dim): the running
+ * maxima, the per-lane sums of the probabilities and the unnormalized outputs. */
+typedef struct attn_state {
+    float *mx;   /* (H) */
+    float *lsum; /* (H, 8) */
+    float *acc;  /* (H, P) */
+} attn_state;
 
 static size_t up16(size_t n) { return (n + 15) / 16 * 16; } /* floats per 64-byte line */
 
-/* Carves thread ith's scratch; returns the stride (floats) when base is NULL. */
-static size_t attn_bufs_at(float *base, size_t G, size_t P, attn_bufs *s) {
-    size_t T = ATTN_TILE, sizes[8] = {G * P, G * P, T * P, T * P, P, G * T, G * 8, G}, off = 0;
-    float **dst[8] = {&s->q, &s->acc, &s->kt, &s->vt, &s->zero, &s->sc, &s->lsum, &s->mx};
-    for (int i = 0; i < 8; i++) {
+/* Carves a state for H heads out of base (unless NULL); returns the floats it takes. */
+static size_t attn_state_at(float *base, size_t H, size_t P, attn_state *s) {
+    size_t a = up16(H), b = up16(H * 8);
+    if (base) {
+        s->mx = base;
+        s->lsum = base + a;
+        s->acc = base + a + b;
+    }
+    return a + b + up16(H * P);
+}
+
+/* One thread's attention scratch (H = heads, G = group, P = padded head_dim, T = ATTN_TILE). */
+typedef struct attn_bufs {
+    float *q;       /* (H, P) the token's queries, zero-padded (only when head_dim % 8 != 0) */
+    float *kt;      /* (T, P) the tile's K rows as floats (F16/BF16 or padded rows) */
+    float *vt;      /* (T, P) the tile's V rows */
+    float *zero;    /* (P) zeros: the K row of score lanes past the tile's end */
+    float *sc;      /* (G, T) scores, then probabilities */
+    attn_state seg; /* the current segment's state */
+    attn_state run; /* the merged state of the segments before it */
+} attn_bufs;
+
+/* Carves thread ith's scratch (unless base is NULL); returns the stride (floats). */
+static size_t attn_bufs_at(float *base, size_t H, size_t G, size_t P, attn_bufs *s) {
+    size_t T = ATTN_TILE, sizes[5] = {H * P, T * P, T * P, P, G * T}, off = 0;
+    float **dst[5] = {&s->q, &s->kt, &s->vt, &s->zero, &s->sc};
+    for (int i = 0; i < 5; i++) {
         if (base) *dst[i] = base + off;
         off += up16(sizes[i]);
     }
+    off += attn_state_at(base ? base + off : NULL, H, P, &s->seg);
+    off += attn_state_at(base ? base + off : NULL, H, P, &s->run);
     return off;
 }
 
@@ -68,6 +97,8 @@ static void cpu_free(pgd_backend *be) {
     free(st->rope_cos);
     free(st->rope_sin);
     free(st->attn_scratch);
+    free(st->attn_part);
+    free(st->attn_first);
     free(st);
     be->impl = NULL;
 }
@@ -88,14 +119,19 @@ static int cpu_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, i
     if (st->attn_group < 1) st->attn_group = 1;
     st->attn_hdp = (head_dim + 7) / 8 * 8;
     attn_bufs tmp;
-    st->attn_stride = attn_bufs_at(NULL, (size_t)st->attn_group, (size_t)st->attn_hdp, &tmp);
+    st->attn_stride = attn_bufs_at(NULL, (size_t)n_head, (size_t)st->attn_group,
+                                   (size_t)st->attn_hdp, &tmp);
+    st->max_split = 2 * nth;
     st->act = calloc((size_t)max_tokens * act_row_bytes + 1, 1);
     st->panel = calloc(pgd_cpu_matmul_panel_bytes(act_row_bytes, nth) + 1, 1);
     st->rope_cos = calloc((size_t)max_tokens * half + 1, sizeof(float));
     st->rope_sin = calloc((size_t)max_tokens * half + 1, sizeof(float));
     size_t scr_bytes = (size_t)nth * st->attn_stride * sizeof(float);
     st->attn_scratch = aligned_alloc(64, scr_bytes ? scr_bytes : 64);
-    if (!st->act || !st->panel || !st->rope_cos || !st->rope_sin || !st->attn_scratch) {
+    st->attn_part = aligned_alloc(64, ATTN_PART_BYTES);
+    st->attn_first = calloc((size_t)st->max_split + 1, sizeof *st->attn_first);
+    if (!st->act || !st->panel || !st->rope_cos || !st->rope_sin || !st->attn_scratch ||
+        !st->attn_part || !st->attn_first) {
         cpu_free(be);
         return pgd_err_set(err, PGD_ENOMEM, "CPU backend: out of memory for %d tokens",
                            max_tokens);
@@ -425,8 +461,9 @@ typedef struct attn_ctx {
     const pgd_kv_layer *kv;
     float *out;
     int n_head, n_kv_head, hd, hdp;
-    long n_items;
     const pgd_step *s;
+    bool split;     /* one item per (token, segment), merged by a second pass */
+    size_t pstride; /* floats of one segment state in st->attn_part */
 } attn_ctx;
 
 /* Row idx of K or V storage as hdp floats: the storage itself for F32 rows that need no padding,
@@ -455,51 +492,74 @@ static const float *kv_row(pgd_type dt, const void *base, size_t idx, float *buf
     return buf;
 }
 
-/* sc[j] = scale * (q . k_j) for j < n (n <= ATTN_TILE); sc[n .. round8(n)) = -inf. kp has
- * round8(n) entries, those past n pointing at zeros. Each score is the same sum whichever
- * position of the tile it has. */
-static void tile_scores(const float *q, const float *const *kp, int n, int hdp, float scale,
-                        float *sc) {
+/* Scores of R (<= 3) query rows against 4 K rows (positions j0 .. j0 + 3 of the tile):
+ * sc[r * ATTN_TILE + j0 + p] = scale * (q_r . k_p). Each K load serves the R rows; every score is
+ * one 8-lane FMA chain over the head's dims, then the lanes summed in the tree of pgd_hsum8x8, so
+ * a score's bits depend on neither R nor the position's place in the tile. */
+#ifdef __AVX2__
+static inline __attribute__((always_inline)) void scores_blk(int R, const float *q, int hdp,
+                                                             const float *const *k, __m256 vscale,
+                                                             float *sc) {
+    __m256 acc[3][4];
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) acc[r][p] = _mm256_setzero_ps();
+    for (int i = 0; i < hdp; i += 8) {
+        __m256 qv[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) qv[r] = _mm256_loadu_ps(q + (size_t)r * hdp + i);
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            __m256 kv = _mm256_loadu_ps(k[p] + i);
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++) acc[r][p] = _mm256_fmadd_ps(qv[r], kv, acc[r][p]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++) {
+        __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(acc[r][0], acc[r][1]),
+                                  _mm256_hadd_ps(acc[r][2], acc[r][3]));
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+        _mm_storeu_ps(sc + (size_t)r * ATTN_TILE, _mm_mul_ps(s4, _mm256_castps256_ps128(vscale)));
+    }
+}
+#endif
+
+/* sc[g * ATTN_TILE + j] = scale * (q_g . k_j) for the group's G query rows (q: (G, hdp)) and
+ * j < n (n <= ATTN_TILE); sc[.. + j] = -inf for j in [n, round8(n)). kp has round8(n) entries,
+ * those past n pointing at zeros. */
+static void tile_scores(const float *q, int G, const float *const *kp, int n, int hdp,
+                        float scale, float *sc) {
+    int nr = (n + 7) / 8 * 8;
 #ifdef __AVX2__
     const __m256 vscale = _mm256_set1_ps(scale);
-    for (int j0 = 0; j0 < n; j0 += 8) {
-        const float *const *k = kp + j0;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-               a7 = a0;
-        for (int i = 0; i < hdp; i += 8) {
-            __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + i), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + i), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + i), a3);
-            a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + i), a4);
-            a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + i), a5);
-            a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + i), a6);
-            a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + i), a7);
+    for (int g = 0; g < G; g += 3) {
+        int R = G - g < 3 ? G - g : 3;
+        const float *qg = q + (size_t)g * hdp;
+        float *sg = sc + (size_t)g * ATTN_TILE;
+        for (int j0 = 0; j0 < nr; j0 += 4) {
+            if (R == 3) scores_blk(3, qg, hdp, kp + j0, vscale, sg + j0);
+            else if (R == 2) scores_blk(2, qg, hdp, kp + j0, vscale, sg + j0);
+            else scores_blk(1, qg, hdp, kp + j0, vscale, sg + j0);
         }
-        __m256 s = _mm256_mul_ps(pgd_hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), vscale);
-        if (n - j0 < 8) {
-            __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0),
-                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, _mm256_castsi256_ps(valid));
-        }
-        _mm256_storeu_ps(sc + j0, s);
     }
+    for (int g = 0; g < G; g++)
+        for (int j = n; j < nr; j++) sc[(size_t)g * ATTN_TILE + j] = -INFINITY;
 #else
-    int nr = (n + 7) / 8 * 8;
-    for (int j = 0; j < nr; j++) {
-        float d = 0.0f;
-        for (int i = 0; i < hdp; i++) d += q[i] * kp[j][i];
-        sc[j] = j < n ? d * scale : -INFINITY;
-    }
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < nr; j++) {
+            float d = 0.0f;
+            for (int i = 0; i < hdp; i++) d += q[(size_t)g * hdp + i] * kp[j][i];
+            sc[(size_t)g * ATTN_TILE + j] = j < n ? d * scale : -INFINITY;
+        }
 #endif
 }
 
-/* One query head over one tile: folds the tile's scores sc[0 .. round8(n)) into the running
- * maximum *mx, the per-lane probability sums lsum (8) and acc (hdp) += p_j v_j. The rescale of
- * acc by exp(old max - new max) happens once per tile, only when the maximum grows. */
-static void tile_softmax_pv(float *sc, int n, const float *const *vp, int hdp, float *mx,
-                            float *lsum, float *acc) {
+/* One query row over one tile: folds the tile's scores sc[0 .. round8(n)) into the running
+ * maximum *mx and the per-lane probability sums lsum (8), leaving the probabilities in sc; acc
+ * (hdp) is rescaled by exp(old max - new max) once per tile, only when the maximum grows. */
+static void tile_softmax(float *sc, int n, int hdp, float *mx, float *lsum, float *acc) {
     int nr = (n + 7) / 8 * 8;
 #ifdef __AVX2__
     __m256 vm = _mm256_loadu_ps(sc);
@@ -524,119 +584,239 @@ static void tile_softmax_pv(float *sc, int n, const float *const *vp, int hdp, f
         _mm256_storeu_ps(sc + j, p);
     }
     _mm256_storeu_ps(lsum, ls);
-    int i = 0;
-    for (; i + 64 <= hdp; i += 64) {
-        float *a = acc + i;
-        __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8), a2 = _mm256_loadu_ps(a + 16),
-               a3 = _mm256_loadu_ps(a + 24), a4 = _mm256_loadu_ps(a + 32),
-               a5 = _mm256_loadu_ps(a + 40), a6 = _mm256_loadu_ps(a + 48),
-               a7 = _mm256_loadu_ps(a + 56);
-        for (int j = 0; j < n; j++) {
-            __m256 p = _mm256_broadcast_ss(sc + j);
-            const float *v = vp[j] + i;
-            a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
-            a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
-            a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
-            a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
-            a4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), a4);
-            a5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), a5);
-            a6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), a6);
-            a7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), a7);
-        }
-        _mm256_storeu_ps(a, a0);
-        _mm256_storeu_ps(a + 8, a1);
-        _mm256_storeu_ps(a + 16, a2);
-        _mm256_storeu_ps(a + 24, a3);
-        _mm256_storeu_ps(a + 32, a4);
-        _mm256_storeu_ps(a + 40, a5);
-        _mm256_storeu_ps(a + 48, a6);
-        _mm256_storeu_ps(a + 56, a7);
-    }
-    for (; i < hdp; i += 8) {
-        __m256 a0 = _mm256_loadu_ps(acc + i);
-        for (int j = 0; j < n; j++)
-            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sc + j), _mm256_loadu_ps(vp[j] + i), a0);
-        _mm256_storeu_ps(acc + i, a0);
-    }
 #else
     for (int j = 0; j < nr; j++) {
         sc[j] = pgd_expf_scalar(sc[j] - m);
         lsum[j % 8] += sc[j];
     }
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < hdp; i++) acc[i] += sc[j] * vp[j][i];
 #endif
 }
 
-/* One work item = (token, KV head): the K/V rows of the token's positions are read (and
- * converted) once per tile and serve every query head of the GQA group; the softmax runs online
- * over tiles of ATTN_TILE positions in position order. The tiles start at position 0 whatever
- * the batch, and an item never spans threads, so a token's output is the same in any batch. */
-static void attn_item(void *arg, long chunk, int ith) {
-    const attn_ctx *a = arg;
+/* acc_r[i .. i + 8C) += sum_{j < n} p_r[j] v_j[i ..] for R (<= 3) rows (p_r = sc + r *
+ * ATTN_TILE, acc_r = acc + r * hdp): each V load serves the R rows; every element is one FMA
+ * chain in position order, whatever R and C. */
+#ifdef __AVX2__
+static inline __attribute__((always_inline)) void pv_blk(int R, int C, const float *sc, int n,
+                                                         const float *const *vp, int i,
+                                                         int hdp, float *acc) {
+    __m256 a[3][4];
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) a[r][c] = _mm256_loadu_ps(acc + (size_t)r * hdp + i + 8 * c);
+    for (int j = 0; j < n; j++) {
+        __m256 p[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) p[r] = _mm256_broadcast_ss(sc + (size_t)r * ATTN_TILE + j);
+        const float *v = vp[j] + i;
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            __m256 vv = _mm256_loadu_ps(v + 8 * c);
+#pragma GCC unroll 3
+            for (int r = 0; r < R; r++) a[r][c] = _mm256_fmadd_ps(p[r], vv, a[r][c]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + (size_t)r * hdp + i + 8 * c, a[r][c]);
+}
+#endif
+
+/* acc (G, hdp) += P (G, n) . V (n, hdp) for the tile (P in sc rows of ATTN_TILE). */
+static void tile_pv(const float *sc, int G, int n, const float *const *vp, int hdp, float *acc) {
+#ifdef __AVX2__
+    for (int g = 0; g < G; g += 3) {
+        int R = G - g < 3 ? G - g : 3, i = 0;
+        const float *sg = sc + (size_t)g * ATTN_TILE;
+        float *ag = acc + (size_t)g * hdp;
+        for (; i + 32 <= hdp; i += 32) {
+            if (R == 3) pv_blk(3, 4, sg, n, vp, i, hdp, ag);
+            else if (R == 2) pv_blk(2, 4, sg, n, vp, i, hdp, ag);
+            else pv_blk(1, 4, sg, n, vp, i, hdp, ag);
+        }
+        for (; i < hdp; i += 8) {
+            if (R == 3) pv_blk(3, 1, sg, n, vp, i, hdp, ag);
+            else if (R == 2) pv_blk(2, 1, sg, n, vp, i, hdp, ag);
+            else pv_blk(1, 1, sg, n, vp, i, hdp, ag);
+        }
+    }
+#else
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < hdp; i++)
+                acc[(size_t)g * hdp + i] += sc[(size_t)g * ATTN_TILE + j] * vp[j][i];
+#endif
+}
+
+/* Folds positions [p0, p1) (tile-aligned p0) of token t into the state z (reset first): for each
+ * tile the K/V rows are read (and converted) once per KV head and serve every query head of its
+ * GQA group; the softmax runs online over tiles in position order. */
+static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, int t, int p0,
+                         int p1, const attn_state *z) {
     const pgd_kv_layer *kv = a->kv;
-    const pgd_step *b = a->s;
     int hd = a->hd, hdp = a->hdp, n_head = a->n_head, n_kv_head = a->n_kv_head;
     int group = n_head / n_kv_head, bs = kv->block_size;
     size_t kv_dim = (size_t)kv->kv_dim;
     float scale = 1.0f / sqrtf((float)hd);
-    attn_bufs s;
-    attn_bufs_at(a->st->attn_scratch + (size_t)ith * a->st->attn_stride,
-                    (size_t)a->st->attn_group, (size_t)a->st->attn_hdp, &s);
-    /* The longest items (last tokens of a prefill chunk) go first, for a better balance. */
-    long w = a->n_items - 1 - chunk;
-    int t = (int)(w / n_kv_head), kvh = (int)(w % n_kv_head);
-    const int32_t *bt = b->block_tables[b->seq[t]];
-    const float *q = a->q + ((size_t)t * n_head + (size_t)kvh * group) * hd;
-    if (hd != hdp) {
-        for (int g = 0; g < group; g++) {
-            memcpy(s.q + (size_t)g * hdp, q + (size_t)g * hd, (size_t)hd * sizeof *q);
-            memset(s.q + (size_t)g * hdp + hd, 0, (size_t)(hdp - hd) * sizeof *q);
-        }
-        q = s.q;
-    }
-    for (int g = 0; g < group; g++) s.mx[g] = -INFINITY;
-    memset(s.lsum, 0, (size_t)group * 8 * sizeof *s.lsum);
-    memset(s.acc, 0, (size_t)group * hdp * sizeof *s.acc);
-    memset(s.zero, 0, (size_t)hdp * sizeof *s.zero);
+    const int32_t *bt = a->s->block_tables[a->s->seq[t]];
+    for (int h = 0; h < n_head; h++) z->mx[h] = -INFINITY;
+    memset(z->lsum, 0, (size_t)n_head * 8 * sizeof *z->lsum);
+    memset(z->acc, 0, (size_t)n_head * hdp * sizeof *z->acc);
     const float *kp[ATTN_TILE], *vp[ATTN_TILE];
-    int n_pos = b->pos[t] + 1;
-    for (int j0 = 0; j0 < n_pos; j0 += ATTN_TILE) {
-        int n = n_pos - j0 < ATTN_TILE ? n_pos - j0 : ATTN_TILE;
+    size_t rows[ATTN_TILE];
+    for (int j0 = p0; j0 < p1; j0 += ATTN_TILE) {
+        int n = p1 - j0 < ATTN_TILE ? p1 - j0 : ATTN_TILE;
         for (int j = 0; j < n; j++) {
             int p = j0 + j;
-            size_t slot = (size_t)bt[p / bs] * bs + (size_t)(p % bs);
-            size_t idx = slot * kv_dim + (size_t)kvh * hd;
-            kp[j] = kv_row(kv->dtype, kv->k, idx, s.kt + (size_t)j * hdp, hd, hdp);
-            vp[j] = kv_row(kv->dtype, kv->v, idx, s.vt + (size_t)j * hdp, hd, hdp);
+            rows[j] = ((size_t)bt[p / bs] * bs + (size_t)(p % bs)) * kv_dim;
         }
-        for (int j = n; j < (n + 7) / 8 * 8; j++) kp[j] = vp[j] = s.zero;
-        for (int g = 0; g < group; g++) {
-            float *sc = s.sc + (size_t)g * ATTN_TILE;
-            tile_scores(q + (size_t)g * hdp, kp, n, hdp, scale, sc);
-            tile_softmax_pv(sc, n, vp, hdp, &s.mx[g], s.lsum + (size_t)g * 8,
-                            s.acc + (size_t)g * hdp);
+        for (int kvh = 0; kvh < n_kv_head; kvh++) {
+            size_t col = (size_t)kvh * hd;
+            for (int j = 0; j < n; j++) {
+                kp[j] = kv_row(kv->dtype, kv->k, rows[j] + col, s->kt + (size_t)j * hdp, hd, hdp);
+                vp[j] = kv_row(kv->dtype, kv->v, rows[j] + col, s->vt + (size_t)j * hdp, hd, hdp);
+            }
+            for (int j = n; j < (n + 7) / 8 * 8; j++) kp[j] = vp[j] = s->zero;
+            int h0 = kvh * group;
+            tile_scores(q + (size_t)h0 * hdp, group, kp, n, hdp, scale, s->sc);
+            for (int g = 0; g < group; g++)
+                tile_softmax(s->sc + (size_t)g * ATTN_TILE, n, hdp, &z->mx[h0 + g],
+                             z->lsum + (size_t)(h0 + g) * 8, z->acc + (size_t)(h0 + g) * hdp);
+            tile_pv(s->sc, group, n, vp, hdp, z->acc + (size_t)h0 * hdp);
         }
     }
-    for (int g = 0; g < group; g++) {
-        float *o = a->out + ((size_t)t * n_head + (size_t)kvh * group + g) * hd;
-        const float *l = s.lsum + (size_t)g * 8;
+}
+
+/* Merges segment state z into the running state r (the segments in position order): the same
+ * arithmetic whether z was just computed on this thread or kept from the first pass. */
+static void attn_merge(attn_state *r, const attn_state *z, int n_head, int hdp, bool first) {
+    size_t na = (size_t)n_head * hdp;
+    if (first) {
+        memcpy(r->mx, z->mx, (size_t)n_head * sizeof *r->mx);
+        memcpy(r->lsum, z->lsum, (size_t)n_head * 8 * sizeof *r->lsum);
+        memcpy(r->acc, z->acc, na * sizeof *r->acc);
+        return;
+    }
+    for (int h = 0; h < n_head; h++) {
+        float m = r->mx[h] > z->mx[h] ? r->mx[h] : z->mx[h];
+        float c1 = pgd_expf_scalar(r->mx[h] - m), c2 = pgd_expf_scalar(z->mx[h] - m);
+        r->mx[h] = m;
+        for (int l = 0; l < 8; l++)
+            r->lsum[(size_t)h * 8 + l] = r->lsum[(size_t)h * 8 + l] * c1 +
+                                         z->lsum[(size_t)h * 8 + l] * c2;
+        float *ra = r->acc + (size_t)h * hdp;
+        const float *za = z->acc + (size_t)h * hdp;
+        for (int i = 0; i < hdp; i++) ra[i] = ra[i] * c1 + za[i] * c2;
+    }
+}
+
+/* Token t's output rows from its merged state. */
+static void attn_finish(const attn_ctx *a, const attn_state *r, int t) {
+    for (int h = 0; h < a->n_head; h++) {
+        float *o = a->out + ((size_t)t * a->n_head + h) * a->hd;
+        const float *l = r->lsum + (size_t)h * 8;
         float sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
         float inv = 1.0f / sum;
-        for (int i = 0; i < hd; i++) o[i] = s.acc[(size_t)g * hdp + i] * inv;
+        for (int i = 0; i < a->hd; i++) o[i] = r->acc[(size_t)h * a->hdp + i] * inv;
     }
+}
+
+static int attn_n_seg(const pgd_step *s, int t) { return (s->pos[t] + ATTN_SEG) / ATTN_SEG; }
+
+/* Thread ith's scratch, and token t's queries (zero-padded into the scratch if need be). */
+static const float *attn_setup(const attn_ctx *a, int ith, int t, attn_bufs *s) {
+    attn_bufs_at(a->st->attn_scratch + (size_t)ith * a->st->attn_stride, (size_t)a->n_head,
+                 (size_t)a->st->attn_group, (size_t)a->hdp, s);
+    const float *q = a->q + (size_t)t * a->n_head * a->hd;
+    if (a->hd != a->hdp) {
+        for (int h = 0; h < a->n_head; h++) {
+            memcpy(s->q + (size_t)h * a->hdp, q + (size_t)h * a->hd, (size_t)a->hd * sizeof *q);
+            memset(s->q + (size_t)h * a->hdp + a->hd, 0, (size_t)(a->hdp - a->hd) * sizeof *q);
+        }
+        q = s->q;
+    }
+    memset(s->zero, 0, (size_t)a->hdp * sizeof *s->zero);
+    return q;
+}
+
+/* One work item = one token (every head), its segments folded and merged in order; or, split, one
+ * (token, segment) whose state goes to st->attn_part for attn_merge_item. Segments start at
+ * multiples of ATTN_SEG whatever the batch and the split, so a token's output is the same in any
+ * batch. */
+static void attn_item(void *arg, long chunk, int ith) {
+    const attn_ctx *a = arg;
+    attn_bufs s;
+    if (a->split) {
+        const int32_t *first = a->st->attn_first;
+        int t = 0;
+        while (first[t + 1] <= chunk) t++;
+        int seg = (int)(chunk - first[t]), p0 = seg * ATTN_SEG, n_pos = a->s->pos[t] + 1;
+        int p1 = n_pos - p0 < ATTN_SEG ? n_pos : p0 + ATTN_SEG;
+        const float *q = attn_setup(a, ith, t, &s);
+        attn_state z;
+        attn_state_at(a->st->attn_part + (size_t)chunk * a->pstride, (size_t)a->n_head,
+                      (size_t)a->hdp, &z);
+        attn_segment(a, &s, q, t, p0, p1, &z);
+        return;
+    }
+    /* The longest items (last tokens of a prefill chunk) go first, for a better balance. */
+    int t = a->s->n_tokens - 1 - (int)chunk, n_pos = a->s->pos[t] + 1;
+    const float *q = attn_setup(a, ith, t, &s);
+    for (int p0 = 0; p0 < n_pos; p0 += ATTN_SEG) {
+        int p1 = n_pos - p0 < ATTN_SEG ? n_pos : p0 + ATTN_SEG;
+        attn_segment(a, &s, q, t, p0, p1, &s.seg);
+        attn_merge(&s.run, &s.seg, a->n_head, a->hdp, p0 == 0);
+    }
+    attn_finish(a, &s.run, t);
+}
+
+/* Second pass of a split attention: token `chunk`'s segment states merged in order. */
+static void attn_merge_item(void *arg, long chunk, int ith) {
+    const attn_ctx *a = arg;
+    attn_bufs s;
+    attn_bufs_at(a->st->attn_scratch + (size_t)ith * a->st->attn_stride, (size_t)a->n_head,
+                 (size_t)a->st->attn_group, (size_t)a->hdp, &s);
+    const int32_t *first = a->st->attn_first;
+    for (int i = first[chunk]; i < first[chunk + 1]; i++) {
+        attn_state z;
+        attn_state_at(a->st->attn_part + (size_t)i * a->pstride, (size_t)a->n_head,
+                      (size_t)a->hdp, &z);
+        attn_merge(&s.run, &z, a->n_head, a->hdp, i == first[chunk]);
+    }
+    attn_finish(a, &s.run, (int)chunk);
 }
 
 static void cpu_attention(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
                           int n_head, int n_kv_head, int head_dim, const pgd_step *s) {
     cpu_state *st = be->impl;
-    int hdp = (head_dim + 7) / 8 * 8;
-    PGD_ASSERT(n_head / n_kv_head <= st->attn_group && hdp <= st->attn_hdp);
-    attn_ctx ac = {st, q, kv, out, n_head, n_kv_head, head_dim, hdp,
-                   (long)s->n_tokens * n_kv_head, s};
-    if (be->pool) pgd_pool_run_chunks(be->pool, attn_item, &ac, ac.n_items);
-    else
-        for (long c = 0; c < ac.n_items; c++) attn_item(&ac, c, 0);
+    int hdp = (head_dim + 7) / 8 * 8, nt = s->n_tokens;
+    PGD_ASSERT(n_head <= st->n_head && n_head / n_kv_head <= st->attn_group &&
+               hdp <= st->attn_hdp);
+    attn_state tmp;
+    attn_ctx ac = {st, q, kv, out, n_head, n_kv_head, head_dim, hdp, s, false,
+                   attn_state_at(NULL, (size_t)n_head, (size_t)hdp, &tmp)};
+    int nth = be->pool ? pgd_pool_n_threads(be->pool) : 1;
+    /* Tokens that cannot be shared evenly over the threads (a single decode, 3 on 2 threads):
+     * split the long contexts into segments, if their states fit the budget. */
+    long n_items = nt;
+    if (nth > 1 && nt < st->max_split && nt % nth != 0) {
+        long n = 0;
+        for (int t = 0; t < nt; t++) n += attn_n_seg(s, t);
+        if (n > nt && (size_t)n * ac.pstride * sizeof(float) <= ATTN_PART_BYTES) {
+            st->attn_first[0] = 0;
+            for (int t = 0; t < nt; t++)
+                st->attn_first[t + 1] = st->attn_first[t] + attn_n_seg(s, t);
+            ac.split = true;
+            n_items = n;
+        }
+    }
+    if (!be->pool) {
+        for (long c = 0; c < n_items; c++) attn_item(&ac, c, 0);
+        return;
+    }
+    pgd_pool_run_chunks(be->pool, attn_item, &ac, n_items);
+    if (ac.split) pgd_pool_run_chunks(be->pool, attn_merge_item, &ac, nt);
 }
 
 /* ---- SiLU gate ----------------------------------------------------------------------------- */
