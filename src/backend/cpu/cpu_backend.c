@@ -649,6 +649,24 @@ static void tile_pv(const float *sc, int G, int n, const float *const *vp, int h
 #endif
 }
 
+/* Reads one word of every 64-byte line of n K and V rows (byte offsets off[], rb bytes each) in
+ * address order. A KV head's slice of each row (a third of it for SmolLM2) read tile by tile is a
+ * strided pattern the hardware prefetchers do not follow: from DRAM half the rate of whole rows
+ * read in order, which stream and leave the tile in cache for the heads (bench/RESULTS.md). */
+static void touch_rows(const char *k, const char *v, const size_t *off, int n, size_t rb) {
+    uint32_t x = 0;
+    for (int j = 0; j < n; j++) {
+        const char *kr = k + off[j], *vr = v + off[j];
+        for (size_t o = 0; o < rb; o += 64) {
+            uint32_t u, w;
+            memcpy(&u, kr + o, sizeof u);
+            memcpy(&w, vr + o, sizeof w);
+            x |= u ^ w;
+        }
+    }
+    __asm__ volatile("" : : "r"(x)); /* keeps the loads */
+}
+
 /* Folds positions [p0, p1) (tile-aligned p0) of token t into the state z (reset first): for each
  * tile the K/V rows are read (and converted) once per KV head and serve every query head of its
  * GQA group; the softmax runs online over tiles in position order. */
@@ -664,13 +682,15 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
     memset(z->lsum, 0, (size_t)n_head * 8 * sizeof *z->lsum);
     memset(z->acc, 0, (size_t)n_head * hdp * sizeof *z->acc);
     const float *kp[ATTN_TILE], *vp[ATTN_TILE];
-    size_t rows[ATTN_TILE];
+    size_t rows[ATTN_TILE], offs[ATTN_TILE], es = pgd_dtype_size(kv->dtype);
     for (int j0 = p0; j0 < p1; j0 += ATTN_TILE) {
         int n = p1 - j0 < ATTN_TILE ? p1 - j0 : ATTN_TILE;
         for (int j = 0; j < n; j++) {
             int p = j0 + j;
             rows[j] = ((size_t)bt[p / bs] * bs + (size_t)(p % bs)) * kv_dim;
+            offs[j] = rows[j] * es;
         }
+        touch_rows(kv->k, kv->v, offs, n, kv_dim * es);
         for (int kvh = 0; kvh < n_kv_head; kvh++) {
             size_t col = (size_t)kvh * hd;
             for (int j = 0; j < n; j++) {
