@@ -677,7 +677,12 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
     int group = n_head / n_kv_head, bs = kv->block_size;
     size_t kv_dim = (size_t)kv->kv_dim;
     float scale = 1.0f / sqrtf((float)hd);
-    const int32_t *bt = a->s->block_tables[a->s->seq[t]];
+    const pgd_step *st = a->s;
+    const int32_t *bt = st->block_tables[st->seq[t]];
+    /* A token alone from its sequence (a decode) finds its context in DRAM; the tokens of a
+     * prefill chunk share theirs, which the first of them leaves in cache. */
+    bool touch = (t == 0 || st->seq[t - 1] != st->seq[t]) &&
+                 (t + 1 == st->n_tokens || st->seq[t + 1] != st->seq[t]);
     for (int h = 0; h < n_head; h++) z->mx[h] = -INFINITY;
     memset(z->lsum, 0, (size_t)n_head * 8 * sizeof *z->lsum);
     memset(z->acc, 0, (size_t)n_head * hdp * sizeof *z->acc);
@@ -690,7 +695,7 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
             rows[j] = ((size_t)bt[p / bs] * bs + (size_t)(p % bs)) * kv_dim;
             offs[j] = rows[j] * es;
         }
-        touch_rows(kv->k, kv->v, offs, n, kv_dim * es);
+        if (touch) touch_rows(kv->k, kv->v, offs, n, kv_dim * es);
         for (int kvh = 0; kvh < n_kv_head; kvh++) {
             size_t col = (size_t)kvh * hd;
             for (int j = 0; j < n; j++) {
