@@ -688,6 +688,7 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
     memset(z->acc, 0, (size_t)n_head * hdp * sizeof *z->acc);
     const float *kp[ATTN_TILE], *vp[ATTN_TILE];
     size_t rows[ATTN_TILE], offs[ATTN_TILE], es = pgd_dtype_size(kv->dtype);
+    bool direct = kv->dtype == PGD_TYPE_F32 && hd == hdp;
     for (int j0 = p0; j0 < p1; j0 += ATTN_TILE) {
         int n = p1 - j0 < ATTN_TILE ? p1 - j0 : ATTN_TILE;
         for (int j = 0; j < n; j++) {
@@ -698,9 +699,19 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
         if (touch) touch_rows(kv->k, kv->v, offs, n, kv_dim * es);
         for (int kvh = 0; kvh < n_kv_head; kvh++) {
             size_t col = (size_t)kvh * hd;
-            for (int j = 0; j < n; j++) {
-                kp[j] = kv_row(kv->dtype, kv->k, rows[j] + col, s->kt + (size_t)j * hdp, hd, hdp);
-                vp[j] = kv_row(kv->dtype, kv->v, rows[j] + col, s->vt + (size_t)j * hdp, hd, hdp);
+            if (direct) { /* F32 rows used in place */
+                const float *kb = (const float *)kv->k + col, *vb = (const float *)kv->v + col;
+                for (int j = 0; j < n; j++) {
+                    kp[j] = kb + rows[j];
+                    vp[j] = vb + rows[j];
+                }
+            } else {
+                for (int j = 0; j < n; j++) {
+                    kp[j] = kv_row(kv->dtype, kv->k, rows[j] + col, s->kt + (size_t)j * hdp, hd,
+                                   hdp);
+                    vp[j] = kv_row(kv->dtype, kv->v, rows[j] + col, s->vt + (size_t)j * hdp, hd,
+                                   hdp);
+                }
             }
             for (int j = n; j < (n + 7) / 8 * 8; j++) kp[j] = vp[j] = s->zero;
             int h0 = kvh * group;
