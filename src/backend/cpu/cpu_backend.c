@@ -691,10 +691,10 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
     bool direct = kv->dtype == PGD_TYPE_F32 && hd == hdp;
     for (int j0 = p0; j0 < p1; j0 += ATTN_TILE) {
         int n = p1 - j0 < ATTN_TILE ? p1 - j0 : ATTN_TILE;
-        for (int j = 0; j < n; j++) {
-            int p = j0 + j;
-            rows[j] = ((size_t)bt[p / bs] * bs + (size_t)(p % bs)) * kv_dim;
+        for (int j = 0, blk = j0 / bs, o = j0 % bs; j < n; j++) { /* no division per row */
+            rows[j] = ((size_t)bt[blk] * bs + (size_t)o) * kv_dim;
             offs[j] = rows[j] * es;
+            if (++o == bs) o = 0, blk++;
         }
         if (touch) touch_rows(kv->k, kv->v, offs, n, kv_dim * es);
         for (int kvh = 0; kvh < n_kv_head; kvh++) {
