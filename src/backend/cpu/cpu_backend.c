@@ -492,14 +492,24 @@ static const float *kv_row(pgd_type dt, const void *base, size_t idx, float *buf
     return buf;
 }
 
+#ifdef __AVX2__
+/* 8 elements i .. i + 7 of a K/V row of element type DT (0 F32, 1 F16, 2 BF16) as floats: the
+ * conversions are exact, so a kernel gives the same bits on converted or direct rows. */
+static inline __attribute__((always_inline)) __m256 kv_load8(int DT, const void *row, int i) {
+    if (DT == 0) return _mm256_loadu_ps((const float *)row + i);
+    if (DT == 1) return pgd_load8_f16((const uint16_t *)row + i);
+    return pgd_load8_bf16((const uint16_t *)row + i);
+}
+#endif
+
 /* Scores of R (<= 3) query rows against 4 K rows (positions j0 .. j0 + 3 of the tile):
  * sc[r * ATTN_TILE + j0 + p] = scale * (q_r . k_p). Each K load serves the R rows; every score is
  * one 8-lane FMA chain over the head's dims, then the lanes summed in the tree of pgd_hsum8x8, so
  * a score's bits depend on neither R nor the position's place in the tile. */
 #ifdef __AVX2__
-static inline __attribute__((always_inline)) void scores_blk(int R, const float *q, int hdp,
-                                                             const float *const *k, __m256 vscale,
-                                                             float *sc) {
+static inline __attribute__((always_inline)) void scores_blk(int R, int DT, const float *q,
+                                                             int hdp, const void *const *k,
+                                                             __m256 vscale, float *sc) {
     __m256 acc[3][4];
 #pragma GCC unroll 3
     for (int r = 0; r < R; r++)
@@ -511,7 +521,7 @@ static inline __attribute__((always_inline)) void scores_blk(int R, const float 
         for (int r = 0; r < R; r++) qv[r] = _mm256_loadu_ps(q + (size_t)r * hdp + i);
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
-            __m256 kv = _mm256_loadu_ps(k[p] + i);
+            __m256 kv = kv_load8(DT, k[p], i);
 #pragma GCC unroll 3
             for (int r = 0; r < R; r++) acc[r][p] = _mm256_fmadd_ps(qv[r], kv, acc[r][p]);
         }
@@ -526,10 +536,20 @@ static inline __attribute__((always_inline)) void scores_blk(int R, const float 
 }
 #endif
 
+#ifdef __AVX2__
+static inline __attribute__((always_inline)) void scores_rows(int R, int DT, const float *q,
+                                                              int hdp, const void *const *k,
+                                                              __m256 vscale, float *sc) {
+    if (R == 3) scores_blk(3, DT, q, hdp, k, vscale, sc);
+    else if (R == 2) scores_blk(2, DT, q, hdp, k, vscale, sc);
+    else scores_blk(1, DT, q, hdp, k, vscale, sc);
+}
+#endif
+
 /* sc[g * ATTN_TILE + j] = scale * (q_g . k_j) for the group's G query rows (q: (G, hdp)) and
  * j < n (n <= ATTN_TILE); sc[.. + j] = -inf for j in [n, round8(n)). kp has round8(n) entries,
  * those past n pointing at zeros. */
-static void tile_scores(const float *q, int G, const float *const *kp, int n, int hdp,
+static void tile_scores(const float *q, int G, int DT, const void *const *kp, int n, int hdp,
                         float scale, float *sc) {
     int nr = (n + 7) / 8 * 8;
 #ifdef __AVX2__
@@ -539,9 +559,9 @@ static void tile_scores(const float *q, int G, const float *const *kp, int n, in
         const float *qg = q + (size_t)g * hdp;
         float *sg = sc + (size_t)g * ATTN_TILE;
         for (int j0 = 0; j0 < nr; j0 += 4) {
-            if (R == 3) scores_blk(3, qg, hdp, kp + j0, vscale, sg + j0);
-            else if (R == 2) scores_blk(2, qg, hdp, kp + j0, vscale, sg + j0);
-            else scores_blk(1, qg, hdp, kp + j0, vscale, sg + j0);
+            if (DT == 0) scores_rows(R, 0, qg, hdp, kp + j0, vscale, sg + j0);
+            else if (DT == 1) scores_rows(R, 1, qg, hdp, kp + j0, vscale, sg + j0);
+            else scores_rows(R, 2, qg, hdp, kp + j0, vscale, sg + j0);
         }
     }
     for (int g = 0; g < G; g++)
@@ -550,7 +570,7 @@ static void tile_scores(const float *q, int G, const float *const *kp, int n, in
     for (int g = 0; g < G; g++)
         for (int j = 0; j < nr; j++) {
             float d = 0.0f;
-            for (int i = 0; i < hdp; i++) d += q[(size_t)g * hdp + i] * kp[j][i];
+            for (int i = 0; i < hdp; i++) d += q[(size_t)g * hdp + i] * ((const float *)kp[j])[i];
             sc[(size_t)g * ATTN_TILE + j] = j < n ? d * scale : -INFINITY;
         }
 #endif
@@ -596,8 +616,8 @@ static void tile_softmax(float *sc, int n, int hdp, float *mx, float *lsum, floa
  * ATTN_TILE, acc_r = acc + r * hdp): each V load serves the R rows; every element is one FMA
  * chain in position order, whatever R and C. */
 #ifdef __AVX2__
-static inline __attribute__((always_inline)) void pv_blk(int R, int C, const float *sc, int n,
-                                                         const float *const *vp, int i,
+static inline __attribute__((always_inline)) void pv_blk(int R, int C, int DT, const float *sc,
+                                                         int n, const void *const *vp, int i,
                                                          int hdp, float *acc) {
     __m256 a[3][4];
 #pragma GCC unroll 3
@@ -608,10 +628,9 @@ static inline __attribute__((always_inline)) void pv_blk(int R, int C, const flo
         __m256 p[3];
 #pragma GCC unroll 3
         for (int r = 0; r < R; r++) p[r] = _mm256_broadcast_ss(sc + (size_t)r * ATTN_TILE + j);
-        const float *v = vp[j] + i;
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
-            __m256 vv = _mm256_loadu_ps(v + 8 * c);
+            __m256 vv = kv_load8(DT, vp[j], i + 8 * c);
 #pragma GCC unroll 3
             for (int r = 0; r < R; r++) a[r][c] = _mm256_fmadd_ps(p[r], vv, a[r][c]);
         }
@@ -624,28 +643,41 @@ static inline __attribute__((always_inline)) void pv_blk(int R, int C, const flo
 #endif
 
 /* acc (G, hdp) += P (G, n) . V (n, hdp) for the tile (P in sc rows of ATTN_TILE). */
-static void tile_pv(const float *sc, int G, int n, const float *const *vp, int hdp, float *acc) {
+#ifdef __AVX2__
+static inline __attribute__((always_inline)) void pv_rows(int R, int DT, const float *sc, int n,
+                                                          const void *const *vp, int hdp,
+                                                          float *acc) {
+    int i = 0;
+    for (; i + 32 <= hdp; i += 32) {
+        if (R == 3) pv_blk(3, 4, DT, sc, n, vp, i, hdp, acc);
+        else if (R == 2) pv_blk(2, 4, DT, sc, n, vp, i, hdp, acc);
+        else pv_blk(1, 4, DT, sc, n, vp, i, hdp, acc);
+    }
+    for (; i < hdp; i += 8) {
+        if (R == 3) pv_blk(3, 1, DT, sc, n, vp, i, hdp, acc);
+        else if (R == 2) pv_blk(2, 1, DT, sc, n, vp, i, hdp, acc);
+        else pv_blk(1, 1, DT, sc, n, vp, i, hdp, acc);
+    }
+}
+#endif
+
+static void tile_pv(const float *sc, int G, int DT, int n, const void *const *vp, int hdp,
+                    float *acc) {
 #ifdef __AVX2__
     for (int g = 0; g < G; g += 3) {
-        int R = G - g < 3 ? G - g : 3, i = 0;
+        int R = G - g < 3 ? G - g : 3;
         const float *sg = sc + (size_t)g * ATTN_TILE;
         float *ag = acc + (size_t)g * hdp;
-        for (; i + 32 <= hdp; i += 32) {
-            if (R == 3) pv_blk(3, 4, sg, n, vp, i, hdp, ag);
-            else if (R == 2) pv_blk(2, 4, sg, n, vp, i, hdp, ag);
-            else pv_blk(1, 4, sg, n, vp, i, hdp, ag);
-        }
-        for (; i < hdp; i += 8) {
-            if (R == 3) pv_blk(3, 1, sg, n, vp, i, hdp, ag);
-            else if (R == 2) pv_blk(2, 1, sg, n, vp, i, hdp, ag);
-            else pv_blk(1, 1, sg, n, vp, i, hdp, ag);
-        }
+        if (DT == 0) pv_rows(R, 0, sg, n, vp, hdp, ag);
+        else if (DT == 1) pv_rows(R, 1, sg, n, vp, hdp, ag);
+        else pv_rows(R, 2, sg, n, vp, hdp, ag);
     }
 #else
     for (int g = 0; g < G; g++)
         for (int j = 0; j < n; j++)
             for (int i = 0; i < hdp; i++)
-                acc[(size_t)g * hdp + i] += sc[(size_t)g * ATTN_TILE + j] * vp[j][i];
+                acc[(size_t)g * hdp + i] += sc[(size_t)g * ATTN_TILE + j] *
+                                            ((const float *)vp[j])[i];
 #endif
 }
 
@@ -686,9 +718,17 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
     for (int h = 0; h < n_head; h++) z->mx[h] = -INFINITY;
     memset(z->lsum, 0, (size_t)n_head * 8 * sizeof *z->lsum);
     memset(z->acc, 0, (size_t)n_head * hdp * sizeof *z->acc);
-    const float *kp[ATTN_TILE], *vp[ATTN_TILE];
+    const void *kp[ATTN_TILE], *vp[ATTN_TILE];
     size_t rows[ATTN_TILE], offs[ATTN_TILE], es = pgd_dtype_size(kv->dtype);
+    /* Rows whose head_dim is a multiple of 8 are read in place (AVX2 converts F16/BF16 as it
+     * loads); others are converted and zero-padded into the thread's tile (kv_row). */
+#ifdef __AVX2__
+    bool direct = hd == hdp;
+    int dt = kv->dtype == PGD_TYPE_F32 ? 0 : kv->dtype == PGD_TYPE_F16 ? 1 : 2;
+#else
     bool direct = kv->dtype == PGD_TYPE_F32 && hd == hdp;
+    int dt = 0;
+#endif
     for (int j0 = p0; j0 < p1; j0 += ATTN_TILE) {
         int n = p1 - j0 < ATTN_TILE ? p1 - j0 : ATTN_TILE;
         for (int j = 0, blk = j0 / bs, o = j0 % bs; j < n; j++) { /* no division per row */
@@ -699,11 +739,13 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
         if (touch) touch_rows(kv->k, kv->v, offs, n, kv_dim * es);
         for (int kvh = 0; kvh < n_kv_head; kvh++) {
             size_t col = (size_t)kvh * hd;
-            if (direct) { /* F32 rows used in place */
-                const float *kb = (const float *)kv->k + col, *vb = (const float *)kv->v + col;
+            int kdt = direct ? dt : 0;
+            if (direct) {
+                const char *kb = (const char *)kv->k + col * es;
+                const char *vb = (const char *)kv->v + col * es;
                 for (int j = 0; j < n; j++) {
-                    kp[j] = kb + rows[j];
-                    vp[j] = vb + rows[j];
+                    kp[j] = kb + offs[j];
+                    vp[j] = vb + offs[j];
                 }
             } else {
                 for (int j = 0; j < n; j++) {
@@ -715,11 +757,11 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, const float *q, 
             }
             for (int j = n; j < (n + 7) / 8 * 8; j++) kp[j] = vp[j] = s->zero;
             int h0 = kvh * group;
-            tile_scores(q + (size_t)h0 * hdp, group, kp, n, hdp, scale, s->sc);
+            tile_scores(q + (size_t)h0 * hdp, group, kdt, kp, n, hdp, scale, s->sc);
             for (int g = 0; g < group; g++)
                 tile_softmax(s->sc + (size_t)g * ATTN_TILE, n, hdp, &z->mx[h0 + g],
                              z->lsum + (size_t)(h0 + g) * 8, z->acc + (size_t)(h0 + g) * hdp);
-            tile_pv(s->sc, group, n, vp, hdp, z->acc + (size_t)h0 * hdp);
+            tile_pv(s->sc, group, kdt, n, vp, hdp, z->acc + (size_t)h0 * hdp);
         }
     }
 }
