@@ -249,10 +249,11 @@ static void test_attention_ref(void) {
            "1/3/4, head_dim 64/128/80/36, contexts 1..300)\n", worst_all);
 }
 
-/* (b) A mixed batch (a prefill chunk of seq 0 at 300..363, a decode of seq 1 at 700, a 30-token
+/* (b) A mixed batch (a prefill chunk of seq 0 at 250..313, a decode of seq 1 at 700, a 30-token
  * prompt of seq 2) on 2 threads, then on 1 thread, then each token alone, then three at a time:
  * all bit-identical. Alone or three on two threads, a context longer than one attention segment
- * (256 positions) is split over the threads and merged; in the batch it is folded in one item. */
+ * (256 positions) is split over the threads and merged; in the batch it is folded in one item,
+ * with up to 8 tokens of its sequence (some of them crossing into the second segment). */
 static void test_attention_invariance(void) {
     const pgd_type dts[] = {PGD_TYPE_F32, PGD_TYPE_F16, PGD_TYPE_BF16};
     const int hds[] = {64, 36};
@@ -266,7 +267,7 @@ static void test_attention_invariance(void) {
     }
     const int32_t *tables[3] = {t0, t1, t2};
     int n = 0;
-    for (int i = 0; i < 64; i++, n++) pos[n] = 300 + i, seq[n] = 0;
+    for (int i = 0; i < 64; i++, n++) pos[n] = 250 + i, seq[n] = 0;
     pos[n] = 700, seq[n] = 1, n++;
     for (int i = 0; i < 30; i++, n++) pos[n] = i, seq[n] = 2;
     for (int i = 0; i < N; i++) slot[i] = (int64_t)tables[seq[i]][pos[i] / BS] * BS + pos[i] % BS;
