@@ -724,12 +724,12 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
     size_t kv_dim = (size_t)kv->kv_dim;
     float scale = 1.0f / sqrtf((float)hd);
     const pgd_step *st = a->s;
-    int t = tok[0], pe = p0;
+    int t = tok[m - 1], pe = p0;
     const int32_t *bt = st->block_tables[st->seq[t]];
-    /* A token alone from its sequence (a decode) finds its context in DRAM; the tokens of a
-     * prefill chunk share theirs, which the first of them leaves in cache. */
-    bool touch = m == 1 && (t == 0 || st->seq[t - 1] != st->seq[t]) &&
-                 (t + 1 == st->n_tokens || st->seq[t + 1] != st->seq[t]);
+    /* The run holding its sequence's last token in the step (a decode; the run a prefill chunk
+     * processes first, longest first) finds the context in DRAM and leaves it in cache for the
+     * sequence's other runs. */
+    bool touch = t + 1 == st->n_tokens || st->seq[t + 1] != st->seq[t];
     for (int u = 0; u < m; u++) {
         for (int h = 0; h < n_head; h++) z[u].mx[h] = -INFINITY;
         memset(z[u].lsum, 0, (size_t)n_head * 8 * sizeof *z[u].lsum);
