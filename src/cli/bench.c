@@ -24,6 +24,7 @@ typedef struct bench_opts {
     long tp;               /* --tensor-parallel-size; 0: the default */
     float gpu_util;        /* --gpu-memory-utilization; 0: the default */
     bool load_dummy;       /* --load-format dummy */
+    pgd_type kv_type;      /* --kv-dtype */
     long n_prompt, n_gen, threads, reps;
     long depth;            /* -d: pp and tg start after this many context tokens */
     long batches[MAX_BATCHES];
@@ -45,7 +46,7 @@ static void usage(FILE *f) {
             "usage: pagoda bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-t THREADS] [-r REPS]\n"
             "                    [--batch 1,4,16,64] [--json] [--load-format auto|dummy]\n"
             "                    [--device cpu|cuda] [--tensor-parallel-size N]\n"
-            "                    [--gpu-memory-utilization F]\n"
+            "                    [--gpu-memory-utilization F] [--kv-dtype f32|f16|bf16]\n"
             "Measures pp (prefill tokens/s of a -p token prompt), tg (decode tokens/s, -n)\n"
             "and batched decode tokens/s (B sequences in their own paged KV blocks, each step\n"
             "one token per sequence with its logits, %d steps from position 0), median of -r\n"
@@ -60,6 +61,7 @@ static void usage(FILE *f) {
             "                   configs/models/Llama-3-8B.json): random BF16 weights of its real\n"
             "                   shapes, no download and no tokenizer needed\n"
             "  --device cpu|cuda, --tensor-parallel-size N   backend and ranks (default cpu, 1)\n"
+            "  --kv-dtype f32|f16|bf16  element type of the K/V cache (default f32)\n"
             "  --gpu-memory-utilization F  CUDA: share (0, 1] of each GPU's memory the process\n"
             "                   may use; loading fails if the weights exceed it (bench allocates\n"
             "                   exactly the KV its tests need); accepted and ignored on the CPU\n",
@@ -84,7 +86,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     long nproc = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (bench_opts){.model = pgd_cli_default_model(), .n_prompt = 512, .n_gen = 128,
                       .threads = nproc > 0 ? nproc : 1, .reps = 5,
-                      .batches = {1, 4, 16, 64}, .n_batches = 4};
+                      .batches = {1, 4, 16, 64}, .n_batches = 4, .kv_type = PGD_TYPE_F32};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -103,6 +105,11 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-t")) rc = pgd_cli_parse_long(v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-r")) rc = pgd_cli_parse_long(v, 1, 1000, &o->reps);
         else if (!strcmp(a, "--batch")) rc = parse_batches(v, o);
+        else if (!strcmp(a, "--kv-dtype")) {
+            rc = !strcmp(v, "f32") || !strcmp(v, "f16") || !strcmp(v, "bf16") ? 0 : -1;
+            o->kv_type = !strcmp(v, "f16") ? PGD_TYPE_F16
+                         : !strcmp(v, "bf16") ? PGD_TYPE_BF16 : PGD_TYPE_F32;
+        }
         else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp"))
             rc = pgd_cli_parse_long(v, 1, 64, &o->tp);
         else if (!strcmp(a, "--device")) {
@@ -291,7 +298,7 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
         fprintf(stderr, "pagoda bench: out of memory\n");
         goto out;
     }
-    if (pgd_kv_cache_init(&kv, m, PGD_TYPE_F32, (int32_t)(max_b * per_seq), BATCH_BLOCK, &err) ||
+    if (pgd_kv_cache_init(&kv, m, o->kv_type, (int32_t)(max_b * per_seq), BATCH_BLOCK, &err) ||
         !(have_kv = true) ||
         pgd_fwd_init(&f, m, pool, (int32_t)max_b, (int32_t)max_b, &err) || !(have_fwd = true)) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
@@ -376,7 +383,7 @@ int pgd_cli_bench(int argc, char **argv) {
         goto done;
     }
     if (pgd_pool_create((int)o.threads, &pool, &err) != 0 ||
-        pgd_session_init(&s, m, pool, (int32_t)max_batch, &err) != 0) {
+        pgd_session_init_kv(&s, m, pool, (int32_t)max_batch, o.kv_type, &err) != 0) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
         goto done;
     }
@@ -477,9 +484,10 @@ int pgd_cli_bench(int argc, char **argv) {
     if (o.json) {
         printf("{\"model\":\"%s\",\"weight_type\":\"%s\",\"head_type\":\"%s\",\"params\":%.0f,"
                "\"weight_bytes_per_step\":%.0f,\"threads\":%ld,\"reps\":%ld,"
-               "\"device\":\"%s\",\"bandwidth_gbs\":%.3f,\"peak_gflops\":%.3f,\"results\":[",
+               "\"device\":\"%s\",\"kv_type\":\"%s\",\"bandwidth_gbs\":%.3f,\"peak_gflops\":%.3f,"
+               "\"results\":[",
                m->path, wtype, htype, params, step_bytes, o.threads, o.reps, gpu ? "cuda" : "cpu",
-               bw / 1e9, peak / 1e9);
+               pgd_type_name(o.kv_type), bw / 1e9, peak / 1e9);
         for (int i = 0; i < n_res; i++)
             printf("%s{\"test\":\"%s%ld\",\"tokens_per_s\":%.3f,\"roofline_tokens_per_s\":%.3f,"
                    "\"fraction\":%.4f,\"bound\":\"%s\",\"depth\":%ld%s}",
@@ -488,8 +496,8 @@ int pgd_cli_bench(int argc, char **argv) {
                    strcmp(res[i].test, "batch") ? "" : ",\"sequences\":true");
         printf("]}\n");
     } else {
-        printf("model: %s (%s weights, %s head, %.1fM params, %.1f MB read per step)\n", m->path,
-               wtype, htype, params / 1e6, step_bytes / 1e6);
+        printf("model: %s (%s weights, %s head, %.1fM params, %.1f MB read per step; %s K/V)\n",
+               m->path, wtype, htype, params / 1e6, step_bytes / 1e6, pgd_type_name(o.kv_type));
         if (gpu)
             printf("machine: GPU 0, copy bandwidth %.1f GB/s (read + write), BF16 GEMM peak %.1f "
                    "TFLOP/s (cuBLASLt, 8192^3)\n",

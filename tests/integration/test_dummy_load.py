@@ -97,24 +97,32 @@ def test_bench_json():
     assert j["device"] == "cpu" and j["bandwidth_gbs"] > 0 and j["peak_gflops"] > 0
 
 
-def test_bench_depth():
+@pytest.mark.parametrize("kv_dtype,elem_bytes", [(None, 4), ("f16", 2)])
+def test_bench_depth(kv_dtype, elem_bytes):
     """-d: pp and tg after a context of that many tokens; tg's roofline adds the context's K/V
-    bytes to each step's weight bytes (the session's cache is F32)."""
+    bytes to each step's weight bytes (the cache is F32 unless --kv-dtype says otherwise)."""
     cfg = json.loads(TINY.read_text())
     d = 100
+    extra = ["--kv-dtype", kv_dtype] if kv_dtype else []
     p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "8", "-n", "4", "-d", str(d),
-               "-r", "1", "--batch", "2", "--json", "-t", "1", check=True, timeout=300)
+               "-r", "1", "--batch", "2", "--json", "-t", "1", *extra, check=True, timeout=300)
     j = json.loads(p.stdout)
+    assert j["kv_type"] == (kv_dtype or "f32").upper()
     assert [(r["test"], r["depth"]) for r in j["results"]] == [("pp8", d), ("tg4", d),
                                                                ("batch2", 0)]
     head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-    kv_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4 * d
+    kv_bytes = (2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * elem_bytes
+                * d)
     want = j["bandwidth_gbs"] * 1e9 / (j["weight_bytes_per_step"] + kv_bytes)
     assert j["results"][1]["roofline_tokens_per_s"] == pytest.approx(want, rel=1e-3)
+    if kv_dtype:
+        return
     # a context past the model's (256 positions) is refused in one line
     p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "8", "-n", "4", "-d", "300",
                "-t", "1")
     assert p.returncode == 1 and "context" in one_line(p)
+    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "--kv-dtype", "q8_0")
+    assert p.returncode == 2 and "--kv-dtype" in one_line(p)  # a usage error, as any bad value
 
 
 def test_bench_tensor_parallel_and_shared_options():
