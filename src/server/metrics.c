@@ -85,11 +85,12 @@ static void gauge(buf *b, const char *model, const char *name, const char *type,
             name, help, name, type, name, model, v);
 }
 
-char *pgd_metrics_render(const pgd_metrics *m, pgd_engine *e, const char *model) {
+char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st,
+                         const char *model) {
     buf b = {0};
     pgd_engine_stats st;
     memset(&st, 0, sizeof st);
-    if (e) pgd_engine_get_stats(e, &st);
+    if (engine_st) st = *engine_st;
     gauge(&b, model, "num_requests_running", "gauge", "Requests in the running batch.", st.num_running);
     gauge(&b, model, "num_requests_waiting", "gauge", "Requests waiting to be scheduled.", st.num_waiting);
     gauge(&b, model, "kv_cache_usage_perc", "gauge", "KV-cache block usage (1 = full).",

@@ -35,6 +35,6 @@ void pgd_metrics_free(pgd_metrics *m);
 void pgd_metrics_observe(pgd_metrics *m, pgd_histogram_id h, double seconds);
 void pgd_metrics_count_finish(pgd_metrics *m, const char *reason, bool aborted);
 /* The text exposition (malloc'd). engine may be NULL while loading. */
-char *pgd_metrics_render(const pgd_metrics *m, pgd_engine *engine, const char *model);
+char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *st, const char *model);
 
 #endif

@@ -359,11 +359,16 @@ static void liveness_cb(uv_timer_t *t) {
     }
 }
 
-static void async_cb(uv_async_t *a) {
-    server *s = a->data;
+/* Handles every event the engine has posted. */
+static void drain_events(server *s) {
     int n;
     while ((n = pgd_engine_poll(s->engine, s->events, 256, 0)) > 0)
         for (int i = 0; i < n; i++) handle_event(s, &s->events[i]);
+}
+
+static void async_cb(uv_async_t *a) {
+    server *s = a->data;
+    drain_events(s);
     run_mhd(s);
 }
 
@@ -778,7 +783,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                              "application/json", s->ready ? NULL : "5");
         }
         if (found == -3) {
-            char *txt = pgd_metrics_render(&s->metrics, s->ready ? s->engine : NULL, s->model_name);
+            /* The engine's gauges first, then the events it posted before them: a request the
+             * gauges no longer count as running is in the finish counters of the same page. */
+            pgd_engine_stats st;
+            if (s->ready) {
+                pgd_engine_get_stats(s->engine, &st);
+                drain_events(s);
+            }
+            char *txt = pgd_metrics_render(&s->metrics, s->ready ? &st : NULL, s->model_name);
             c->status = 200;
             enum MHD_Result r = send_body(conn, 200, txt ? txt : "",
                                           "text/plain; version=0.0.4; charset=utf-8", NULL);
