@@ -693,14 +693,16 @@ static void tile_pv(const float *sc, int G, int DT, int n, const void *const *vp
 #endif
 }
 
-/* Reads one word of every 64-byte line of n K and V rows (byte offsets off[], rb bytes each) in
- * address order. A KV head's slice of each row (a third of it for SmolLM2) read tile by tile is a
- * strided pattern the hardware prefetchers do not follow: from DRAM half the rate of whole rows
- * read in order, which stream and leave the tile in cache for the heads (bench/RESULTS.md). */
-static void touch_rows(const char *k, const char *v, const size_t *off, int n, size_t rb) {
+/* Reads one word of every 64-byte line of n K and V rows (element offsets row[], es-byte
+ * elements, rb bytes a row) in address order. A KV head's slice of each row (a third of it for
+ * SmolLM2) read tile by tile is a strided pattern the hardware prefetchers do not follow: from
+ * DRAM half the rate of whole rows read in order, which stream and leave the tile in cache for
+ * the heads (bench/RESULTS.md). */
+static void touch_rows(const char *k, const char *v, const size_t *row, int n, size_t es,
+                       size_t rb) {
     uint32_t x = 0;
     for (int j = 0; j < n; j++) {
-        const char *kr = k + off[j], *vr = v + off[j];
+        const char *kr = k + row[j] * es, *vr = v + row[j] * es;
         for (size_t o = 0; o < rb; o += 64) {
             uint32_t u, w;
             memcpy(&u, kr + o, sizeof u);
@@ -737,33 +739,31 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
         if (p1[u] > pe) pe = p1[u];
     }
     const void *kp[ATTN_TILE], *vp[ATTN_TILE];
-    size_t rows[ATTN_TILE], offs[ATTN_TILE], es = pgd_dtype_size(kv->dtype);
+    size_t rows[ATTN_TILE], es = pgd_dtype_size(kv->dtype);
     /* Rows whose head_dim is a multiple of 8 are read in place (AVX2 converts F16/BF16 as it
-     * loads); others are converted and zero-padded into the thread's tile (kv_row). */
+     * loads: kernel element type kdt); others are converted and zero-padded into the thread's
+     * tile (kv_row), which the kernels read as F32. */
 #ifdef __AVX2__
     bool direct = hd == hdp;
-    int dt = kv->dtype == PGD_TYPE_F32 ? 0 : kv->dtype == PGD_TYPE_F16 ? 1 : 2;
+    int kdt = !direct || kv->dtype == PGD_TYPE_F32 ? 0 : kv->dtype == PGD_TYPE_F16 ? 1 : 2;
 #else
     bool direct = kv->dtype == PGD_TYPE_F32 && hd == hdp;
-    int dt = 0;
+    int kdt = 0;
 #endif
     for (int j0 = p0; j0 < pe; j0 += ATTN_TILE) {
         int n = pe - j0 < ATTN_TILE ? pe - j0 : ATTN_TILE;
         for (int j = 0, blk = j0 / bs, o = j0 % bs; j < n; j++) { /* no division per row */
             rows[j] = ((size_t)bt[blk] * bs + (size_t)o) * kv_dim;
-            offs[j] = rows[j] * es;
             if (++o == bs) o = 0, blk++;
         }
-        if (touch) touch_rows(kv->k, kv->v, offs, n, kv_dim * es);
+        if (touch) touch_rows(kv->k, kv->v, rows, n, es, kv_dim * es);
         for (int kvh = 0; kvh < n_kv_head; kvh++) {
             size_t col = (size_t)kvh * hd;
-            int kdt = direct ? dt : 0;
             if (direct) {
-                const char *kb = (const char *)kv->k + col * es;
-                const char *vb = (const char *)kv->v + col * es;
+                const char *kb = (const char *)kv->k, *vb = (const char *)kv->v;
                 for (int j = 0; j < n; j++) {
-                    kp[j] = kb + offs[j];
-                    vp[j] = vb + offs[j];
+                    kp[j] = kb + (rows[j] + col) * es;
+                    vp[j] = vb + (rows[j] + col) * es;
                 }
             } else {
                 for (int j = 0; j < n; j++) {
@@ -823,8 +823,6 @@ static void attn_finish(const attn_ctx *a, const attn_state *r, int t) {
         for (int i = 0; i < a->hd; i++) o[i] = r->acc[(size_t)h * a->hdp + i] * inv;
     }
 }
-
-static int attn_n_seg(const pgd_step *s, int t) { return (s->pos[t] + ATTN_SEG) / ATTN_SEG; }
 
 /* Thread ith's scratch, and the queries of tokens t0 .. t0 + m - 1 (zero-padded into the
  * scratch if need be). */
@@ -925,12 +923,11 @@ static void cpu_attention(pgd_backend *be, const float *q, const pgd_kv_layer *k
      * split the long contexts into segments, if their states fit the budget. */
     long n_items = nt;
     if (nth > 1 && nt < st->max_split && nt % nth != 0) {
-        long n = 0;
-        for (int t = 0; t < nt; t++) n += attn_n_seg(s, t);
+        st->attn_first[0] = 0;
+        for (int t = 0; t < nt; t++) /* token t's segments: positions 0 .. pos[t] */
+            st->attn_first[t + 1] = st->attn_first[t] + (s->pos[t] + ATTN_SEG) / ATTN_SEG;
+        long n = st->attn_first[nt];
         if (n > nt && (size_t)n * ac.pstride * sizeof(float) <= ATTN_PART_BYTES) {
-            st->attn_first[0] = 0;
-            for (int t = 0; t < nt; t++)
-                st->attn_first[t + 1] = st->attn_first[t] + attn_n_seg(s, t);
             ac.split = true;
             n_items = n;
         }
