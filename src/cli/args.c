@@ -41,6 +41,14 @@ int pgd_cli_parse_load_format(const char *cmd, const char *s, bool *dummy) {
     return -1;
 }
 
+int pgd_cli_parse_kv_dtype(const char *s, pgd_kv_dtype *out) {
+    if (!strcmp(s, "f32")) *out = PGD_KV_F32;
+    else if (!strcmp(s, "f16")) *out = PGD_KV_F16;
+    else if (!strcmp(s, "bf16")) *out = PGD_KV_BF16;
+    else return -1;
+    return 0;
+}
+
 int pgd_cli_parse_gpu_util(const char *cmd, const char *s, float *out) {
     float v;
     if (pgd_cli_parse_float(s, 0, 1, &v) || !(v > 0)) {

@@ -360,10 +360,7 @@ int pgd_cli_batch(int argc, char **argv) {
         } else if (!strcmp(a, "--gpu-memory-utilization")) {
             if (pgd_cli_parse_gpu_util("pagoda", v, &ec.gpu_memory_utilization)) return 2;
         } else if (!strcmp(a, "--kv-dtype")) {
-            if (!strcmp(v, "f32")) ec.kv_dtype = PGD_KV_F32;
-            else if (!strcmp(v, "f16")) ec.kv_dtype = PGD_KV_F16;
-            else if (!strcmp(v, "bf16")) ec.kv_dtype = PGD_KV_BF16;
-            else goto bad;
+            if (pgd_cli_parse_kv_dtype(v, &ec.kv_dtype)) goto bad;
         } else {
             fprintf(stderr, "pagoda: unknown option '%s' (see --help)\n", a);
             return 2;

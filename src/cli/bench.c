@@ -106,9 +106,9 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-r")) rc = pgd_cli_parse_long(v, 1, 1000, &o->reps);
         else if (!strcmp(a, "--batch")) rc = parse_batches(v, o);
         else if (!strcmp(a, "--kv-dtype")) {
-            rc = !strcmp(v, "f32") || !strcmp(v, "f16") || !strcmp(v, "bf16") ? 0 : -1;
-            o->kv_type = !strcmp(v, "f16") ? PGD_TYPE_F16
-                         : !strcmp(v, "bf16") ? PGD_TYPE_BF16 : PGD_TYPE_F32;
+            pgd_kv_dtype d = PGD_KV_F32;
+            rc = pgd_cli_parse_kv_dtype(v, &d);
+            o->kv_type = (pgd_type)d; /* the public enum's values are pgd_type's */
         }
         else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp"))
             rc = pgd_cli_parse_long(v, 1, 64, &o->tp);

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pagoda/pagoda.h"
+
 int pgd_cli_generate(int argc, char **argv);
 int pgd_cli_logits(int argc, char **argv);
 int pgd_cli_batch(int argc, char **argv);
@@ -29,5 +31,7 @@ int pgd_cli_parse_float(const char *s, float lo, float hi, float *out);
 int pgd_cli_parse_load_format(const char *cmd, const char *s, bool *dummy);
 /* --gpu-memory-utilization F, 0 < F <= 1: 0 or -1 (after a one-line message naming cmd). */
 int pgd_cli_parse_gpu_util(const char *cmd, const char *s, float *out);
+/* --kv-dtype f32|f16|bf16: 0, or -1 for anything else (the caller reports it). */
+int pgd_cli_parse_kv_dtype(const char *s, pgd_kv_dtype *out);
 
 #endif
