@@ -3,24 +3,19 @@
  * or per KV head its slice of every row of the tile ("slices", what the heads' kernels read).
  * Same bytes either way; 30 layers of CTX positions, blocks of 16 slots scattered; best of 7
  * passes, one thread. Build:
- *   gcc -O2 -mavx2 bench/bench_kv_read.c -o /tmp/bench_kv_read
+ *   gcc -O2 -mavx2 -Isrc bench/bench_kv_read.c -o /tmp/bench_kv_read
  *   /tmp/bench_kv_read rows|slices [CTX N_KV HEAD_DIM]     (defaults 2048 3 64: SmolLM2-135M;
  *                                                     HEAD_DIM a multiple of 32) */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "util/clock.h"
 
 #define BS 16
 #define TILE 32
 #define NLAYER 30
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* Adds the n floats at p (a multiple of 32) into the 4 accumulators. */
 static inline void sum_into(const float *p, int n, __m256 *a0, __m256 *a1, __m256 *a2,
@@ -63,7 +58,7 @@ int main(int argc, char **argv) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     double best = 1e30;
     for (int r = 0; r < 7; r++) {
-        double t0 = now_s();
+        double t0 = pgd_now_s();
         for (int l = 0; l < NLAYER; l++)
             for (int j0 = 0; j0 < ctx; j0 += TILE)
                 for (int h = 0; h < (whole ? 1 : nkv); h++)
@@ -74,7 +69,7 @@ int main(int argc, char **argv) {
                             if (whole) sum_into(base + row, (int)kvd, &a0, &a1, &a2, &a3);
                             else sum_into(base + row + (size_t)h * hd, hd, &a0, &a1, &a2, &a3);
                         }
-        double t = now_s() - t0;
+        double t = pgd_now_s() - t0;
         if (t < best) best = t;
     }
     float o[8];
