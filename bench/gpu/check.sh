@@ -10,8 +10,9 @@
 #
 # Needs only the CUDA toolkit (nvcc, cuBLAS), NCCL (the toolkit's, the system's, or PyTorch's
 # nvidia-nccl wheel), CMake, a C compiler and libcjson; the `pagoda` command is built too where
-# libuv and libmicrohttpd are found (fetch-deps.sh fetches them as well). Where libcjson is missing and nothing can be
-# installed (a GPU image with no network), run bench/gpu/fetch-deps.sh on a machine with apt first:
+# libuv and libmicrohttpd are found (fetch-deps.sh fetches them as well). Where libcjson is
+# missing and nothing can be installed (a GPU image with no network), run bench/gpu/fetch-deps.sh
+# on a machine with apt first:
 # it puts the Debian packages in bench/gpu/deps/, which this script unpacks under /tmp (carry
 # bench/gpu/deps and models/ to such a machine).
 set -euo pipefail

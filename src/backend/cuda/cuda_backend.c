@@ -266,8 +266,8 @@ static void cuda_free(pgd_backend *be) {
     flush_gemv(st);
     if (st->stream) CUDA_CHECK(cudaStreamSynchronize(st->stream));
     drop_graphs(st);
-    void *dev[] = {st->lt_ws, st->d_meta, st->d_att, st->d_slot, st->d_inv_freq, st->part, st->x_bf16,
-                   st->w_bf16};
+    void *dev[] = {st->lt_ws, st->d_meta, st->d_att, st->d_slot, st->d_inv_freq, st->part,
+                   st->x_bf16, st->w_bf16};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) CUDA_CHECK(cudaFree(dev[i]));
     if (st->h_meta) CUDA_CHECK(cudaFreeHost(st->h_meta));
