@@ -272,17 +272,26 @@ typedef struct result {
     const char *test;
     long tokens;        /* per measured unit (prompt, generated tokens, batch) */
     double tps;         /* median tokens/s */
-    double roof_tps;    /* roofline tokens/s */
-    const char *bound;  /* "bandwidth" or "compute" */
+    double bytes;       /* bytes the unit must read (0: not counted) */
+    double flops;       /* flops the unit must compute (0: not counted) */
     long depth;         /* context tokens before the measured ones (-d) */
+    double roof_tps;    /* roofline tokens/s: set by set_roofline once the probes are final */
+    const char *bound;  /* "bandwidth" or "compute" */
 } result;
+
+/* A unit's roofline time is the longer of reading its bytes and computing its flops. */
+static void set_roofline(result *r, double bw, double peak) {
+    double t_bw = r->bytes / bw, t_fl = r->flops / peak;
+    r->roof_tps = (double)r->tokens / (t_bw > t_fl ? t_bw : t_fl);
+    r->bound = t_bw > t_fl ? "bandwidth" : "compute";
+}
 
 /* Batched decode: for each B, B sequences with their own blocks of a paged KV cache step
  * together BATCH_STEPS times from position 0, every step one token per sequence with its
  * logits, as the engine's decode steps run. Fills one result per batch size. */
 static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *o, long max_b,
-                          const model_cost *mc, double bw, double peak, double step_bytes,
-                          result *res, int *n_res, double *times) {
+                          const model_cost *mc, double step_bytes, result *res, int *n_res,
+                          double *times) {
     pgd_err err = {{0}};
     const int32_t per_seq = (BATCH_STEPS + BATCH_BLOCK - 1) / BATCH_BLOCK;
     pgd_kv_cache kv;
@@ -333,11 +342,8 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
         }
         double t = median(times, (int)o->reps) / BATCH_STEPS;
         /* A step reads the weights once and computes every sequence's logits. */
-        double t_bw = step_bytes / bw;
-        double t_fl = 2.0 * (mc->layer_params + mc->head_params) * (double)b / peak;
-        res[(*n_res)++] = (result){"batch", b, (double)b / t,
-                                   (double)b / (t_bw > t_fl ? t_bw : t_fl),
-                                   t_bw > t_fl ? "bandwidth" : "compute", 0};
+        res[(*n_res)++] = (result){"batch", b, (double)b / t, step_bytes,
+                                   2.0 * (mc->layer_params + mc->head_params) * (double)b, 0, 0, NULL};
     }
     rc = 0;
 out:
@@ -363,6 +369,7 @@ int pgd_cli_bench(int argc, char **argv) {
     bool have_session = false;
     int rc = 1;
     int32_t *tokens = NULL;
+    double *times = NULL;
     long max_batch = o.n_prompt > 1 ? o.n_prompt : 1;
     long n_ctx = max_batch > o.n_gen ? max_batch : o.n_gen;
     if (n_ctx < BATCH_STEPS) n_ctx = BATCH_STEPS;
@@ -421,7 +428,7 @@ int pgd_cli_bench(int argc, char **argv) {
     }
     model_cost mc = cost_of(m);
     double step_bytes = mc.layer_bytes + mc.head_bytes;
-    double *times = calloc((size_t)o.reps, sizeof *times);
+    times = calloc((size_t)o.reps, sizeof *times);
     result res[2 + MAX_BATCHES];
     int n_res = 0;
     if (!times) goto done;
@@ -455,8 +462,8 @@ int pgd_cli_bench(int argc, char **argv) {
         /* Compute roofline: 2 flops per multiply-add, LM head for the last token only. */
         double flops = 2.0 * (mc.layer_params * (double)o.n_prompt + mc.head_params) +
                        depth_flops * (double)o.n_prompt;
-        res[n_res++] = (result){"pp", o.n_prompt, (double)o.n_prompt / t,
-                                (double)o.n_prompt * peak / flops, "compute", o.depth};
+        res[n_res++] = (result){"pp", o.n_prompt, (double)o.n_prompt / t, 0, flops, o.depth,
+                                0, NULL};
     }
     if (o.n_gen > 0) {
         for (long r = 0; r < o.reps; r++) {
@@ -467,16 +474,26 @@ int pgd_cli_bench(int argc, char **argv) {
             times[r] = pgd_now_s() - t;
         }
         double t = median(times, (int)o.reps);
-        res[n_res++] = (result){"tg", o.n_gen, (double)o.n_gen / t, bw / (step_bytes + depth_bytes),
-                                "bandwidth", o.depth};
+        res[n_res++] = (result){"tg", o.n_gen, (double)o.n_gen / t,
+                                (double)o.n_gen * (step_bytes + depth_bytes), 0, o.depth, 0, NULL};
     }
     long max_b = 0;
     for (int bi = 0; bi < o.n_batches; bi++)
         if (o.batches[bi] > max_b) max_b = o.batches[bi];
-    if (max_b > 0 && batched_decode(m, pool, &o, max_b, &mc, bw, peak, step_bytes, res, &n_res,
-                                    times) != 0)
+    if (max_b > 0 &&
+        batched_decode(m, pool, &o, max_b, &mc, step_bytes, res, &n_res, times) != 0)
         goto done;
-    free(times);
+    /* The CPU's probes again after the tests: other tenants of a shared machine take bandwidth
+     * and cores at moments, and the roofline is the machine's best reading of either. */
+    double bw1 = bw, peak1 = peak;
+    if (!gpu) {
+        bw1 = probe_bandwidth(pool);
+        peak1 = probe_flops(pool);
+    }
+    const double bw0 = bw, peak0 = peak;
+    if (bw1 > bw) bw = bw1;
+    if (peak1 > peak) peak = peak1;
+    for (int i = 0; i < n_res; i++) set_roofline(&res[i], bw, peak);
 
     const char *wtype = pgd_type_name(m->layers[0].wq.type);
     const char *htype = pgd_type_name(m->output.type);
@@ -485,9 +502,11 @@ int pgd_cli_bench(int argc, char **argv) {
         printf("{\"model\":\"%s\",\"weight_type\":\"%s\",\"head_type\":\"%s\",\"params\":%.0f,"
                "\"weight_bytes_per_step\":%.0f,\"threads\":%ld,\"reps\":%ld,"
                "\"device\":\"%s\",\"kv_type\":\"%s\",\"bandwidth_gbs\":%.3f,\"peak_gflops\":%.3f,"
-               "\"results\":[",
+               "\"bandwidth_gbs_before_after\":[%.3f,%.3f],"
+               "\"peak_gflops_before_after\":[%.3f,%.3f],\"results\":[",
                m->path, wtype, htype, params, step_bytes, o.threads, o.reps, gpu ? "cuda" : "cpu",
-               pgd_type_name(o.kv_type), bw / 1e9, peak / 1e9);
+               pgd_type_name(o.kv_type), bw / 1e9, peak / 1e9, bw0 / 1e9, bw1 / 1e9, peak0 / 1e9,
+               peak1 / 1e9);
         for (int i = 0; i < n_res; i++)
             printf("%s{\"test\":\"%s%ld\",\"tokens_per_s\":%.3f,\"roofline_tokens_per_s\":%.3f,"
                    "\"fraction\":%.4f,\"bound\":\"%s\",\"depth\":%ld%s}",
@@ -503,9 +522,11 @@ int pgd_cli_bench(int argc, char **argv) {
                    "TFLOP/s (cuBLASLt, 8192^3)\n",
                    bw / 1e9, peak / 1e12);
         else
-            printf("machine: %ld threads, read bandwidth %.2f GB/s (best of 12), peak FP32 %.1f "
-                   "GFLOP/s (best of 5)\n",
-                   o.threads, bw / 1e9, peak / 1e9);
+            printf("machine: %ld threads, read bandwidth %.2f GB/s, peak FP32 %.1f GFLOP/s (the "
+                   "better of the probes before and after the tests: %.2f / %.2f GB/s, best of "
+                   "12 each; %.1f / %.1f GFLOP/s, best of 5 each)\n",
+                   o.threads, bw / 1e9, peak / 1e9, bw0 / 1e9, bw1 / 1e9, peak0 / 1e9,
+                   peak1 / 1e9);
         printf("| %-12s | %12s | %14s | %8s | %-9s |\n", "test", "t/s (median)", "roofline t/s",
                "fraction", "bound");
         printf("|--------------|--------------|----------------|----------|-----------|\n");
@@ -525,6 +546,7 @@ int pgd_cli_bench(int argc, char **argv) {
     }
     rc = 0;
 done:
+    free(times);
     free(tokens);
     if (have_session) pgd_session_free(&s);
     pgd_pool_free(pool);

@@ -95,6 +95,16 @@ def test_bench_json():
     assert j["weight_type"] == "BF16" and all(r["tokens_per_s"] > 0 for r in j["results"])
     # the ceilings the fractions are of: the CPU's probes here (a GPU's own on CUDA)
     assert j["device"] == "cpu" and j["bandwidth_gbs"] > 0 and j["peak_gflops"] > 0
+    # probed before and after the tests; the roofline is the better reading of each
+    assert j["bandwidth_gbs"] == max(j["bandwidth_gbs_before_after"])
+    assert j["peak_gflops"] == max(j["peak_gflops_before_after"])
+    # batchB: the longer of reading the weights once and computing B tokens' flops
+    for r in j["results"][2:]:
+        b = int(r["test"][len("batch"):])
+        t_bw = j["weight_bytes_per_step"] / (j["bandwidth_gbs"] * 1e9)
+        t_fl = 2 * j["params"] * b / (j["peak_gflops"] * 1e9)
+        assert r["roofline_tokens_per_s"] == pytest.approx(b / max(t_bw, t_fl), rel=1e-3)
+        assert r["bound"] == ("bandwidth" if t_bw > t_fl else "compute")
 
 
 @pytest.mark.parametrize("kv_dtype,elem_bytes", [(None, 4), ("f16", 2)])
