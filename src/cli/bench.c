@@ -146,27 +146,33 @@ typedef struct bw_ctx {
  * run_bench refuses in one line on a CPU without AVX2 and FMA. */
 #define PROBE_TARGET __attribute__((target("avx2,fma")))
 
-/* Each thread reads its part of the buffer as BW_STREAMS concurrent sequential streams (one
- * cache line from each in turn): one stream per thread leaves DRAM bandwidth unused on this
- * kind of machine (a 4-stream F16 decode kernel read ~30 GB/s where a 1-stream probe read ~23,
- * bench/RESULTS.md), and a roofline a kernel can beat is not one. */
+/* Each thread reads its part of the buffer in blocks of BW_STREAMS x BW_RUN cache lines, as
+ * BW_STREAMS concurrent sequential streams BW_RUN lines apart (one line from each in turn), each
+ * prefetched BW_PF lines ahead: the pattern of the decode kernels (4 panels of one matrix, a few
+ * KiB to a few hundred apart, prefetched in software). Streams 128 MiB apart without prefetch
+ * read ~17 GB/s on the 2-core machine where this reads ~24 and the 1.1B decode moved 23-30
+ * (bench/RESULTS.md): a roofline a kernel can beat is not one. */
 #define BW_STREAMS 4
+#define BW_RUN 1024 /* lines: 64 KiB */
+#define BW_PF 4
 PROBE_TARGET static void bw_task(void *arg, int ith, int nth) {
     bw_ctx *c = arg;
     long lo, hi;
-    pgd_split_range((long)(c->n / 64), ith, nth, &lo, &hi);
-    const long len = (hi - lo) / BW_STREAMS; /* 64-float rows per stream */
-    const float *p[BW_STREAMS];
-    for (int k = 0; k < BW_STREAMS; k++) p[k] = c->buf + (size_t)(lo + k * len) * 64;
-    __m256 s[8];
-    for (int k = 0; k < 8; k++) s[k] = _mm256_setzero_ps();
-    for (long i = 0; i < len * 4; i++) { /* 4 cache lines of 16 floats per 64-float row */
-        for (int k = 0; k < BW_STREAMS; k++) {
-            s[2 * k] = _mm256_add_ps(s[2 * k], _mm256_load_ps(p[k] + 16 * i));
-            s[2 * k + 1] = _mm256_add_ps(s[2 * k + 1], _mm256_load_ps(p[k] + 16 * i + 8));
+    pgd_split_range((long)(c->n / (16 * BW_STREAMS * BW_RUN)), ith, nth, &lo, &hi);
+    __m256 s[2 * BW_STREAMS];
+    for (int k = 0; k < 2 * BW_STREAMS; k++) s[k] = _mm256_setzero_ps();
+    for (long b = lo; b < hi; b++) {
+        const float *blk = c->buf + (size_t)b * 16 * BW_STREAMS * BW_RUN;
+        for (long i = 0; i < BW_RUN; i++) {
+            for (int k = 0; k < BW_STREAMS; k++) {
+                const float *q = blk + ((size_t)k * BW_RUN + (size_t)i) * 16;
+                _mm_prefetch((const char *)(q + 16 * BW_PF), _MM_HINT_T0);
+                s[2 * k] = _mm256_add_ps(s[2 * k], _mm256_load_ps(q));
+                s[2 * k + 1] = _mm256_add_ps(s[2 * k + 1], _mm256_load_ps(q + 8));
+            }
         }
     }
-    for (int k = 1; k < 8; k++) s[0] = _mm256_add_ps(s[0], s[k]);
+    for (int k = 1; k < 2 * BW_STREAMS; k++) s[0] = _mm256_add_ps(s[0], s[k]);
     float out[8];
     _mm256_storeu_ps(out, s[0]);
     if (ith < 1024) c->sums[ith] = out[0];
