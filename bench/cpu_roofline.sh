@@ -32,7 +32,10 @@ import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     d = json.loads(f.read_text())
     print(f"\n{f.stem}: {d['weight_type']} weights, {d['weight_bytes_per_step'] / 1e6:.1f} MB per "
-          f"step; probes {d['bandwidth_gbs']:.2f} GB/s, {d['peak_gflops']:.1f} GFLOP/s "
+          f"step; probes {d['bandwidth_gbs']:.2f} GB/s, {d['peak_gflops']:.1f} GFLOP/s, the "
+          f"better of before / after the tests: "
+          f"{' / '.join(f'{v:.2f}' for v in d['bandwidth_gbs_before_after'])} GB/s, "
+          f"{' / '.join(f'{v:.1f}' for v in d['peak_gflops_before_after'])} GFLOP/s "
           f"({d['threads']} threads, median of {d['reps']})\n")
     print("| test | t/s | roofline t/s | fraction | bound |\n| --- | --- | --- | --- | --- |")
     for r in d["results"]:
