@@ -30,6 +30,15 @@ step() { # name timeout_s cmd...: runs, logs output, never aborts the script
 }
 log "host: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 py=${PYTHON:-python3}
+# gpu_bench tags each figure with every PAGODA_* variable set: exported ones tag all of them, and
+# summarize.py then takes its medians from the most common variant instead of the defaults.
+# (grep finding nothing exits 1: || true, or set -e and pipefail would end the script here.)
+pagoda_env=$(env | grep '^PAGODA_' | tr '\n' ' ' || true)
+if [ -n "$pagoda_env" ]; then
+    log "WARNING: PAGODA_* set in the environment, every figure below runs with it: $pagoda_env"
+else
+    log "environment: no PAGODA_* variable set"
+fi
 
 # What this machine has, for a run that fails before it measures anything.
 {
@@ -96,8 +105,14 @@ log "$(nvidia-smi --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --form
        tr '\n' ' ')"
 step "op-by-op CUDA vs CPU (NMSE)" 90 env PAGODA_REQUIRE_CUDA=1 ./build-gpucheck/test_backend_ops
 # the sampling kernel (temperature, top-k/top-p/min-p) against the CPU chain's kept sets and draws
+n_before=$(wc -l <"$res")
 step "sampling on the GPU vs the CPU chain (test_device_sample)" 120 \
     ./build-gpucheck/test_device_sample
+# test_device_sample tests the CUDA op only where it finds a device (it ignores
+# PAGODA_REQUIRE_CUDA), and passes on the CPU's alone: its "cuda op: " lines say it ran.
+if ! awk -v n="$n_before" 'NR > n && /^cuda op: /{ f = 1 } END { exit !f }' "$res"; then
+    log "   test_device_sample: FAILED (no \"cuda op:\" line: CUDA op NOT tested on the GPU)"
+fi
 if ! grep -q "all ops within thresholds" "$res" && command -v compute-sanitizer >/dev/null; then
     step "op-by-op under compute-sanitizer memcheck" 100 env PAGODA_REQUIRE_CUDA=1 \
         compute-sanitizer --tool memcheck --print-limit 20 ./build-gpucheck/test_backend_ops

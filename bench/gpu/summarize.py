@@ -2,8 +2,10 @@
 object per line in, one per line out (appended by check.sh to its results file).
     python3 bench/gpu/summarize.py RESULTS.txt [MORE.txt ...]
 Rows read: bandwidth (copy kernel GB/s), gemm (cuBLASLt TFLOP/s), decode and prefill (the runs
-with no PAGODA_* switch set: the median of them, by tok_s, with their count), hf_decode /
-hf_prefill."""
+with no PAGODA_* switch set: the median of them, by tok_s, with their count; where every decode
+run has one, as when the caller exported a PAGODA_* variable, the runs of the most common
+variant, named in a "summary_variant" line), hf_decode / hf_prefill."""
+import collections
 import json
 import sys
 
@@ -22,10 +24,21 @@ def first(bench, **match):
                  all(r.get(k) == v for k, v in match.items())), None)
 
 
+# gpu_bench tags a figure with every PAGODA_* variable it ran under: one exported by the caller
+# tags them all, and the default ("") would then select nothing and the summary come out empty
+# without a word. The most common variant of the decode runs stands in for it (ties: the first
+# seen), and the summary says so.
+decode_variants = collections.Counter(r.get("variant", "") for r in rows
+                                      if r.get("bench") == "decode")
+base_variant = ""
+if decode_variants and "" not in decode_variants:
+    base_variant = decode_variants.most_common(1)[0][0]
+
+
 def median(bench, **match):
-    """The default variant's run of median tok_s (the lower middle one of an even count), with
+    """The base variant's run of median tok_s (the lower middle one of an even count), with
     "runs" (how many) and "tok_s_runs" added; files before the variant field: the first run."""
-    rs = [r for r in rows if r.get("bench") == bench and r.get("variant", "") == "" and
+    rs = [r for r in rows if r.get("bench") == bench and r.get("variant", "") == base_variant and
           all(r.get(k) == v for k, v in match.items())]
     if not any("variant" in r for r in rs):
         rs = rs[:1]
@@ -38,6 +51,10 @@ def median(bench, **match):
 
 
 out = []
+if base_variant:
+    out.append({"bench": "summary_variant", "variant": base_variant,
+                "note": "no decode run without PAGODA_* variables: the figures below are the "
+                        "runs of variant " + base_variant})
 bw, gemm, d1 = first("bandwidth"), first("gemm"), median("decode", batch=1)
 if bw and d1:
     roof_ms = d1["weight_bytes"] / (bw["GBps"] * 1e9) * 1e3

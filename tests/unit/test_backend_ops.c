@@ -153,11 +153,16 @@ static void test_matmul_chains(pair *p) {
     pgd_type types[] = {PGD_TYPE_BF16, PGD_TYPE_F16, PGD_TYPE_Q8_0};
     int ns[] = {1, 3, 33};
     enum { NW = 6 }; /* q, k, v, gate, up, down */
-    const int64_t dim = 256, ffn = 320;
-    const int64_t w_in[NW] = {dim, dim, dim, dim, dim, ffn};
-    const int64_t w_out[NW] = {128, 64, 64, ffn, ffn, dim};
+    const int64_t dim = 256;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         if (!p->dut.ops->supports(PGD_OP_MATMUL, types[ti])) continue;
+        /* 330 rows of gate/up (not a multiple of GEMV16_ROWS = 4) leave the gated kernel's last
+         * block two rows short, so its tail warps must exit; down then reads 330 inputs, not a
+         * multiple of 8, which k_gemv, cuBLASLt and the CPU tiles (scalar tail) all take. Q8_0
+         * keeps 320: its blocks need down's n_in = ffn to be a multiple of 32. */
+        const int64_t ffn = types[ti] == PGD_TYPE_Q8_0 ? 320 : 330;
+        const int64_t w_in[NW] = {dim, dim, dim, dim, dim, ffn};
+        const int64_t w_out[NW] = {128, 64, 64, ffn, ffn, dim};
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             int n = ns[ni];
             float *xh = randv((size_t)n * dim), *x2h = randv((size_t)n * dim);
@@ -243,6 +248,69 @@ static void test_elementwise(pair *p) {
         free(dh);
         free(wh);
     }
+}
+
+/* A step of one decode token at position `pos` (nh/nkv heads of hd, KV of dtype kdt) over a
+ * history of random K/V: on CUDA the flash-decoding kernel alone, with the number of splits S
+ * that split_geometry (cuda_backend.c) picks for a single row, and k_attn_combine merging them.
+ * Compared as test_step_ops compares its mixed step. */
+static void decode_attention(pair *p, int nh, int nkv, int hd, pgd_type kdt, int32_t pos) {
+    const int bs = 16, kv_dim = nkv * hd, q_dim = nh * hd, n_blocks = pos / bs + 1;
+    const size_t n_slots = (size_t)n_blocks * bs, es = pgd_dtype_size(kdt);
+    const size_t pool_bytes = n_slots * (size_t)kv_dim * es;
+    int32_t *table = malloc((size_t)n_blocks * sizeof *table);
+    uint8_t *hk = malloc(pool_bytes), *hv = malloc(pool_bytes);
+    float *qh = malloc((size_t)q_dim * sizeof *qh), *kh = malloc((size_t)kv_dim * sizeof *kh),
+          *vh = malloc((size_t)kv_dim * sizeof *vh);
+    CHECK(table && hk && hv && qh && kh && vh);
+    if (!table || !hk || !hv || !qh || !kh || !vh) goto done;
+    /* reversed: logical block i is not physical block i */
+    for (int i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
+    for (size_t i = 0; i < n_slots * (size_t)kv_dim; i++) {
+        float kf = frand(), vf = frand();
+        if (es == 4) {
+            memcpy(hk + 4 * i, &kf, 4);
+            memcpy(hv + 4 * i, &vf, 4);
+        } else {
+            bool f16 = kdt == PGD_TYPE_F16;
+            uint16_t kb = f16 ? pgd_fp32_to_fp16(kf) : pgd_fp32_to_bf16(kf);
+            uint16_t vb = f16 ? pgd_fp32_to_fp16(vf) : pgd_fp32_to_bf16(vf);
+            memcpy(hk + 2 * i, &kb, 2);
+            memcpy(hv + 2 * i, &vb, 2);
+        }
+    }
+    for (int i = 0; i < q_dim; i++) qh[i] = frand();
+    for (int i = 0; i < kv_dim; i++) kh[i] = frand(), vh[i] = frand();
+    int32_t tok = 7, seq = 0, row = 0;
+    int64_t slot = (int64_t)table[pos / bs] * bs + pos % bs;
+    const int32_t *tables[1] = {table};
+    pgd_step st = {1, &tok, &pos, &seq, &slot, tables, 1, &row, 0, bs, 0};
+    float inv_freq[128]; /* hd <= 256 */
+    for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, 2.0f * i / hd);
+    pgd_rope_params rp = {0, hd, inv_freq};
+    buf2 K = mk(p, hk, pool_bytes), V = mk(p, hv, pool_bytes);
+    buf2 q = mk(p, qh, (size_t)q_dim * 4), k = mk(p, kh, (size_t)kv_dim * 4),
+         v = mk(p, vh, (size_t)kv_dim * 4), o = mk(p, NULL, (size_t)q_dim * 4);
+    pgd_kv_layer lr = {kdt, K.r, V.r, bs, kv_dim}, ld = {kdt, K.d, V.d, bs, kv_dim};
+    p->ref.ops->begin(&p->ref, &st, &rp);
+    p->dut.ops->begin(&p->dut, &st, &rp);
+    p->ref.ops->kv_store(&p->ref, &lr, k.r, v.r, &st);
+    p->dut.ops->kv_store(&p->dut, &ld, k.d, v.d, &st);
+    p->ref.ops->attention(&p->ref, q.r, &lr, o.r, nh, nkv, hd, &st);
+    p->dut.ops->attention(&p->dut, q.d, &ld, o.d, nh, nkv, hd, &st);
+    char what[80];
+    snprintf(what, sizeof what, "decode attention at %d, %d/%d heads hd %d %s", (int)pos, nh, nkv,
+             hd, pgd_type_name(kdt));
+    expect(p, what, &o, (size_t)q_dim, kdt == PGD_TYPE_BF16 ? 1e-4 : 2e-5);
+    buf2 *bufs[] = {&K, &V, &q, &k, &v, &o};
+    for (int i = 0; i < 6; i++) rm(p, bufs[i]);
+done:
+    free(table);
+    free(hk);
+    free(hv);
+    free(qh);
+    free(kh);
+    free(vh);
 }
 
 /* embed, gather_rows, rope (both modes), kv_store + paged attention over a mixed batch, and the
@@ -379,6 +447,23 @@ static void test_step_ops(pair *p) {
         free(hk);
         free(hv);
     }
+    /* The mixed step above gives k_attn_combine 3 splits (ctx 701 in 256-position splits: its
+     * 61 rows already give every SM work). A single decode row splits for parallelism instead:
+     * split_geometry wants ceil(attn_fill * n_sm / n_kv) splits (PAGODA_CUDA_ATTN_FILL, default
+     * 4), capped at one per 16 positions, ceil(ctx / 16), and at part_cap / n_head (65,536 /
+     * n_head here: far above both cases). On an H200 (132 SMs), at the default fill:
+     * - 32/8 heads at position 700 (ctx 701): want ceil(528 / 8) = 66, cap 44, so S = 44 (as on
+     *   any GPU of 87 SMs or more): the warp-0 loop over the splits runs twice for lanes 0..11
+     *   and the unroll-16 body runs twice before a 12-split remainder.
+     * - 4/1 heads at position 2399 (ctx 2400): want 528, cap 150, so S = 150 (over 128 on any
+     *   GPU of 33 SMs or more): the split maxima are loaded in two strides of blockDim (128),
+     *   the warp-0 loop runs 4-5 times. S > 128 needs ctx > 2048 whatever the fill, and n_kv =
+     *   1 gets there at the default fill; raising PAGODA_CUDA_ATTN_FILL instead would need a
+     *   second CUDA backend, as cuda_init reads it once. (The CPU reference was set up for
+     *   GQA groups of at most 32 / 8 = 4 query heads, hence 4/1, not 32/1.)
+     * Without a device this runs cpu vs cpu like the rest. */
+    decode_attention(p, 32, 8, 128, PGD_TYPE_BF16, 700);
+    decode_attention(p, 4, 1, 128, PGD_TYPE_F16, 2399);
 }
 
 static int run_pair(const pgd_backend_ops *dut, int device, pgd_pool *pool) {
