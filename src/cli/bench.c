@@ -348,8 +348,9 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
         }
         double t = median(times, (int)o->reps) / BATCH_STEPS;
         /* A step reads the weights once and computes every sequence's logits. */
-        res[(*n_res)++] = (result){"batch", b, (double)b / t, step_bytes,
-                                   2.0 * (mc->layer_params + mc->head_params) * (double)b, 0, 0, NULL};
+        res[(*n_res)++] = (result){
+            .test = "batch", .tokens = b, .tps = (double)b / t, .bytes = step_bytes,
+            .flops = 2.0 * (mc->layer_params + mc->head_params) * (double)b};
     }
     rc = 0;
 out:
@@ -468,8 +469,8 @@ int pgd_cli_bench(int argc, char **argv) {
         /* Compute roofline: 2 flops per multiply-add, LM head for the last token only. */
         double flops = 2.0 * (mc.layer_params * (double)o.n_prompt + mc.head_params) +
                        depth_flops * (double)o.n_prompt;
-        res[n_res++] = (result){"pp", o.n_prompt, (double)o.n_prompt / t, 0, flops, o.depth,
-                                0, NULL};
+        res[n_res++] = (result){.test = "pp", .tokens = o.n_prompt,
+                                .tps = (double)o.n_prompt / t, .flops = flops, .depth = o.depth};
     }
     if (o.n_gen > 0) {
         for (long r = 0; r < o.reps; r++) {
@@ -480,8 +481,9 @@ int pgd_cli_bench(int argc, char **argv) {
             times[r] = pgd_now_s() - t;
         }
         double t = median(times, (int)o.reps);
-        res[n_res++] = (result){"tg", o.n_gen, (double)o.n_gen / t,
-                                (double)o.n_gen * (step_bytes + depth_bytes), 0, o.depth, 0, NULL};
+        res[n_res++] = (result){.test = "tg", .tokens = o.n_gen, .tps = (double)o.n_gen / t,
+                                .bytes = (double)o.n_gen * (step_bytes + depth_bytes),
+                                .depth = o.depth};
     }
     long max_b = 0;
     for (int bi = 0; bi < o.n_batches; bi++)
