@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "launch.cuh"
 
 using namespace nvcuda;
 
@@ -105,6 +106,7 @@ template <int DT> __device__ __forceinline__ uint4 load8(const void *base, size_
 template <int HDP, int DT>
 __global__ void __launch_bounds__(NTHR, HDP > 128 ? 1 : 2)
     k_attn_prefill(pgd_k_attn a, const pgd_k_qtile *tiles, int vec) {
+    pdl_enter();
     using T = typename Mma<DT>::T;
     using L = Smem<HDP>;
     constexpr int LDH = L::LDH, LDO = L::LDO, CH = HDP / 8, NF = HDP / 32;
@@ -273,8 +275,7 @@ int launch(pgd_stream s, const pgd_k_attn *a, const pgd_k_qtile *tiles, int n_ti
         return (int)e;
     }
     dim3 grid((unsigned)n_tiles, (unsigned)a->n_head);
-    k_attn_prefill<HDP, DT><<<grid, NTHR, shm, s>>>(*a, tiles, vec);
-    return (int)cudaGetLastError();
+    return (int)klaunch(k_attn_prefill<HDP, DT>, grid, NTHR, shm, s, *a, tiles, vec);
 }
 
 template <int HDP>

@@ -22,13 +22,19 @@ typedef struct pgd_k_attn {
     const int32_t *tables;     /* (n_seqs, table_stride) */
     int table_stride;
     int n_tokens, n_head, n_kv_head, hd;
-    int n_splits, split_len;   /* flash-decoding: positions per split */
+    /* flash-decoding: a token at position p spreads its p + 1 positions over its first
+     * ceil((p + 1) / len) splits of len = max(split_len, ceil((p + 1) / n_splits)) positions */
+    int n_splits, split_len;
     float *part;               /* (n_list, n_head, n_splits, hd + 2) scratch */
     /* pgd_k_attention: the tokens it computes, tok_list[0 .. n_list) (device), or all n_tokens
      * when tok_list is NULL (then n_list is ignored) */
     const int32_t *tok_list;
     int n_list;
 } pgd_k_attn;
+
+/* Launch the kernels with programmatic dependent launch (kernels/launch.cuh): only on devices
+ * of compute capability 9.0 and later. Process-wide; set before the first launch. */
+void pgd_k_set_pdl(int on);
 
 int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_rows_w,
                 int32_t vocab_lo, const int32_t *tokens, int n, int dim, float *x);

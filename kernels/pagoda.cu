@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "launch.cuh"
 
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_BF16 = 30 };
 
@@ -72,6 +73,7 @@ static __device__ __forceinline__ void load_block(int type, const uint8_t *row, 
 
 __global__ void k_embed(int type, const uint8_t *w, size_t row_bytes, int64_t n_rows_w,
                         int32_t vocab_lo, const int32_t *tokens, int dim, float *x) {
+    pdl_enter();
     int t = blockIdx.x;
     int64_t r = (int64_t)tokens[t] - vocab_lo;
     float *xt = x + (size_t)t * dim;
@@ -123,6 +125,7 @@ static __device__ float block_sum(float v) {
 __global__ void k_rms_norm(float *x, const float *__restrict__ d, const float *__restrict__ w,
                            float *__restrict__ out, __nv_bfloat16 *__restrict__ ob, int dim,
                            float eps) {
+    pdl_enter();
     float *xr = x + (size_t)blockIdx.x * dim;
     const float *dr = d ? d + (size_t)blockIdx.x * dim : nullptr;
     float *o = out + (size_t)blockIdx.x * dim;
@@ -171,6 +174,7 @@ __global__ void k_rms_norm(float *x, const float *__restrict__ d, const float *_
 #define GEMV_MAX_N 8
 __global__ void k_gemv(int type, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t n_out,
                        const float *x, float *y, int n) {
+    pdl_enter();
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (row >= n_out) return;
@@ -214,6 +218,10 @@ static __device__ __forceinline__ void unpack8(uint4 u, bool f16, float w[8]) {
             w[2 * i + 1] = __uint_as_float(v[i] & 0xFFFF0000u);
         }
     }
+}
+
+static __device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 static __device__ __forceinline__ uint4 ld_stream16(const uint4 *p) {
@@ -263,6 +271,16 @@ __global__ void k_gemv16(bool f16, gemv16_group g, int64_t n_in, const float *x,
     const uint4 *wr[R];
     wr[0] = w + row * n8;
     if (GATED) wr[R - 1] = g.w[1] + row * n8;
+    // Before the kernel ahead has finished (PDL): the first loads' lines into L2, one hint per
+    // 128-byte line (weights: no kernel writes them).
+    if ((lane & 7) == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int k = 0; k < GEMV16_LOADS; k++)
+                if (lane + 32 * k < n8) prefetch_l2(wr[r] + lane + 32 * k);
+    }
+    pdl_enter();
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -314,6 +332,7 @@ __global__ void k_gemv16(bool f16, gemv16_group g, int64_t n_in, const float *x,
 
 __global__ void k_dequant_bf16(int type, const uint8_t *w, size_t row_bytes, int64_t n_in,
                                int64_t n_out, __nv_bfloat16 *dst) {
+    pdl_enter();
     int64_t nb = (n_in + 31) / 32;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nb * n_out) return;
@@ -325,11 +344,13 @@ __global__ void k_dequant_bf16(int type, const uint8_t *w, size_t row_bytes, int
 }
 
 __global__ void k_f32_to_bf16(const float *x, __nv_bfloat16 *d, size_t n) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) d[i] = __float2bfloat16(x[i]);
 }
 
 __global__ void k_add_bias(float *y, const float *b, int n_rows, int dim) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (size_t)n_rows * dim) y[i] += b[i % dim];
 }
@@ -356,6 +377,7 @@ static __device__ __forceinline__ rope_pair rotate(const float *head, int i, int
 
 __global__ void k_rope(float *x, int n_heads, int hd, int neox, const int32_t *pos,
                        const float *inv_freq) {
+    pdl_enter();
     int t = blockIdx.x, half = hd / 2;
     for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
         int h = k / half, i = k % half;
@@ -373,6 +395,7 @@ static __device__ __forceinline__ void store_elem(int dt, void *base, size_t i, 
 }
 __global__ void k_kv_store(int dt, void *k, void *v, int kv_dim, const float *kin,
                            const float *vin, const int64_t *slot) {
+    pdl_enter();
     int t = blockIdx.x;
     if (slot[t] < 0) return; // a padding row of a graph-sized step
     size_t base = (size_t)slot[t] * kv_dim;
@@ -391,6 +414,7 @@ __global__ void k_rope_kv_store(float *q, const float *kin, const float *vin, in
                                 int n_kv_head, int hd, int neox, const int32_t *pos,
                                 const float *inv_freq, int dt, void *k, void *v, int kv_dim,
                                 const int64_t *slot) {
+    pdl_enter();
     int t = blockIdx.x, y = blockIdx.y, half = hd / 2;
     float p = (float)pos[t];
     if (y < n_head) {
@@ -441,7 +465,18 @@ template <> struct kv_elem<T_F32> {
     typedef float raw;
     static __device__ __forceinline__ float f(raw x) { return x; }
 };
+// A token at position p spreads its p + 1 positions evenly over its first splits, at least
+// a.split_len positions each: its splits are len positions long (the last one shorter), and the
+// first ceil((p + 1) / len) <= n_splits of them hold any. So a graph step, whose split count is
+// fixed for the longest context its block tables hold, gives a shorter context all its splits
+// (fewer positions each) rather than a run of empty ones for the combine to walk.
+static __device__ __forceinline__ int split_len_of(const pgd_k_attn &a, int p) {
+    int len = (p + a.n_splits) / a.n_splits; /* ceil((p + 1) / n_splits) */
+    return len > a.split_len ? len : a.split_len;
+}
+
 template <int GM, int ND, int DT> __global__ void k_attention(pgd_k_attn a) {
+    pdl_enter();
     typedef typename kv_elem<DT>::raw raw;
     const raw *K = (const raw *)a.k, *V = (const raw *)a.v;
     int w = blockIdx.x, split = blockIdx.y;
@@ -449,8 +484,9 @@ template <int GM, int ND, int DT> __global__ void k_attention(pgd_k_attn a) {
     int t = a.tok_list ? a.tok_list[idx] : idx;
     int G = a.n_head / a.n_kv_head, hd = a.hd;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int p = a.pos[t];
-    int start = split * a.split_len, end = min(p + 1, start + a.split_len);
+    int p = a.pos[t], len = split_len_of(a, p);
+    int start = split * len, end = min(p + 1, start + len);
+    if (start > p) return; /* past the token's context: k_attn_combine stops before it */
     const int32_t *bt = a.tables + (size_t)a.seq[t] * a.table_stride;
     float scale = rsqrtf((float)hd);
     float q[GM][ND], acc[GM][ND], m[GM], l[GM];
@@ -552,12 +588,14 @@ template <int GM, int ND, int DT> __global__ void k_attention(pgd_k_attn a) {
 // then every thread sums its dimensions over the splits in split order with 16 splits' loads in
 // flight (a serial walk over the splits left the kernel waiting on one load at a time).
 __global__ void k_attn_combine(pgd_k_attn a) {
+    pdl_enter();
     extern __shared__ float wts[];
     int th = blockIdx.x; // list index * n_head + head
-    int hd = a.hd, stride = hd + 2, S = a.n_splits;
+    int hd = a.hd, stride = hd + 2;
     int idx = th / a.n_head, h = th % a.n_head;
     int t = a.tok_list ? a.tok_list[idx] : idx;
-    const float *pp = a.part + (size_t)th * S * stride;
+    int p = a.pos[t], len = split_len_of(a, p), S = (p + len) / len; /* the splits it used */
+    const float *pp = a.part + (size_t)th * a.n_splits * stride;
     for (int s = threadIdx.x; s < S; s += blockDim.x) wts[s] = pp[(size_t)s * stride + hd];
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -584,6 +622,7 @@ __global__ void k_attn_combine(pgd_k_attn a) {
 
 // gb, when not NULL, receives the result in BF16 as well (the next matmul's GEMM input).
 __global__ void k_silu_gate(float *g, const float *u, size_t n, __nv_bfloat16 *gb) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float r = silu_mul(g[i], u[i]);
@@ -593,11 +632,13 @@ __global__ void k_silu_gate(float *g, const float *u, size_t n, __nv_bfloat16 *g
 }
 
 __global__ void k_add(float *x, const float *y, size_t n) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 __global__ void k_gather_rows(const float *src, float *dst, int dim, const int32_t *rows) {
+    pdl_enter();
     int r = blockIdx.x;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
         dst[(size_t)r * dim + i] = src[(size_t)rows[r] * dim + i];
@@ -612,21 +653,24 @@ __global__ void k_copy(const int4 *src, int4 *dst, size_t n) {
 static unsigned blocks(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
 #define LAUNCHED() ((int)cudaGetLastError())
 
+int pgd_k_pdl;
+
 extern "C" {
+
+void pgd_k_set_pdl(int on) { pgd_k_pdl = on; }
 
 int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_rows_w,
                 int32_t vocab_lo, const int32_t *tokens, int n, int dim, float *x) {
-    k_embed<<<n, 128, 0, s>>>(type, (const uint8_t *)w, row_bytes, n_rows_w, vocab_lo, tokens,
-                              dim, x);
-    return LAUNCHED();
+    return (int)klaunch(k_embed, n, 128, 0, s, type, (const uint8_t *)w, row_bytes, n_rows_w,
+                        vocab_lo, tokens, dim, x);
 }
 
 int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float *out,
                    uint16_t *out_bf16, int n_rows, int dim, float eps) {
     int threads = (dim + RMS_VEC - 1) / RMS_VEC;
     threads = threads < 32 ? 32 : threads > 1024 ? 1024 : (threads + 31) / 32 * 32;
-    k_rms_norm<<<n_rows, threads, 0, s>>>(x, d, w, out, (__nv_bfloat16 *)out_bf16, dim, eps);
-    return LAUNCHED();
+    return (int)klaunch(k_rms_norm, n_rows, threads, 0, s, x, d, w, out,
+                        (__nv_bfloat16 *)out_bf16, dim, eps);
 }
 
 static bool gemv16_ok(int type, const void *w, size_t row_bytes, int64_t n_in) {
@@ -646,11 +690,13 @@ int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat 
             for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
                 int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
                 // y rows are (n, n_out): offset the token block; k_gemv writes y[t * n_out + row]
-                k_gemv<<<blocks((size_t)m[i].n_out, 4), 128, 0, s>>>(
-                    type, (const uint8_t *)m[i].w, m[i].row_bytes, n_in, m[i].n_out,
-                    x + (size_t)t0 * n_in, m[i].y + (size_t)t0 * m[i].n_out, nt);
+                cudaError_t e = klaunch(k_gemv, blocks((size_t)m[i].n_out, 4), 128, 0, s, type,
+                                        (const uint8_t *)m[i].w, m[i].row_bytes, n_in, m[i].n_out,
+                                        x + (size_t)t0 * n_in, m[i].y + (size_t)t0 * m[i].n_out,
+                                        nt);
+                if (e != cudaSuccess) return (int)e;
             }
-        return LAUNCHED();
+        return (int)cudaSuccess;
     }
     gemv16_group g = {};
     unsigned nb = 0;
@@ -667,48 +713,46 @@ int pgd_k_gemv_group(pgd_stream s, int type, int64_t n_in, const pgd_k_gemv_mat 
     for (int t0 = 0; t0 < n; t0 += GEMV_MAX_N) {
         int nt = n - t0 < GEMV_MAX_N ? n - t0 : GEMV_MAX_N;
         const float *xt = x + (size_t)t0 * n_in;
+        cudaError_t e = cudaErrorInvalidValue;
         switch (nt) {
 #define GEMV16_CASE(N)                                                                             \
     case N:                                                                                        \
-        if (gated) k_gemv16<N, true><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0);        \
-        else k_gemv16<N, false><<<nb, 32 * GEMV16_ROWS, 0, s>>>(f16, g, n_in, xt, t0);             \
+        e = klaunch(gated ? k_gemv16<N, true> : k_gemv16<N, false>, nb, 32 * GEMV16_ROWS, 0, s,    \
+                    f16, g, n_in, xt, t0);                                                         \
         break;
             GEMV16_CASE(1) GEMV16_CASE(2) GEMV16_CASE(3) GEMV16_CASE(4)
             GEMV16_CASE(5) GEMV16_CASE(6) GEMV16_CASE(7) GEMV16_CASE(8)
 #undef GEMV16_CASE
         }
+        if (e != cudaSuccess) return (int)e;
     }
-    return LAUNCHED();
+    return (int)cudaSuccess;
 }
 
 int pgd_k_dequant_bf16(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_in,
                        int64_t n_out, uint16_t *dst) {
     size_t n = (size_t)((n_in + 31) / 32) * (size_t)n_out;
-    k_dequant_bf16<<<blocks(n, 256), 256, 0, s>>>(type, (const uint8_t *)w, row_bytes, n_in,
-                                                   n_out, (__nv_bfloat16 *)dst);
-    return LAUNCHED();
+    return (int)klaunch(k_dequant_bf16, blocks(n, 256), 256, 0, s, type, (const uint8_t *)w,
+                        row_bytes, n_in, n_out, (__nv_bfloat16 *)dst);
 }
 
 int pgd_k_f32_to_bf16(pgd_stream s, const float *x, uint16_t *dst, size_t n) {
-    k_f32_to_bf16<<<blocks(n, 256), 256, 0, s>>>(x, (__nv_bfloat16 *)dst, n);
-    return LAUNCHED();
+    return (int)klaunch(k_f32_to_bf16, blocks(n, 256), 256, 0, s, x, (__nv_bfloat16 *)dst, n);
 }
 
 int pgd_k_add_bias(pgd_stream s, float *y, const float *b, int n_rows, int dim) {
-    k_add_bias<<<blocks((size_t)n_rows * dim, 256), 256, 0, s>>>(y, b, n_rows, dim);
-    return LAUNCHED();
+    return (int)klaunch(k_add_bias, blocks((size_t)n_rows * dim, 256), 256, 0, s, y, b, n_rows,
+                        dim);
 }
 
 int pgd_k_rope(pgd_stream s, float *x, int n_rows, int n_heads, int hd, int neox,
                const int32_t *pos, const float *inv_freq) {
-    k_rope<<<n_rows, 128, 0, s>>>(x, n_heads, hd, neox, pos, inv_freq);
-    return LAUNCHED();
+    return (int)klaunch(k_rope, n_rows, 128, 0, s, x, n_heads, hd, neox, pos, inv_freq);
 }
 
 int pgd_k_kv_store(pgd_stream s, int dtype, void *k, void *v, int kv_dim, const float *kin,
                    const float *vin, const int64_t *slot, int n) {
-    k_kv_store<<<n, 128, 0, s>>>(dtype, k, v, kv_dim, kin, vin, slot);
-    return LAUNCHED();
+    return (int)klaunch(k_kv_store, n, 128, 0, s, dtype, k, v, kv_dim, kin, vin, slot);
 }
 
 int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *v_in, int n,
@@ -719,9 +763,8 @@ int pgd_k_rope_kv_store(pgd_stream s, float *q, const float *k_in, const float *
     int threads = (hd / 2 + 31) / 32 * 32;
     if (threads < 32) threads = 32;
     dim3 grid((unsigned)n, (unsigned)(n_head + 2 * n_kv_head));
-    k_rope_kv_store<<<grid, threads, 0, s>>>(q, k_in, v_in, n_head, n_kv_head, hd, neox, pos,
-                                             inv_freq, dtype, k, v, kv_dim, slot);
-    return LAUNCHED();
+    return (int)klaunch(k_rope_kv_store, grid, threads, 0, s, q, k_in, v_in, n_head, n_kv_head,
+                        hd, neox, pos, inv_freq, dtype, k, v, kv_dim, slot);
 }
 
 int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
@@ -741,7 +784,8 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
                                                   (int)shm);                                       \
             if (e_ != cudaSuccess) return (int)e_;                                                 \
         }                                                                                          \
-        k_attention<GM, ND, DT><<<grid, 32 * ATT_WARPS, shm, s>>>(*a);                             \
+        cudaError_t l_ = klaunch(k_attention<GM, ND, DT>, grid, 32 * ATT_WARPS, shm, s, *a);      \
+        if (l_ != cudaSuccess) return (int)l_;                                                     \
     } while (0)
 #define ATT_LAUNCH(GM, ND)                                                                         \
     do {                                                                                           \
@@ -762,24 +806,22 @@ int pgd_k_attention(pgd_stream s, const pgd_k_attn *a) {
 #undef ATT_ND
 #undef ATT_LAUNCH
 #undef ATT_DT
-    k_attn_combine<<<n * a->n_head, 128, (size_t)a->n_splits * sizeof(float), s>>>(*a);
-    return LAUNCHED();
+    return (int)klaunch(k_attn_combine, n * a->n_head, 128, (size_t)a->n_splits * sizeof(float),
+                        s, *a);
 }
 
 int pgd_k_silu_gate(pgd_stream s, float *g, const float *u, size_t n, uint16_t *g_bf16) {
-    k_silu_gate<<<blocks(n, 256), 256, 0, s>>>(g, u, n, (__nv_bfloat16 *)g_bf16);
-    return LAUNCHED();
+    return (int)klaunch(k_silu_gate, blocks(n, 256), 256, 0, s, g, u, n,
+                        (__nv_bfloat16 *)g_bf16);
 }
 
 int pgd_k_add(pgd_stream s, float *x, const float *y, size_t n) {
-    k_add<<<blocks(n, 256), 256, 0, s>>>(x, y, n);
-    return LAUNCHED();
+    return (int)klaunch(k_add, blocks(n, 256), 256, 0, s, x, y, n);
 }
 
 int pgd_k_gather_rows(pgd_stream s, const float *src, float *dst, int dim, const int32_t *rows,
                       int n) {
-    k_gather_rows<<<n, 128, 0, s>>>(src, dst, dim, rows);
-    return LAUNCHED();
+    return (int)klaunch(k_gather_rows, n, 128, 0, s, src, dst, dim, rows);
 }
 
 int pgd_k_copy(pgd_stream s, const void *src, void *dst, size_t n_words16) {

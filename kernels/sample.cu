@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "launch.cuh"
 #include "sample.h"
 
 #define SAMPLE_THREADS 256
@@ -354,6 +355,7 @@ static __device__ int nth_tie(const row_t &r, cut_t c, float v, int m, sample_sm
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     k_sample(const float *logits, int n, const pgd_k_sample_row *rows, int32_t *out) {
+    pdl_enter();
     __shared__ sample_smem sm;
     const float *l = logits + (size_t)blockIdx.x * n;
     const pgd_k_sample_row p = rows[blockIdx.x];
@@ -420,6 +422,5 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 extern "C" int pgd_k_sample(pgd_stream s, const float *logits, int n_rows, int n_vocab,
                             const pgd_k_sample_row *rows, int32_t *out) {
     if (n_rows <= 0) return (int)cudaSuccess;
-    k_sample<<<n_rows, SAMPLE_THREADS, 0, s>>>(logits, n_vocab, rows, out);
-    return (int)cudaGetLastError();
+    return (int)klaunch(k_sample, n_rows, SAMPLE_THREADS, 0, s, logits, n_vocab, rows, out);
 }

@@ -139,9 +139,11 @@ for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-rando
     [ -f "$m" ] || { log "skip $m (missing)"; continue; }
     same "$m" "$(ids cpu "$m" 32 9)" "$(ids cuda "$m" 32 9)"
     # a 100-token prompt (tensor-core prefill attention) and decode with and without CUDA graphs,
-    # and with the grouped GEMVs (and the SiLU-gate folded into them) switched off
+    # with the grouped GEMVs (and the SiLU-gate folded into them) switched off, and without
+    # programmatic dependent launch
     a=$(ids cpu "$m" 24 100)
-    for env in "" PAGODA_CUDA_GRAPHS=0 PAGODA_CUDA_TC_ATTN=0 PAGODA_CUDA_GEMV_GROUP=0; do
+    for env in "" PAGODA_CUDA_GRAPHS=0 PAGODA_CUDA_TC_ATTN=0 PAGODA_CUDA_GEMV_GROUP=0 \
+        PAGODA_CUDA_PDL=0 "PAGODA_CUDA_PDL=0 PAGODA_CUDA_GRAPHS=0"; do
         same "$m, 100-token prompt ${env:-(graphs, TC attention)}" "$a" \
             "$(ids cuda "$m" 24 100 $env)"
     done
@@ -186,11 +188,16 @@ if [ -n "$P" ]; then
 fi
 step "HBM bandwidth (copy kernel)" 30 $B bandwidth
 step "cuBLASLt BF16 GEMM peak (8192^3)" 30 $B gemm
-# the three targets' figures PGD_REPS times (3), interleaved; summarize.py takes the medians
+# the three targets' figures PGD_REPS times (3), interleaved; summarize.py takes the medians.
+# Decode without programmatic dependent launch alternates with them (its A/B).
 for rep in $(seq "${PGD_REPS:-3}"); do
     step "decode batch 1 ctx 512 (run $rep)" 60 $B decode "$cfg" 1 512 32
+    step "decode batch 1 ctx 512, no PDL (run $rep)" 60 env PAGODA_CUDA_PDL=0 \
+        $B decode "$cfg" 1 512 32
     step "prefill 2048 (run $rep)" 60 $B prefill "$cfg" 2048
     step "decode batch 64 ctx 512 (run $rep)" 60 $B decode "$cfg" 64 512 32
+    step "decode batch 64 ctx 512, no PDL (run $rep)" 60 env PAGODA_CUDA_PDL=0 \
+        $B decode "$cfg" 64 512 32
 done
 for bs in 8 256; do step "decode batch $bs ctx 512" 60 $B decode "$cfg" "$bs" 512 32; done
 [ -n "${PGD_SKIP_HF:-}" ] ||

@@ -35,10 +35,12 @@ if decode_variants and "" not in decode_variants:
     base_variant = decode_variants.most_common(1)[0][0]
 
 
-def median(bench, **match):
-    """The base variant's run of median tok_s (the lower middle one of an even count), with
-    "runs" (how many) and "tok_s_runs" added; files before the variant field: the first run."""
-    rs = [r for r in rows if r.get("bench") == bench and r.get("variant", "") == base_variant and
+def median(bench, variant=None, **match):
+    """The run of median tok_s (the lower middle one of an even count) of the variant (the base
+    one by default), with "runs" (how many) and "tok_s_runs" added; files before the variant
+    field: the first run."""
+    want = base_variant if variant is None else variant
+    rs = [r for r in rows if r.get("bench") == bench and r.get("variant", "") == want and
           all(r.get(k) == v for k, v in match.items())]
     if not any("variant" in r for r in rs):
         rs = rs[:1]
@@ -83,6 +85,16 @@ if pre and hp:
     out.append({"bench": "vs_transformers_prefill", "tokens": pre["tokens"],
                 "tok_s": pre["tok_s"], "hf_tok_s": hp["tok_s"],
                 "ratio": pre["tok_s"] / hp["tok_s"]})
+# every other decode variant (a switch's A/B: PAGODA_CUDA_PDL=0, PAGODA_CUDA_GRAPHS=0, ...)
+# against the base at the same batch size
+for var in sorted(v for v in decode_variants if v != base_variant):
+    for bs in sorted({r["batch"] for r in rows if r.get("bench") == "decode" and
+                      r.get("variant", "") == var}):
+        a, b = median("decode", var, batch=bs), median("decode", batch=bs)
+        if a and b:
+            out.append({"bench": "variant_vs_base", "variant": var, "batch": bs,
+                        "tok_s": a["tok_s"], "runs": a["runs"], "base_tok_s": b["tok_s"],
+                        "base_runs": b["runs"], "ratio": a["tok_s"] / b["tok_s"]})
 for r in out:
     if "target" in r:
         v = r.get("fraction_of_roofline", r.get("fraction_of_gemm_peak", r.get("ratio")))

@@ -98,7 +98,7 @@ typedef struct cuda_state {
     int mode;                    /* MODE_*: how this step's ops run */
     int failed_before;           /* pgd__cuda_failed when the capture began */
     int32_t n_real, n_pad;       /* the step's token rows as called and as run */
-    int32_t g_splits, g_split_len; /* attention geometry of a graph step */
+    int32_t g_splits; /* attention splits of a graph step */
     graph_entry *cur;
     graph_entry graphs[GRAPH_MAX];
     int n_graphs;
@@ -376,7 +376,16 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     if (!st->h_hi) goto fail;
     CUDA_CHECK_OR(cudaDeviceGetAttribute(&st->n_sm, cudaDevAttrMultiProcessorCount, be->device),
                   goto fail);
-    const char *af = getenv("PAGODA_CUDA_ATTN_FILL"); /* 0: 256-position splits only */
+    /* Programmatic dependent launch (kernels/launch.cuh) where the device has it (9.0+):
+     * process-wide, so a node's devices are taken to be of one kind (tensor parallel inits
+     * every device with the same answer). PAGODA_CUDA_PDL=0 turns it off, for measuring. */
+    int cc_major = 0;
+    CUDA_CHECK_OR(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor,
+                                         be->device),
+                  goto fail);
+    const char *pdl = getenv("PAGODA_CUDA_PDL");
+    pgd_k_set_pdl(cc_major >= 9 && !(pdl && pdl[0] == '0'));
+    const char *af = getenv("PAGODA_CUDA_ATTN_FILL"); /* 0: one split per 256 positions */
     st->attn_fill = af && *af ? atoi(af) : ATTN_BLOCKS_PER_SM;
     if (st->attn_fill < 0) st->attn_fill = 0;
     return PGD_OK;
@@ -443,9 +452,9 @@ static graph_entry *graph_for(cuda_state *st, int32_t pad, int32_t stride, uint6
  * heads: a block per token, KV head and split): ATTN_SPLIT_LEN positions per split; more splits
  * (down to ATTN_SPLIT_MIN positions) when there are too few (token, KV head) pairs to give each
  * multiprocessor attn_fill blocks (small-batch decode); fewer (longer ones) when the
- * partials would not fit part_cap. */
-static void split_geometry(const cuda_state *st, int ctx, int rows, int n_head, int n_kv_head,
-                           int32_t *n_splits, int32_t *split_len) {
+ * partials would not fit part_cap. Each token spreads its own context over them
+ * (kernels/pagoda.cu, split_len_of: at least ATTN_SPLIT_MIN positions a split). */
+static int32_t split_count(const cuda_state *st, int ctx, int rows, int n_head, int n_kv_head) {
     long cap = (long)(st->part_cap / ((size_t)rows * (size_t)n_head));
     if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
     long n = (ctx + ATTN_SPLIT_LEN - 1) / ATTN_SPLIT_LEN;
@@ -455,8 +464,7 @@ static void split_geometry(const cuda_state *st, int ctx, int rows, int n_head, 
     if (want > most) want = most;
     if (want > n) n = want;
     if (n > cap) n = cap;
-    *n_splits = (int32_t)n;
-    *split_len = (int32_t)((ctx + n - 1) / n);
+    return (int32_t)n;
 }
 
 /* Chooses how a graph step runs (st->mode) and stages its tables; PGD_OK leaves st->mode
@@ -470,8 +478,7 @@ static int begin_graph(pgd_backend *be, const pgd_step *s) {
     if (rc) return rc;
     graph_entry *g = graph_for(st, P, stride, s->kv_key);
     if (!g || g->failed) return PGD_OK; /* eagerly, with the tables as staged */
-    split_geometry(st, stride * bs, P, st->n_head, st->n_kv_head, &st->g_splits,
-                   &st->g_split_len);
+    st->g_splits = split_count(st, stride * bs, P, st->n_head, st->n_kv_head);
     st->n_pad = P;
     st->cur = g;
     if (g->exec) {
@@ -754,14 +761,14 @@ static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *
         return;
     }
     int n_tok = rows_of(st, s->n_tokens);
-    int32_t n_splits = st->g_splits, split_len = st->g_split_len; /* a graph key's geometry */
-    if (st->mode == MODE_EAGER)
-        split_geometry(st, st->max_pos + 1, n_tok, n_head, n_kv_head, &n_splits, &split_len);
+    int32_t n_splits = st->mode == MODE_EAGER /* else the graph key's */
+                           ? split_count(st, st->max_pos + 1, n_tok, n_head, n_kv_head)
+                           : st->g_splits;
     pgd_k_attn a = {
         .q = q, .out = out, .k = kv->k, .v = kv->v, .kv_dtype = kv->dtype, .kv_dim = kv->kv_dim,
         .block_size = kv->block_size, .pos = st->d_pos, .seq = st->d_seq, .tables = st->d_tables,
         .table_stride = st->tables_stride, .n_tokens = n_tok, .n_head = n_head,
-        .n_kv_head = n_kv_head, .hd = head_dim, .n_splits = n_splits, .split_len = split_len,
+        .n_kv_head = n_kv_head, .hd = head_dim, .n_splits = n_splits, .split_len = ATTN_SPLIT_MIN,
         .part = st->part,
     };
     /* the tensor-core kernel takes head sizes of a multiple of 16 up to 256: others run every
