@@ -4,6 +4,7 @@
 #ifndef PGD_KERNELS_H
 #define PGD_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -23,7 +24,7 @@ typedef struct pgd_k_attn {
     int table_stride;
     int n_tokens, n_head, n_kv_head, hd;
     /* flash-decoding: a token at position p spreads its p + 1 positions over its first
-     * ceil((p + 1) / len) splits of len = max(split_len, ceil((p + 1) / n_splits)) positions */
+     * pgd_k_splits_used() splits of pgd_k_split_len() positions (the last one shorter) */
     int n_splits, split_len;
     float *part;               /* (n_list, n_head, n_splits, hd + 2) scratch */
     /* pgd_k_attention: the tokens it computes, tok_list[0 .. n_list) (device), or all n_tokens
@@ -31,6 +32,23 @@ typedef struct pgd_k_attn {
     const int32_t *tok_list;
     int n_list;
 } pgd_k_attn;
+
+#ifdef __CUDACC__
+#define PGD_K_HD __host__ __device__
+#else
+#define PGD_K_HD
+#endif
+/* A token at position p spreads its p + 1 positions evenly over its first splits, at least
+ * split_len positions each: len = max(split_len, ceil((p + 1) / n_splits)) positions a split,
+ * in the first ceil((p + 1) / len) <= n_splits of them. So a graph step, whose split count is
+ * fixed for the longest context its block tables hold, gives a shorter context all its splits
+ * (fewer positions each) rather than a run of empty ones for the combine to walk.
+ * (tests/unit/test_attn_splits.c) */
+static inline PGD_K_HD int pgd_k_split_len(int n_splits, int split_len, int p) {
+    int len = (p + n_splits) / n_splits; /* ceil((p + 1) / n_splits) */
+    return len > split_len ? len : split_len;
+}
+static inline PGD_K_HD int pgd_k_splits_used(int len, int p) { return (p + len) / len; }
 
 /* Launch the kernels with programmatic dependent launch (kernels/launch.cuh): only on devices
  * of compute capability 9.0 and later. Process-wide; set before the first launch. */

@@ -465,14 +465,8 @@ template <> struct kv_elem<T_F32> {
     typedef float raw;
     static __device__ __forceinline__ float f(raw x) { return x; }
 };
-// A token at position p spreads its p + 1 positions evenly over its first splits, at least
-// a.split_len positions each: its splits are len positions long (the last one shorter), and the
-// first ceil((p + 1) / len) <= n_splits of them hold any. So a graph step, whose split count is
-// fixed for the longest context its block tables hold, gives a shorter context all its splits
-// (fewer positions each) rather than a run of empty ones for the combine to walk.
 static __device__ __forceinline__ int split_len_of(const pgd_k_attn &a, int p) {
-    int len = (p + a.n_splits) / a.n_splits; /* ceil((p + 1) / n_splits) */
-    return len > a.split_len ? len : a.split_len;
+    return pgd_k_split_len(a.n_splits, a.split_len, p);
 }
 
 template <int GM, int ND, int DT> __global__ void k_attention(pgd_k_attn a) {
@@ -594,7 +588,7 @@ __global__ void k_attn_combine(pgd_k_attn a) {
     int hd = a.hd, stride = hd + 2;
     int idx = th / a.n_head, h = th % a.n_head;
     int t = a.tok_list ? a.tok_list[idx] : idx;
-    int p = a.pos[t], len = split_len_of(a, p), S = (p + len) / len; /* the splits it used */
+    int p = a.pos[t], len = split_len_of(a, p), S = pgd_k_splits_used(len, p);
     const float *pp = a.part + (size_t)th * a.n_splits * stride;
     for (int s = threadIdx.x; s < S; s += blockDim.x) wts[s] = pp[(size_t)s * stride + hd];
     __syncthreads();
