@@ -16,6 +16,7 @@
 // devices before sm_90 (the backend sets pgd_k_pdl only on those that have it).
 #pragma once
 #include <cuda_runtime.h>
+#include <stdio.h>
 
 extern int pgd_k_pdl; /* launch with PDL (kernels/pagoda.cu; pgd_k_set_pdl) */
 
@@ -54,5 +55,20 @@ static cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t s
     cfg.numAttrs = pgd_k_pdl ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
     if (e != cudaSuccess) (void)cudaGetLastError(); // reported here: not left for a later check
+    if (e != cudaSuccess && cfg.numAttrs) {
+        // Refused with the attribute and taken without it: PDL is off from here on (a launch
+        // under stream capture may have ended the capture; the backend then runs the step
+        // eagerly, without PDL).
+        cfg.numAttrs = 0;
+        cudaError_t e2 = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+        if (e2 == cudaSuccess) {
+            pgd_k_pdl = 0;
+            fprintf(stderr, "pagoda: CUDA programmatic dependent launch refused (%s): off\n",
+                    cudaGetErrorString(e));
+        } else {
+            (void)cudaGetLastError();
+        }
+        e = e2;
+    }
     return e;
 }
