@@ -109,6 +109,9 @@ typedef struct pgd_event {
     int32_t top_ids[PGD_MAX_TOP_LOGPROBS];
     float top_logprobs[PGD_MAX_TOP_LOGPROBS];
     int32_t text_len;                /* TOKEN/FINISH: bytes of text completed by this event */
+    /* TOKEN: bytes of the generated text before this token's own (where its text starts,
+       whatever is held back for stop strings; the logprobs' text_offset) */
+    int32_t text_offset;
     char text[PGD_EVENT_TEXT_MAX];   /* complete UTF-8 only; FINISH carries held-back text */
     pgd_finish_reason finish_reason; /* FINISH */
     int32_t n_prompt, n_completion, n_cached; /* FINISH: token counts (cached = prefix hits) */

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokenizer/unicode.h"
+
 void pgd_api_error_set(pgd_api_error *e, int status, const char *type, const char *param,
                        const char *code, const char *fmt, ...) {
     e->status = status;
@@ -33,19 +35,33 @@ char *pgd_api_error_json(const pgd_api_error *e) {
     return s;
 }
 
-static bool valid_utf8(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (!k || i + k > n) return false;
-        for (size_t j = 1; j < k; j++)
-            if ((s[i + j] & 0xC0) != 0x80) return false;
-        i += k;
+/* Is there a \u0000 escape in body (a backslash inside a string of valid JSON)? An escaped
+ * backslash is skipped with its pair, so "\\u0000" (a backslash, then "u0000") is not one. */
+static bool has_nul_escape(const char *b, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (b[i] != '\\') continue;
+        if (b[i + 1] == 'u' && i + 5 < n && !memcmp(b + i + 2, "0000", 4)) return true;
+        i++; /* the escaped character */
     }
-    return true;
+    return false;
 }
 
-bool pgd_api_utf8_valid(const char *s, size_t n) { return valid_utf8((const unsigned char *)s, n); }
+int pgd_api_body_check(const char *body, size_t len, pgd_api_error *err) {
+    /* cJSON passes bytes through unchecked; a prompt must be text, so reject what the tokenizer
+     * and the JSON responses could not represent faithfully */
+    if (!pgd__utf8_valid(body, len)) {
+        pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_utf8",
+                          "the request body is not valid UTF-8");
+        return -1;
+    }
+    if (has_nul_escape(body, len)) {
+        pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_nul",
+                          "a string of the request holds a NUL character (\\u0000), which Pagoda "
+                          "does not take");
+        return -1;
+    }
+    return 0;
+}
 
 cJSON *pgd_api_json_parse(const char *body, size_t len) {
     const char *end = NULL;
@@ -223,6 +239,11 @@ static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err
             buf[len] = 0;
             cJSON_ReplaceItemInObject(nm, "content", cJSON_CreateString(buf));
             free(buf);
+        } else if (!content && !strcmp(rs, "assistant") &&
+                   cJSON_GetObjectItemCaseSensitive(msg, "tool_calls")) {
+            /* OpenAI: an assistant's content is optional when it has tool calls; the templates
+             * see it as null, as with "content": null */
+            cJSON_AddNullToObject(nm, "content");
         } else if (!cJSON_IsString(content) && !(cJSON_IsNull(content) && !strcmp(rs, "assistant"))) {
             cJSON_Delete(nm);
             pgd_api_error_set(err, 400, "invalid_request_error", param, NULL,
@@ -253,13 +274,7 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     r->top_p = 1.0f;
     r->max_tokens = chat ? 0 : 16;
     r->add_generation_prompt = true;
-    /* cJSON passes bytes through unchecked; a prompt must be text, so reject what the tokenizer
-     * and the JSON responses could not represent faithfully */
-    if (!valid_utf8((const unsigned char *)body, len)) {
-        pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_utf8",
-                          "the request body is not valid UTF-8");
-        return -1;
-    }
+    if (pgd_api_body_check(body, len, err)) return -1;
     cJSON *o = pgd_api_json_parse(body, len);
     if (!o) {
         pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_json",
@@ -326,6 +341,9 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     v = 0;
     if (get_num(o, "min_tokens", 0, lim->max_tokens_limit, true, &v, err)) goto fail;
     r->min_tokens = (int32_t)v;
+    if (r->max_tokens > 0 && r->min_tokens > r->max_tokens) /* 0: chat's "up to the context" */
+        BAD("min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)", r->min_tokens,
+            r->max_tokens);
     x = cJSON_GetObjectItemCaseSensitive(o, "seed");
     if (x && !cJSON_IsNull(x)) {
         if (!is_int(x)) BAD("seed", "'seed' must be an integer");
@@ -540,7 +558,7 @@ char *pgd_api_usage_chunk_sse(const pgd_api_request *r, const char *id, long cre
 /* A token's text as a JSON string; a piece of a multi-byte character is written as
  * "bytes:\\xNN..." the way OpenAI reports such tokens. */
 static cJSON *token_string(const char *t, size_t n) {
-    if (valid_utf8((const unsigned char *)t, n)) return string_n(t, n);
+    if (pgd__utf8_valid(t, n)) return string_n(t, n);
     char buf[6 + 4 * 64 + 1];
     size_t k = 0;
     k += (size_t)snprintf(buf, sizeof buf, "bytes:");

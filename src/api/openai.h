@@ -60,8 +60,11 @@ typedef struct pgd_api_request {
 int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits *lim,
                   pgd_api_request *out, pgd_api_error *err);
 void pgd_api_request_free(pgd_api_request *r);
-/* Whether s[0..n) is well-formed UTF-8 (bodies of every POST route must be). */
-bool pgd_api_utf8_valid(const char *s, size_t n);
+/* 0 when body[0..len) may be parsed: well-formed UTF-8 (no overlongs, surrogates, code points
+ * past U+10FFFF), as every POST route's body must be, and no "\u0000" escape (cJSON's strings
+ * end at a NUL, so the text after it would be dropped without a word). Else -1 with a 400 in
+ * err. */
+int pgd_api_body_check(const char *body, size_t len, pgd_api_error *err);
 /* Parses body[0..len) as exactly one JSON value (whitespace around it only), or returns NULL. */
 cJSON *pgd_api_json_parse(const char *body, size_t len);
 

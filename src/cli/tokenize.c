@@ -160,44 +160,6 @@ done:
     return ret;
 }
 
-/* Copies s into a malloc'd string with every ill-formed subsequence replaced by U+FFFD, as
- * Rust's String::from_utf8_lossy (and so HF's decode) does: one U+FFFD per maximal subpart. */
-static char *utf8_lossy(const char *s, size_t n) {
-    char *o = malloc(n * 3 + 1);
-    if (!o) return NULL;
-    const unsigned char *u = (const unsigned char *)s;
-    size_t k = 0;
-    for (size_t i = 0; i < n;) {
-        unsigned char c = u[i];
-        int need = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
-                 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
-        size_t ok = need ? 1 : 0;
-        while (ok && ok < (size_t)need && i + ok < n) {
-            unsigned char b = u[i + ok];
-            unsigned char lo = 0x80, hi = 0xBF;
-            if (ok == 1) {
-                if (c == 0xE0) lo = 0xA0;
-                else if (c == 0xED) hi = 0x9F;
-                else if (c == 0xF0) lo = 0x90;
-                else if (c == 0xF4) hi = 0x8F;
-            }
-            if (b < lo || b > hi) break;
-            ok++;
-        }
-        if (need && ok == (size_t)need) {
-            memcpy(o + k, s + i, ok);
-            k += ok;
-            i += ok;
-        } else {
-            memcpy(o + k, "\xef\xbf\xbd", 3);
-            k += 3;
-            i += ok ? ok : 1;
-        }
-    }
-    o[k] = 0;
-    return o;
-}
-
 static void usage_detokenize(FILE *f) {
     fprintf(f, "usage: pagoda detokenize [-m MODEL] [--no-special] (IDS... | --jsonl F)\n"
                "  prints the text of the ids (special tokens rendered unless --no-special).\n"
@@ -302,11 +264,10 @@ int pgd_cli_detokenize(int argc, char **argv) {
             fprintf(stderr, "pagoda: %s:%ld: not a JSON array of valid token ids\n", jsonl, ln);
             goto done;
         }
-        char *clean = utf8_lossy(s, sl);
+        /* decode's text is valid UTF-8 (ill-formed bytes become U+FFFD, as in HF's decode) */
+        cJSON *str = cJSON_CreateString(s);
         free(s);
-        cJSON *str = clean ? cJSON_CreateString(clean) : NULL;
         char *js = str ? cJSON_PrintUnformatted(str) : NULL;
-        free(clean);
         cJSON_Delete(str);
         if (!js) {
             fprintf(stderr, "pagoda: out of memory\n");

@@ -164,6 +164,27 @@ static void seq_free(seq *s) {
 
 /* ---- events ---- */
 
+/* Room for `need` more bytes of s->text: 0, or PGD_ENOMEM (the text is left as it was). Grows
+ * rarely: the text starts with 8 bytes per token of max_tokens. */
+static int text_reserve(seq *s, size_t need) {
+    if (s->text_len + need <= s->text_cap) return 0;
+    size_t nc = (s->text_len + need) * 2;
+    char *t = realloc(s->text, nc);
+    if (!t) return PGD_ENOMEM;
+    s->text = t;
+    s->text_cap = nc;
+    return 0;
+}
+
+/* The longest prefix of t[0..n) of at most max bytes that ends on a character boundary (an
+ * event's text is whole characters). */
+static size_t utf8_cut(const char *t, size_t n, size_t max) {
+    if (n <= max) return n;
+    size_t k = max;
+    while (k > 0 && ((unsigned char)t[k] & 0xC0) == 0x80) k--;
+    return k;
+}
+
 static pgd_event *event_push(pgd_engine *e) {
     if (e->n_events == e->cap_events) {
         size_t nc = e->cap_events ? e->cap_events * 2 : 256;
@@ -194,7 +215,7 @@ static void emit_finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char
         ev->n_spec_accepted = s->n_spec_accepted;
         ev->queue_seconds = s->admitted_once ? s->queue_seconds : pgd_now_s() - s->t_submit;
         size_t rest = s->text_len > s->emitted ? s->text_len - s->emitted : 0;
-        if (rest > PGD_EVENT_TEXT_MAX) rest = PGD_EVENT_TEXT_MAX;
+        rest = utf8_cut(s->text + s->emitted, rest, PGD_EVENT_TEXT_MAX);
         if (rest) memcpy(ev->text, s->text + s->emitted, rest);
         ev->text_len = (int32_t)rest;
         s->emitted += rest;
@@ -627,14 +648,11 @@ static void finish_seq(pgd_engine *e, seq *s, pgd_finish_reason why, const char 
     pgd_kv_release(&e->mgr, &s->kv);
     if (e->spec_mode == PGD_SPEC_DRAFT) pgd_draft_seq_release(&e->draft, &s->dseq);
     if (why != PGD_FINISH_ABORT && why != PGD_FINISH_ERROR) {
-        /* bytes of a character the generation stopped in the middle of: report them as one
-         * U+FFFD, as Hugging Face's decode does, so the text stays valid UTF-8 */
-        char buf[16];
-        static const char repl[] = "\xEF\xBF\xBD";
-        if (pgd_detok_flush(&s->detok, buf, sizeof buf) > 0 &&
-            s->text_len + sizeof repl - 1 <= s->text_cap) {
-            memcpy(s->text + s->text_len, repl, sizeof repl - 1);
-            s->text_len += sizeof repl - 1;
+        /* bytes of a character the generation stopped in the middle of: one U+FFFD, as
+         * Hugging Face's decode reports them, so the text stays valid UTF-8 */
+        if (text_reserve(s, 3) == 0) {
+            int nb = pgd_detok_flush(&s->detok, s->text + s->text_len, 3);
+            if (nb > 0) s->text_len += (size_t)nb;
         }
     }
     emit_finish(e, s, why, error);
@@ -813,29 +831,21 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
     ev->user_data = s->user_data;
     ev->token = id;
     ev->text_len = 0;
+    ev->text_offset = (int32_t)s->text_len;
     if (!e->model->tok) /* no tokenizer: ids only, no text and no end-of-generation token */
         return s->n_tokens - s->n_prompt >= s->max_tokens || s->n_tokens >= e->n_ctx
                    ? PGD_FINISH_LENGTH
                    : 0;
     if (!s->ignore_eos && pgd_tokenizer_is_eog(e->model->tok, id)) return PGD_FINISH_STOP;
-    char buf[PGD_EVENT_TEXT_MAX];
-    int nb = pgd_detok_push(&s->detok, id, buf, sizeof buf);
-    if (nb > 0) {
-        if (s->text_len + (size_t)nb > s->text_cap) {
-            size_t nc = (s->text_len + (size_t)nb) * 2;
-            char *t = realloc(s->text, nc); /* rare: text longer than 8 bytes per token */
-            if (t) {
-                s->text = t;
-                s->text_cap = nc;
-            } else {
-                nb = 0;
-            }
-        }
-        memcpy(s->text + s->text_len, buf, (size_t)nb);
-        s->text_len += (size_t)nb;
-    }
+    if (text_reserve(s, pgd_detok_cap(e->model->tok)) == 0) {
+        int nb = pgd_detok_push(&s->detok, id, s->text + s->text_len, s->text_cap - s->text_len);
+        if (nb > 0) s->text_len += (size_t)nb;
+    } /* out of memory: the token's text is lost, the generation goes on */
     pgd_finish_reason why = 0;
-    for (int i = 0; i < s->n_stop; i++) {
+    /* no stop string ends the generation before min_tokens (as in vLLM, whose stop check
+     * returns early until then) */
+    int n_stop = s->n_tokens - s->n_prompt >= s->sampler.params.min_tokens ? s->n_stop : 0;
+    for (int i = 0; i < n_stop; i++) {
         /* a match must start at or after emitted: earlier text was checked when emitted */
         size_t from = s->emitted;
         char *hit = memmem(s->text + from, s->text_len - from, s->stop[i], strlen(s->stop[i]));
@@ -852,8 +862,7 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
         while (end > s->emitted && (s->text[end] & 0xC0) == 0x80) end--; /* UTF-8 boundary */
     }
     if (end > s->emitted) {
-        size_t k = end - s->emitted;
-        if (k > PGD_EVENT_TEXT_MAX) k = PGD_EVENT_TEXT_MAX;
+        size_t k = utf8_cut(s->text + s->emitted, end - s->emitted, PGD_EVENT_TEXT_MAX);
         memcpy(ev->text, s->text + s->emitted, k);
         ev->text_len = (int32_t)k;
         s->emitted += k;

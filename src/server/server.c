@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -275,7 +276,7 @@ static void handle_event(server *s, const pgd_event *ev) {
     } else if (c->api.stream && c->ph == PH_STREAMING) {
         cJSON *lp = NULL;
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
-            add_logprobs(s, c, ch, &lp, ev, ch->text_len);
+            add_logprobs(s, c, ch, &lp, ev, (size_t)ev->text_offset);
         const char *fin = ev->type == PGD_EVENT_FINISH ? finish_name(ev->finish_reason) : NULL;
         if (ev->text_len || lp || fin || !c->role_sent[i]) {
             char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, ev->text,
@@ -285,11 +286,11 @@ static void handle_event(server *s, const pgd_event *ev) {
             if (f) out_append(c, f, strlen(f));
             free(f);
         }
-        ch->text_len += (size_t)ev->text_len; /* offsets only; the text itself went out */
+        ch->text_len += (size_t)ev->text_len; /* a count only; the text itself went out */
         resume(c);
     } else {
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
-            add_logprobs(s, c, ch, &ch->logprobs, ev, ch->text_len);
+            add_logprobs(s, c, ch, &ch->logprobs, ev, (size_t)ev->text_offset);
         choice_append(ch, ev->text, (size_t)ev->text_len);
     }
     if (ev->type != PGD_EVENT_FINISH) return;
@@ -431,6 +432,14 @@ static void work_cb(uv_work_t *w) {
 static void submit_all(server *s, req_ctx *c) {
     pgd_api_request *r = &c->api;
     int32_t n_ctx = pgd_engine_n_ctx(s->engine);
+    if (r->n_prompts * r->n > s->cfg.max_waiting) {
+        /* a 429 would never clear: the queue cannot take this many sequences at once */
+        pgd_api_error_set(&c->err, 400, "invalid_request_error", r->n > 1 ? "n" : "prompt", NULL,
+                          "%d prompts x n=%d sequences exceed the server's waiting queue of %d "
+                          "(--max-waiting)", r->n_prompts, r->n, s->cfg.max_waiting);
+        c->has_err = true;
+        return;
+    }
     c->n_choices = r->n_prompts * r->n;
     c->choices = calloc((size_t)c->n_choices, sizeof *c->choices);
     c->engine_ids = calloc((size_t)c->n_choices, sizeof *c->engine_ids);
@@ -491,9 +500,20 @@ static void submit_all(server *s, req_ctx *c) {
             }
             c->submitted[i] = true;
             c->refs++;
-            if (r->echo && pr->text) {
-                choice_append(&c->choices[i], pr->text, strlen(pr->text));
-                c->echo_len[i] = strlen(pr->text);
+            if (r->echo) {
+                /* the prompt as given, or its ids' text (HF's decode without special tokens,
+                 * as vLLM echoes token-id prompts) */
+                char *dec = NULL;
+                size_t dl = 0;
+                const char *t = pr->text;
+                if (!t && s->tok &&
+                    pgd_tokenizer_decode(s->tok, pr->ids, (size_t)pr->n_ids, false, &dec, &dl) == 0)
+                    t = dec;
+                if (t) {
+                    choice_append(&c->choices[i], t, strlen(t));
+                    c->echo_len[i] = strlen(t);
+                }
+                free(dec);
             }
         }
     }
@@ -577,11 +597,7 @@ static void tokenize_work_cb(uv_work_t *w) {
     server *s = c->s;
     pgd_api_error e;
     cJSON *o = NULL, *out = NULL;
-    if (!pgd_api_utf8_valid(c->body ? c->body : "", c->body_len)) {
-        pgd_api_error_set(&e, 400, "invalid_request_error", NULL, "invalid_utf8",
-                          "the request body is not valid UTF-8");
-        goto err;
-    }
+    if (pgd_api_body_check(c->body ? c->body : "", c->body_len, &e)) goto err;
     o = pgd_api_json_parse(c->body ? c->body : "", c->body_len);
     if (!cJSON_IsObject(o)) {
         pgd_api_error_set(&e, 400, "invalid_request_error", NULL, "invalid_json",
@@ -707,7 +723,7 @@ static enum MHD_Result answer_kv_plan(server *s, req_ctx *c, struct MHD_Connecti
 static bool authorized(server *s, struct MHD_Connection *conn) {
     if (s->cfg.n_api_keys == 0) return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    if (!h || strncasecmp(h, "Bearer ", 7)) return false; /* the scheme is case-insensitive */
     for (int i = 0; i < s->cfg.n_api_keys; i++) {
         /* constant-time compare of equal-length keys */
         const char *k = s->cfg.api_keys[i], *g = h + 7;
@@ -807,6 +823,20 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                               s->draining ? "the server is shutting down"
                                           : "the model is still loading");
             return send_error(c, conn, &e);
+        }
+        /* A declared length past the limit is refused before the body is read (a client that
+         * sent "Expect: 100-continue" then gets no 100 and never sends it). */
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (end != cl && (errno == ERANGE || n > (unsigned long long)s->cfg.max_body_bytes)) {
+                pgd_api_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                                  "the request body exceeds %zu bytes", s->cfg.max_body_bytes);
+                return send_error(c, conn, &e);
+            }
         }
         c->rt = (route)found;
         c->ph = PH_RECEIVING;

@@ -59,6 +59,19 @@ int pgd_tokenizer_decode(const pgd_tokenizer *t, const int32_t *ids, size_t n,
         k += l;
     }
     s[k] = 0;
+    if (!pgd__utf8_valid(s, k)) { /* bytes that are no character: U+FFFD, never raw */
+        size_t m = pgd__utf8_lossy(s, k, NULL);
+        char *c = malloc(m + 1);
+        if (!c) {
+            free(s);
+            return PGD_ENOMEM;
+        }
+        pgd__utf8_lossy(s, k, c);
+        c[m] = 0;
+        free(s);
+        s = c;
+        k = m;
+    }
     *out = s;
     *out_len = k;
     return 0;
@@ -112,13 +125,28 @@ int pgd_detok_push(pgd_detok *d, int32_t id, char *out, size_t cap) {
     size_t hold = incomplete_tail((const unsigned char *)out, total);
     memcpy(d->pending, out + total - hold, hold);
     d->n_pending = (int)hold;
-    return (int)(total - hold);
+    size_t r = total - hold;
+    if (pgd__utf8_valid(out, r)) return (int)r;
+    /* Bytes that are no character (a byte token out of place): each maximal ill-formed subpart
+     * becomes U+FFFD, as in the whole text (held bytes are a well-formed start, so no subpart
+     * spans two pushes). Converted in place from the end of out. */
+    size_t m = pgd__utf8_lossy(out, r, NULL);
+    if (m > cap || m > INT32_MAX) return PGD_ERANGE;
+    memmove(out + m - r, out, r);
+    pgd__utf8_lossy(out + m - r, r, out);
+    return (int)m;
+}
+
+size_t pgd_detok_cap(const pgd_tokenizer *t) {
+    return 3 * ((size_t)t->max_dec_len + sizeof ((pgd_detok *)0)->pending);
 }
 
 int pgd_detok_flush(pgd_detok *d, char *out, size_t cap) {
     size_t np = (size_t)d->n_pending;
-    if (np > cap) return PGD_ERANGE;
-    memcpy(out, d->pending, np);
+    if (!np) return 0;
+    /* a well-formed start of a character (incomplete_tail): one maximal subpart */
+    if (cap < 3) return PGD_ERANGE;
+    memcpy(out, "\xEF\xBF\xBD", 3);
     d->n_pending = 0;
-    return (int)np;
+    return 3;
 }

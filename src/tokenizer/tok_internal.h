@@ -68,6 +68,7 @@ struct pgd_tokenizer {
     char *dec_pool;        /* decoded bytes of every token (byte-level undone, ▁ -> space) */
     uint32_t *dec_off;     /* (n_vocab) */
     uint32_t *dec_len;     /* (n_vocab) */
+    uint32_t max_dec_len;  /* the longest decoded piece, in bytes */
 
     pgd_tok_strmap vocab;  /* token text -> id */
     pgd_tok_pair *pairs;   /* (pair_cap) merges */

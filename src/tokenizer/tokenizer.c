@@ -277,6 +277,7 @@ int pgd__tok_finish(pgd_tokenizer *t, const char *name, pgd_err *err) {
         }
         t->dec_off[i] = (uint32_t)off;
         t->dec_len[i] = (uint32_t)(o - off);
+        if (t->dec_len[i] > t->max_dec_len) t->max_dec_len = t->dec_len[i];
         off = o;
         if (ty == PGD_TOK_CONTROL || ty == PGD_TOK_USER || ty == PGD_TOK_UNKNOWN) {
             if (n > 0) {

@@ -52,7 +52,10 @@ int pgd_tokenizer_token_bytes(const pgd_tokenizer *t, int32_t id, bool render_sp
 
 /* Decodes a whole sequence into a malloc'd NUL-terminated string (caller frees). Applies the
  * SentencePiece rule of dropping the leading space of the first token when the vocabulary
- * adds a dummy prefix (as HF's decode does with skip_special_tokens). */
+ * adds a dummy prefix (as HF's decode does with skip_special_tokens). The text is well-formed
+ * UTF-8: each maximal ill-formed subpart of the bytes becomes U+FFFD (HF's ByteLevel decoder
+ * does the same; its SentencePiece ByteFallback replaces each byte of an ill-formed run of
+ * byte tokens instead). */
 int pgd_tokenizer_decode(const pgd_tokenizer *t, const int32_t *ids, size_t n,
                          bool render_special, char **out, size_t *out_len);
 
@@ -69,9 +72,13 @@ typedef struct pgd_detok {
 
 void pgd_detok_init(pgd_detok *d, const pgd_tokenizer *t, bool render_special);
 /* Appends the text completed by token id to out (up to cap bytes); returns the number of bytes
- * written, or a negative status. cap >= 256 + 8 is always enough for one token. */
+ * written, or a negative status. The text is well-formed UTF-8: bytes that form no character
+ * (a byte token out of place) come out as U+FFFD, one per maximal ill-formed subpart, as in
+ * pgd_tokenizer_decode. cap >= pgd_detok_cap(t) is always enough for one token. */
 int pgd_detok_push(pgd_detok *d, int32_t id, char *out, size_t cap);
-/* Emits whatever is still pending (an incomplete sequence at the end of a stream). */
+size_t pgd_detok_cap(const pgd_tokenizer *t);
+/* Ends the stream: an unfinished character still pending comes out as U+FFFD (3 bytes; cap >=
+ * 3), as Hugging Face's decode reports it. Returns the bytes written (0 or 3). */
 int pgd_detok_flush(pgd_detok *d, char *out, size_t cap);
 
 #endif

@@ -16,6 +16,62 @@ int pgd__utf8_seq_len(unsigned char c) {
     return 0;
 }
 
+/* The character at u[0..n): its length (1..4) when complete and well formed, else minus the
+ * length of its maximal subpart (the longest start of a well-formed sequence it begins with; at
+ * least 1 byte). UTF-8's narrowed second-byte ranges rule out overlongs, surrogates and code
+ * points past U+10FFFF. */
+static int wf_char(const unsigned char *u, size_t n) {
+    unsigned char c = u[0];
+    int need = pgd__utf8_seq_len(c);
+    if (need == 1) return 1;
+    if (need == 0) return -1;
+    int ok = 1;
+    while (ok < need && (size_t)ok < n) {
+        unsigned char b = u[ok], lo = 0x80, hi = 0xBF;
+        if (ok == 1) {
+            if (c == 0xE0) lo = 0xA0;
+            else if (c == 0xED) hi = 0x9F;
+            else if (c == 0xF0) lo = 0x90;
+            else if (c == 0xF4) hi = 0x8F;
+        }
+        if (b < lo || b > hi) break;
+        ok++;
+    }
+    return ok == need ? need : -ok;
+}
+
+bool pgd__utf8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        int l = wf_char(u + i, n - i);
+        if (l < 0) return false;
+        i += (size_t)l;
+    }
+    return true;
+}
+
+size_t pgd__utf8_lossy(const char *s, size_t n, char *out) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        int l = wf_char(u + i, n - i);
+        if (l > 0) {
+            if (out) memmove(out + k, s + i, (size_t)l); /* may overlap: see the header */
+            k += (size_t)l;
+            i += (size_t)l;
+        } else {
+            if (out) memcpy(out + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i += (size_t)-l;
+        }
+    }
+    return k;
+}
+
 int pgd__utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
     unsigned char c = s[0];
     int len = pgd__utf8_seq_len(c);

@@ -4,6 +4,7 @@
 #ifndef PGD_TOKENIZER_UNICODE_H
 #define PGD_TOKENIZER_UNICODE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,15 @@ int pgd__utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
 int pgd__utf8_encode(uint32_t cp, char *out);
 /* Length of the UTF-8 sequence a lead byte announces (1..4), 0 for a continuation/invalid byte. */
 int pgd__utf8_seq_len(unsigned char lead);
+/* Is s[0..n) well-formed UTF-8 (no overlong forms, surrogates, code points past U+10FFFF or
+ * truncated sequences)? */
+bool pgd__utf8_valid(const char *s, size_t n);
+/* Writes s[0..n) to out with each maximal ill-formed subpart replaced by U+FFFD (Unicode's
+ * recommended practice, as Rust's String::from_utf8_lossy and so Hugging Face's ByteLevel
+ * decoder do); returns the length written (at most 3 n). out NULL: only the length. out may
+ * overlap s when s ends at out + the returned length or later (s moved to the end of a buffer
+ * of that length is converted in place: every byte writes at least one). */
+size_t pgd__utf8_lossy(const char *s, size_t n, char *out);
 
 unsigned pgd__uni_flags(uint32_t cp);
 unsigned pgd__uni_ccc(uint32_t cp);

@@ -176,6 +176,52 @@ def test_completion_echo(server, client, model_id):
     assert c.choices[0].text == PROMPT + plain.choices[0].text
 
 
+def test_completion_echo_token_ids(server):
+    """A prompt of token ids is echoed as their text (the ids' decode), as vLLM does: the same
+    response as for the text prompt."""
+    ids = post(server, "/tokenize", {"prompt": PROMPT}).json()["tokens"]
+    a = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 3, "temperature": 0,
+                                         "echo": True})
+    b = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "temperature": 0,
+                                         "echo": True})
+    assert a.status_code == b.status_code == 200, a.text
+    assert a.json()["choices"][0]["text"] == b.json()["choices"][0]["text"]
+    assert b.json()["choices"][0]["text"].startswith(PROMPT)
+
+
+def test_min_tokens_defers_stop_strings(server):
+    """No stop string ends the generation before min_tokens (vLLM's rule): the text is the
+    unconstrained greedy text cut at the first stop that starts in the min_tokens-th token's text
+    or later (located by that run's text_offset), and at least min_tokens tokens long."""
+    base = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+                                            "logprobs": 0}).json()["choices"][0]
+    text, off = base["text"], base["logprobs"]["text_offset"]
+    m = 8
+    assert text.find(" ") < off[m - 1] < text.find(" ", off[m - 1]), text  # a space before too
+    r = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+                                         "stop": [" "], "min_tokens": m})
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    assert c["text"] == text[:text.find(" ", off[m - 1])] and c["finish_reason"] == "stop"
+    assert r.json()["usage"]["completion_tokens"] >= m
+
+
+def test_logprobs_text_offset_unmoved_by_stop_strings(server):
+    """The text held back while a stop string might match does not shift text_offset: with a
+    stop string that never matches, the offsets equal the run's without one, streamed or not."""
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0}
+    want = post(server, "/v1/completions", body).json()["choices"][0]["logprobs"]["text_offset"]
+    assert want[0] == 0 and want == sorted(want) and want[-1] > 0
+    held = dict(body, stop=["zzzzzzzzzzzzzzzzzzzz"])
+    got = post(server, "/v1/completions", held).json()["choices"][0]["logprobs"]["text_offset"]
+    assert got == want
+    r = requests.post(server.url("/v1/completions"), json=dict(held, stream=True), timeout=120)
+    streamed = [o for ev in sse_events(r.iter_lines()) if ev != "[DONE]"
+                for ch in ev["choices"] if ch.get("logprobs")
+                for o in ch["logprobs"]["text_offset"]]
+    assert streamed == want
+
+
 def test_seed_reproducible(server, client, model_id):
     def run(seed):
         return client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=10,

@@ -4,11 +4,15 @@ completion taken before equals one taken after). Runs on stories260K (context 51
 template) with an API key, so authentication is checked too."""
 import json
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import requests
 
 from server_util import STORIES, Server, validate
+from util import DATA
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -43,6 +47,23 @@ CASES = [
      "UTF-8"),
     ("invalid-utf8-chat", "POST", CH,
      b'{"messages": [{"role": "user", "content": "\xc3"}]}', None, 400, None, "UTF-8"),
+    # well-formed in shape but not UTF-8: an overlong "/", an encoded surrogate, a code point
+    # past U+10FFFF, a lead byte no character starts with
+    ("utf8-overlong", "POST", C, b'{"prompt": "\xc0\xaf", "max_tokens": 1}', None, 400, None,
+     "UTF-8"),
+    ("utf8-surrogate", "POST", C, b'{"prompt": "\xed\xa0\x80", "max_tokens": 1}', None, 400,
+     None, "UTF-8"),
+    ("utf8-past-10ffff", "POST", C, b'{"prompt": "\xf4\x90\x80\x80", "max_tokens": 1}', None,
+     400, None, "UTF-8"),
+    ("utf8-f5-lead", "POST", C, b'{"prompt": "\xf5\x80\x80\x80", "max_tokens": 1}', None, 400,
+     None, "UTF-8"),
+    # cJSON's strings end at a NUL: the rest of the prompt would be dropped without a word
+    ("prompt-nul", "POST", C, b'{"prompt": "ab\\u0000cd", "max_tokens": 1}', None, 400, None,
+     "NUL"),
+    ("stop-nul", "POST", C, b'{"prompt": "ab", "stop": ["x\\u0000"]}', None, 400, None, "NUL"),
+    ("tokenize-nul", "POST", "/tokenize", b'{"prompt": "a\\u0000b"}', None, 400, None, "NUL"),
+    ("min-tokens-over-max-tokens", "POST", C, {"prompt": "a", "max_tokens": 5, "min_tokens": 10},
+     None, 400, "min_tokens", None),
     ("prompt-missing", "POST", C, {"max_tokens": 2}, None, 400, "prompt", None),
     ("prompt-empty", "POST", C, {"prompt": ""}, None, 400, "prompt", "empty"),
     ("prompt-empty-array", "POST", C, {"prompt": []}, None, 400, "prompt", None),
@@ -204,6 +225,98 @@ def test_prompt_over_context_says_the_numbers(server):
                       timeout=30).json()["count"]
     m = r.json()["error"]["message"]
     assert "512" in m and str(n) in m and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_escaped_backslash_before_u0000_is_text(server):
+    """'\\\\u0000' in JSON is a backslash and the text "u0000", not a NUL: taken."""
+    r = send(server, "POST", C, b'{"prompt": "a\\\\u0000", "max_tokens": 1}', None)
+    assert r.status_code == 200, r.text
+
+
+def test_bearer_scheme_is_case_insensitive(server):
+    for scheme in ("bearer", "BEARER"):
+        r = send(server, "POST", C, GREEDY, {"Authorization": f"{scheme} {KEY}"})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == server.reference
+
+
+def test_declared_oversized_body_refused_before_it_is_sent(server):
+    """A Content-Length past --max-body-bytes with "Expect: 100-continue": a 413 comes back
+    at once (no "100 Continue"), without the client sending a byte of the body."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sk:
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                   + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: 50000000\r\nExpect: 100-continue\r\n\r\n")
+        out = b""
+        while b"\r\n\r\n" not in out or b"}" not in out.split(b"\r\n\r\n", 1)[1]:
+            chunk = sk.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    assert out.startswith(b"HTTP/1.1 413"), out[:300]
+    err = json.loads(out.split(b"\r\n\r\n", 1)[1])
+    validate(err, "ErrorResponse")
+    assert err["error"]["code"] == "request_too_large"
+
+
+def _vocab(path):
+    gguf = pytest.importorskip("gguf")
+    f = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.tokens"]
+    return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+
+def test_ill_formed_bytes_come_out_as_replacement_characters(server):
+    """Byte tokens forced out of place (stories260K's <0xFF>, <0xE2>) never put raw ill-formed
+    UTF-8 into a response: each maximal ill-formed subpart is U+FFFD, as Python's
+    bytes.decode("utf-8", "replace") (and HF's ByteLevel decoder) gives, in bodies and streams;
+    /detokenize the same."""
+    vocab = _vocab(STORIES)
+    for piece, n in (("<0xFF>", 3), ("<0xE2>", 2)):
+        tid = vocab.index(piece)
+        want = (bytes([int(piece[3:5], 16)]) * n).decode("utf-8", "replace")
+        body = {"prompt": "Once", "max_tokens": n, "temperature": 0, "logit_bias": {str(tid): 100}}
+        r = send(server, "POST", C, body, None)
+        assert r.status_code == 200, r.text
+        text = json.loads(r.content.decode("utf-8"))["choices"][0]["text"]  # strict UTF-8
+        assert text == want, (piece, text)
+        r = send(server, "POST", C, dict(body, stream=True), None)
+        got = ""
+        for line in r.content.decode("utf-8").splitlines():  # strict: fails on a raw byte
+            if line.startswith("data: {"):
+                got += "".join(c["text"] for c in json.loads(line[6:])["choices"])
+        assert got == want, (piece, got)
+        r = send(server, "POST", "/detokenize", {"tokens": [tid] * n}, None)
+        assert r.status_code == 200 and r.json()["prompt"] == want, r.text
+
+
+def test_chat_assistant_tool_calls_without_content(tmp_path):
+    """OpenAI lets an assistant message with tool_calls leave out content: it is taken as null,
+    so the answer equals the one with "content": null (stories260K with Qwen2.5's chat template,
+    which renders tool calls, set by gguf-new-metadata)."""
+    tool = Path(sys.executable).with_name("gguf-new-metadata")
+    if not tool.exists():
+        pytest.skip("gguf-new-metadata (the gguf package) is not installed")
+    model = tmp_path / "stories-qwen-template.gguf"
+    subprocess.run([str(tool), str(STORIES), str(model), "--chat-template-file",
+                    str(DATA / "chat-templates" / "Qwen-Qwen2.5-7B-Instruct.jinja")],
+                   check=True, capture_output=True)
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    msgs = [{"role": "user", "content": "What is f?"},
+            {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    s = Server(model)
+    s.start()
+    try:
+        body = {"messages": msgs, "max_tokens": 6, "temperature": 0}
+        a = requests.post(s.url(CH), json=body, timeout=60)
+        assert a.status_code == 200, a.text
+        body["messages"][1] = dict(msgs[1], content=None)
+        b = requests.post(s.url(CH), json=body, timeout=60)
+        assert b.status_code == 200, b.text
+        assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
+        assert a.json()["usage"] == b.json()["usage"]
+    finally:
+        s.stop()
 
 
 def test_unknown_fields_are_ignored(server):

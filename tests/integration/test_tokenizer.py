@@ -20,7 +20,9 @@ a smaller corpus with special parsing on. Round trip: pagoda's detokenize of pag
 give the input back exactly (NFC of the input for Qwen2); for SentencePiece that means the
 dummy-prefix space added when encoding is dropped again when decoding.
 """
+import functools
 import json
+import random
 import os
 import sys
 import tempfile
@@ -44,6 +46,7 @@ LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 QWEN2_RE = LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
+@functools.lru_cache(maxsize=None)
 def read_gguf_vocab(path):
     r = gguf.GGUFReader(str(path))
 
@@ -117,6 +120,12 @@ VOCABS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def hf_tokenizer(name):
+    """The HF reference of VOCABS[name], built once per session (tens of seconds for 128k)."""
+    return VOCABS[name][1](VOCABS[name][0]())
+
+
 def pagoda_jsonl(cmd, model, lines, *extra):
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as f:
         for x in lines:
@@ -156,7 +165,7 @@ def test_matches_hf(name, corpus, pagoda_bin, capsys):
     path = VOCABS[name][0]()
     if not path.exists():
         pytest.skip(f"{path} missing")
-    ref_tok = VOCABS[name][1](path)
+    ref_tok = hf_tokenizer(name)
 
     # 1. no special-token parsing
     ref_tok.encode_special_tokens = True
@@ -187,6 +196,60 @@ def test_matches_hf(name, corpus, pagoda_bin, capsys):
     with capsys.disabled():
         print(f"\n[tokenizer] {name}: {len(corpus)} strings id-for-id, {len(spec)} with "
               f"special parsing, {len(corpus)} round trips")
+
+
+def _bytes_to_unicode():
+    """GPT-2's byte-level alphabet: the character each byte is written as in the vocabulary."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+@pytest.mark.parametrize("name", list(VOCABS))
+def test_decode_ill_formed_bytes(name, pagoda_bin):
+    """Id sequences that spell ill-formed UTF-8 (byte tokens 0x80-0xFF among ordinary ones) decode
+    to valid text with each maximal ill-formed subpart as U+FFFD: for the byte-level vocabularies
+    exactly HF's decode (Rust's from_utf8_lossy); for SentencePiece the same rule, which is
+    Python's bytes.decode("utf-8", "replace") of the pieces' bytes (HF's ByteFallback instead
+    replaces every byte of an ill-formed run of byte tokens, a departure docs/architecture.md
+    records)."""
+    path = VOCABS[name][0]()
+    if not path.exists():
+        pytest.skip(f"{path} missing")
+    tokens, types, _, _ = read_gguf_vocab(path)
+    spm = name == "llama-spm"
+    if spm:
+        byte_ids = [tokens.index(f"<0x{b:02X}>") for b in range(0x80, 0x100)]
+    else:
+        alpha = _bytes_to_unicode()
+        vocab = {t: i for i, t in enumerate(tokens)}
+        # (a vocabulary may lack bytes no UTF-8 text holds: 0xC0, 0xC1, 0xF5-0xFF)
+        byte_ids = [vocab[alpha[b]] for b in range(0x80, 0x100) if alpha[b] in vocab]
+    normal = [i for i, t in enumerate(types) if t == 1][:20000]
+    rng = random.Random(11)
+    seqs = [[rng.choice(byte_ids) if rng.random() < 0.6 else rng.choice(normal)
+             for _ in range(rng.randint(1, 10))] for _ in range(400)]
+    got = [json.loads(x) for x in pagoda_jsonl("detokenize", path, seqs, "--no-special")]
+    if spm:
+        def raw(i):
+            t = tokens[i]
+            return bytes([int(t[3:5], 16)]) if t.startswith("<0x") else \
+                t.replace("\u2581", " ").encode()
+        want = []
+        for q in seqs:
+            b = b"".join(raw(i) for i in q)
+            want.append((b[1:] if b.startswith(b" ") else b).decode("utf-8", "replace"))
+    else:
+        want = hf_tokenizer(name).decode_batch(seqs, skip_special_tokens=False)
+    bad = [(q, w, g) for q, w, g in zip(seqs, want, got) if w != g]
+    assert not bad, f"{name}: {len(bad)} of {len(seqs)} differ, e.g. {bad[:3]}"
+    assert sum("\ufffd" in g for g in got) > 100  # the cases are there
 
 
 def test_cli_errors(pagoda_bin, tmp_path):
