@@ -259,6 +259,14 @@ def test_queue_full_429_retry_after():
             else:
                 assert r.json()["usage"]["completion_tokens"] == 100
         assert idle(s.wait_metrics(idle, timeout=30))
+        # more sequences in one request than the queue holds can never be admitted: a 400
+        # naming n, not a 429 to retry forever
+        r = requests.post(s.url("/v1/completions"), json=dict(body, max_tokens=2, n=3),
+                          timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+        r = requests.post(s.url("/v1/completions"), json=dict(body, max_tokens=2, n=2),
+                          timeout=60)
+        assert r.status_code == 200, r.text
     finally:
         s.stop()
 
