@@ -79,6 +79,9 @@ static const opt table[] = {
     {"max-tokens-limit", 0, T_INT, OFF(max_tokens_limit), "65536", 1, 1 << 24, NULL,
      "largest max_tokens a request may ask for"},
     {"max-n", 0, T_INT, OFF(max_n), "16", 1, 128, NULL, "largest n (choices per prompt)"},
+    {"max-request-tokens", 0, T_INT, OFF(max_request_tokens), "1048576", 1, 1 << 30, NULL,
+     "most tokens one request may ask for over all its choices (prompts x n x max_tokens; "
+     "bounds the memory a non-streamed answer takes)"},
     {"max-logprobs", 0, T_INT, OFF(max_logprobs), "20", 0, 20, NULL,
      "largest logprobs / top_logprobs"},
     {"max-prompts", 0, T_INT, OFF(max_prompts), "64", 1, 4096, NULL,

@@ -440,6 +440,18 @@ static void submit_all(server *s, req_ctx *c) {
         c->has_err = true;
         return;
     }
+    /* a 200-byte request must not ask for gigabytes of answer (64 prompts x n=16 x 65,536
+     * tokens with 20 logprobs each). Chat without max_tokens ("up to the context") is bounded
+     * by n x the context already, and is not counted. */
+    int64_t total = (int64_t)r->n_prompts * r->n * r->max_tokens;
+    if (total > s->cfg.max_request_tokens) {
+        pgd_api_error_set(&c->err, 400, "invalid_request_error", "max_tokens", NULL,
+                          "%d prompts x n=%d x max_tokens ask for %lld tokens; this server "
+                          "generates at most %d per request (--max-request-tokens)",
+                          r->n_prompts, r->n, (long long)total, s->cfg.max_request_tokens);
+        c->has_err = true;
+        return;
+    }
     c->n_choices = r->n_prompts * r->n;
     c->choices = calloc((size_t)c->n_choices, sizeof *c->choices);
     c->engine_ids = calloc((size_t)c->n_choices, sizeof *c->engine_ids);
@@ -720,6 +732,22 @@ static enum MHD_Result answer_kv_plan(server *s, req_ctx *c, struct MHD_Connecti
 
 /* ---- the access handler ---- */
 
+/* MHD_get_connection_values callback: counts the Content-Length headers whose value differs
+ * from the first one's. */
+struct cl_scan {
+    const char *first;
+    int differ;
+};
+static enum MHD_Result scan_content_length(void *cls, enum MHD_ValueKind kind, const char *key,
+                                           const char *value) {
+    struct cl_scan *sc = cls;
+    (void)kind;
+    if (!key || strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) return MHD_YES;
+    if (!sc->first) sc->first = value ? value : "";
+    else if (strcmp(sc->first, value ? value : "")) sc->differ++;
+    return MHD_YES;
+}
+
 static bool authorized(server *s, struct MHD_Connection *conn) {
     if (s->cfg.n_api_keys == 0) return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
@@ -822,6 +850,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             pgd_api_error_set(&e, 503, "server_error", NULL, s->draining ? "shutting_down" : "loading",
                               s->draining ? "the server is shutting down"
                                           : "the model is still loading");
+            return send_error(c, conn, &e);
+        }
+        /* Two different Content-Lengths: which one frames the body is ambiguous (request
+         * smuggling behind a proxy that picked the other), so neither is taken (RFC 9112 6.3). */
+        struct cl_scan sc = {NULL, 0};
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, scan_content_length, &sc);
+        if (sc.differ) {
+            pgd_api_error_set(&e, 400, "invalid_request_error", NULL, "bad_content_length",
+                              "the request has Content-Length headers that disagree");
             return send_error(c, conn, &e);
         }
         /* A declared length past the limit is refused before the body is read (a client that

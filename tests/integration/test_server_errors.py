@@ -62,6 +62,11 @@ CASES = [
      "NUL"),
     ("stop-nul", "POST", C, b'{"prompt": "ab", "stop": ["x\\u0000"]}', None, 400, None, "NUL"),
     ("tokenize-nul", "POST", "/tokenize", b'{"prompt": "a\\u0000b"}', None, 400, None, "NUL"),
+    # 64 prompts x n=16 x 1,025 tokens > --max-request-tokens' default 1,048,576 (a 200-byte
+    # request asking for a body of gigabytes)
+    ("request-tokens-over-limit", "POST", C,
+     {"prompt": ["Once"] * 64, "n": 16, "max_tokens": 1025, "ignore_eos": True}, None, 400,
+     "max_tokens", "--max-request-tokens"),
     ("min-tokens-over-max-tokens", "POST", C, {"prompt": "a", "max_tokens": 5, "min_tokens": 10},
      None, 400, "min_tokens", None),
     ("prompt-missing", "POST", C, {"max_tokens": 2}, None, 400, "prompt", None),
@@ -257,6 +262,25 @@ def test_declared_oversized_body_refused_before_it_is_sent(server):
     err = json.loads(out.split(b"\r\n\r\n", 1)[1])
     validate(err, "ErrorResponse")
     assert err["error"]["code"] == "request_too_large"
+
+
+def test_conflicting_content_lengths_refused(server):
+    """Two Content-Length headers that disagree: a 400, whichever the server would have
+    framed the body by (RFC 9112 6.3; the request-smuggling case behind a proxy)."""
+    body = json.dumps(GREEDY).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sk:
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                   + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                   + str(len(body)).encode() + b"\r\nContent-Length: 5\r\n\r\n" + body)
+        out = b""
+        while chunk := sk.recv(65536):
+            out += chunk
+            if b"\r\n\r\n" in out and out.rstrip().endswith(b"}"):
+                break
+    assert out.startswith(b"HTTP/1.1 400"), out[:300]
+    err = json.loads(out.split(b"\r\n\r\n", 1)[1])
+    validate(err, "ErrorResponse")
+    assert err["error"]["code"] == "bad_content_length"
 
 
 def _vocab(path):
