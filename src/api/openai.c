@@ -346,7 +346,9 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
             r->max_tokens);
     x = cJSON_GetObjectItemCaseSensitive(o, "seed");
     if (x && !cJSON_IsNull(x)) {
-        if (!is_int(x)) BAD("seed", "'seed' must be an integer");
+        if (!is_int(x))
+            BAD("seed", "'seed' must be an integer of magnitude below 2^53 (where JSON numbers "
+                        "stop being exact)");
         r->has_seed = true;
         r->seed = (uint64_t)(int64_t)x->valuedouble;
     }
