@@ -554,7 +554,9 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     seq *s = calloc(1, sizeof *s);
     if (!s) return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
     s->tokens = malloc(((size_t)p->n_prompt + (size_t)p->max_tokens) * sizeof *s->tokens);
-    s->text_cap = (size_t)p->max_tokens * 8 + 64;
+    /* 8 bytes a token, and room for the longest token's text beyond (text_reserve) */
+    s->text_cap = (size_t)p->max_tokens * 8 + 64 +
+                  (e->model->tok ? pgd_detok_cap(e->model->tok) : 0);
     s->text = malloc(s->text_cap);
     pgd_sampler_params sp = {.temperature = p->temperature,
                              .top_p = p->top_p > 0 ? p->top_p : 1.0f,
