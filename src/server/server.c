@@ -986,9 +986,19 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                      "application/json", NULL);
 }
 
+/* term: MHD's termination code, or -1 when the connection ended while choices still ran (the
+ * client left, or the drain timed out): then 499 (nginx's "client closed request") or 503, and
+ * the tokens generated so far (the finish events that count them come after the abort). */
 static void log_request(server *s, req_ctx *c, int term) {
     if (!s->cfg.log_requests) return;
     double t = pgd_now_s();
+    int status = c->client_gone ? 499 : term == -1 ? (s->stopping ? 503 : 499) : c->status;
+    int completion = c->completion_tokens;
+    if (term == -1) {
+        int sum = 0;
+        for (int i = 0; i < c->n_choices; i++) sum += c->choices[i].n_tokens;
+        if (sum > completion) completion = sum;
+    }
     /* acceptance is null, not NaN (invalid JSON), when nothing was proposed */
     char acc[32] = "null";
     if (c->spec_draft_tokens > 0)
@@ -998,9 +1008,7 @@ static void log_request(server *s, req_ctx *c, int term) {
             "\"prompt_tokens\":%d,\"completion_tokens\":%d,\"ttft_ms\":%.1f,\"total_ms\":%.1f,"
             "\"spec_draft_tokens\":%d,\"spec_accepted_tokens\":%d,\"spec_acceptance\":%s,"
             "\"client_closed\":%s}\n",
-            c->id[0] ? c->id : "-", c->method, c->path,
-            c->client_gone ? 499 : c->status, /* nginx's "client closed request" */
-            c->prompt_tokens, c->completion_tokens,
+            c->id[0] ? c->id : "-", c->method, c->path, status, c->prompt_tokens, completion,
             c->t_first ? 1000 * (c->t_first - c->t_arrival) : 0.0, 1000 * (t - c->t_arrival),
             c->spec_draft_tokens, c->spec_accepted_tokens, acc,
             term == MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->client_gone ? "false" : "true");

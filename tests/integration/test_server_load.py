@@ -134,6 +134,30 @@ def test_disconnect_frees_everything(server):
     assert r.status_code == 200
 
 
+def test_dropped_stream_logged_as_client_closed(server):
+    """The access log line of a stream the client dropped says 499 (nginx's "client closed
+    request"), not 200, and counts the tokens generated before the drop, not 0."""
+    sk = open_stream(server.port, {"prompt": "Once upon a time", "max_tokens": 480,
+                                   "temperature": 0, "ignore_eos": True})
+    got = b""
+    while got.count(b"data: ") < 4:
+        got += sk.recv(4096)
+    rid = json.loads(got.split(b"data: ")[1].split(b"\n")[0])["id"]
+    sk.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sk.close()
+    server.wait_metrics(idle, timeout=30)
+    deadline = time.time() + 10
+    while True:
+        lines = [json.loads(x) for x in server.stderr().splitlines()
+                 if x.startswith('{"event":"request"') and rid in x]
+        if lines or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(lines) == 1, lines
+    assert lines[0]["status"] == 499 and lines[0]["client_closed"] is True, lines[0]
+    assert 3 <= lines[0]["completion_tokens"] < 480, lines[0]
+
+
 def test_256_concurrent_streams_three_rounds(server):
     reqs = make_requests(256)
     expected = run_alone(server, reqs)
