@@ -170,7 +170,8 @@ static const opt *find_long(const char *name) {
 
 void pgd_server_config_help(FILE *f) {
     fprintf(f, "usage: pagoda serve [options]\n\nOptions (also keys of the JSON file given with "
-               "--config, without dashes):\n");
+               "--config, without dashes; --name=value works too, and a switch that is on by "
+               "default is turned off with --no-name or --name=false):\n");
     fprintf(f, "  %-30s %s\n", "--config FILE", "JSON configuration file (see configs/)");
     for (size_t i = 0; i < N_OPTS; i++) {
         const opt *o = &table[i];
@@ -258,16 +259,36 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
             continue;
         }
         const opt *o = NULL;
-        if (a[0] == '-' && a[1] == '-') o = find_long(a + 2);
-        else if (a[0] == '-' && a[1] && !a[2])
+        const char *v = NULL;
+        bool given = false; /* the value came with the name: --name=value, or --no-name */
+        if (a[0] == '-' && a[1] == '-') {
+            char name[64];
+            const char *eq = strchr(a + 2, '=');
+            size_t nl = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+            if (nl < sizeof name) {
+                memcpy(name, a + 2, nl);
+                name[nl] = 0;
+                o = find_long(name);
+                if (o && eq) {
+                    v = eq + 1;
+                    given = true;
+                } else if (!o && !eq && !strncmp(name, "no-", 3)) {
+                    /* --no-log-requests: a boolean that defaults to true, turned off */
+                    o = find_long(name + 3);
+                    if (o && o->type != T_BOOL) o = NULL;
+                    v = "false";
+                    given = true;
+                }
+            }
+        } else if (a[0] == '-' && a[1] && !a[2]) {
             for (size_t k = 0; k < N_OPTS && !o; k++)
                 if (table[k].short_name == a[1]) o = &table[k];
+        }
         if (!o) {
             fprintf(stderr, "pagoda: unknown option '%s' (see pagoda serve --help)\n", a);
             return -1;
         }
-        const char *v = NULL;
-        if (o->type != T_BOOL) {
+        if (!given && o->type != T_BOOL) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "pagoda: option %s needs a value\n", a);
                 return -1;

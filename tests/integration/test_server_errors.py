@@ -406,11 +406,35 @@ def test_bad_configuration_exits_nonzero(tmp_path):
         assert flag in p.stdout, flag
     for args in (["-m", str(tmp_path / "missing.gguf"), "--port", "0"],
                  ["--port", "70000"], ["--no-such-flag"], ["--kv-dtype", "f8"],
-                 ["--host", "not-an-ip", "--port", "0"]):
+                 ["--host", "not-an-ip", "--port", "0"], ["--port=70000"], ["--no-port"],
+                 ["--log-requests=maybe"]):
         p = subprocess.run([str(SERVER_BIN), "serve", "-t", "1"] + args, capture_output=True,
                            text=True, timeout=60)
         assert p.returncode != 0, args
         assert "pagoda" in p.stderr, (args, p.stderr)
+
+
+def test_flag_forms_and_switching_a_default_off():
+    """--name=value sets an option as --name value does, and --no-log-requests (or
+    --log-requests=false) turns off a switch that is on by default: no access-log line."""
+    for off in ("--no-log-requests", "--log-requests=false"):
+        s = Server(STORIES, "--max-body-bytes=2KiB", off)
+        s.start()
+        try:
+            r = requests.post(s.url(C), json={"prompt": "a" * 3000}, timeout=30)
+            assert r.status_code == 413, r.text  # 2 KiB took effect
+            r = requests.post(s.url(C), json=GREEDY, timeout=60)
+            assert r.status_code == 200, r.text
+        finally:
+            s.stop()
+        assert '"event":"request"' not in s.stderr(), off
+    s = Server(STORIES)
+    s.start()
+    try:
+        requests.post(s.url(C), json=GREEDY, timeout=60)
+    finally:
+        s.stop()
+    assert '"event":"request"' in s.stderr()  # the default logs
 
 
 def test_sigterm_while_loading_exits_0(default_model):
