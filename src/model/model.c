@@ -150,6 +150,8 @@ static int load_vec(pgd_model *m, int il, const char *gname, const char *hname, 
 
 /* ---- configuration ---- */
 
+#define PGD_MODEL_MAX_CTX (1 << 26) /* 67M positions: past every model's context (10M at most) */
+
 static int check_config(pgd_model *m, pgd_err *err) {
     pgd_model_config *c = &m->cfg;
     if (c->n_vocab <= 0 || c->dim <= 0 || c->n_layer <= 0 || c->n_head <= 0 ||
@@ -157,6 +159,9 @@ static int check_config(pgd_model *m, pgd_err *err) {
         c->dim > (1 << 20) || c->n_layer > 4096 || c->n_vocab > (1 << 24) || c->head_dim > 4096 ||
         c->ffn_dim > (1 << 22) || c->n_head > 4096)
         return pgd_err_set(err, PGD_EFORMAT, "%s: invalid model dimensions", m->path);
+    if (c->n_ctx > PGD_MODEL_MAX_CTX) /* block counts and positions stay in int32 */
+        return pgd_err_set(err, PGD_EFORMAT, "%s: context length %d is past the %d Pagoda takes",
+                           m->path, c->n_ctx, PGD_MODEL_MAX_CTX);
     if (c->n_head % c->n_kv_head)
         return pgd_err_set(err, PGD_EFORMAT, "%s: %d attention heads is not a multiple of %d KV "
                            "heads", m->path, c->n_head, c->n_kv_head);

@@ -150,7 +150,8 @@ int pgd__tok_create(pgd_tokenizer **out, int32_t n_vocab, const pgd_str *texts,
         for (;; s = (s + 1) & mask) {
             int32_t id = t->vocab.slots[s];
             if (id < 0 ||
-                (t->tok_len[id] == n && memcmp(pgd__tok_text(t, id), texts[i].ptr, n) == 0)) {
+                (t->tok_len[id] == n &&
+                 (n == 0 || memcmp(pgd__tok_text(t, id), texts[i].ptr, n) == 0))) {
                 t->vocab.slots[s] = i;
                 break;
             }

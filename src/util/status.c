@@ -11,6 +11,9 @@ int pgd_err_set(pgd_err *err, int code, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        /* one line, whatever a file's strings quoted into it hold (a model type "a\nb") */
+        for (char *p = err->msg; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
     }
     return code;
 }

@@ -139,6 +139,15 @@ def test_unknown_architecture(tmp_path, stories_bytes):
     expect_error(write(tmp_path, "arch.gguf", stories_bytes), "unsupported architecture 'gpt5x'")
 
 
+def test_newline_in_a_quoted_string_stays_one_line(tmp_path, stories_bytes):
+    """A metadata string quoted into the error (an architecture of "ll\\nma") cannot split it
+    over two lines: control characters are written as '?'."""
+    kv, _, _ = walk_gguf(stories_bytes)
+    off, _ = kv["general.architecture"]
+    stories_bytes[off + 8:off + 8 + 5] = b"ll\nma"
+    expect_error(write(tmp_path, "nl.gguf", stories_bytes), "unsupported architecture 'll?ma'")
+
+
 def test_missing_tensor(tmp_path, stories_bytes):
     _, tensors, _ = walk_gguf(stories_bytes)
     t = next(t for t in tensors if t["name"] == "blk.0.attn_q.weight")
@@ -192,6 +201,15 @@ def test_hf_missing_tokenizer(hf_dir):
 def test_hf_bad_config_json(hf_dir):
     (hf_dir / "config.json").write_text("{not json")
     expect_error(hf_dir, "config.json", "not a JSON object")
+
+
+def test_hf_absurd_context_length(hf_dir):
+    """max_position_embeddings of 2^31 - 1 (block counts past int32 further on): refused at load
+    with the bound, not an overflow in the engine."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["max_position_embeddings"] = 2**31 - 1
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(hf_dir, "context length 2147483647")
 
 
 def test_hf_unknown_model_type(hf_dir):
