@@ -316,7 +316,8 @@ int pgd_cli_generate(int argc, char **argv) {
             } else {
                 finished = true;
                 if (ev[i].finish_reason == PGD_FINISH_ERROR) {
-                    fprintf(stderr, "pagoda: %s\n", ev[i].error);
+                    /* the model is the likely culprit (corrupt weights): name it */
+                    fprintf(stderr, "pagoda: %s: %s\n", ec.model_path, ev[i].error);
                     goto done;
                 }
             }
