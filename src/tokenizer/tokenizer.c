@@ -33,7 +33,8 @@ int32_t pgd__tok_lookup(const pgd_tokenizer *t, const char *s, size_t n) {
     for (;;) {
         int32_t id = t->vocab.slots[i];
         if (id < 0) return -1;
-        if (t->tok_len[id] == n && memcmp(pgd__tok_text(t, id), s, n) == 0) return id;
+        if (t->tok_len[id] == n && (n == 0 || memcmp(pgd__tok_text(t, id), s, n) == 0))
+            return id; /* (s may be NULL when n is 0) */
         i = (i + 1) & mask;
     }
 }
@@ -171,6 +172,7 @@ int pgd__tok_add_merges(pgd_tokenizer *t, const pgd_str *left, const pgd_str *ri
     size_t buf_cap = 0;
     uint32_t mask = t->pair_cap - 1;
     for (size_t r = 0; r < n_merges; r++) {
+        if (!left[r].len || !right[r].len) continue; /* a merge of an empty piece: malformed */
         int32_t a = pgd__tok_lookup(t, left[r].ptr, left[r].len);
         int32_t b = pgd__tok_lookup(t, right[r].ptr, right[r].len);
         size_t n = left[r].len + right[r].len;
