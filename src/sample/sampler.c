@@ -204,6 +204,14 @@ void pgd_sampler_dist_compute(pgd_sampler *s, const float *logits, const int32_t
             sum += e;
         }
     }
+    if (n == 0) {
+        /* no finite weight (NaN logits, or a +Inf one: corrupt weights): the arg-max, as greedy
+         * would pick, rather than an id nobody wrote */
+        sc->cand[0] = (pgd_token_prob){pgd_argmax(w, nv), 1.0f};
+        d->n = 1;
+        d->sorted = true;
+        return;
+    }
     pgd_token_prob *c = sc->cand;
     bool sorted = false;
     /* 5. top-k */

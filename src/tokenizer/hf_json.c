@@ -177,7 +177,8 @@ int pgd_tokenizer_load_hf(const char *path, const char *config_path, pgd_tokeniz
     /* vocabulary: ids from model.vocab and added_tokens; holes become empty unused tokens */
     int64_t max_id = -1;
     for (const cJSON *e = vocab->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= INT32_MAX) {
+        /* ids past 2^24 (no real vocabulary comes near) would size the tables past reason */
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (1 << 24)) {
             rc = pgd_err_set(err, PGD_EFORMAT, "%s: model.vocab entry '%.64s' has a bad id", path,
                              e->string ? e->string : "");
             goto fail;
@@ -187,7 +188,7 @@ int pgd_tokenizer_load_hf(const char *path, const char *config_path, pgd_tokeniz
     const cJSON *a;
     cJSON_ArrayForEach(a, added) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= INT32_MAX ||
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) ||
             !jstr(a, "content")) {
             rc = pgd_err_set(err, PGD_EFORMAT, "%s: added_tokens entry without id/content", path);
             goto fail;

@@ -271,8 +271,32 @@ static void test_ngram_and_adapt(void) {
     CHECK_EQ_INT(pgd_spec_adapt_want(&a), 1);
 }
 
+/* Logits no weight is finite for (all NaN; a +Inf among finite ones: what corrupt weights give)
+ * sample the arg-max, an id in the vocabulary, under temperature, top-k, top-p and min-p alike
+ * (the candidate list was left empty and an unwritten id returned: ASan SEGV in the logprobs). */
+static void test_non_finite_logits(void) {
+    float nan_l[NV], inf_l[NV];
+    for (int i = 0; i < NV; i++) {
+        nan_l[i] = NAN;
+        inf_l[i] = L[i];
+    }
+    inf_l[4] = INFINITY;
+    pgd_sampler_params ps[] = {{.temperature = 0.8f, .seed = 1},
+                               {.temperature = 1.0f, .top_k = 3, .seed = 2},
+                               {.temperature = 1.0f, .top_p = 0.5f, .min_p = 0.1f, .seed = 3}};
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        pgd_sampler s;
+        init(&s, ps[k]);
+        int32_t a = pgd_sampler_sample(&s, nan_l, NULL, 0, 0);
+        CHECK(a >= 0 && a < NV);
+        CHECK_EQ_INT(pgd_sampler_sample(&s, inf_l, NULL, 0, 0), 4);
+        pgd_sampler_free(&s);
+    }
+}
+
 int main(void) {
     CHECK_EQ_INT(pgd_sampler_scratch_init(&sc, NV, EOG, 1, NULL), 0);
+    test_non_finite_logits();
     test_greedy_and_bias();
     test_temperature_topk_topp_minp();
     test_penalties_and_min_tokens();
