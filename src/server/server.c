@@ -286,7 +286,6 @@ static void handle_event(server *s, const pgd_event *ev) {
             if (f) out_append(c, f, strlen(f));
             free(f);
         }
-        ch->text_len += (size_t)ev->text_len; /* a count only; the text itself went out */
         resume(c);
     } else {
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
@@ -522,8 +521,8 @@ static void submit_all(server *s, req_ctx *c) {
                     pgd_tokenizer_decode(s->tok, pr->ids, (size_t)pr->n_ids, false, &dec, &dl) == 0)
                     t = dec;
                 if (t) {
-                    choice_append(&c->choices[i], t, strlen(t));
                     c->echo_len[i] = strlen(t);
+                    choice_append(&c->choices[i], t, c->echo_len[i]);
                 }
                 free(dec);
             }
@@ -863,8 +862,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         }
         /* A declared length past the limit is refused before the body is read (a client that
          * sent "Expect: 100-continue" then gets no 100 and never sends it). */
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *cl = sc.first;
         if (cl) {
             char *end;
             errno = 0;

@@ -453,7 +453,7 @@ static graph_entry *graph_for(cuda_state *st, int32_t pad, int32_t stride, uint6
  * (down to ATTN_SPLIT_MIN positions) when there are too few (token, KV head) pairs to give each
  * multiprocessor attn_fill blocks (small-batch decode); fewer (longer ones) when the
  * partials would not fit part_cap. Each token spreads its own context over them
- * (kernels/pagoda.cu, split_len_of: at least ATTN_SPLIT_MIN positions a split). */
+ * (pgd_k_split_len in kernels/kernels.h: at least ATTN_SPLIT_MIN positions a split). */
 static int32_t split_count(const cuda_state *st, int ctx, int rows, int n_head, int n_kv_head) {
     long cap = (long)(st->part_cap / ((size_t)rows * (size_t)n_head));
     if (cap < 1) cap = 1; /* part_cap >= max_tokens * n_head (init) */
