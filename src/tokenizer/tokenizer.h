@@ -60,8 +60,8 @@ int pgd_tokenizer_decode(const pgd_tokenizer *t, const int32_t *ids, size_t n,
                          bool render_special, char **out, size_t *out_len);
 
 /* Incremental detokenizer for streaming: feed ids one at a time, get back only complete UTF-8
- * characters; bytes of an unfinished character are held until it completes (or flushed as
- * they are at the end). */
+ * characters; bytes of an unfinished character are held until it completes (or flushed as one
+ * U+FFFD at the end). */
 typedef struct pgd_detok {
     const pgd_tokenizer *tok; /* borrowed */
     bool first;               /* no text emitted yet (for the SentencePiece leading space) */
