@@ -84,31 +84,6 @@ void pgd_detok_init(pgd_detok *d, const pgd_tokenizer *t, bool render_special) {
     d->render_special = render_special;
 }
 
-/* Can b follow the lead byte in a well-formed sequence? (UTF-8's narrowed second-byte ranges
- * exclude overlongs, surrogates and code points past U+10FFFF.) */
-static bool second_ok(unsigned char lead, unsigned char b) {
-    switch (lead) {
-    case 0xE0: return b >= 0xA0 && b <= 0xBF;
-    case 0xED: return b >= 0x80 && b <= 0x9F;
-    case 0xF0: return b >= 0x90 && b <= 0xBF;
-    case 0xF4: return b >= 0x80 && b <= 0x8F;
-    default: return (b & 0xC0) == 0x80;
-    }
-}
-
-/* Length of the tail of b[0..n) that is the unfinished start of a UTF-8 character (0..3). */
-static size_t incomplete_tail(const unsigned char *b, size_t n) {
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned char c = b[n - back];
-        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
-        int need = pgd__utf8_seq_len(c);
-        if (need <= (int)back) return 0; /* complete (or invalid) */
-        if (back >= 2 && !second_ok(c, b[n - back + 1])) return 0;
-        return back;
-    }
-    return 0;
-}
-
 int pgd_detok_push(pgd_detok *d, int32_t id, char *out, size_t cap) {
     const pgd_tokenizer *t = d->tok;
     if (id < 0 || id >= t->n_vocab) return PGD_EINVAL;
@@ -122,7 +97,7 @@ int pgd_detok_push(pgd_detok *d, int32_t id, char *out, size_t cap) {
     memcpy(out, d->pending, np);
     memcpy(out + np, p, l);
     size_t total = np + l;
-    size_t hold = incomplete_tail((const unsigned char *)out, total);
+    size_t hold = pgd__utf8_incomplete_tail(out, total);
     memcpy(d->pending, out + total - hold, hold);
     d->n_pending = (int)hold;
     size_t r = total - hold;
@@ -144,7 +119,7 @@ size_t pgd_detok_cap(const pgd_tokenizer *t) {
 int pgd_detok_flush(pgd_detok *d, char *out, size_t cap) {
     size_t np = (size_t)d->n_pending;
     if (!np) return 0;
-    /* a well-formed start of a character (incomplete_tail): one maximal subpart */
+    /* a well-formed start of a character (pgd__utf8_incomplete_tail): one maximal subpart */
     if (cap < 3) return PGD_ERANGE;
     memcpy(out, "\xEF\xBF\xBD", 3);
     d->n_pending = 0;

@@ -27,14 +27,18 @@ static uint32_t pow2_at_least(uint64_t n) {
     return c;
 }
 
+/* Is token id's text s[0..n)? (s may be NULL when n is 0.) */
+static bool tok_is(const pgd_tokenizer *t, int32_t id, const char *s, size_t n) {
+    return t->tok_len[id] == n && (n == 0 || memcmp(pgd__tok_text(t, id), s, n) == 0);
+}
+
 int32_t pgd__tok_lookup(const pgd_tokenizer *t, const char *s, size_t n) {
     uint32_t mask = t->vocab.cap - 1;
     uint32_t i = (uint32_t)pgd__tok_hash(s, n) & mask;
     for (;;) {
         int32_t id = t->vocab.slots[i];
         if (id < 0) return -1;
-        if (t->tok_len[id] == n && (n == 0 || memcmp(pgd__tok_text(t, id), s, n) == 0))
-            return id; /* (s may be NULL when n is 0) */
+        if (tok_is(t, id, s, n)) return id;
         i = (i + 1) & mask;
     }
 }
@@ -150,9 +154,7 @@ int pgd__tok_create(pgd_tokenizer **out, int32_t n_vocab, const pgd_str *texts,
         uint32_t s = (uint32_t)pgd__tok_hash(texts[i].ptr, n) & mask;
         for (;; s = (s + 1) & mask) {
             int32_t id = t->vocab.slots[s];
-            if (id < 0 ||
-                (t->tok_len[id] == n &&
-                 (n == 0 || memcmp(pgd__tok_text(t, id), texts[i].ptr, n) == 0))) {
+            if (id < 0 || tok_is(t, id, texts[i].ptr, n)) {
                 t->vocab.slots[s] = i;
                 break;
             }

@@ -54,6 +54,18 @@ bool pgd__utf8_valid(const char *s, size_t n) {
     return true;
 }
 
+size_t pgd__utf8_incomplete_tail(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = u[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
+        return pgd__utf8_seq_len(c) > (int)back && wf_char(u + n - back, back) == -(int)back
+                   ? back
+                   : 0;
+    }
+    return 0;
+}
+
 size_t pgd__utf8_lossy(const char *s, size_t n, char *out) {
     const unsigned char *u = (const unsigned char *)s;
     size_t k = 0;

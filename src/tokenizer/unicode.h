@@ -56,6 +56,9 @@ bool pgd__utf8_valid(const char *s, size_t n);
  * overlap s when s ends at out + the returned length or later (s moved to the end of a buffer
  * of that length is converted in place: every byte writes at least one). */
 size_t pgd__utf8_lossy(const char *s, size_t n, char *out);
+/* Length (0..3) of the tail of s[0..n) that is a well-formed but unfinished start of a
+ * character: the bytes a streaming decoder holds until the next piece. */
+size_t pgd__utf8_incomplete_tail(const char *s, size_t n);
 
 unsigned pgd__uni_flags(uint32_t cp);
 unsigned pgd__uni_ccc(uint32_t cp);
