@@ -286,8 +286,8 @@ int pgd_cli_generate(int argc, char **argv) {
     }
     long room = (long)pgd_engine_n_ctx(e) - (long)n_ids;
     if (room < 1) {
-        fprintf(stderr, "pagoda: the prompt has %zu tokens; the context holds %d\n", n_ids,
-                pgd_engine_n_ctx(e));
+        fprintf(stderr, "pagoda: %s: the prompt has %zu tokens; the context holds %d\n", o.model,
+                n_ids, pgd_engine_n_ctx(e));
         goto done;
     }
     pgd_request_params rp = {

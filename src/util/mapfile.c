@@ -10,21 +10,31 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int pgd_mapfile_open(pgd_mapfile *m, const char *path, pgd_err *err) {
-    m->data = NULL;
-    m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+/* Opens path for reading, refusing anything but a regular file. O_NONBLOCK keeps a FIFO given
+ * as a model file from blocking the open until a writer comes; it changes nothing for a regular
+ * file's reads. */
+static int open_regular(const char *path, int *fd_out, struct stat *st, pgd_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return pgd_err_set(err, PGD_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, st) != 0) {
         int e = errno;
         close(fd);
         return pgd_err_set(err, PGD_EIO, "%s: cannot stat: %s", path, strerror(e));
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st->st_mode)) {
         close(fd);
         return pgd_err_set(err, PGD_EIO, "%s: not a regular file", path);
     }
+    *fd_out = fd;
+    return PGD_OK;
+}
+
+int pgd_mapfile_open(pgd_mapfile *m, const char *path, pgd_err *err) {
+    m->data = NULL;
+    m->size = 0;
+    struct stat st;
+    int fd = -1, rc = open_regular(path, &fd, &st, err);
+    if (rc != PGD_OK) return rc;
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -47,7 +57,7 @@ void pgd_mapfile_close(pgd_mapfile *m) {
 
 int pgd_read_file(const char *path, char **out, size_t *len, pgd_err *err) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rb"); /* a pipe too: `pagoda batch -i <(...)` */
     if (!f) return pgd_err_set(err, errno == ENOENT ? PGD_ENOENT : PGD_EIO, "%s: cannot open: %s",
                                path, strerror(errno));
     size_t cap = 1 << 16, n = 0;

@@ -11,9 +11,23 @@ int pgd_err_set(pgd_err *err, int code, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
-        /* one line, whatever a file's strings quoted into it hold (a model type "a\nb") */
-        for (char *p = err->msg; *p; p++)
-            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+        /* one line, whatever a file's strings quoted into it hold (a model type "a\nb"): control
+         * characters, and the line breaks U+0085, U+2028 and U+2029, become '?' */
+        char *w = err->msg;
+        for (const char *r = err->msg; *r;) {
+            const unsigned char *u = (const unsigned char *)r;
+            size_t skip = u[0] == 0xC2 && u[1] == 0x85                                  ? 2
+                          : u[0] == 0xE2 && u[1] == 0x80 && (u[2] == 0xA8 || u[2] == 0xA9) ? 3
+                          : u[0] < 0x20 || u[0] == 0x7f                                  ? 1
+                                                                                        : 0;
+            if (skip) {
+                *w++ = '?';
+                r += skip;
+            } else {
+                *w++ = *r++;
+            }
+        }
+        *w = '\0';
     }
     return code;
 }

@@ -4,6 +4,7 @@ wrong, and a non-zero exit status (1) -- never a crash (a signal) or a hang.
 The corrupted files are derived from real ones (stories260K.gguf, the tiny HF models) by
 editing exactly one thing, located by walking the GGUF header as the format defines it."""
 import json
+import os
 import shutil
 import struct
 
@@ -148,6 +149,27 @@ def test_newline_in_a_quoted_string_stays_one_line(tmp_path, stories_bytes):
     expect_error(write(tmp_path, "nl.gguf", stories_bytes), "unsupported architecture 'll?ma'")
 
 
+@pytest.mark.parametrize("brk", ["\u2028", "\u2029", "\u0085"])
+def test_unicode_line_break_in_a_quoted_string_stays_one_line(tmp_path, stories_bytes, brk):
+    """U+2028, U+2029 and U+0085 end a line for Python's splitlines() (and so for log readers
+    that follow Unicode): they are written as '?' like the control characters."""
+    kv, _, _ = walk_gguf(stories_bytes)
+    off, _ = kv["general.architecture"]
+    enc = brk.encode()
+    name = b"l" + enc + b"a" * (4 - len(enc))
+    assert len(name) == 5
+    stories_bytes[off + 8:off + 8 + 5] = name
+    want = "unsupported architecture 'l?" + "a" * (4 - len(enc)) + "'"
+    expect_error(write(tmp_path, "u.gguf", stories_bytes), want)
+
+
+def test_fifo_as_model_file(tmp_path):
+    """A FIFO given as the model is refused at once; the open no longer waits for a writer."""
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    expect_error(fifo, "not a regular file")
+
+
 def test_missing_tensor(tmp_path, stories_bytes):
     _, tensors, _ = walk_gguf(stories_bytes)
     t = next(t for t in tensors if t["name"] == "blk.0.attn_q.weight")
@@ -210,6 +232,14 @@ def test_hf_absurd_context_length(hf_dir):
     cfg["max_position_embeddings"] = 2**31 - 1
     (hf_dir / "config.json").write_text(json.dumps(cfg))
     expect_error(hf_dir, "context length 2147483647")
+
+
+def test_hf_context_shorter_than_the_prompt(hf_dir):
+    """A model whose context cannot hold the prompt: the message names the model file."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["max_position_embeddings"] = 1
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(hf_dir, "the context holds 1")
 
 
 def test_hf_unknown_model_type(hf_dir):
