@@ -86,6 +86,9 @@ typedef struct pgd_request_params {
     int32_t logprobs;               /* report the chosen token's logprob and this many top
                                        alternatives (0..20); -1 = no logprobs at all */
     bool no_speculation;            /* opt out of speculative decoding */
+    /* output constrained to one JSON object (OpenAI response_format json_object); needs a
+       tokenizer; the generation stops when the object closes; no speculation */
+    bool json_object;
 } pgd_request_params;
 
 typedef enum { PGD_EVENT_TOKEN = 1, PGD_EVENT_FINISH = 2 } pgd_event_type;

@@ -264,6 +264,45 @@ static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err
     return 0;
 }
 
+/* response_format, best_of and tool_choice: each is honoured or refused, never ignored. */
+static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_error *err) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "response_format");
+    if (x && !cJSON_IsNull(x)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(x, "type");
+        if (!cJSON_IsObject(x) || !cJSON_IsString(ty))
+            BAD("response_format", "'response_format' must be an object with a string 'type'");
+        if (!strcmp(ty->valuestring, "json_object")) r->json_object = true;
+        else if (!strcmp(ty->valuestring, "json_schema"))
+            BAD("response_format", "'response_format' of type 'json_schema' is not supported; "
+                "'json_object' constrains the output to a JSON object");
+        else if (strcmp(ty->valuestring, "text"))
+            BAD("response_format", "'response_format.type' must be 'text' or 'json_object'");
+        if (r->json_object && r->min_tokens > 0)
+            BAD("min_tokens", "'min_tokens' cannot be combined with a 'json_object' "
+                "response_format, whose output ends when the object closes");
+    }
+    double v = r->n;
+    if (get_num(o, "best_of", 1, 1e9, true, &v, err)) return -1;
+    if (v < r->n) BAD("best_of", "'best_of' must be at least 'n' (%d)", r->n);
+    if (v > r->n)
+        BAD("best_of", "'best_of' larger than 'n' is not supported: ask for n=%d and rank the "
+            "choices by their logprobs", (int)v);
+    x = cJSON_GetObjectItemCaseSensitive(o, "tool_choice");
+    if (r->chat && x && !cJSON_IsNull(x)) {
+        if (cJSON_IsString(x) && !strcmp(x->valuestring, "none")) {
+            /* the model will not call a tool: the template is not shown them */
+            cJSON_Delete(r->tools);
+            r->tools = NULL;
+        } else if (!cJSON_IsString(x) || strcmp(x->valuestring, "auto")) {
+            BAD("tool_choice", "'tool_choice' must be 'auto' or 'none' ('required' and a named "
+                "function need constrained decoding of a tool call, which Pagoda does not do)");
+        }
+    }
+    return 0;
+fail:
+    return -1;
+}
+
 int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits *lim,
                   pgd_api_request *r, pgd_api_error *err) {
     memset(r, 0, sizeof *r);
@@ -417,6 +456,7 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     }
     x = cJSON_GetObjectItemCaseSensitive(o, "user");
     if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("user", "'user' must be a string");
+    if (parse_output_options(o, r, err)) goto fail;
     cJSON_Delete(o);
     return 0;
 oom:

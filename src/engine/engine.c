@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "pagoda/pagoda.h"
 #include "engine/engine_internal.h"
+#include "sample/json_grammar.h"
 #include "sample/sampler.h"
 #include "spec/spec.h"
 #include "util/clock.h"
@@ -55,6 +56,8 @@ typedef struct seq {
     int32_t sched_n;          /* tokens scheduled this step */
     int32_t logit_row;        /* row of this step's logits, or -1 */
     bool dev_sampled;         /* this step's token is sampled by the backend (b_sampled) */
+    bool json;                /* output constrained to a JSON object (json_st) */
+    pgd_json_state json_st;
 } seq;
 
 typedef struct seq_list {
@@ -73,6 +76,8 @@ struct pgd_engine {
     pgd_sampler_scratch sample_scratch; /* shared by every sequence's sampler */
     int32_t *eog;                   /* (n_eog) end-of-generation token ids */
     int32_t n_eog;
+    pgd_json_vocab json_vocab;      /* tokens' bytes for the JSON mask (with a tokenizer) */
+    uint8_t *json_allow;            /* (n_vocab) this step's mask */
     /* speculative decoding */
     pgd_spec_mode spec_mode;
     int32_t spec_k, ngram_min, ngram_max;
@@ -318,6 +323,26 @@ done:
     return rc;
 }
 
+/* The bytes of every token, for JSON-constrained requests (borrowed from the tokenizer). */
+static int json_vocab_init(pgd_engine *e, pgd_err *err) {
+    int32_t nv = e->model->cfg.n_vocab;
+    pgd_json_vocab *v = &e->json_vocab;
+    v->n = nv;
+    v->text = malloc((size_t)nv * sizeof *v->text);
+    v->len = malloc((size_t)nv * sizeof *v->len);
+    v->eog = calloc((size_t)nv, 1);
+    e->json_allow = malloc((size_t)nv);
+    if (!v->text || !v->len || !v->eog || !e->json_allow)
+        return pgd_err_set(err, PGD_ENOMEM, "engine: out of memory");
+    for (int32_t id = 0; id < nv; id++) {
+        size_t n;
+        v->text[id] = pgd_tokenizer_piece(e->model->tok, id, &n);
+        v->len[id] = (uint32_t)n;
+    }
+    for (int32_t i = 0; i < e->n_eog; i++) v->eog[e->eog[i]] = 1;
+    return PGD_OK;
+}
+
 int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, size_t errlen) {
     *out = NULL;
     pgd_err perr = {{0}};
@@ -429,6 +454,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
         if (pgd_tokenizer_is_eog(e->model->tok, i)) e->eog[e->n_eog++] = i;
     if ((rc = pgd_sampler_scratch_init(&e->sample_scratch, nv, e->eog, e->n_eog, &perr)))
         goto fail_perr;
+    if (e->model->tok && (rc = json_vocab_init(e, &perr))) goto fail_perr;
     /* On by default where the logits live in device memory of one GPU (downloading them costs
      * n_vocab floats per row); PAGODA_DEVICE_SAMPLING=1 forces it (on the CPU too: the path CI
      * tests), =0 turns it off. Several ranks gather the logits on the host anyway. */
@@ -476,6 +502,10 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->b_sampled);
     pgd_sampler_scratch_free(&e->sample_scratch);
     free(e->eog);
+    free(e->json_vocab.text);
+    free(e->json_vocab.len);
+    free(e->json_vocab.eog);
+    free(e->json_allow);
     free(e->aborts);
     free(e->events);
     pthread_mutex_destroy(&e->in_mu);
@@ -546,6 +576,12 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     if (p->n_stop > 0 && !e->model->tok)
         return fail(err, errlen, PGD_EUNSUPPORTED, "%s", "stop strings need a tokenizer; "
                     "the model has none (--load-format dummy)");
+    if (p->json_object && !e->model->tok)
+        return fail(err, errlen, PGD_EUNSUPPORTED, "%s", "JSON output needs a tokenizer; "
+                    "the model has none (--load-format dummy)");
+    if (p->json_object && p->min_tokens > 0)
+        return fail(err, errlen, PGD_EINVAL, "%s", "min_tokens cannot be combined with JSON "
+                    "output, which ends when the object closes");
     for (int32_t i = 0; i < p->n_stop; i++) {
         size_t l = p->stop[i] ? strlen(p->stop[i]) : 0;
         if (l == 0 || l > MAX_STOP_LEN)
@@ -582,7 +618,11 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     }
     /* a zeroed params struct means no logprobs: -1 and 0 differ only for callers that ask */
     s->logprobs = p->logprobs;
-    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation;
+    /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
+     * state after the ones before it) */
+    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !p->json_object;
+    s->json = p->json_object;
+    pgd_json_init(&s->json_st, true);
     pgd_spec_adapt_init(&s->adapt, e->spec_k);
     memcpy(s->tokens, p->prompt, (size_t)p->n_prompt * sizeof *s->tokens);
     s->n_prompt = s->n_tokens = p->n_prompt;
@@ -887,6 +927,16 @@ static pgd_finish_reason emit_token(pgd_engine *e, seq *s, int32_t id, const flo
     return why;
 }
 
+/* Moves s's JSON state over token id: STOP once the object is closed. A token the mask refused
+ * can only come from logits with no finite value (the sampler's arg-max fallback): an error. */
+static pgd_finish_reason json_advance(pgd_engine *e, seq *s, int32_t id) {
+    const pgd_json_vocab *v = &e->json_vocab;
+    if (v->eog[id] || !v->len[id] || !pgd_json_feed(&s->json_st, v->text[id], v->len[id])) {
+        return PGD_FINISH_ERROR;
+    }
+    return pgd_json_complete(&s->json_st) ? PGD_FINISH_STOP : 0;
+}
+
 /* After the forward pass: samples the sequence's next token, or verifies its k proposals
  * (rows logit_row .. logit_row + k) and takes the accepted ones plus one more -- a replacement
  * for the first rejected, or the bonus token after the last. Rolls the KV back to what
@@ -905,13 +955,19 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
             break;
         }
         pgd_sampler_dist d;
+        if (s->json) {
+            pgd_json_allowed(&s->json_st, &e->json_vocab, e->json_allow);
+            s->sampler.allow = e->json_allow;
+        }
         pgd_sampler_dist_compute(&s->sampler, lg, s->tokens, s->n_prompt, s->n_tokens, &d);
+        s->sampler.allow = NULL;
         bool accepted = false;
         int32_t id = j == k ? pgd_sampler_draw(&s->sampler, &d)
                    : e->spec_broken ? (accepted = true, drafts[j])
                                     : pgd_spec_verify_token(&s->sampler, &d, drafts[j], NULL,
                                                             &accepted);
         why = emit_token(e, s, id, lg);
+        if (s->json && !why) why = json_advance(e, s, id);
         if (j == k) break;
         if (!accepted) break;
         e->stats.spec_accepted_per_pos[j]++;
@@ -938,11 +994,11 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
 }
 
 /* Whether s's next token can be sampled on the backend: its chain is temperature, top-k, top-p
- * and min-p alone -- no processor that reads the history or the bias, no logprobs (they need the
- * logits), no proposals to verify. */
+ * and min-p alone -- no processor that reads the history, the bias or a JSON mask, no logprobs
+ * (they need the logits), no proposals to verify. */
 static bool device_sampleable(const pgd_engine *e, const seq *s) {
     const pgd_sampler_params *p = &s->sampler.params;
-    return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 &&
+    return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !s->json &&
            (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
            p->presence_penalty == 0 && p->frequency_penalty == 0 &&
            (e->n_eog == 0 || s->n_tokens - s->n_prompt >= p->min_tokens);
@@ -1069,7 +1125,10 @@ int pgd_engine_step(pgd_engine *e) {
         pgd_finish_reason why = advance(e, s);
         if (why) {
             pthread_mutex_unlock(&e->out_mu);
-            finish_seq(e, s, why, NULL);
+            finish_seq(e, s, why,
+                       why == PGD_FINISH_ERROR ? "no token the model scored continues the JSON "
+                                                 "output (non-finite logits)"
+                                               : NULL);
             pthread_mutex_lock(&e->out_mu);
         }
     }

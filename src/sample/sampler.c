@@ -157,6 +157,10 @@ void pgd_sampler_dist_compute(pgd_sampler *s, const float *logits, const int32_t
     int32_t nv = sc->n_vocab;
     float *w = sc->work;
     memcpy(w, logits, (size_t)nv * sizeof *w);
+    /* 0. allowed tokens */
+    if (s->allow)
+        for (int32_t i = 0; i < nv; i++)
+            if (!s->allow[i]) w[i] = -INFINITY;
     /* 1. logit bias */
     for (int32_t i = 0; i < p->n_bias; i++) w[p->bias_ids[i]] += p->bias[i];
     /* 2. penalties */

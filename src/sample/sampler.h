@@ -3,6 +3,7 @@
  * its seed -- never on the batch it shares.
  *
  * The chain, in this order (each step sees the previous step's output):
+ *   0. allowed tokens    the rest masked (-inf), when the caller sets allow (response_format)
  *   1. logit bias        logits[id] += bias (OpenAI logit_bias)
  *   2. penalties         repetition (HF/vLLM: every token in prompt + output, once: a positive
  *                        logit is divided by r, a negative one multiplied by r), then frequency
@@ -73,6 +74,9 @@ typedef struct pgd_sampler {
     float *bias;                /* (n_bias) owned */
     uint64_t rng[4];            /* xoshiro256** state */
     pgd_sampler_scratch *sc;    /* borrowed */
+    /* (n_vocab) when set, the tokens at 0 are masked (-inf) before the chain: structured output
+     * (json_grammar.h). Borrowed; the caller sets it before each dist_compute. */
+    const uint8_t *allow;
 } pgd_sampler;
 
 /* A processed distribution: cand[0..n) with probabilities summing to 1 (cand is the scratch's

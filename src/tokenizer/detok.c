@@ -21,6 +21,12 @@ static const char *piece(const pgd_tokenizer *t, int32_t id, bool render_special
     return t->dec_pool + t->dec_off[id];
 }
 
+const char *pgd_tokenizer_piece(const pgd_tokenizer *t, int32_t id, size_t *n) {
+    *n = 0;
+    if (id < 0 || id >= t->n_vocab) return NULL;
+    return piece(t, id, false, n);
+}
+
 int pgd_tokenizer_token_bytes(const pgd_tokenizer *t, int32_t id, bool render_special,
                               char *buf, size_t cap) {
     if (id < 0 || id >= t->n_vocab) return PGD_EINVAL;

@@ -49,6 +49,9 @@ int pgd_tokenizer_encode(const pgd_tokenizer *t, const char *text, size_t len, b
  * negative status (PGD_EINVAL for an id out of range). */
 int pgd_tokenizer_token_bytes(const pgd_tokenizer *t, int32_t id, bool render_special,
                               char *buf, size_t cap);
+/* The same bytes, borrowed (valid while t lives), special tokens rendering as nothing; NULL
+ * with *n = 0 for those and for ids out of range. */
+const char *pgd_tokenizer_piece(const pgd_tokenizer *t, int32_t id, size_t *n);
 
 /* Decodes a whole sequence into a malloc'd NUL-terminated string (caller frees). Applies the
  * SentencePiece rule of dropping the leading space of the first token when the vocabulary

@@ -1,0 +1,283 @@
+"""JSON output (response_format {"type": "json_object"}).
+
+1. The recognizer (src/sample/json_grammar.c, through tests/tools/pgd_json_tool) against
+   Python's json module: on generated documents, on every prefix of them and on random byte
+   mutations, it calls a byte string a complete document exactly when json.loads (strict UTF-8,
+   no NaN/Infinity) accepts it, and never refuses a prefix of a valid document.
+2. The server: constrained answers of a real model parse as JSON objects; sampled answers of a
+   random model (the real 32k Llama 2 vocabulary) are complete objects when they stop and
+   prefixes of one when cut by max_tokens, where the same requests without the constraint are
+   not JSON; streaming gives the same text; bad response_format values, best_of and tool_choice
+   get 400s."""
+import json
+import random
+import subprocess
+
+import pytest
+import requests
+
+import util
+from server_util import Server, sse_events, validate
+
+TOOL = util.BUILD / "pgd_json_tool"
+RANDOM_LLAMA = util.DATA / "models" / "llama-2-tiny-random.gguf"
+
+
+def _raise(c):
+    raise ValueError(f"constant {c}")
+
+
+def py_complete(b: bytes, object_only: bool) -> bool:
+    try:
+        v = json.loads(b.decode("utf-8"), parse_constant=_raise)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(v, dict) or not object_only
+
+
+def tool(cases):
+    """cases: [(mode 'o'|'a', bytes)] -> ['complete'|'prefix'|'reject']"""
+    assert TOOL.exists(), f"build pgd_json_tool first: {TOOL} is missing"
+    inp = "".join(f"{m} {b.hex()}\n" for m, b in cases)
+    p = subprocess.run([str(TOOL)], input=inp, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.split()
+    assert len(out) == len(cases)
+    return out
+
+
+# ---- 1. the recognizer against Python's json ----
+
+ALPHABET = ["a", "Z", " ", "é", "ß", "\u20ac", "\U0001F600", "\u2028", "\n", "\t", "\x01", '"',
+            "\\", "/", "\ud7ff", "\ue000", "\uffff", "0"]
+
+
+def rand_str(rng):
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 8)))
+
+
+def rand_num(rng):
+    k = rng.randint(0, 5)
+    if k == 0:
+        return rng.randint(-10**18, 10**18)
+    if k == 1:
+        return rng.randint(-9, 9)
+    if k == 2:
+        return rng.uniform(-1e6, 1e6)
+    if k == 3:
+        return rng.choice([0.0, -0.0, 1e-300, 5e300, 1.5e-7, 123456789.125])
+    return rng.random()
+
+
+def rand_value(rng, depth):
+    k = rng.randint(0, 9 if depth < 7 else 5)
+    if k <= 1:
+        return rand_str(rng)
+    if k <= 3:
+        return rand_num(rng)
+    if k == 4:
+        return rng.choice([True, False, None])
+    if k == 5 and depth > 0:
+        return rng.choice([{}, []])
+    if k <= 7:
+        return {rand_str(rng): rand_value(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+    return [rand_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+
+
+def dumps(rng, v):
+    kw = rng.choice([{}, {"indent": 2}, {"indent": "\t"}, {"separators": (",", ":")},
+                     {"indent": 1, "separators": (" ,", " : ")}])
+    s = json.dumps(v, ensure_ascii=rng.random() < 0.5, **kw)
+    if rng.random() < 0.2:
+        s = rng.choice([" ", "\n", "\r\n"]) + s + rng.choice(["", " ", "\n"])
+    return s.encode("utf-8")
+
+
+def documents(seed, n):
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        top = rng.random()
+        v = (rand_value(rng, 0) if top < 0.3 else
+             {rand_str(rng): rand_value(rng, 1) for _ in range(rng.randint(0, 5))})
+        docs.append(dumps(rng, v))
+    # the corner cases by hand: numbers' forms, escapes, literals, empty containers
+    docs += [b'{"a":-0}', b'{"a":0.5e+10}', b'{"a":-1E-2}', b'{"a":[true,false,null]}',
+             b'{"\\u00e9\\n\\"\\\\\\/\\b\\f\\r\\t":""}', b"[]", b"{}", b"0", b"-0.0e0", b'""',
+             b'{"a":{"b":{"c":[[[]]]}}}', b'"\\ud83d\\ude00"']
+    return docs
+
+
+MUTATION_BYTES = b'{}[]":,\\.+-eE0123456789tfnrlsu \t\n\r\x00\x1f\x7f\x80\xbf\xc0\xc3\xe2\xed\xf0\xf4\xf5\xff'
+
+
+def mutate(rng, b):
+    b = bytearray(b)
+    for _ in range(rng.randint(1, 3)):
+        op = rng.randint(0, 2)
+        i = rng.randint(0, len(b))
+        c = MUTATION_BYTES[rng.randrange(len(MUTATION_BYTES))]
+        if op == 0 or not b:
+            b[i:i] = bytes([c])
+        elif op == 1:
+            del b[min(i, len(b) - 1)]
+        else:
+            b[min(i, len(b) - 1)] = c
+    return bytes(b)
+
+
+@pytest.mark.parametrize("mode", ["a", "o"])
+def test_recognizer_agrees_with_python_json(mode):
+    rng = random.Random(7)
+    docs = documents(11, 600)
+    cases, want = [], []
+    for d in docs:
+        cases.append((mode, d))
+        want.append(("complete",) if py_complete(d, mode == "o") else None)
+        # every prefix of a valid document is accepted (whole ones where Python takes them)
+        if py_complete(d, mode == "o"):
+            cuts = range(len(d)) if len(d) < 80 else sorted(rng.sample(range(len(d)), 80))
+            for k in cuts:
+                p = d[:k]
+                cases.append((mode, p))
+                want.append(("complete",) if py_complete(p, mode == "o") else ("prefix",))
+        for _ in range(6):
+            m = mutate(rng, d)
+            cases.append((mode, m))
+            want.append(("complete",) if py_complete(m, mode == "o")
+                        else ("prefix", "reject"))
+    got = tool(cases)
+    bad = [(c[1], g, w) for c, g, w in zip(cases, got, want) if w and g not in w]
+    assert not bad, f"{len(bad)} of {len(cases)} disagree with Python's json, e.g. {bad[:5]}"
+    # the documents that are not objects in 'o' mode are refused on their first byte
+    n_reject = sum(g == "reject" for g in got)
+    n_complete = sum(g == "complete" for g in got)
+    assert n_reject > 100 and n_complete > 300, (n_reject, n_complete)
+
+
+def test_recognizer_bounds():
+    """Depth, whitespace runs and number lengths are bounded: a loop of a weak model ends."""
+    deep = b"[" * 32
+    ws = b"{" + b" " * 48
+    num = b"[" + b"1" * 40
+    got = tool([("a", deep), ("a", deep + b"["), ("o", ws), ("o", ws + b" "), ("a", num),
+                ("a", num + b"1")])
+    assert got == ["prefix", "reject", "prefix", "reject", "prefix", "reject"]
+
+
+# ---- 2. the server ----
+
+JSON_FMT = {"type": "json_object"}
+
+
+@pytest.fixture(scope="module")
+def smol(default_model):
+    s = Server(default_model)
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def rnd():
+    s = Server(RANDOM_LLAMA)
+    s.start()
+    yield s
+    s.stop()
+
+
+def post(server, path, body):
+    return requests.post(server.url(path), json=body, timeout=300)
+
+
+def test_real_model_answers_a_json_object(smol):
+    n_free_json = 0
+    for q in ["Give me a JSON object describing a cat, with its name and age.",
+              "What is the capital of France? Answer in JSON."]:
+        body = {"messages": [{"role": "user", "content": q}], "temperature": 0,
+                "max_tokens": 200}
+        free = post(smol, "/v1/chat/completions", body)
+        r = post(smol, "/v1/chat/completions", dict(body, response_format=JSON_FMT))
+        assert r.status_code == 200, r.text
+        validate(r.json(), "CreateChatCompletionResponse")
+        c = r.json()["choices"][0]
+        assert c["finish_reason"] == "stop", c
+        assert isinstance(json.loads(c["message"]["content"]), dict), c
+        # the mask changes a greedy answer only where it was not JSON: one that was (the capital)
+        # comes out the same, one that was not (a Markdown fence first) does not
+        assert free.status_code == 200
+        ft = free.json()["choices"][0]["message"]["content"]
+        assert (ft == c["message"]["content"]) == py_complete(ft.encode(), True), (ft, c)
+        n_free_json += py_complete(ft.encode(), True)
+    assert n_free_json == 1  # both cases were met
+
+
+def check_choice(text, finish):
+    if finish == "stop":
+        v = json.loads(text.encode("utf-8").decode("utf-8"), parse_constant=_raise)
+        assert isinstance(v, dict), text
+    else:
+        assert finish == "length"
+        assert tool([("o", text.encode("utf-8"))]) == ["prefix"], text
+
+
+def test_sampled_random_model_output_is_json(rnd):
+    """A random model samples from all 32,000 tokens; constrained, each choice is a JSON object
+    (or a prefix of one when max_tokens cuts it). A bias towards quotes and braces makes most
+    of them close within the budget."""
+    tok = post(rnd, "/tokenize", {"prompt": '"}', "add_special_tokens": False}).json()
+    bias = {str(t): 6 for t in tok["tokens"]}
+    base = {"prompt": "Hello", "max_tokens": 48, "n": 8, "temperature": 1.0}
+    n_stop = 0
+    for seed in range(4):
+        r = post(rnd, "/v1/completions", dict(base, seed=seed, response_format=JSON_FMT,
+                                              logit_bias=bias))
+        assert r.status_code == 200, r.text
+        validate(r.json(), "CreateCompletionResponse")
+        for c in r.json()["choices"]:
+            check_choice(c["text"], c["finish_reason"])
+            n_stop += c["finish_reason"] == "stop"
+        free = post(rnd, "/v1/completions", dict(base, seed=seed, logit_bias=bias)).json()
+        for c in free["choices"]:
+            assert not py_complete(c["text"].encode(), True)
+    assert n_stop >= 4, n_stop
+
+
+def test_stream_matches_and_greedy_random_model(rnd):
+    body = {"prompt": "Hello", "max_tokens": 40, "temperature": 0.7, "seed": 5,
+            "response_format": JSON_FMT}
+    whole = post(rnd, "/v1/completions", body).json()["choices"][0]
+    r = requests.post(rnd.url("/v1/completions"), json=dict(body, stream=True), stream=True,
+                      timeout=300)
+    text, finish = "", None
+    for ev in sse_events(r.iter_lines()):
+        if ev == "[DONE]":
+            break
+        ch = ev["choices"][0]
+        text += ch["text"]
+        finish = ch.get("finish_reason") or finish
+    assert (text, finish) == (whole["text"], whole["finish_reason"])
+    check_choice(text, finish)
+    g = post(rnd, "/v1/completions", dict(body, temperature=0)).json()["choices"][0]
+    check_choice(g["text"], g["finish_reason"])
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+     "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": "json_object"}, "response_format"),
+    ({"response_format": {}}, "response_format"),
+    ({"response_format": JSON_FMT, "min_tokens": 3}, "min_tokens"),
+    ({"best_of": 3}, "best_of"),
+    ({"best_of": 1, "n": 2}, "best_of"),
+    ({"best_of": "2"}, "best_of"),
+])
+def test_refused_output_options(rnd, extra, param):
+    r = post(rnd, "/v1/completions", dict({"prompt": "Hi", "max_tokens": 2}, **extra))
+    assert r.status_code == 400, r.text
+    validate(r.json(), "ErrorResponse")
+    assert r.json()["error"]["param"] == param
+    ok = post(rnd, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "best_of": 1,
+                                       "response_format": {"type": "text"}})
+    assert ok.status_code == 200, ok.text
