@@ -313,34 +313,67 @@ def test_ill_formed_bytes_come_out_as_replacement_characters(server):
         assert r.status_code == 200 and r.json()["prompt"] == want, r.text
 
 
-def test_chat_assistant_tool_calls_without_content(tmp_path):
-    """OpenAI lets an assistant message with tool_calls leave out content: it is taken as null,
-    so the answer equals the one with "content": null (stories260K with Qwen2.5's chat template,
-    which renders tool calls, set by gguf-new-metadata)."""
+@pytest.fixture(scope="module")
+def qwen_tmpl_server(tmp_path_factory):
+    """stories260K with Qwen2.5's chat template (which renders tools and tool calls), set by
+    gguf-new-metadata."""
     tool = Path(sys.executable).with_name("gguf-new-metadata")
     if not tool.exists():
         pytest.skip("gguf-new-metadata (the gguf package) is not installed")
-    model = tmp_path / "stories-qwen-template.gguf"
+    model = tmp_path_factory.mktemp("qwen-tmpl") / "stories-qwen-template.gguf"
     subprocess.run([str(tool), str(STORIES), str(model), "--chat-template-file",
                     str(DATA / "chat-templates" / "Qwen-Qwen2.5-7B-Instruct.jinja")],
                    check=True, capture_output=True)
+    s = Server(model)
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_chat_assistant_tool_calls_without_content(qwen_tmpl_server):
+    """OpenAI lets an assistant message with tool_calls leave out content: it is taken as null,
+    so the answer equals the one with "content": null."""
+    s = qwen_tmpl_server
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     msgs = [{"role": "user", "content": "What is f?"},
             {"role": "assistant", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
-    s = Server(model)
-    s.start()
-    try:
-        body = {"messages": msgs, "max_tokens": 6, "temperature": 0}
-        a = requests.post(s.url(CH), json=body, timeout=60)
-        assert a.status_code == 200, a.text
-        body["messages"][1] = dict(msgs[1], content=None)
-        b = requests.post(s.url(CH), json=body, timeout=60)
-        assert b.status_code == 200, b.text
-        assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
-        assert a.json()["usage"] == b.json()["usage"]
-    finally:
-        s.stop()
+    body = {"messages": msgs, "max_tokens": 6, "temperature": 0}
+    a = requests.post(s.url(CH), json=body, timeout=60)
+    assert a.status_code == 200, a.text
+    body["messages"][1] = dict(msgs[1], content=None)
+    b = requests.post(s.url(CH), json=body, timeout=60)
+    assert b.status_code == 200, b.text
+    assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
+    assert a.json()["usage"] == b.json()["usage"]
+
+
+TOOLS = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]
+
+
+def test_tool_choice(qwen_tmpl_server):
+    """tool_choice "auto" (and absent) shows the template the tools; "none" does not, so its
+    prompt is the one without tools; "required" and a named function are refused (they need a
+    constrained tool call)."""
+    s = qwen_tmpl_server
+    base = {"messages": [{"role": "user", "content": "Oslo?"}], "max_tokens": 4,
+            "temperature": 0}
+
+    def prompt_tokens(body):
+        r = requests.post(s.url(CH), json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    plain = prompt_tokens(base)
+    with_tools = prompt_tokens(dict(base, tools=TOOLS))
+    assert with_tools > plain + 20
+    assert prompt_tokens(dict(base, tools=TOOLS, tool_choice="auto")) == with_tools
+    assert prompt_tokens(dict(base, tools=TOOLS, tool_choice="none")) == plain
+    for choice in ["required", {"type": "function", "function": {"name": "w"}}, 3]:
+        r = requests.post(s.url(CH), json=dict(base, tools=TOOLS, tool_choice=choice), timeout=60)
+        assert r.status_code == 400, r.text
+        validate(r.json(), "ErrorResponse")
+        assert r.json()["error"]["param"] == "tool_choice"
 
 
 def test_unknown_fields_are_ignored(server):
