@@ -44,7 +44,8 @@ static void usage_batch(FILE *f) {
             "  \"temperature\": T, \"top_p\": P, \"top_k\": K, \"seed\": S, \"stop\": [...],\n"
             "  \"ignore_eos\": false, \"min_p\": P, \"presence_penalty\": X,\n"
             "  \"frequency_penalty\": X, \"repetition_penalty\": R, \"logit_bias\": {\"id\": bias},\n"
-            "  \"min_tokens\": N, \"logprobs\": N (0..20), \"speculative\": false (opt out)}\n"
+            "  \"min_tokens\": N, \"logprobs\": N (0..20), \"speculative\": false (opt out),\n"
+            "  \"response_format\": {\"type\": \"json_object\"} (output: one JSON object)}\n"
             "Each output line (input order): {\"id\", \"text\", \"token_ids\", \"finish_reason\",\n"
             "  \"prompt_tokens\", \"completion_tokens\", \"cached_tokens\"[, \"logprobs\"]} or\n"
             "  {\"id\", \"error\"}; \"logprobs\": [{\"token\", \"logprob\", \"top_logprobs\":\n"
@@ -197,6 +198,17 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
         pd->p.logit_bias_ids = pd->bias_ids;
         pd->p.logit_bias = pd->bias;
         pd->p.n_logit_bias = k;
+    }
+    x = cJSON_GetObjectItemCaseSensitive(j, "response_format");
+    if (x && !cJSON_IsNull(x)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(x, "type");
+        if (!cJSON_IsString(ty) ||
+            (strcmp(ty->valuestring, "text") && strcmp(ty->valuestring, "json_object"))) {
+            snprintf(msg, ml, "\"response_format\" must be {\"type\": \"text\"} or "
+                              "{\"type\": \"json_object\"}");
+            return -1;
+        }
+        pd->p.json_object = !strcmp(ty->valuestring, "json_object");
     }
     x = cJSON_GetObjectItemCaseSensitive(j, "speculative");
     if (x && !cJSON_IsBool(x)) {

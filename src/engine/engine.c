@@ -340,6 +340,7 @@ static int json_vocab_init(pgd_engine *e, pgd_err *err) {
         v->len[id] = (uint32_t)n;
     }
     for (int32_t i = 0; i < e->n_eog; i++) v->eog[e->eog[i]] = 1;
+    if (pgd_json_vocab_index(v)) return pgd_err_set(err, PGD_ENOMEM, "engine: out of memory");
     return PGD_OK;
 }
 
@@ -502,9 +503,7 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->b_sampled);
     pgd_sampler_scratch_free(&e->sample_scratch);
     free(e->eog);
-    free(e->json_vocab.text);
-    free(e->json_vocab.len);
-    free(e->json_vocab.eog);
+    pgd_json_vocab_free(&e->json_vocab);
     free(e->json_allow);
     free(e->aborts);
     free(e->events);

@@ -1,7 +1,10 @@
 /* The JSON recognizer and token mask of json_grammar.h. */
 #include "sample/json_grammar.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "util/status.h"
 
 enum {
     J_VALUE,     /* a value */
@@ -232,28 +235,88 @@ bool pgd_json_complete(const pgd_json_state *st) {
             st->phase == N_EXP);
 }
 
+int pgd_json_vocab_index(pgd_json_vocab *v) {
+    int32_t n = v->n;
+    v->by_first = malloc((size_t)(n ? n : 1) * sizeof *v->by_first);
+    v->plain = calloc((size_t)(n ? n : 1), 1);
+    v->unplain = malloc((size_t)(n ? n : 1) * sizeof *v->unplain);
+    if (!v->by_first || !v->plain || !v->unplain) return PGD_ENOMEM;
+    int32_t count[256] = {0};
+    for (int32_t id = 0; id < n; id++)
+        if (v->len[id] && !v->eog[id]) count[(unsigned char)v->text[id][0]]++;
+    v->first_off[0] = 0;
+    for (int c = 0; c < 256; c++) v->first_off[c + 1] = v->first_off[c] + count[c];
+    v->n_text = v->first_off[256];
+    int32_t fill[256];
+    memcpy(fill, v->first_off, sizeof fill);
+    v->n_plain = 0;
+    int32_t n_unplain = 0;
+    pgd_json_state in_str;
+    pgd_json_init(&in_str, false);
+    string_start(&in_str, false);
+    for (int32_t id = 0; id < n; id++) {
+        if (!v->len[id] || v->eog[id]) continue;
+        v->by_first[fill[(unsigned char)v->text[id][0]]++] = id;
+        pgd_json_state t = in_str;
+        bool plain = !memchr(v->text[id], '"', v->len[id]) &&
+                     pgd_json_feed(&t, v->text[id], v->len[id]) && t.need == 0 &&
+                     t.phase == 0 && t.hex == 0;
+        if (plain) {
+            v->plain[id] = 1;
+            v->n_plain++;
+        } else {
+            v->unplain[n_unplain++] = id;
+        }
+    }
+    return PGD_OK;
+}
+
+void pgd_json_vocab_free(pgd_json_vocab *v) {
+    free(v->text);
+    free(v->len);
+    free(v->eog);
+    free(v->by_first);
+    free(v->plain);
+    free(v->unplain);
+    memset(v, 0, sizeof *v);
+}
+
+static bool token_ok(const pgd_json_state *st, const pgd_json_vocab *v, int32_t id) {
+    pgd_json_state t = *st;
+    return pgd_json_feed(&t, v->text[id], v->len[id]);
+}
+
 int32_t pgd_json_allowed(const pgd_json_state *st, const pgd_json_vocab *v, uint8_t *allow) {
-    bool done = pgd_json_complete(st);
     int32_t n_ok = 0;
-    if (done) {
+    if (pgd_json_complete(st)) {
         for (int32_t id = 0; id < v->n; id++) n_ok += allow[id] = v->eog[id];
         return n_ok;
     }
-    /* first bytes that can come next: most tokens are refused on their first byte */
-    uint8_t first[256];
+    if (st->mode == J_STRING && !st->need && !st->hex && !st->phase) {
+        /* inside a string, between characters: the plain tokens are accepted as they are */
+        memcpy(allow, v->plain, (size_t)v->n);
+        n_ok = v->n_plain;
+        for (int32_t i = 0; i < v->n_text - v->n_plain; i++) {
+            int32_t id = v->unplain[i];
+            if (token_ok(st, v, id)) {
+                allow[id] = 1;
+                n_ok++;
+            }
+        }
+        return n_ok;
+    }
+    /* elsewhere few first bytes can come next: only their tokens are tried */
+    memset(allow, 0, (size_t)v->n);
     for (int c = 0; c < 256; c++) {
         pgd_json_state t = *st;
-        first[c] = feed_byte(&t, (unsigned char)c);
-    }
-    for (int32_t id = 0; id < v->n; id++) {
-        const char *s = v->text[id];
-        uint32_t l = v->len[id];
-        allow[id] = 0;
-        if (!l || v->eog[id] || !first[(unsigned char)s[0]]) continue;
-        pgd_json_state t = *st;
-        if (!pgd_json_feed(&t, s, l)) continue;
-        allow[id] = 1;
-        n_ok++;
+        if (!feed_byte(&t, (unsigned char)c)) continue;
+        for (int32_t i = v->first_off[c]; i < v->first_off[c + 1]; i++) {
+            int32_t id = v->by_first[i];
+            if (token_ok(st, v, id)) {
+                allow[id] = 1;
+                n_ok++;
+            }
+        }
     }
     return n_ok;
 }

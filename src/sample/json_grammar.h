@@ -43,14 +43,29 @@ bool pgd_json_feed(pgd_json_state *st, const char *s, size_t n);
 /* The bytes fed so far are a whole JSON document (trailing whitespace allowed). */
 bool pgd_json_complete(const pgd_json_state *st);
 
-/* Each token's decoded bytes, as the detokenizer renders them (control tokens: none), and
- * which tokens end a generation. Built once per engine. */
+/* Each token's decoded bytes, as the detokenizer renders them (control tokens: none), which
+ * tokens end a generation, and an index for the mask. Built once per engine: the caller fills
+ * n, text, len and eog (malloc'd), then calls pgd_json_vocab_index. */
 typedef struct pgd_json_vocab {
     int32_t n;            /* ids 0..n: the model's vocabulary (may exceed the tokenizer's) */
     const char **text;    /* (n) borrowed from the tokenizer; NULL: renders as nothing */
     uint32_t *len;        /* (n) */
     uint8_t *eog;         /* (n) end-of-generation token */
+    /* index: the tokens that can be text (not empty, not end-of-generation) by first byte, and
+     * those of them that a string accepts whole and unchanged (no quote, backslash or control
+     * character; complete UTF-8 characters) */
+    int32_t *by_first;    /* (n_text) ids, grouped by first byte */
+    int32_t first_off[257]; /* by_first[first_off[c]..first_off[c + 1]): first byte c */
+    int32_t n_text;
+    uint8_t *plain;       /* (n) 1: accepted inside a string, leaving its state as it was */
+    int32_t n_plain;
+    int32_t *unplain;     /* (n_text - n_plain) the other text tokens */
 } pgd_json_vocab;
+
+/* Builds the index from n, text, len and eog; PGD_OK or PGD_ENOMEM. */
+int pgd_json_vocab_index(pgd_json_vocab *v);
+/* Frees every array of v (text, len and eog included). */
+void pgd_json_vocab_free(pgd_json_vocab *v);
 
 /* allow[0..v->n) = 1 for the tokens that may come next in state st, else 0; returns how many
  * are allowed. A complete document allows only end-of-generation tokens (no trailing

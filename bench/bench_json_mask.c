@@ -1,0 +1,78 @@
+/* Cost of the JSON output mask (not a test): pgd_json_allowed over a real vocabulary in the
+ * states a JSON object passes through, median of REPS calls each, in microseconds and as the
+ * share of the vocabulary allowed. Build (from the repo root, after cmake --build build):
+ *   gcc -O2 -Isrc -Iinclude bench/bench_json_mask.c build/libpagoda.a -lcjson -lm -lpthread \
+ *       -o /tmp/bench_json_mask
+ *   /tmp/bench_json_mask MODEL_OR_VOCAB.gguf [REPS]
+ * Figures in bench/RESULTS.md ("JSON output"). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sample/json_grammar.h"
+#include "tokenizer/tokenizer.h"
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_json_mask MODEL_OR_VOCAB.gguf [REPS]\n");
+        return 2;
+    }
+    int reps = argc > 2 ? atoi(argv[2]) : 51;
+    if (reps < 1 || reps > 10000) reps = 51;
+    pgd_tokenizer *t;
+    pgd_err err = {{0}};
+    if (pgd_tokenizer_load_path(argv[1], &t, &err)) {
+        fprintf(stderr, "bench_json_mask: %s\n", err.msg);
+        return 1;
+    }
+    int32_t n = pgd_tokenizer_n_vocab(t);
+    pgd_json_vocab v = {.n = n, .text = malloc((size_t)n * sizeof *v.text),
+                        .len = malloc((size_t)n * sizeof *v.len), .eog = calloc((size_t)n, 1)};
+    uint8_t *allow = malloc((size_t)n);
+    double *us = malloc((size_t)reps * sizeof *us);
+    if (!v.text || !v.len || !v.eog || !allow || !us) return 1;
+    for (int32_t id = 0; id < n; id++) {
+        size_t l;
+        v.text[id] = pgd_tokenizer_piece(t, id, &l);
+        v.len[id] = (uint32_t)l;
+        v.eog[id] = pgd_tokenizer_is_eog(t, id);
+    }
+    if (pgd_json_vocab_index(&v)) return 1;
+    /* the states: the document so far */
+    static const char *const docs[] = {"", "{", "{\"name", "{\"name\"", "{\"name\": ",
+                                       "{\"name\": \"Fel", "{\"age\": 1", "{\"a\": [1, 2",
+                                       "{\"a\": {\"b\": tr"};
+    printf("vocab %d tokens (%s)\n%-22s %10s %10s\n", n, argv[1], "state", "us/call", "allowed");
+    for (size_t d = 0; d < sizeof docs / sizeof docs[0]; d++) {
+        pgd_json_state st;
+        pgd_json_init(&st, true);
+        if (!pgd_json_feed(&st, docs[d], strlen(docs[d]))) return 1;
+        int32_t k = 0;
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_us();
+            k = pgd_json_allowed(&st, &v, allow);
+            us[r] = now_us() - t0;
+        }
+        qsort(us, (size_t)reps, sizeof *us, cmp_d);
+        char label[40];
+        snprintf(label, sizeof label, "'%s'", docs[d]);
+        printf("%-22s %10.1f %9.1f%%\n", label, us[reps / 2], 100.0 * k / n);
+    }
+    free(us);
+    free(allow);
+    pgd_json_vocab_free(&v);
+    pgd_tokenizer_free(t);
+    return 0;
+}
