@@ -235,28 +235,81 @@ bool pgd_json_complete(const pgd_json_state *st) {
             st->phase == N_EXP);
 }
 
+/* A trie node: the byte on the edge into it, its depth (bytes from the root), the index just
+ * past its subtree, and the tokens whose text ends here (sorted[tok..tok + n_tok)). */
+typedef struct pgd_json_node {
+    int32_t skip, tok;
+    uint16_t depth, n_tok;
+    uint8_t byte;
+} pgd_json_node;
+
+static const pgd_json_vocab *g_sort_vocab; /* qsort's comparator context (index build only) */
+
+static int cmp_text(const void *a, const void *b) {
+    const pgd_json_vocab *v = g_sort_vocab;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t lx = v->len[x], ly = v->len[y];
+    int c = memcmp(v->text[x], v->text[y], lx < ly ? lx : ly);
+    if (c) return c;
+    if (lx != ly) return lx < ly ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+/* The trie of sorted's texts in depth-first order, built from the sorted list: each text shares
+ * its longest common prefix with the one before it. */
+static int build_trie(pgd_json_vocab *v, uint32_t max_len) {
+    size_t total = 1;
+    for (int32_t i = 0; i < v->n_text; i++) total += v->len[v->sorted[i]];
+    if (total > INT32_MAX) return PGD_ENOMEM;
+    v->nodes = malloc(total * sizeof *v->nodes);
+    int32_t *path = malloc((max_len + 1) * sizeof *path); /* node index by depth */
+    if (!v->nodes || !path) {
+        free(path);
+        return PGD_ENOMEM;
+    }
+    int32_t nn = 0, depth = 0;
+    const char *prev = NULL;
+    uint32_t prev_len = 0;
+    for (int32_t i = 0; i < v->n_text; i++) {
+        int32_t id = v->sorted[i];
+        const char *s = v->text[id];
+        uint32_t l = v->len[id], lcp = 0;
+        while (lcp < l && lcp < prev_len && s[lcp] == prev[lcp]) lcp++;
+        for (; depth > (int32_t)lcp; depth--) v->nodes[path[depth]].skip = nn; /* subtrees done */
+        for (; depth < (int32_t)l; depth++) {
+            pgd_json_node *nd = &v->nodes[nn];
+            *nd = (pgd_json_node){.skip = -1, .tok = -1, .depth = (uint16_t)(depth + 1),
+                                  .byte = (uint8_t)s[depth]};
+            path[depth + 1] = nn++;
+        }
+        pgd_json_node *end = &v->nodes[path[l]];
+        if (end->tok < 0) end->tok = i;
+        if (end->n_tok < UINT16_MAX) end->n_tok++;
+        prev = s;
+        prev_len = l;
+    }
+    for (; depth > 0; depth--) v->nodes[path[depth]].skip = nn;
+    v->n_nodes = nn;
+    free(path);
+    return PGD_OK;
+}
+
 int pgd_json_vocab_index(pgd_json_vocab *v) {
     int32_t n = v->n;
-    v->by_first = malloc((size_t)(n ? n : 1) * sizeof *v->by_first);
+    uint32_t max_len = 0;
+    v->sorted = malloc((size_t)(n ? n : 1) * sizeof *v->sorted);
     v->plain = calloc((size_t)(n ? n : 1), 1);
     v->unplain = malloc((size_t)(n ? n : 1) * sizeof *v->unplain);
-    if (!v->by_first || !v->plain || !v->unplain) return PGD_ENOMEM;
-    int32_t count[256] = {0};
-    for (int32_t id = 0; id < n; id++)
-        if (v->len[id] && !v->eog[id]) count[(unsigned char)v->text[id][0]]++;
-    v->first_off[0] = 0;
-    for (int c = 0; c < 256; c++) v->first_off[c + 1] = v->first_off[c] + count[c];
-    v->n_text = v->first_off[256];
-    int32_t fill[256];
-    memcpy(fill, v->first_off, sizeof fill);
-    v->n_plain = 0;
+    if (!v->sorted || !v->plain || !v->unplain) return PGD_ENOMEM;
+    v->n_text = v->n_plain = 0;
     int32_t n_unplain = 0;
     pgd_json_state in_str;
     pgd_json_init(&in_str, false);
     string_start(&in_str, false);
     for (int32_t id = 0; id < n; id++) {
-        if (!v->len[id] || v->eog[id]) continue;
-        v->by_first[fill[(unsigned char)v->text[id][0]]++] = id;
+        if (!v->len[id] || v->eog[id] || v->len[id] > UINT16_MAX) continue;
+        v->sorted[v->n_text++] = id;
+        if (v->len[id] > max_len) max_len = v->len[id];
         pgd_json_state t = in_str;
         bool plain = !memchr(v->text[id], '"', v->len[id]) &&
                      pgd_json_feed(&t, v->text[id], v->len[id]) && t.need == 0 &&
@@ -268,14 +321,21 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
             v->unplain[n_unplain++] = id;
         }
     }
-    return PGD_OK;
+    g_sort_vocab = v;
+    qsort(v->sorted, (size_t)v->n_text, sizeof *v->sorted, cmp_text);
+    g_sort_vocab = NULL;
+    v->stack = malloc((max_len + 1) * sizeof *v->stack);
+    if (!v->stack) return PGD_ENOMEM;
+    return build_trie(v, max_len);
 }
 
 void pgd_json_vocab_free(pgd_json_vocab *v) {
     free(v->text);
     free(v->len);
     free(v->eog);
-    free(v->by_first);
+    free(v->sorted);
+    free(v->nodes);
+    free(v->stack);
     free(v->plain);
     free(v->unplain);
     memset(v, 0, sizeof *v);
@@ -286,7 +346,7 @@ static bool token_ok(const pgd_json_state *st, const pgd_json_vocab *v, int32_t 
     return pgd_json_feed(&t, v->text[id], v->len[id]);
 }
 
-int32_t pgd_json_allowed(const pgd_json_state *st, const pgd_json_vocab *v, uint8_t *allow) {
+int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *allow) {
     int32_t n_ok = 0;
     if (pgd_json_complete(st)) {
         for (int32_t id = 0; id < v->n; id++) n_ok += allow[id] = v->eog[id];
@@ -305,18 +365,20 @@ int32_t pgd_json_allowed(const pgd_json_state *st, const pgd_json_vocab *v, uint
         }
         return n_ok;
     }
-    /* elsewhere few first bytes can come next: only their tokens are tried */
+    /* elsewhere few bytes can come next: walk the trie, skipping each refused subtree */
     memset(allow, 0, (size_t)v->n);
-    for (int c = 0; c < 256; c++) {
-        pgd_json_state t = *st;
-        if (!feed_byte(&t, (unsigned char)c)) continue;
-        for (int32_t i = v->first_off[c]; i < v->first_off[c + 1]; i++) {
-            int32_t id = v->by_first[i];
-            if (token_ok(st, v, id)) {
-                allow[id] = 1;
-                n_ok++;
-            }
+    v->stack[0] = *st;
+    for (int32_t i = 0; i < v->n_nodes;) {
+        const pgd_json_node *nd = &v->nodes[i];
+        pgd_json_state *t = &v->stack[nd->depth];
+        *t = v->stack[nd->depth - 1];
+        if (!feed_byte(t, nd->byte)) {
+            i = nd->skip;
+            continue;
         }
+        for (int32_t k = 0; k < nd->n_tok; k++) allow[v->sorted[nd->tok + k]] = 1;
+        n_ok += nd->n_tok;
+        i++;
     }
     return n_ok;
 }

@@ -165,6 +165,29 @@ def test_recognizer_bounds():
     assert got == ["prefix", "reject", "prefix", "reject", "prefix", "reject"]
 
 
+VOCABS = [util.DATA / "vocab" / f"ggml-vocab-{v}.gguf" for v in ("llama-spm", "llama-bpe",
+                                                                   "qwen2")]
+
+
+@pytest.mark.parametrize("vocab", VOCABS, ids=lambda p: p.stem)
+def test_mask_equals_its_definition(vocab):
+    """The mask (a trie walk outside strings, precomputed plain tokens inside them) allows
+    exactly the tokens whose bytes a copy of the state accepts, at the states of every prefix
+    of a few generated objects (the tool checks each token)."""
+    rng = random.Random(3)
+    docs = [d for d in documents(5, 40) if py_complete(d, True)][:12]
+    docs += [b'{"a": "\\', b'{"a": "\\u00', b'{"a": "\xc3', b'{"a": "\xe2\x82']
+    cases = [("o", d[:k]) for d in docs for k in sorted(rng.sample(range(len(d) + 1),
+                                                                  min(len(d) + 1, 30)))]
+    inp = "".join(f"{m} {b.hex()}\n" for m, b in cases)
+    p = subprocess.run([str(TOOL), "mask", str(vocab)], input=inp, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    counts = [int(x) for x in p.stdout.split()]
+    assert len(counts) == len(cases)
+    assert min(counts) >= 1 and max(counts) > 1000  # in a string, most of the vocabulary
+
+
 # ---- 2. the server ----
 
 JSON_FMT = {"type": "json_object"}

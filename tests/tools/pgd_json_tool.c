@@ -2,12 +2,18 @@
  * Reads lines "MODE HEX" from stdin (MODE: o = the document must be an object, a = any value;
  * HEX: the document's bytes in hexadecimal, possibly empty) and prints one word a line:
  * "complete" (a whole JSON document), "prefix" (every byte accepted, the document not whole)
- * or "reject". */
+ * or "reject".
+ *   pgd_json_tool mask MODEL_OR_VOCAB
+ * reads the same lines (MODE o) and prints, for each document that is a prefix, how many tokens
+ * of the vocabulary pgd_json_allowed allows next, after checking its mask token by token against
+ * the definition (a copy of the state fed the token's bytes); exits 1 at the first difference. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sample/json_grammar.h"
+#include "tokenizer/tokenizer.h"
 
 static int hexval(int c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -16,7 +22,60 @@ static int hexval(int c) {
     return -1;
 }
 
-int main(void) {
+static pgd_json_vocab g_vocab;
+static uint8_t *g_allow;
+
+static int load_vocab(const char *path) {
+    pgd_tokenizer *t;
+    pgd_err err = {{0}};
+    if (pgd_tokenizer_load_path(path, &t, &err)) {
+        fprintf(stderr, "pgd_json_tool: %s\n", err.msg);
+        return -1;
+    }
+    int32_t n = pgd_tokenizer_n_vocab(t);
+    pgd_json_vocab *v = &g_vocab;
+    v->n = n;
+    v->text = malloc((size_t)n * sizeof *v->text);
+    v->len = malloc((size_t)n * sizeof *v->len);
+    v->eog = calloc((size_t)n, 1);
+    g_allow = malloc((size_t)n);
+    if (!v->text || !v->len || !v->eog || !g_allow) return -1;
+    for (int32_t id = 0; id < n; id++) {
+        size_t l;
+        v->text[id] = pgd_tokenizer_piece(t, id, &l);
+        v->len[id] = (uint32_t)l;
+        v->eog[id] = pgd_tokenizer_is_eog(t, id);
+    }
+    return pgd_json_vocab_index(v) ? -1 : 0; /* t stays loaded: text borrows from it */
+}
+
+/* The mask by its definition, compared with pgd_json_allowed's; prints the allowed count. */
+static int check_mask(const pgd_json_state *st) {
+    const pgd_json_vocab *v = &g_vocab;
+    int32_t n_ok = pgd_json_allowed(st, &g_vocab, g_allow), want_n = 0;
+    bool done = pgd_json_complete(st);
+    for (int32_t id = 0; id < v->n; id++) {
+        pgd_json_state t = *st;
+        bool want = done ? v->eog[id]
+                         : v->len[id] && !v->eog[id] && pgd_json_feed(&t, v->text[id], v->len[id]);
+        want_n += want;
+        if (want != (g_allow[id] != 0)) {
+            fprintf(stderr, "pgd_json_tool: token %d (%.*s): mask %d, definition %d\n", id,
+                    (int)v->len[id], v->text[id] ? v->text[id] : "", g_allow[id], want);
+            return -1;
+        }
+    }
+    if (want_n != n_ok) {
+        fprintf(stderr, "pgd_json_tool: count %d, definition %d\n", n_ok, want_n);
+        return -1;
+    }
+    printf("%d\n", n_ok);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    bool mask = argc == 3 && !strcmp(argv[1], "mask");
+    if (mask && load_vocab(argv[2])) return 1;
     size_t cap = 1 << 20;
     char *line = malloc(cap), *doc = malloc(cap / 2);
     if (!line || !doc) return 1;
@@ -36,6 +95,12 @@ int main(void) {
         }
         pgd_json_state st;
         pgd_json_init(&st, line[0] == 'o');
+        if (mask) {
+            if (!pgd_json_feed(&st, doc, n)) puts("reject");
+            else if (check_mask(&st)) return 1;
+            fflush(stdout);
+            continue;
+        }
         const char *r = !pgd_json_feed(&st, doc, n)  ? "reject"
                         : pgd_json_complete(&st)    ? "complete"
                                                     : "prefix";
