@@ -378,6 +378,7 @@ def test_readme_curl_examples(server):
     assert {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize",
             "/metrics"} <= paths, paths
     assert any('"stream": true' in c for c in cmds)
+    assert any("json_object" in c for c in cmds)
     for cmd in cmds:
         cmd = cmd.replace("localhost:8000", f"localhost:{server.port}")
         p = subprocess.run(["bash", "-c", cmd + " -w '\\n%{http_code}'"], capture_output=True,
@@ -397,6 +398,8 @@ def test_readme_curl_examples(server):
             j = json.loads(body)
             if "/v1/chat/completions" in cmd:
                 validate(j, "CreateChatCompletionResponse")
+                if "json_object" in cmd:
+                    assert isinstance(json.loads(j["choices"][0]["message"]["content"]), dict)
             elif "/v1/completions" in cmd:
                 validate(j, "CreateCompletionResponse")
                 assert j["choices"][0]["text"].startswith(" Paris")
