@@ -299,10 +299,9 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
     uint32_t max_len = 0;
     v->sorted = malloc((size_t)(n ? n : 1) * sizeof *v->sorted);
     v->plain = calloc((size_t)(n ? n : 1), 1);
-    v->unplain = malloc((size_t)(n ? n : 1) * sizeof *v->unplain);
-    if (!v->sorted || !v->plain || !v->unplain) return PGD_ENOMEM;
-    v->n_text = v->n_plain = 0;
-    int32_t n_unplain = 0;
+    v->quoted = malloc((size_t)(n ? n : 1) * sizeof *v->quoted);
+    if (!v->sorted || !v->plain || !v->quoted) return PGD_ENOMEM;
+    v->n_text = v->n_plain = v->n_quoted = 0;
     pgd_json_state in_str;
     pgd_json_init(&in_str, false);
     string_start(&in_str, false);
@@ -310,15 +309,16 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
         if (!v->len[id] || v->eog[id] || v->len[id] > UINT16_MAX) continue;
         v->sorted[v->n_text++] = id;
         if (v->len[id] > max_len) max_len = v->len[id];
+        /* a token without a quote stays inside a string, where what it is accepted after
+         * does not depend on the key or the depth: one answer for every string */
+        if (memchr(v->text[id], '"', v->len[id])) {
+            v->quoted[v->n_quoted++] = id;
+            continue;
+        }
         pgd_json_state t = in_str;
-        bool plain = !memchr(v->text[id], '"', v->len[id]) &&
-                     pgd_json_feed(&t, v->text[id], v->len[id]) && t.need == 0 &&
-                     t.phase == 0 && t.hex == 0;
-        if (plain) {
+        if (pgd_json_feed(&t, v->text[id], v->len[id])) {
             v->plain[id] = 1;
             v->n_plain++;
-        } else {
-            v->unplain[n_unplain++] = id;
         }
     }
     g_sort_vocab = v;
@@ -337,7 +337,7 @@ void pgd_json_vocab_free(pgd_json_vocab *v) {
     free(v->nodes);
     free(v->stack);
     free(v->plain);
-    free(v->unplain);
+    free(v->quoted);
     memset(v, 0, sizeof *v);
 }
 
@@ -353,11 +353,12 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
         return n_ok;
     }
     if (st->mode == J_STRING && !st->need && !st->hex && !st->phase) {
-        /* inside a string, between characters: the plain tokens are accepted as they are */
+        /* inside a string, between characters: the tokens without a quote as precomputed, those
+         * with one tried */
         memcpy(allow, v->plain, (size_t)v->n);
         n_ok = v->n_plain;
-        for (int32_t i = 0; i < v->n_text - v->n_plain; i++) {
-            int32_t id = v->unplain[i];
+        for (int32_t i = 0; i < v->n_quoted; i++) {
+            int32_t id = v->quoted[i];
             if (token_ok(st, v, id)) {
                 allow[id] = 1;
                 n_ok++;

@@ -51,17 +51,17 @@ typedef struct pgd_json_vocab {
     const char **text;    /* (n) borrowed from the tokenizer; NULL: renders as nothing */
     uint32_t *len;        /* (n) */
     uint8_t *eog;         /* (n) end-of-generation token */
-    /* index: the tokens that can be text (not empty, not end-of-generation) in a trie, and
-     * those of them that a string accepts whole and unchanged (no quote, backslash or control
-     * character; complete UTF-8 characters) */
+    /* index: the tokens that can be text (not empty, not end-of-generation) in a trie; those
+     * without a quote that a string (between characters) accepts; those with a quote */
     int32_t *sorted;      /* (n_text) text token ids in byte order of their text */
     int32_t n_text;
     struct pgd_json_node *nodes; /* (n_nodes) the trie of the texts in depth-first order */
     int32_t n_nodes;
     pgd_json_state *stack;/* (max_len + 1) the walk's states by depth (scratch) */
-    uint8_t *plain;       /* (n) 1: accepted inside a string, leaving its state as it was */
+    uint8_t *plain;       /* (n) 1: no quote, accepted inside any string */
     int32_t n_plain;
-    int32_t *unplain;     /* (n_text - n_plain) the other text tokens */
+    int32_t *quoted;     /* (n_quoted) the text tokens with a quote */
+    int32_t n_quoted;
 } pgd_json_vocab;
 
 /* Builds the index from n, text, len and eog; PGD_OK or PGD_ENOMEM. */
@@ -72,8 +72,8 @@ void pgd_json_vocab_free(pgd_json_vocab *v);
 /* allow[0..v->n) = 1 for the tokens that may come next in state st, else 0; returns how many
  * are allowed. A complete document allows only end-of-generation tokens (no trailing
  * whitespace loop); an incomplete one allows none of them, nor a token that renders as
- * nothing. Inside a string the precomputed plain tokens are taken as they are and the others
- * tried; elsewhere the trie is walked, each shared prefix fed once and a refused byte skipping
+ * nothing. Inside a string the precomputed plain tokens are taken as they are and those with a
+ * quote tried; elsewhere the trie is walked, each shared prefix fed once and a refused byte skipping
  * its whole subtree. Uses v's scratch: one caller at a time. */
 int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *allow);
 
