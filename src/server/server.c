@@ -991,7 +991,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 static void log_request(server *s, req_ctx *c, int term) {
     if (!s->cfg.log_requests) return;
     double t = pgd_now_s();
-    int status = c->client_gone ? 499 : term == -1 ? (s->stopping ? 503 : 499) : c->status;
+    /* has_err with engine requests still out: the shutdown's 503 (answer_unfinished) */
+    int status = c->client_gone ? 499
+                 : term == -1   ? (s->stopping || c->has_err ? 503 : 499)
+                                : c->status;
     int completion = c->completion_tokens;
     if (term == -1) {
         int sum = 0;
@@ -1162,6 +1165,29 @@ static void signal_cb(uv_signal_t *sig, int signum) {
     uv_timer_start(&s->drain_timer, drain_check_cb, 0, 50);
 }
 
+/* After the drain timed out: each non-streaming request still waiting for its answer gets a 503
+ * error object (its connection is resumed to send it, for up to a second), not a bare close.
+ * Streams already sent their 200 and are closed as they are. */
+static void answer_unfinished(server *s) {
+    int n = 0;
+    for (req_ctx *c = s->running; c; c = c->run_next) {
+        if (c->ph != PH_RUNNING || !c->suspended || c->conn_done) continue;
+        pgd_api_error_set(&c->err, 503, "server_error", NULL, "shutting_down",
+                          "the server shut down before the answer was ready (the drain "
+                          "timeout, %d s, passed)", s->cfg.drain_timeout);
+        c->has_err = true;
+        c->ph = PH_RESPOND;
+        resume(c);
+        n++;
+    }
+    int target = s->in_flight - n;
+    double t0 = pgd_now_s();
+    while (n && s->in_flight > target && pgd_now_s() - t0 < 1.0) {
+        MHD_run(s->mhd);
+        if (s->in_flight > target) usleep(2000);
+    }
+}
+
 int pgd_serve(const pgd_server_config *cfg) {
     server *s = calloc(1, sizeof *s);
     if (!s) return 1;
@@ -1227,6 +1253,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     uv_run(&s->loop, UV_RUN_DEFAULT);
     /* shutdown: engine first (no more events), then HTTP, then the loop's handles */
     if (s->engine) pgd_engine_stop(s->engine);
+    answer_unfinished(s);
     /* MHD refuses to stop with suspended connections (it aborts the process): resume them all;
      * stopping then closes them, which aborts their engine requests */
     s->stopping = true;

@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from server_util import STORIES, Server, is_sanitized, sse_events
+from server_util import STORIES, Server, is_sanitized, sse_events, validate
 
 httpx = pytest.importorskip("httpx")
 
@@ -252,6 +252,45 @@ def test_sigterm_during_load_drains():
         err = s.stop(check=False)
     assert s.exit_code == 0, err[-3000:]
     assert '"event":"draining"' in err and '"event":"stopped"' in err
+    import server_util
+    server_util.check_no_sanitizer_report(err)
+
+
+def test_drain_timeout_answers_waiting_requests_with_503(default_model):
+    """A non-streaming request still running when --drain-timeout passes gets a 503 error object
+    (code shutting_down, Retry-After), not a closed connection; the access log says 503 and the
+    server exits 0."""
+    s = Server(default_model, "--drain-timeout", "1")
+    s.start()
+    try:
+        out = {}
+
+        def client():
+            try:
+                out["r"] = requests.post(s.url("/v1/completions"), timeout=60, json={
+                    "prompt": "Once", "max_tokens": 2000, "ignore_eos": True,
+                    "temperature": 0})
+            except Exception as e:  # noqa: BLE001 - reported below
+                out["r"] = e
+        t = threading.Thread(target=client)
+        t.start()
+        s.wait_metrics(lambda m: m["pagoda:num_requests_running"] >= 1, timeout=30)
+        t0 = time.time()
+        s.proc.send_signal(15)
+        t.join(timeout=60)
+        r = out["r"]
+        assert isinstance(r, requests.Response), r
+        assert r.status_code == 503, r.text
+        validate(r.json(), "ErrorResponse")
+        assert r.json()["error"]["code"] == "shutting_down"
+        assert r.headers.get("Retry-After")
+        assert time.time() - t0 < 20
+        s.proc.wait(timeout=30)
+    finally:
+        err = s.stop(check=False)
+    assert s.exit_code == 0, err[-3000:]
+    assert '"event":"drain_timeout"' in err
+    assert '"status":503' in err, err[-2000:]
     import server_util
     server_util.check_no_sanitizer_report(err)
 
