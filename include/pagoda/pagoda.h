@@ -89,6 +89,9 @@ typedef struct pgd_request_params {
     /* output constrained to one JSON object (OpenAI response_format json_object); needs a
        tokenizer; the generation stops when the object closes; no speculation */
     bool json_object;
+    /* the same, held to this JSON Schema (the text of the schema object; compiled, not kept;
+       OpenAI response_format json_schema): json_grammar.h says what it supports */
+    const char *json_schema;
 } pgd_request_params;
 
 typedef enum { PGD_EVENT_TOKEN = 1, PGD_EVENT_FINISH = 2 } pgd_event_type;

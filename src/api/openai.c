@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sample/json_grammar.h"
 #include "tokenizer/unicode.h"
+#include "util/status.h"
 
 void pgd_api_error_set(pgd_api_error *e, int status, const char *type, const char *param,
                        const char *code, const char *fmt, ...) {
@@ -271,12 +273,29 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(x, "type");
         if (!cJSON_IsObject(x) || !cJSON_IsString(ty))
             BAD("response_format", "'response_format' must be an object with a string 'type'");
-        if (!strcmp(ty->valuestring, "json_object")) r->json_object = true;
-        else if (!strcmp(ty->valuestring, "json_schema"))
-            BAD("response_format", "'response_format' of type 'json_schema' is not supported; "
-                "'json_object' constrains the output to a JSON object");
-        else if (strcmp(ty->valuestring, "text"))
-            BAD("response_format", "'response_format.type' must be 'text' or 'json_object'");
+        if (!strcmp(ty->valuestring, "json_object")) {
+            r->json_object = true;
+        } else if (!strcmp(ty->valuestring, "json_schema")) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(x, "json_schema");
+            if (!cJSON_IsObject(js))
+                BAD("response_format", "'response_format.json_schema' must be an object with "
+                    "a 'schema'");
+            const cJSON *sch = cJSON_GetObjectItemCaseSensitive(js, "schema");
+            r->json_object = true; /* without a schema: any JSON object */
+            if (sch && !cJSON_IsNull(sch)) {
+                if (!(r->json_schema = cJSON_PrintUnformatted(sch))) goto oom;
+                pgd_json_schema sc;
+                char msg[200];
+                int rc = pgd_json_schema_compile(r->json_schema, strlen(r->json_schema), &sc, msg,
+                                                 sizeof msg);
+                if (rc == PGD_ENOMEM) goto oom;
+                if (rc) BAD("response_format", "'response_format.json_schema.schema': %s", msg);
+                pgd_json_schema_free(&sc);
+            }
+        } else if (strcmp(ty->valuestring, "text")) {
+            BAD("response_format", "'response_format.type' must be 'text', 'json_object' or "
+                "'json_schema'");
+        }
         if (r->json_object && r->min_tokens > 0)
             BAD("min_tokens", "'min_tokens' cannot be combined with a 'json_object' "
                 "response_format, whose output ends when the object closes");
@@ -299,6 +318,8 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
         }
     }
     return 0;
+oom:
+    pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
 fail:
     return -1;
 }
@@ -479,6 +500,7 @@ void pgd_api_request_free(pgd_api_request *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->bias_ids);
     free(r->bias);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 

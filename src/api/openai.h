@@ -44,7 +44,8 @@ typedef struct pgd_api_request {
     int32_t logprobs;              /* -1: none; else number of alternatives (chat: top_logprobs) */
     bool echo, stream, include_usage, ignore_eos, add_generation_prompt;
     bool no_speculation;           /* "speculative": false opts out (as in `pagoda batch`) */
-    bool json_object;              /* response_format {"type": "json_object"} */
+    bool json_object;              /* response_format json_object or json_schema */
+    char *json_schema;             /* json_schema's schema as compact JSON (owned), or NULL */
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
     int32_t top_k, min_tokens;
     bool has_seed;

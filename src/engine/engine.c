@@ -58,6 +58,7 @@ typedef struct seq {
     bool dev_sampled;         /* this step's token is sampled by the backend (b_sampled) */
     bool json;                /* output constrained to a JSON object (json_st) */
     pgd_json_state json_st;
+    pgd_json_schema schema;   /* its schema, when the request gave one */
 } seq;
 
 typedef struct seq_list {
@@ -162,6 +163,7 @@ static void seq_free(seq *s) {
     pgd_kv_seq_free(&s->kv);
     pgd_draft_seq_free(&s->dseq);
     pgd_sampler_free(&s->sampler);
+    pgd_json_schema_free(&s->schema);
     for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
     free(s->text);
     free(s);
@@ -575,10 +577,11 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     if (p->n_stop > 0 && !e->model->tok)
         return fail(err, errlen, PGD_EUNSUPPORTED, "%s", "stop strings need a tokenizer; "
                     "the model has none (--load-format dummy)");
-    if (p->json_object && !e->model->tok)
+    bool json = p->json_object || p->json_schema;
+    if (json && !e->model->tok)
         return fail(err, errlen, PGD_EUNSUPPORTED, "%s", "JSON output needs a tokenizer; "
                     "the model has none (--load-format dummy)");
-    if (p->json_object && p->min_tokens > 0)
+    if (json && p->min_tokens > 0)
         return fail(err, errlen, PGD_EINVAL, "%s", "min_tokens cannot be combined with JSON "
                     "output, which ends when the object closes");
     for (int32_t i = 0; i < p->n_stop; i++) {
@@ -619,9 +622,19 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     s->logprobs = p->logprobs;
     /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
      * state after the ones before it) */
-    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !p->json_object;
-    s->json = p->json_object;
+    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json;
+    s->json = json;
     pgd_json_init(&s->json_st, true);
+    if (p->json_schema) {
+        char why[200];
+        int rc = pgd_json_schema_compile(p->json_schema, strlen(p->json_schema), &s->schema, why,
+                                         sizeof why);
+        if (rc) {
+            seq_free(s);
+            return fail(err, errlen, rc, "JSON schema: %s", why);
+        }
+        pgd_json_init_schema(&s->json_st, &s->schema);
+    }
     pgd_spec_adapt_init(&s->adapt, e->spec_k);
     memcpy(s->tokens, p->prompt, (size_t)p->n_prompt * sizeof *s->tokens);
     s->n_prompt = s->n_tokens = p->n_prompt;

@@ -1,6 +1,7 @@
 /* The JSON recognizer and token mask of json_grammar.h. */
 #include "sample/json_grammar.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,7 @@ enum {
     J_STRING,
     J_NUMBER,
     J_LITERAL,
+    J_ENUM,      /* one of a schema's enum values, byte by byte */
 };
 
 /* number phases: after '-', after a leading '0', in the integer digits, after '.', in the
@@ -29,17 +31,53 @@ void pgd_json_init(pgd_json_state *st, bool object_only) {
     memset(st, 0, sizeof *st);
     st->mode = J_VALUE;
     st->object_only = object_only;
+    st->vnode = -1;
+}
+
+void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc) {
+    pgd_json_init(st, true);
+    st->sc = sc;
+    st->vnode = (int16_t)sc->root;
+}
+
+static bool feed_byte(pgd_json_state *st, unsigned char c);
+
+/* *dst = *src, without the frames past the open containers (a copy per trie node and token) */
+static inline void state_copy(pgd_json_state *dst, const pgd_json_state *src) {
+    int d = !src->sc ? 0 : src->depth < PGD_JSON_SCHEMA_DEPTH ? src->depth : PGD_JSON_SCHEMA_DEPTH;
+    memcpy(dst, src, offsetof(pgd_json_state, frame) + (size_t)d * sizeof src->frame[0]);
 }
 
 static bool is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
+/* The schema node n, or NULL for any JSON (no schema, or n < 0). */
+static const pgd_json_node *node_at(const pgd_json_state *st, int n) {
+    return st->sc && n >= 0 ? &st->sc->nodes[n] : NULL;
+}
+
+/* The schema node of the innermost open container. */
+static int container_node(const pgd_json_state *st) {
+    int d = st->depth - 1;
+    return st->sc && d >= 0 && d < PGD_JSON_SCHEMA_DEPTH ? st->frame[d].node : -1;
+}
+
+static uint64_t low_bits(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
 static void value_end(pgd_json_state *st) { st->mode = st->depth == 0 ? J_DONE : J_AFTER; }
 
-static bool push(pgd_json_state *st, uint8_t object) {
-    if (st->depth >= PGD_JSON_MAX_DEPTH) return false;
+static bool push(pgd_json_state *st, uint8_t object, int node) {
+    int d = st->depth;
+    if (d >= PGD_JSON_MAX_DEPTH) return false;
+    if (d < PGD_JSON_SCHEMA_DEPTH) {
+        st->frame[d] = (struct pgd_json_frame){.node = (int16_t)node};
+    } else if (node >= 0) {
+        return false; /* deeper than a schema may nest (refused when compiled) */
+    }
     st->stack[st->depth++] = object;
     st->mode = object ? J_OBJ_FIRST : J_ARR_FIRST;
+    const pgd_json_node *nd = node_at(st, node);
+    if (!object) st->vnode = nd ? (int16_t)nd->items : -1;
     return true;
 }
 
@@ -54,13 +92,93 @@ static void string_start(pgd_json_state *st, bool key) {
     st->phase = 0; /* 1: after a backslash */
     st->need = 0;
     st->hex = 0;
+    st->kmatch = 0;
+    st->cand = 0;
+    st->pos = 0;
+    const pgd_json_node *nd = key ? node_at(st, container_node(st)) : NULL;
+    if (nd) { /* the candidates: the properties not seen yet (all of them, for a free key) */
+        st->kmatch = !nd->additional;
+        st->cand = low_bits(nd->n_props) & (st->kmatch ? ~st->frame[st->depth - 1].seen : ~0ull);
+    }
+}
+
+/* Enum candidates: a value complete at pos that nothing else can follow ends the value. */
+static void enum_check_end(pgd_json_state *st) {
+    const pgd_json_schema *sc = st->sc;
+    const pgd_json_node *nd = &sc->nodes[st->enode];
+    for (uint64_t m = st->cand; m; m &= m - 1) {
+        int i = nd->enum0 + __builtin_ctzll(m);
+        if (sc->enum_len[i] == st->pos && !sc->enum_num[i]) {
+            value_end(st);
+            return;
+        }
+    }
+}
+
+static bool enum_start(pgd_json_state *st, int node, unsigned char c) {
+    const pgd_json_schema *sc = st->sc;
+    const pgd_json_node *nd = &sc->nodes[node];
+    uint64_t cand = 0;
+    for (int i = 0; i < nd->n_enum; i++)
+        if ((unsigned char)sc->enum_text[nd->enum0 + i][0] == c) cand |= 1ull << i;
+    if (!cand) return false;
+    st->mode = J_ENUM;
+    st->enode = (int16_t)node;
+    st->cand = cand;
+    st->pos = 1;
+    enum_check_end(st);
+    return true;
+}
+
+static bool enum_byte(pgd_json_state *st, unsigned char c) {
+    const pgd_json_schema *sc = st->sc;
+    const pgd_json_node *nd = &sc->nodes[st->enode];
+    uint64_t next = 0;
+    bool num_done = false;
+    for (uint64_t m = st->cand; m; m &= m - 1) {
+        int b = __builtin_ctzll(m), i = nd->enum0 + b;
+        if (sc->enum_len[i] > st->pos && (unsigned char)sc->enum_text[i][st->pos] == c)
+            next |= 1ull << b;
+        else if (sc->enum_len[i] == st->pos && sc->enum_num[i])
+            num_done = true;
+    }
+    if (next) {
+        st->cand = next;
+        st->pos++;
+        enum_check_end(st);
+        return true;
+    }
+    if (!num_done) return false;
+    value_end(st); /* a number ends at the byte after it, which the state after it reads */
+    return feed_byte(st, c);
+}
+
+/* The type a value starting with c has among types (PGD_JT_*), or -1. */
+static int type_of(unsigned char c, unsigned types) {
+    int t = c == '{' ? PGD_JT_OBJ : c == '[' ? PGD_JT_ARR : c == '"' ? PGD_JT_STR
+          : c == 't' || c == 'f' ? PGD_JT_BOOL : c == 'n' ? PGD_JT_NULL : -1;
+    if (c == '-' || is_digit(c)) t = types & (1u << PGD_JT_NUM) ? PGD_JT_NUM : PGD_JT_INT;
+    return t >= 0 && (types & (1u << t)) ? t : -1;
 }
 
 static bool value_start(pgd_json_state *st, unsigned char c) {
     if (st->depth == 0 && st->object_only && c != '{') return false;
+    int d = st->depth - 1;
+    if (st->sc && d >= 0 && d < PGD_JSON_SCHEMA_DEPTH && !st->stack[d]) st->frame[d].count++;
+    int target = -1;
+    st->int_only = 0;
+    const pgd_json_node *nd = node_at(st, st->vnode);
+    if (nd) {
+        if (nd->n_enum) return enum_start(st, st->vnode, c);
+        int t = type_of(c, nd->types);
+        if (t < 0) return false;
+        target = nd->by_type[t];
+        if (target != st->vnode && st->sc->nodes[target].n_enum) return enum_start(st, target, c);
+        st->int_only = t == PGD_JT_INT;
+    }
     switch (c) {
-    case '{': return push(st, 1);
-    case '[': return push(st, 0);
+    case '{': return push(st, 1, target);
+    case '[': return push(st, 0, target);
     case '"': string_start(st, false); return true;
     case '-': st->mode = J_NUMBER; st->phase = N_MINUS; st->num_len = 1; return true;
     case '0': st->mode = J_NUMBER; st->phase = N_ZERO; st->num_len = 1; return true;
@@ -78,7 +196,57 @@ static bool value_start(pgd_json_state *st, unsigned char c) {
     }
 }
 
+/* A byte of a key's text (not its closing quote) against the object's properties. */
+static bool key_byte(pgd_json_state *st, unsigned char c) {
+    if (c == '\\') { /* an escape: no property is written with one */
+        st->cand = 0;
+        return !st->kmatch;
+    }
+    if (!st->cand) return !st->kmatch;
+    const pgd_json_node *nd = node_at(st, container_node(st));
+    uint64_t next = 0;
+    for (uint64_t m = st->cand; m; m &= m - 1) {
+        int b = __builtin_ctzll(m);
+        const pgd_json_prop *p = &st->sc->props[nd->prop0 + b];
+        if (p->len > st->pos && (unsigned char)p->name[st->pos] == c) next |= 1ull << b;
+    }
+    if (!next && st->kmatch) return false;
+    st->cand = next;
+    st->pos++;
+    return true;
+}
+
+/* The closing quote of a key: which property it names, and so the schema of its value. */
+static bool key_end(pgd_json_state *st) {
+    st->mode = J_COLON;
+    const pgd_json_node *nd = node_at(st, container_node(st));
+    if (!nd) {
+        st->vnode = -1;
+        return true;
+    }
+    for (uint64_t m = st->cand; m; m &= m - 1) {
+        int b = __builtin_ctzll(m);
+        const pgd_json_prop *p = &st->sc->props[nd->prop0 + b];
+        if (p->len != st->pos) continue;
+        uint64_t *seen = &st->frame[st->depth - 1].seen;
+        if (*seen & (1ull << b)) return false; /* a property twice */
+        *seen |= 1ull << b;
+        st->vnode = (int16_t)p->node;
+        return true;
+    }
+    if (st->kmatch) return false;
+    st->vnode = (int16_t)nd->addl;
+    return true;
+}
+
 static bool string_byte(pgd_json_state *st, unsigned char c) {
+    bool between = !st->need && !st->hex && st->phase == 0; /* not inside a character/escape */
+    if (between && c == '"') {
+        if (st->key) return key_end(st);
+        value_end(st);
+        return true;
+    }
+    if (st->key && st->sc && !st->hex && st->phase == 0 && !key_byte(st, c)) return false;
     if (st->need) { /* a continuation byte of a multi-byte character */
         if (c < st->lo || c > st->hi) return false;
         st->need--;
@@ -98,11 +266,6 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
             return true;
         }
         return c && strchr("\"\\/bfnrt", c) != NULL;
-    }
-    if (c == '"') {
-        if (st->key) st->mode = J_COLON;
-        else value_end(st);
-        return true;
     }
     if (c == '\\') {
         st->phase = 1;
@@ -125,11 +288,16 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
     return true;
 }
 
+static bool number_can_end(uint8_t phase) {
+    return phase == N_ZERO || phase == N_INT || phase == N_FRAC || phase == N_EXP;
+}
+
 /* A number byte; *ended: c is not part of the number, which is complete (c is then fed to the
- * state after it). */
+ * state after it). The length bound never strands a number: a byte that must be followed by a
+ * digit ('-', '.', 'e', a sign) is taken only while there is room for what it needs. */
 static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
     uint8_t next;
-    bool digit = is_digit(c), e = c == 'e' || c == 'E';
+    bool digit = is_digit(c), e = (c == 'e' || c == 'E') && !st->int_only;
     switch (st->phase) {
     case N_MINUS: if (c == '0') next = N_ZERO; else if (digit) next = N_INT; else return false;
         break;
@@ -137,9 +305,10 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
     case N_INT:
     case N_FRAC:
         if (digit && st->phase != N_ZERO) next = st->phase;
-        else if (c == '.' && st->phase != N_FRAC) next = N_DOT;
+        else if (c == '.' && st->phase != N_FRAC && !st->int_only) next = N_DOT;
         else if (e) next = N_E;
         else if (digit) return false; /* a leading zero */
+        else if (c == '.' || c == 'e' || c == 'E') return false; /* an integer's schema */
         else {
             *ended = true;
             return true;
@@ -157,7 +326,10 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
         next = N_EXP;
         break;
     }
-    if (st->num_len >= PGD_JSON_MAX_NUM) return false;
+    if (number_can_end(st->phase)) {
+        if (st->num_len >= PGD_JSON_MAX_NUM) return false;
+        if (!number_can_end(next) && st->num_len >= PGD_JSON_MAX_NUM - 2) return false;
+    }
     st->num_len++;
     st->phase = next;
     return true;
@@ -165,6 +337,7 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
 
 static bool feed_byte(pgd_json_state *st, unsigned char c) {
     if (st->mode == J_STRING) return string_byte(st, c);
+    if (st->mode == J_ENUM) return enum_byte(st, c);
     if (st->mode == J_LITERAL) {
         const char *l = LITERALS[st->lit];
         if ((unsigned char)l[st->lit_pos] != c) return false;
@@ -183,20 +356,24 @@ static bool feed_byte(pgd_json_state *st, unsigned char c) {
         return true;
     }
     st->ws = 0;
+    const pgd_json_node *nd = st->depth > 0 ? node_at(st, container_node(st)) : NULL;
     switch (st->mode) {
     case J_VALUE: return value_start(st, c);
     case J_ARR_FIRST:
         if (c == ']') {
+            if (nd && nd->min_items > 0) return false;
             pop(st);
             return true;
         }
+        if (nd && nd->max_items == 0) return false;
         return value_start(st, c);
     case J_OBJ_FIRST:
         if (c == '}') {
+            if (nd && nd->required) return false;
             pop(st);
             return true;
         }
-        if (c != '"') return false;
+        if (c != '"' || (nd && !nd->additional && nd->n_props == 0)) return false;
         string_start(st, true);
         return true;
     case J_KEY:
@@ -208,12 +385,23 @@ static bool feed_byte(pgd_json_state *st, unsigned char c) {
         st->mode = J_VALUE;
         return true;
     case J_AFTER: {
-        bool obj = st->stack[st->depth - 1];
+        int d = st->depth - 1;
+        bool obj = st->stack[d];
         if (c == ',') {
-            st->mode = obj ? J_KEY : J_VALUE;
+            if (obj) { /* a ',' needs a key that can still come */
+                if (nd && !nd->additional && (st->frame[d].seen | ~low_bits(nd->n_props)) == ~0ull)
+                    return false;
+                st->mode = J_KEY;
+            } else {
+                if (nd && st->frame[d].count >= nd->max_items) return false;
+                st->mode = J_VALUE;
+                st->vnode = nd ? (int16_t)nd->items : -1;
+            }
             return true;
         }
         if (c != (obj ? '}' : ']')) return false;
+        if (nd && obj && (nd->required & ~st->frame[d].seen)) return false;
+        if (nd && !obj && st->frame[d].count < nd->min_items) return false;
         pop(st);
         return true;
     }
@@ -237,11 +425,11 @@ bool pgd_json_complete(const pgd_json_state *st) {
 
 /* A trie node: the byte on the edge into it, its depth (bytes from the root), the index just
  * past its subtree, and the tokens whose text ends here (sorted[tok..tok + n_tok)). */
-typedef struct pgd_json_node {
+typedef struct pgd_json_trie {
     int32_t skip, tok;
     uint16_t depth, n_tok;
     uint8_t byte;
-} pgd_json_node;
+} pgd_json_trie;
 
 static const pgd_json_vocab *g_sort_vocab; /* qsort's comparator context (index build only) */
 
@@ -261,9 +449,9 @@ static int build_trie(pgd_json_vocab *v, uint32_t max_len) {
     size_t total = 1;
     for (int32_t i = 0; i < v->n_text; i++) total += v->len[v->sorted[i]];
     if (total > INT32_MAX) return PGD_ENOMEM;
-    v->nodes = malloc(total * sizeof *v->nodes);
+    v->trie = malloc(total * sizeof *v->trie);
     int32_t *path = malloc((max_len + 1) * sizeof *path); /* node index by depth */
-    if (!v->nodes || !path) {
+    if (!v->trie || !path) {
         free(path);
         return PGD_ENOMEM;
     }
@@ -275,21 +463,21 @@ static int build_trie(pgd_json_vocab *v, uint32_t max_len) {
         const char *s = v->text[id];
         uint32_t l = v->len[id], lcp = 0;
         while (lcp < l && lcp < prev_len && s[lcp] == prev[lcp]) lcp++;
-        for (; depth > (int32_t)lcp; depth--) v->nodes[path[depth]].skip = nn; /* subtrees done */
+        for (; depth > (int32_t)lcp; depth--) v->trie[path[depth]].skip = nn; /* subtrees done */
         for (; depth < (int32_t)l; depth++) {
-            pgd_json_node *nd = &v->nodes[nn];
-            *nd = (pgd_json_node){.skip = -1, .tok = -1, .depth = (uint16_t)(depth + 1),
+            pgd_json_trie *nd = &v->trie[nn];
+            *nd = (pgd_json_trie){.skip = -1, .tok = -1, .depth = (uint16_t)(depth + 1),
                                   .byte = (uint8_t)s[depth]};
             path[depth + 1] = nn++;
         }
-        pgd_json_node *end = &v->nodes[path[l]];
+        pgd_json_trie *end = &v->trie[path[l]];
         if (end->tok < 0) end->tok = i;
         if (end->n_tok < UINT16_MAX) end->n_tok++;
         prev = s;
         prev_len = l;
     }
-    for (; depth > 0; depth--) v->nodes[path[depth]].skip = nn;
-    v->n_nodes = nn;
+    for (; depth > 0; depth--) v->trie[path[depth]].skip = nn;
+    v->n_trie = nn;
     free(path);
     return PGD_OK;
 }
@@ -334,7 +522,7 @@ void pgd_json_vocab_free(pgd_json_vocab *v) {
     free(v->len);
     free(v->eog);
     free(v->sorted);
-    free(v->nodes);
+    free(v->trie);
     free(v->stack);
     free(v->plain);
     free(v->quoted);
@@ -342,7 +530,8 @@ void pgd_json_vocab_free(pgd_json_vocab *v) {
 }
 
 static bool token_ok(const pgd_json_state *st, const pgd_json_vocab *v, int32_t id) {
-    pgd_json_state t = *st;
+    pgd_json_state t;
+    state_copy(&t, st);
     return pgd_json_feed(&t, v->text[id], v->len[id]);
 }
 
@@ -352,7 +541,7 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
         for (int32_t id = 0; id < v->n; id++) n_ok += allow[id] = v->eog[id];
         return n_ok;
     }
-    if (st->mode == J_STRING && !st->need && !st->hex && !st->phase) {
+    if (st->mode == J_STRING && !st->need && !st->hex && !st->phase && !st->kmatch) {
         /* inside a string, between characters: the tokens without a quote as precomputed, those
          * with one tried */
         memcpy(allow, v->plain, (size_t)v->n);
@@ -368,11 +557,11 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
     }
     /* elsewhere few bytes can come next: walk the trie, skipping each refused subtree */
     memset(allow, 0, (size_t)v->n);
-    v->stack[0] = *st;
-    for (int32_t i = 0; i < v->n_nodes;) {
-        const pgd_json_node *nd = &v->nodes[i];
+    state_copy(&v->stack[0], st);
+    for (int32_t i = 0; i < v->n_trie;) {
+        const pgd_json_trie *nd = &v->trie[i];
         pgd_json_state *t = &v->stack[nd->depth];
-        *t = v->stack[nd->depth - 1];
+        state_copy(t, &v->stack[nd->depth - 1]);
         if (!feed_byte(t, nd->byte)) {
             i = nd->skip;
             continue;

@@ -1,12 +1,19 @@
-/* JSON-constrained decoding (OpenAI response_format {"type": "json_object"}): a byte-level
- * recognizer of RFC 8259 JSON and the per-step mask of the tokens that keep the output a prefix
- * of a JSON object.
+/* JSON-constrained decoding (OpenAI response_format {"type": "json_object"} and
+ * {"type": "json_schema"}): a byte-level recognizer of RFC 8259 JSON, optionally held to a
+ * compiled JSON Schema (pgd_json_schema, json_schema.c), and the per-step mask of the tokens that
+ * keep the output a prefix of an accepted document.
  *
  * The recognizer is a pushdown automaton small enough to copy per candidate token
- * (pgd_json_state, under 64 bytes): the mask runs every vocabulary token's decoded bytes through
- * a copy of the sequence's state and keeps the tokens that are accepted. Strings must be
+ * (pgd_json_state, a few hundred bytes): the mask runs the vocabulary's decoded bytes through
+ * copies of the sequence's state and keeps the tokens that are accepted. Strings must be
  * well-formed UTF-8 (as the rest of Pagoda's text), so a constrained answer is always valid JSON
  * for strict parsers once complete.
+ *
+ * With a schema, the recognizer refuses every byte that no valid completion could follow (a key
+ * that is no property, a ',' with no property left, a '}' before the required ones, a value of
+ * the wrong type, an enum value no candidate starts with), so a masked generation never reaches
+ * a dead end. It produces one form of each value: keys as written in the schema (no escapes),
+ * enum and const values as compact JSON.
  *
  * Bounds that real JSON never meets but a weak model in a loop would (each makes the mask refuse
  * more, never accept more): nesting depth PGD_JSON_MAX_DEPTH, PGD_JSON_MAX_WS whitespace bytes
@@ -22,6 +29,43 @@
 #define PGD_JSON_MAX_WS 48
 #define PGD_JSON_MAX_NUM 40
 
+#define PGD_JSON_SCHEMA_DEPTH 16 /* containers a schema may nest (deeper values: any JSON) */
+#define PGD_JSON_SCHEMA_MAX 64   /* properties of one object, values of one enum */
+
+/* JSON Schema types, as bits (NUM admits integers) */
+enum { PGD_JT_OBJ, PGD_JT_ARR, PGD_JT_STR, PGD_JT_NUM, PGD_JT_INT, PGD_JT_BOOL, PGD_JT_NULL,
+       PGD_JT_N };
+
+typedef struct pgd_json_prop {
+    char *name;             /* owned; no character JSON would escape */
+    uint32_t len;
+    int32_t node;           /* schema of its value (-1: any) */
+} pgd_json_prop;
+
+typedef struct pgd_json_node {
+    uint8_t types;          /* PGD_JT_* bits; 0 for an enum node */
+    int16_t by_type[PGD_JT_N]; /* anyOf: the branch taking each type (disjoint), else itself */
+    int32_t prop0, n_props; /* object: props[prop0 .. + n_props) */
+    uint64_t required;      /* bits of those props */
+    bool additional;        /* other keys allowed, their values of schema addl (-1: any) */
+    int32_t addl;
+    int32_t items;          /* array: schema of the items (-1: any) */
+    int32_t min_items, max_items;
+    int32_t enum0, n_enum;  /* enum / const: enum_text[enum0 .. + n_enum) */
+} pgd_json_node;
+
+typedef struct pgd_json_schema {
+    pgd_json_node *nodes;
+    int32_t n_nodes, cap_nodes;
+    pgd_json_prop *props;
+    int32_t n_props, cap_props;
+    char **enum_text;       /* owned compact JSON of each enum value */
+    uint32_t *enum_len;
+    uint8_t *enum_num;      /* the value is a number (ends only at the byte after it) */
+    int32_t n_enum, cap_enum;
+    int32_t root;
+} pgd_json_schema;
+
 typedef struct pgd_json_state {
     uint8_t mode, phase;  /* what comes next; a number's or a string's sub-state */
     uint8_t key;          /* the string being read is an object key */
@@ -32,11 +76,40 @@ typedef struct pgd_json_state {
     uint8_t object_only;  /* the top-level value must be an object */
     int16_t depth;
     uint8_t stack[PGD_JSON_MAX_DEPTH]; /* 1: object, 0: array */
+    /* with a schema (sc not NULL) */
+    const pgd_json_schema *sc;
+    int16_t vnode;        /* schema node of the next value (-1: any JSON) */
+    int16_t enode;        /* J_ENUM: the node matched against */
+    uint8_t int_only;     /* the number being read must be an integer */
+    uint8_t kmatch;       /* the key being read must be one of the object's properties */
+    uint16_t pos;         /* bytes read of the key or enum value */
+    uint64_t cand;        /* properties / enum values the bytes so far still match */
+    /* each open container (the first depth are live; last, so that a copy can stop there) */
+    struct pgd_json_frame {
+        uint64_t seen;    /* an object's properties so far */
+        int16_t node;     /* its schema node (-1: any) */
+        uint16_t count;   /* an array's items so far */
+    } frame[PGD_JSON_SCHEMA_DEPTH];
 } pgd_json_state;
 
 /* A state before any byte. object_only: the document must be an object (json_object mode);
  * else any JSON value. */
 void pgd_json_init(pgd_json_state *st, bool object_only);
+/* A state before any byte of a document held to schema sc (borrowed; its root is an object). */
+void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc);
+
+/* Compiles a JSON Schema (the text of the "schema" object of OpenAI's json_schema
+ * response_format). Supported: type (one or several), properties, required,
+ * additionalProperties (boolean or schema), items, minItems, maxItems, enum, const, anyOf and
+ * oneOf whose branches take disjoint types, $ref into #/$defs or #/definitions (not recursive);
+ * annotations (title, description, default, examples, format, $schema, ...) are ignored. Any
+ * other keyword is refused, as are a root that is not an object, nesting deeper than
+ * PGD_JSON_SCHEMA_DEPTH, more than PGD_JSON_SCHEMA_MAX properties or enum values, and a required
+ * property that is not in properties. On failure returns PGD_EINVAL (or PGD_ENOMEM) with the
+ * reason in msg. */
+int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, char *msg,
+                            size_t msg_len);
+void pgd_json_schema_free(pgd_json_schema *sc);
 /* Feeds s[0..n); false when some byte cannot continue a JSON document (st is then undefined:
  * feed a copy). */
 bool pgd_json_feed(pgd_json_state *st, const char *s, size_t n);
@@ -55,8 +128,8 @@ typedef struct pgd_json_vocab {
      * without a quote that a string (between characters) accepts; those with a quote */
     int32_t *sorted;      /* (n_text) text token ids in byte order of their text */
     int32_t n_text;
-    struct pgd_json_node *nodes; /* (n_nodes) the trie of the texts in depth-first order */
-    int32_t n_nodes;
+    struct pgd_json_trie *trie; /* (n_trie) the trie of the texts in depth-first order */
+    int32_t n_trie;
     pgd_json_state *stack;/* (max_len + 1) the walk's states by depth (scratch) */
     uint8_t *plain;       /* (n) 1: no quote, accepted inside any string */
     int32_t n_plain;

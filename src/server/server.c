@@ -494,7 +494,7 @@ static void submit_all(server *s, req_ctx *c) {
                 .repetition_penalty = r->repetition_penalty, .logit_bias_ids = r->bias_ids,
                 .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
                 .logprobs = r->logprobs, .no_speculation = r->no_speculation,
-                .json_object = r->json_object,
+                .json_object = r->json_object, .json_schema = r->json_schema,
             };
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);

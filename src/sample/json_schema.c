@@ -1,0 +1,370 @@
+/* JSON Schema -> pgd_json_schema (json_grammar.h): the subset the recognizer enforces. Every
+ * keyword is either enforced, an annotation, or refused with its name: a schema is never half
+ * applied. */
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sample/json_grammar.h"
+#include "util/status.h"
+
+#define MAX_REF_DEPTH 32
+
+typedef struct ctx {
+    pgd_json_schema *sc;
+    const cJSON *root;
+    char *msg;
+    size_t msg_len;
+    const cJSON *refs[MAX_REF_DEPTH]; /* the $ref targets being compiled (recursion check) */
+    int n_refs;
+} ctx;
+
+static int fail(ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(ctx *x, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->msg, x->msg_len, fmt, ap);
+    va_end(ap);
+    return PGD_EINVAL;
+}
+
+static const char *const VALIDATION[] = {"type", "properties", "required", "additionalProperties",
+                                         "items", "minItems", "maxItems", "enum", "const",
+                                         "anyOf", "oneOf", "$ref", NULL};
+/* annotations: they describe, they do not constrain (format is an annotation by default in
+ * JSON Schema 2020-12, as in Python's jsonschema) */
+static const char *const ANNOTATIONS[] = {"title", "description", "default", "examples", "format",
+                                          "$schema", "$id", "$comment", "$defs", "definitions",
+                                          "deprecated", "readOnly", "writeOnly", NULL};
+
+static bool in_list(const char *const *l, const char *s) {
+    for (; *l; l++)
+        if (!strcmp(*l, s)) return true;
+    return false;
+}
+
+static int new_node(ctx *x, int32_t *out) {
+    pgd_json_schema *sc = x->sc;
+    if (sc->n_nodes == sc->cap_nodes) {
+        int32_t cap = sc->cap_nodes ? 2 * sc->cap_nodes : 16;
+        pgd_json_node *n = realloc(sc->nodes, (size_t)cap * sizeof *n);
+        if (!n) return PGD_ENOMEM;
+        sc->nodes = n;
+        sc->cap_nodes = cap;
+    }
+    if (sc->n_nodes >= INT16_MAX) return fail(x, "the schema has too many parts");
+    int32_t i = sc->n_nodes++;
+    pgd_json_node *nd = &sc->nodes[i];
+    memset(nd, 0, sizeof *nd);
+    for (int t = 0; t < PGD_JT_N; t++) nd->by_type[t] = (int16_t)i;
+    nd->additional = true;
+    nd->addl = nd->items = -1;
+    nd->max_items = INT32_MAX;
+    *out = i;
+    return PGD_OK;
+}
+
+static int add_enum(ctx *x, int32_t node, const cJSON *v) {
+    pgd_json_schema *sc = x->sc;
+    char *t = cJSON_PrintUnformatted(v);
+    if (!t) return PGD_ENOMEM;
+    pgd_json_node *nd = &sc->nodes[node];
+    for (int i = 0; i < nd->n_enum; i++)
+        if (!strcmp(sc->enum_text[nd->enum0 + i], t)) { /* a repeated value */
+            free(t);
+            return PGD_OK;
+        }
+    if (nd->n_enum >= PGD_JSON_SCHEMA_MAX) {
+        free(t);
+        return fail(x, "at most %d enum values", PGD_JSON_SCHEMA_MAX);
+    }
+    if (sc->n_enum == sc->cap_enum) {
+        int32_t cap = sc->cap_enum ? 2 * sc->cap_enum : 16;
+        char **nt = realloc(sc->enum_text, (size_t)cap * sizeof *nt);
+        if (nt) sc->enum_text = nt;
+        uint32_t *nl = realloc(sc->enum_len, (size_t)cap * sizeof *nl);
+        if (nl) sc->enum_len = nl;
+        uint8_t *nn = realloc(sc->enum_num, (size_t)cap);
+        if (nn) sc->enum_num = nn;
+        if (!nt || !nl || !nn) {
+            free(t);
+            return PGD_ENOMEM;
+        }
+        sc->cap_enum = cap;
+    }
+    sc->enum_text[sc->n_enum] = t;
+    sc->enum_len[sc->n_enum] = (uint32_t)strlen(t);
+    sc->enum_num[sc->n_enum] = cJSON_IsNumber(v);
+    sc->n_enum++;
+    nd->n_enum++;
+    return PGD_OK;
+}
+
+/* The type bits the first byte of each enum value takes (for anyOf's disjointness). */
+static unsigned enum_types(const pgd_json_schema *sc, const pgd_json_node *nd) {
+    unsigned m = 0;
+    for (int i = 0; i < nd->n_enum; i++) {
+        char c = sc->enum_text[nd->enum0 + i][0];
+        m |= 1u << (c == '{' ? PGD_JT_OBJ : c == '[' ? PGD_JT_ARR : c == '"' ? PGD_JT_STR
+                    : c == 't' || c == 'f' ? PGD_JT_BOOL : c == 'n' ? PGD_JT_NULL : PGD_JT_NUM);
+    }
+    return m;
+}
+
+/* integer and number both start with '-' or a digit: one bit for disjointness */
+static unsigned first_byte_types(unsigned m) {
+    return m & (1u << PGD_JT_INT) ? (m & ~(1u << PGD_JT_INT)) | (1u << PGD_JT_NUM) : m;
+}
+
+static int compile(ctx *x, const cJSON *j, int depth, int32_t *out);
+
+static int parse_types(ctx *x, const cJSON *ty, unsigned *types) {
+    static const char *const names[PGD_JT_N] = {"object", "array", "string", "number",
+                                                "integer", "boolean", "null"};
+    *types = 0;
+    const cJSON *one = ty;
+    int n = cJSON_IsArray(ty) ? cJSON_GetArraySize(ty) : 1;
+    for (int i = 0; i < n; i++) {
+        if (cJSON_IsArray(ty)) one = cJSON_GetArrayItem(ty, i);
+        if (!cJSON_IsString(one)) return fail(x, "'type' must be a string or an array of them");
+        int t = 0;
+        while (t < PGD_JT_N && strcmp(one->valuestring, names[t])) t++;
+        if (t == PGD_JT_N) return fail(x, "unknown type '%s'", one->valuestring);
+        *types |= 1u << t;
+    }
+    if (!*types) return fail(x, "'type' must name at least one type");
+    if (*types & (1u << PGD_JT_NUM)) *types &= ~(1u << PGD_JT_INT); /* number admits integers */
+    return PGD_OK;
+}
+
+static int get_count(ctx *x, const cJSON *j, const char *key, int32_t *v) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!c) return PGD_OK;
+    if (!cJSON_IsNumber(c) || c->valuedouble < 0 || c->valuedouble > 65535 ||
+        c->valuedouble != (double)(int32_t)c->valuedouble)
+        return fail(x, "'%s' must be an integer from 0 to 65535", key);
+    *v = (int32_t)c->valuedouble;
+    return PGD_OK;
+}
+
+static int compile_object(ctx *x, const cJSON *j, int depth, int32_t node) {
+    pgd_json_schema *sc = x->sc;
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(j, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(j, "required");
+    const cJSON *addl = cJSON_GetObjectItemCaseSensitive(j, "additionalProperties");
+    if (props && !cJSON_IsObject(props)) return fail(x, "'properties' must be an object");
+    int n = props ? cJSON_GetArraySize(props) : 0;
+    if (n > PGD_JSON_SCHEMA_MAX)
+        return fail(x, "at most %d properties in one object", PGD_JSON_SCHEMA_MAX);
+    /* this object's properties are contiguous: reserved before its children add theirs */
+    if (sc->n_props + n > sc->cap_props) {
+        int32_t cap = (sc->n_props + n) * 2 + 16;
+        pgd_json_prop *np = realloc(sc->props, (size_t)cap * sizeof *np);
+        if (!np) return PGD_ENOMEM;
+        sc->props = np;
+        sc->cap_props = cap;
+    }
+    int32_t p0 = sc->n_props;
+    sc->n_props += n;
+    memset(&sc->props[p0], 0, (size_t)n * sizeof *sc->props);
+    sc->nodes[node].prop0 = p0;
+    sc->nodes[node].n_props = n;
+    int i = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, props) {
+        const char *name = p->string;
+        for (const unsigned char *u = (const unsigned char *)name; *u; u++)
+            if (*u < 0x20 || *u == '"' || *u == '\\')
+                return fail(x, "property names with quotes, backslashes or control characters "
+                               "are not supported");
+        for (int k = 0; k < i; k++)
+            if (!strcmp(sc->props[p0 + k].name, name))
+                return fail(x, "property '%s' appears twice", name);
+        int32_t child;
+        int rc = compile(x, p, depth + 1, &child);
+        if (rc) return rc;
+        pgd_json_prop *pp = &x->sc->props[p0 + i]; /* (props may have moved) */
+        if (!(pp->name = strdup(name))) return PGD_ENOMEM;
+        pp->len = (uint32_t)strlen(name);
+        pp->node = child;
+        i++;
+    }
+    if (req) {
+        if (!cJSON_IsArray(req)) return fail(x, "'required' must be an array of names");
+        const cJSON *r;
+        cJSON_ArrayForEach(r, req) {
+            if (!cJSON_IsString(r)) return fail(x, "'required' must be an array of names");
+            int k = 0;
+            while (k < n && strcmp(sc->props[p0 + k].name, r->valuestring)) k++;
+            if (k == n)
+                return fail(x, "required property '%s' is not in 'properties'", r->valuestring);
+            sc->nodes[node].required |= 1ull << k;
+        }
+    }
+    if (cJSON_IsFalse(addl)) {
+        sc->nodes[node].additional = false;
+    } else if (addl && !cJSON_IsTrue(addl)) {
+        int32_t child;
+        int rc = compile(x, addl, depth + 1, &child);
+        if (rc) return rc;
+        sc->nodes[node].addl = child;
+    }
+    return PGD_OK;
+}
+
+static int compile_array(ctx *x, const cJSON *j, int depth, int32_t node) {
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(j, "items");
+    if (items) {
+        if (cJSON_IsArray(items)) return fail(x, "'items' as an array (tuples) is not supported");
+        int32_t child;
+        int rc = compile(x, items, depth + 1, &child);
+        if (rc) return rc;
+        x->sc->nodes[node].items = child;
+    }
+    int32_t lo = 0, hi = INT32_MAX;
+    int rc = get_count(x, j, "minItems", &lo);
+    if (!rc) rc = get_count(x, j, "maxItems", &hi);
+    if (rc) return rc;
+    if (lo > hi) return fail(x, "'minItems' (%d) exceeds 'maxItems' (%d)", lo, hi);
+    x->sc->nodes[node].min_items = lo;
+    x->sc->nodes[node].max_items = hi;
+    return PGD_OK;
+}
+
+/* anyOf / oneOf: branches whose values start differently (so the first byte picks one, and
+ * oneOf's "exactly one" holds too). */
+static int compile_union(ctx *x, const cJSON *alts, const char *kw, int depth, int32_t *out) {
+    if (!cJSON_IsArray(alts) || cJSON_GetArraySize(alts) == 0)
+        return fail(x, "'%s' must be a non-empty array of schemas", kw);
+    int32_t node;
+    int rc = new_node(x, &node);
+    if (rc) return rc;
+    unsigned seen = 0;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, alts) {
+        int32_t b;
+        if ((rc = compile(x, a, depth, &b))) return rc;
+        if (b < 0) return fail(x, "a '%s' branch that takes any value is not supported", kw);
+        const pgd_json_node *bn = &x->sc->nodes[b];
+        unsigned bt = bn->n_enum ? enum_types(x->sc, bn) : bn->types;
+        if (first_byte_types(bt) & first_byte_types(seen))
+            return fail(x, "'%s' branches must take different types (an object and null, a "
+                           "string and a number, ...)", kw);
+        seen |= bt;
+        pgd_json_node *u = &x->sc->nodes[node];
+        for (int t = 0; t < PGD_JT_N; t++)
+            if (bt & (1u << t)) u->by_type[t] = bn->n_enum ? (int16_t)b : bn->by_type[t];
+        u->types |= (uint8_t)bt;
+    }
+    *out = node;
+    return PGD_OK;
+}
+
+static int compile_ref(ctx *x, const cJSON *ref, int depth, int32_t *out) {
+    if (!cJSON_IsString(ref)) return fail(x, "'$ref' must be a string");
+    const char *r = ref->valuestring, *name = NULL, *sect = NULL;
+    if (!strncmp(r, "#/$defs/", 8)) sect = "$defs", name = r + 8;
+    else if (!strncmp(r, "#/definitions/", 14)) sect = "definitions", name = r + 14;
+    else if (!strcmp(r, "#")) return fail(x, "a recursive '$ref' (\"#\") is not supported");
+    else return fail(x, "'$ref' must point into #/$defs or #/definitions, got '%s'", r);
+    if (strchr(name, '/') || strchr(name, '~'))
+        return fail(x, "'$ref' '%s': nested or escaped paths are not supported", r);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(x->root, sect), name);
+    if (!t) return fail(x, "'$ref' '%s' points at nothing", r);
+    for (int i = 0; i < x->n_refs; i++)
+        if (x->refs[i] == t) return fail(x, "a recursive '$ref' ('%s') is not supported", r);
+    if (x->n_refs == MAX_REF_DEPTH) return fail(x, "'$ref's nested too deep");
+    x->refs[x->n_refs++] = t;
+    int rc = compile(x, t, depth, out);
+    x->n_refs--;
+    return rc;
+}
+
+/* Compiles schema j for a value whose container nesting is depth; *out: its node, or -1 for
+ * any JSON. */
+static int compile(ctx *x, const cJSON *j, int depth, int32_t *out) {
+    *out = -1;
+    if (cJSON_IsTrue(j)) return PGD_OK;
+    if (cJSON_IsFalse(j)) return fail(x, "a false schema accepts nothing");
+    if (!cJSON_IsObject(j)) return fail(x, "a schema must be an object or true");
+    const cJSON *k;
+    int n_valid = 0;
+    cJSON_ArrayForEach(k, j) {
+        if (in_list(VALIDATION, k->string)) n_valid++;
+        else if (!in_list(ANNOTATIONS, k->string))
+            return fail(x, "the JSON Schema keyword '%s' is not supported", k->string);
+    }
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(j, "$ref");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(j, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(j, "const");
+    const cJSON *any = cJSON_GetObjectItemCaseSensitive(j, "anyOf");
+    const cJSON *one = cJSON_GetObjectItemCaseSensitive(j, "oneOf");
+    if (ref) {
+        if (n_valid > 1) return fail(x, "'$ref' beside other keywords is not supported");
+        return compile_ref(x, ref, depth, out);
+    }
+    if (any || one) {
+        if (n_valid > 1)
+            return fail(x, "'%s' beside other keywords is not supported", any ? "anyOf" : "oneOf");
+        return compile_union(x, any ? any : one, any ? "anyOf" : "oneOf", depth, out);
+    }
+    if (n_valid == 0) return PGD_OK; /* annotations only: any JSON */
+    int32_t node;
+    int rc = new_node(x, &node);
+    if (rc) return rc;
+    if (en || cn) { /* the values themselves; the other keywords add nothing to a list */
+        if (en && cn) return fail(x, "'enum' and 'const' together are not supported");
+        if (en && (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0))
+            return fail(x, "'enum' must be a non-empty array");
+        x->sc->nodes[node].enum0 = x->sc->n_enum;
+        const cJSON *v;
+        if (cn) rc = add_enum(x, node, cn);
+        else cJSON_ArrayForEach(v, en) if ((rc = add_enum(x, node, v))) break;
+        if (rc) return rc;
+        *out = node;
+        return PGD_OK;
+    }
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
+    unsigned types = (1u << PGD_JT_N) - 1 - (1u << PGD_JT_INT); /* no type: any */
+    if (ty && (rc = parse_types(x, ty, &types))) return rc;
+    x->sc->nodes[node].types = (uint8_t)types;
+    if ((types & ((1u << PGD_JT_OBJ) | (1u << PGD_JT_ARR))) && depth >= PGD_JSON_SCHEMA_DEPTH)
+        return fail(x, "the schema nests objects and arrays deeper than %d",
+                    PGD_JSON_SCHEMA_DEPTH);
+    if ((types & (1u << PGD_JT_OBJ)) && (rc = compile_object(x, j, depth, node))) return rc;
+    if ((types & (1u << PGD_JT_ARR)) && (rc = compile_array(x, j, depth, node))) return rc;
+    *out = node;
+    return PGD_OK;
+}
+
+int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, char *msg,
+                            size_t msg_len) {
+    memset(out, 0, sizeof *out);
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    ctx x = {.sc = out, .root = j, .msg = msg, .msg_len = msg_len};
+    int rc = !j ? fail(&x, "the schema is not valid JSON") : compile(&x, j, 0, &out->root);
+    if (!rc) {
+        const pgd_json_node *r = out->root >= 0 ? &out->nodes[out->root] : NULL;
+        if (!r || r->n_enum || r->types != (1u << PGD_JT_OBJ))
+            rc = fail(&x, "the schema's root must be an object schema ({\"type\": \"object\", "
+                          "...})");
+    }
+    cJSON_Delete(j);
+    if (rc == PGD_ENOMEM) snprintf(msg, msg_len, "out of memory");
+    if (rc) pgd_json_schema_free(out);
+    return rc;
+}
+
+void pgd_json_schema_free(pgd_json_schema *sc) {
+    for (int32_t i = 0; i < sc->n_props; i++) free(sc->props[i].name);
+    for (int32_t i = 0; i < sc->n_enum; i++) free(sc->enum_text[i]);
+    free(sc->nodes);
+    free(sc->props);
+    free(sc->enum_text);
+    free(sc->enum_len);
+    free(sc->enum_num);
+    memset(sc, 0, sizeof *sc);
+}
