@@ -3,8 +3,11 @@
  * HEX: the document's bytes in hexadecimal, possibly empty) and prints one word a line:
  * "complete" (a whole JSON document), "prefix" (every byte accepted, the document not whole)
  * or "reject".
- *   pgd_json_tool mask MODEL_OR_VOCAB
- * reads the same lines (MODE o) and prints, for each document that is a prefix, how many tokens
+ *   pgd_json_tool schema SCHEMA.json
+ * the same, each document held to the JSON Schema in SCHEMA.json (MODE ignored); exits 3 with
+ * the compiler's message when the schema is refused.
+ *   pgd_json_tool mask MODEL_OR_VOCAB [SCHEMA.json]
+ * reads the same lines (MODE o, or the schema) and prints, for each document that is a prefix, how many tokens
  * of the vocabulary pgd_json_allowed allows next, after checking its mask token by token against
  * the definition (a copy of the state fed the token's bytes); exits 1 at the first difference. */
 #include <stdbool.h>
@@ -73,9 +76,31 @@ static int check_mask(const pgd_json_state *st) {
     return 0;
 }
 
+static pgd_json_schema g_schema;
+static bool g_has_schema;
+
+static int load_schema(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    char msg[200];
+    if (pgd_json_schema_compile(text, n, &g_schema, msg, sizeof msg)) {
+        printf("refused: %s\n", msg);
+        return 3;
+    }
+    g_has_schema = true;
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    bool mask = argc == 3 && !strcmp(argv[1], "mask");
+    bool mask = argc >= 3 && !strcmp(argv[1], "mask");
     if (mask && load_vocab(argv[2])) return 1;
+    const char *schema = mask && argc == 4 ? argv[3]
+                         : argc == 3 && !strcmp(argv[1], "schema") ? argv[2] : NULL;
+    int rc = schema ? load_schema(schema) : 0;
+    if (rc) return rc;
     size_t cap = 1 << 20;
     char *line = malloc(cap), *doc = malloc(cap / 2);
     if (!line || !doc) return 1;
@@ -94,7 +119,8 @@ int main(int argc, char **argv) {
             doc[n++] = (char)(hi << 4 | lo);
         }
         pgd_json_state st;
-        pgd_json_init(&st, line[0] == 'o');
+        if (g_has_schema) pgd_json_init_schema(&st, &g_schema);
+        else pgd_json_init(&st, line[0] == 'o');
         if (mask) {
             if (!pgd_json_feed(&st, doc, n)) puts("reject");
             else if (check_mask(&st)) return 1;
@@ -109,5 +135,6 @@ int main(int argc, char **argv) {
     }
     free(line);
     free(doc);
+    if (g_has_schema) pgd_json_schema_free(&g_schema);
     return 0;
 }
