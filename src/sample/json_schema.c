@@ -168,7 +168,7 @@ static int compile_object(ctx *x, const cJSON *j, int depth, int32_t node) {
     }
     int32_t p0 = sc->n_props;
     sc->n_props += n;
-    memset(&sc->props[p0], 0, (size_t)n * sizeof *sc->props);
+    if (n) memset(&sc->props[p0], 0, (size_t)n * sizeof *sc->props); /* (props NULL when 0) */
     sc->nodes[node].prop0 = p0;
     sc->nodes[node].n_props = n;
     int i = 0;

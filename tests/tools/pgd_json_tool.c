@@ -27,6 +27,7 @@ static int hexval(int c) {
 
 static pgd_json_vocab g_vocab;
 static uint8_t *g_allow;
+static pgd_tokenizer *g_tok;
 
 static int load_vocab(const char *path) {
     pgd_tokenizer *t;
@@ -35,6 +36,7 @@ static int load_vocab(const char *path) {
         fprintf(stderr, "pgd_json_tool: %s\n", err.msg);
         return -1;
     }
+    g_tok = t;
     int32_t n = pgd_tokenizer_n_vocab(t);
     pgd_json_vocab *v = &g_vocab;
     v->n = n;
@@ -136,5 +138,10 @@ int main(int argc, char **argv) {
     free(line);
     free(doc);
     if (g_has_schema) pgd_json_schema_free(&g_schema);
+    if (g_tok) {
+        pgd_json_vocab_free(&g_vocab);
+        free(g_allow);
+        pgd_tokenizer_free(g_tok);
+    }
     return 0;
 }
