@@ -34,6 +34,7 @@ typedef struct pending {
     int32_t *bias_ids;
     float *bias;
     char *stop[16];
+    char *json_schema;    /* response_format json_schema's schema, compact JSON */
     int line;
 } pending;
 
@@ -45,7 +46,8 @@ static void usage_batch(FILE *f) {
             "  \"ignore_eos\": false, \"min_p\": P, \"presence_penalty\": X,\n"
             "  \"frequency_penalty\": X, \"repetition_penalty\": R, \"logit_bias\": {\"id\": bias},\n"
             "  \"min_tokens\": N, \"logprobs\": N (0..20), \"speculative\": false (opt out),\n"
-            "  \"response_format\": {\"type\": \"json_object\"} (output: one JSON object)}\n"
+            "  \"response_format\": {\"type\": \"json_object\"} or {\"type\": \"json_schema\",\n"
+            "  \"json_schema\": {\"schema\": {...}}} (output: one JSON object, of that schema)}\n"
             "Each output line (input order): {\"id\", \"text\", \"token_ids\", \"finish_reason\",\n"
             "  \"prompt_tokens\", \"completion_tokens\", \"cached_tokens\"[, \"logprobs\"]} or\n"
             "  {\"id\", \"error\"}; \"logprobs\": [{\"token\", \"logprob\", \"top_logprobs\":\n"
@@ -202,13 +204,24 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
     x = cJSON_GetObjectItemCaseSensitive(j, "response_format");
     if (x && !cJSON_IsNull(x)) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(x, "type");
+        const cJSON *sch = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(x, "json_schema"), "schema");
         if (!cJSON_IsString(ty) ||
-            (strcmp(ty->valuestring, "text") && strcmp(ty->valuestring, "json_object"))) {
-            snprintf(msg, ml, "\"response_format\" must be {\"type\": \"text\"} or "
-                              "{\"type\": \"json_object\"}");
+            (strcmp(ty->valuestring, "text") && strcmp(ty->valuestring, "json_object") &&
+             strcmp(ty->valuestring, "json_schema"))) {
+            snprintf(msg, ml, "\"response_format\" must be {\"type\": \"text\"}, "
+                              "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
+                              "\"json_schema\": {\"schema\": ...}}");
             return -1;
         }
-        pd->p.json_object = !strcmp(ty->valuestring, "json_object");
+        pd->p.json_object = strcmp(ty->valuestring, "text") != 0;
+        if (!strcmp(ty->valuestring, "json_schema") && sch) { /* the engine compiles it */
+            if (!(pd->json_schema = cJSON_PrintUnformatted(sch))) {
+                snprintf(msg, ml, "out of memory");
+                return -1;
+            }
+            pd->p.json_schema = pd->json_schema;
+        }
     }
     x = cJSON_GetObjectItemCaseSensitive(j, "speculative");
     if (x && !cJSON_IsBool(x)) {
@@ -577,6 +590,7 @@ done:
         free(pend[i].bias_ids);
         free(pend[i].bias);
         for (int k = 0; k < pend[i].p.n_stop; k++) free(pend[i].stop[k]);
+        free(pend[i].json_schema);
     }
     if (trace) fclose(trace);
     free(res);

@@ -559,3 +559,28 @@ def test_refused_schemas(rnd, schema, needle):
     validate(r.json(), "ErrorResponse")
     assert r.json()["error"]["param"] == "response_format"
     assert needle in r.json()["error"]["message"], r.json()["error"]["message"]
+
+
+def test_batch_lines_take_response_format(tmp_path):
+    """`pagoda batch` input lines take the same response_format: answers follow the schema (or
+    are a prefix of a valid one when cut), and a refused schema is that line's error."""
+    schema = SCHEMAS["scalars"]
+    lines = [{"id": i, "prompt": "Hello", "max_tokens": 160, "temperature": 1.0, "seed": i,
+              "logit_bias": {"376": 8, "29913": 8, "6525": 8},
+              "response_format": schema_fmt(schema)} for i in range(6)]
+    lines.append({"id": "bad", "prompt": "Hello", "response_format": schema_fmt({"type": "array"})})
+    lines.append({"id": "obj", "prompt": "Hello", "max_tokens": 160, "temperature": 1.0,
+                  "logit_bias": {"376": 8, "29913": 8, "6525": 8},
+                  "response_format": {"type": "json_object"}})
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    util.run_pagoda("batch", "-m", RANDOM_LLAMA, "--input", inp, "--output", out, "-t", "1")
+    res = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert "root" in res["bad"]["error"]["message"]
+    for i in range(6):
+        b = res[i]["text"].encode()
+        if res[i]["finish_reason"] == "stop":
+            assert schema_valid(schema, b), b
+        else:
+            assert tool_schema(schema, [b], tmp_path) == ["prefix"], b
+    check_choice(res["obj"]["text"], res["obj"]["finish_reason"])
