@@ -431,16 +431,32 @@ typedef struct pgd_json_trie {
     uint8_t byte;
 } pgd_json_trie;
 
-static const pgd_json_vocab *g_sort_vocab; /* qsort's comparator context (index build only) */
+typedef struct text_ref {
+    const char *text;
+    uint32_t len;
+    int32_t id;
+} text_ref;
 
 static int cmp_text(const void *a, const void *b) {
-    const pgd_json_vocab *v = g_sort_vocab;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    uint32_t lx = v->len[x], ly = v->len[y];
-    int c = memcmp(v->text[x], v->text[y], lx < ly ? lx : ly);
+    const text_ref *x = a, *y = b;
+    int c = memcmp(x->text, y->text, x->len < y->len ? x->len : y->len);
     if (c) return c;
-    if (lx != ly) return lx < ly ? -1 : 1;
-    return (x > y) - (x < y);
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* v->sorted: the text tokens in byte order of their texts (ties by id). */
+static int sort_texts(pgd_json_vocab *v) {
+    text_ref *r = malloc((size_t)(v->n_text ? v->n_text : 1) * sizeof *r);
+    if (!r) return PGD_ENOMEM;
+    for (int32_t i = 0; i < v->n_text; i++) {
+        int32_t id = v->sorted[i];
+        r[i] = (text_ref){v->text[id], v->len[id], id};
+    }
+    qsort(r, (size_t)v->n_text, sizeof *r, cmp_text);
+    for (int32_t i = 0; i < v->n_text; i++) v->sorted[i] = r[i].id;
+    free(r);
+    return PGD_OK;
 }
 
 /* The trie of sorted's texts in depth-first order, built from the sorted list: each text shares
@@ -509,9 +525,7 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
             v->n_plain++;
         }
     }
-    g_sort_vocab = v;
-    qsort(v->sorted, (size_t)v->n_text, sizeof *v->sorted, cmp_text);
-    g_sort_vocab = NULL;
+    if (sort_texts(v)) return PGD_ENOMEM;
     v->stack = malloc((max_len + 1) * sizeof *v->stack);
     if (!v->stack) return PGD_ENOMEM;
     return build_trie(v, max_len);
