@@ -40,18 +40,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     int32_t n = pgd_tokenizer_n_vocab(t);
-    pgd_json_vocab v = {.n = n, .text = malloc((size_t)n * sizeof *v.text),
-                        .len = malloc((size_t)n * sizeof *v.len), .eog = calloc((size_t)n, 1)};
+    pgd_json_vocab v;
     uint8_t *allow = malloc((size_t)n);
     double *us = malloc((size_t)reps * sizeof *us);
-    if (!v.text || !v.len || !v.eog || !allow || !us) return 1;
-    for (int32_t id = 0; id < n; id++) {
-        size_t l;
-        v.text[id] = pgd_tokenizer_piece(t, id, &l);
-        v.len[id] = (uint32_t)l;
-        v.eog[id] = pgd_tokenizer_is_eog(t, id);
-    }
-    if (pgd_json_vocab_index(&v)) return 1;
+    if (!allow || !us || pgd_json_vocab_build(&v, t, n)) return 1;
     /* the states: the document so far (free, then under the schema) */
     static const char *const docs[] = {"", "{", "{\"name", "{\"name\"", "{\"name\": ",
                                        "{\"name\": \"Fel", "{\"age\": 1", "{\"a\": [1, 2",

@@ -325,27 +325,6 @@ done:
     return rc;
 }
 
-/* The bytes of every token, for JSON-constrained requests (borrowed from the tokenizer). */
-static int json_vocab_init(pgd_engine *e, pgd_err *err) {
-    int32_t nv = e->model->cfg.n_vocab;
-    pgd_json_vocab *v = &e->json_vocab;
-    v->n = nv;
-    v->text = malloc((size_t)nv * sizeof *v->text);
-    v->len = malloc((size_t)nv * sizeof *v->len);
-    v->eog = calloc((size_t)nv, 1);
-    e->json_allow = malloc((size_t)nv);
-    if (!v->text || !v->len || !v->eog || !e->json_allow)
-        return pgd_err_set(err, PGD_ENOMEM, "engine: out of memory");
-    for (int32_t id = 0; id < nv; id++) {
-        size_t n;
-        v->text[id] = pgd_tokenizer_piece(e->model->tok, id, &n);
-        v->len[id] = (uint32_t)n;
-    }
-    for (int32_t i = 0; i < e->n_eog; i++) v->eog[e->eog[i]] = 1;
-    if (pgd_json_vocab_index(v)) return pgd_err_set(err, PGD_ENOMEM, "engine: out of memory");
-    return PGD_OK;
-}
-
 int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, size_t errlen) {
     *out = NULL;
     pgd_err perr = {{0}};
@@ -457,7 +436,13 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
         if (pgd_tokenizer_is_eog(e->model->tok, i)) e->eog[e->n_eog++] = i;
     if ((rc = pgd_sampler_scratch_init(&e->sample_scratch, nv, e->eog, e->n_eog, &perr)))
         goto fail_perr;
-    if (e->model->tok && (rc = json_vocab_init(e, &perr))) goto fail_perr;
+    if (e->model->tok) { /* the bytes of every token, for JSON-constrained requests */
+        e->json_allow = malloc((size_t)nv);
+        if (!e->json_allow || pgd_json_vocab_build(&e->json_vocab, e->model->tok, nv)) {
+            rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
+            goto fail_perr;
+        }
+    }
     /* On by default where the logits live in device memory of one GPU (downloading them costs
      * n_vocab floats per row); PAGODA_DEVICE_SAMPLING=1 forces it (on the CPU too: the path CI
      * tests), =0 turns it off. Several ranks gather the logits on the host anyway. */

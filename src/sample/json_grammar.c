@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokenizer/tokenizer.h"
 #include "util/status.h"
 
 enum {
@@ -529,6 +530,22 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
     v->stack = malloc((max_len + 1) * sizeof *v->stack);
     if (!v->stack) return PGD_ENOMEM;
     return build_trie(v, max_len);
+}
+
+int pgd_json_vocab_build(pgd_json_vocab *v, const struct pgd_tokenizer *t, int32_t n_vocab) {
+    memset(v, 0, sizeof *v);
+    v->n = n_vocab;
+    v->text = calloc((size_t)(n_vocab ? n_vocab : 1), sizeof *v->text);
+    v->len = calloc((size_t)(n_vocab ? n_vocab : 1), sizeof *v->len);
+    v->eog = calloc((size_t)(n_vocab ? n_vocab : 1), 1);
+    if (!v->text || !v->len || !v->eog) return PGD_ENOMEM;
+    for (int32_t id = 0; id < n_vocab; id++) { /* (ids past the tokenizer's: no text) */
+        size_t l;
+        v->text[id] = pgd_tokenizer_piece(t, id, &l);
+        v->len[id] = (uint32_t)l;
+        v->eog[id] = id < pgd_tokenizer_n_vocab(t) && pgd_tokenizer_is_eog(t, id);
+    }
+    return pgd_json_vocab_index(v);
 }
 
 void pgd_json_vocab_free(pgd_json_vocab *v) {

@@ -117,8 +117,8 @@ bool pgd_json_feed(pgd_json_state *st, const char *s, size_t n);
 bool pgd_json_complete(const pgd_json_state *st);
 
 /* Each token's decoded bytes, as the detokenizer renders them (control tokens: none), which
- * tokens end a generation, and an index for the mask. Built once per engine: the caller fills
- * n, text, len and eog (malloc'd), then calls pgd_json_vocab_index. */
+ * tokens end a generation, and an index for the mask. Built once per engine
+ * (pgd_json_vocab_build). */
 typedef struct pgd_json_vocab {
     int32_t n;            /* ids 0..n: the model's vocabulary (may exceed the tokenizer's) */
     const char **text;    /* (n) borrowed from the tokenizer; NULL: renders as nothing */
@@ -139,6 +139,10 @@ typedef struct pgd_json_vocab {
 
 /* Builds the index from n, text, len and eog; PGD_OK or PGD_ENOMEM. */
 int pgd_json_vocab_index(pgd_json_vocab *v);
+struct pgd_tokenizer;
+/* All of v for a model of n_vocab ids (past the tokenizer's: nothing) with tokenizer t, which
+ * must outlive v (text borrows from it); PGD_OK or PGD_ENOMEM. */
+int pgd_json_vocab_build(pgd_json_vocab *v, const struct pgd_tokenizer *t, int32_t n_vocab);
 /* Frees every array of v (text, len and eog included). */
 void pgd_json_vocab_free(pgd_json_vocab *v);
 

@@ -36,22 +36,10 @@ static int load_vocab(const char *path) {
         fprintf(stderr, "pgd_json_tool: %s\n", err.msg);
         return -1;
     }
-    g_tok = t;
-    int32_t n = pgd_tokenizer_n_vocab(t);
-    pgd_json_vocab *v = &g_vocab;
-    v->n = n;
-    v->text = malloc((size_t)n * sizeof *v->text);
-    v->len = malloc((size_t)n * sizeof *v->len);
-    v->eog = calloc((size_t)n, 1);
-    g_allow = malloc((size_t)n);
-    if (!v->text || !v->len || !v->eog || !g_allow) return -1;
-    for (int32_t id = 0; id < n; id++) {
-        size_t l;
-        v->text[id] = pgd_tokenizer_piece(t, id, &l);
-        v->len[id] = (uint32_t)l;
-        v->eog[id] = pgd_tokenizer_is_eog(t, id);
-    }
-    return pgd_json_vocab_index(v) ? -1 : 0; /* t stays loaded: text borrows from it */
+    g_tok = t; /* stays loaded: the vocabulary's text borrows from it */
+    g_allow = malloc((size_t)pgd_tokenizer_n_vocab(t));
+    if (!g_allow) return -1;
+    return pgd_json_vocab_build(&g_vocab, t, pgd_tokenizer_n_vocab(t)) ? -1 : 0;
 }
 
 /* The mask by its definition, compared with pgd_json_allowed's; prints the allowed count. */
