@@ -19,6 +19,16 @@ def default_model():
     return util.DEFAULT_MODEL
 
 
+@pytest.fixture(scope="module")
+def default_server(default_model):
+    """`pagoda serve` on the default model, one per test module."""
+    from server_util import Server
+    s = Server(default_model)
+    s.start()
+    yield s
+    s.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_models():
     """Builds (once per script version, cached) the tiny random Llama / Llama-3-rope / Qwen2

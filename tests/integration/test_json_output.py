@@ -194,11 +194,8 @@ JSON_FMT = {"type": "json_object"}
 
 
 @pytest.fixture(scope="module")
-def smol(default_model):
-    s = Server(default_model)
-    s.start()
-    yield s
-    s.stop()
+def smol(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")
