@@ -10,7 +10,7 @@ import pytest
 import requests
 
 import server_util
-from server_util import Server, sse_events, validate
+from server_util import sse_events, validate
 
 openai = pytest.importorskip("openai")
 
