@@ -92,6 +92,9 @@ typedef struct pgd_request_params {
     /* the same, held to this JSON Schema (the text of the schema object; compiled, not kept;
        OpenAI response_format json_schema): json_grammar.h says what it supports */
     const char *json_schema;
+    /* with json_schema: text the document must come right after / right before (a tool call's
+       "<tool_call>\n" ... "\n</tool_call>"), or NULL */
+    const char *json_prefix, *json_suffix;
 } pgd_request_params;
 
 typedef enum { PGD_EVENT_TOKEN = 1, PGD_EVENT_FINISH = 2 } pgd_event_type;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/tool_calls.h"
 #include "sample/json_grammar.h"
 #include "tokenizer/unicode.h"
 #include "util/status.h"
@@ -308,14 +309,25 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
             "choices by their logprobs", (int)v);
     x = cJSON_GetObjectItemCaseSensitive(o, "tool_choice");
     if (r->chat && x && !cJSON_IsNull(x)) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(x, "function"), "name");
         if (cJSON_IsString(x) && !strcmp(x->valuestring, "none")) {
             /* the model will not call a tool: the template is not shown them */
             cJSON_Delete(r->tools);
             r->tools = NULL;
+        } else if (cJSON_IsString(x) && !strcmp(x->valuestring, "required")) {
+            r->tool_required = true;
+        } else if (cJSON_IsObject(x) && cJSON_IsString(fn)) {
+            if (!(r->tool_name = strdup(fn->valuestring))) goto oom;
+            r->tool_required = true;
         } else if (!cJSON_IsString(x) || strcmp(x->valuestring, "auto")) {
-            BAD("tool_choice", "'tool_choice' must be 'auto' or 'none' ('required' and a named "
-                "function need constrained decoding of a tool call, which Pagoda does not do)");
+            BAD("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or "
+                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
         }
+        if (r->tool_required && !r->tools)
+            BAD("tool_choice", "'tool_choice' asks for a tool call, but there are no 'tools'");
+        if (r->tool_required && r->json_object)
+            BAD("tool_choice", "a required tool call cannot be combined with 'response_format'");
     }
     return 0;
 oom:
@@ -501,6 +513,7 @@ void pgd_api_request_free(pgd_api_request *r) {
     free(r->bias_ids);
     free(r->bias);
     free(r->json_schema);
+    free(r->tool_name);
     memset(r, 0, sizeof *r);
 }
 
@@ -536,11 +549,25 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
         pgd_api_choice *c = &choices[i];
         cJSON *ch = cJSON_CreateObject();
         cJSON_AddNumberToObject(ch, "index", i);
+        const char *finish = c->finish_reason ? c->finish_reason : "stop";
         if (r->chat) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddItemToObject(m, "content", string_n(c->text ? c->text : "", c->text_len));
+            size_t content_len = c->text_len;
+            cJSON *calls = NULL;
+            if (r->parse_tools) {
+                char cid[96];
+                snprintf(cid, sizeof cid, "%s_%d", id, i);
+                calls = pgd_tool_calls_parse(c->text ? c->text : "", c->text_len, cid,
+                                             &content_len);
+            }
+            if (calls && content_len == 0) cJSON_AddNullToObject(m, "content");
+            else cJSON_AddItemToObject(m, "content", string_n(c->text ? c->text : "", content_len));
             cJSON_AddNullToObject(m, "refusal");
+            if (calls) {
+                cJSON_AddItemToObject(m, "tool_calls", calls);
+                if (!strcmp(finish, "stop")) finish = "tool_calls";
+            }
         } else {
             cJSON_AddItemToObject(ch, "text", string_n(c->text ? c->text : "", c->text_len));
         }
@@ -550,7 +577,7 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
         } else {
             cJSON_AddNullToObject(ch, "logprobs");
         }
-        cJSON_AddStringToObject(ch, "finish_reason", c->finish_reason ? c->finish_reason : "stop");
+        cJSON_AddStringToObject(ch, "finish_reason", finish);
         cJSON_AddItemToArray(arr, ch);
     }
     add_usage(o, prompt_tokens, completion_tokens);
@@ -604,6 +631,25 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
     /* chat chunks carry "usage": null until the last one, as OpenAI sends them; the completion
      * chunk's schema (CreateCompletionResponse) has a non-nullable usage, so it is left out */
     if (r->include_usage && r->chat) cJSON_AddNullToObject(o, "usage");
+    return sse(o);
+}
+
+char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,
+                                   const char *model, int index, cJSON *calls,
+                                   const char *finish) {
+    cJSON *o = chunk_base(r, id, created, model);
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", index);
+    cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+    int k = 0;
+    cJSON *c;
+    cJSON_ArrayForEach(c, calls) cJSON_AddNumberToObject(c, "index", k++);
+    cJSON_AddItemToObject(d, "tool_calls", calls);
+    cJSON_AddNullToObject(ch, "logprobs");
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    cJSON_AddItemToArray(arr, ch);
+    if (r->include_usage) cJSON_AddNullToObject(o, "usage");
     return sse(o);
 }
 

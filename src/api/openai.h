@@ -46,6 +46,9 @@ typedef struct pgd_api_request {
     bool no_speculation;           /* "speculative": false opts out (as in `pagoda batch`) */
     bool json_object;              /* response_format json_object or json_schema */
     char *json_schema;             /* json_schema's schema as compact JSON (owned), or NULL */
+    bool tool_required;            /* tool_choice "required" or a named function (tool_name) */
+    bool parse_tools;              /* set by the server: answers' tool calls are parsed out */
+    char *tool_name;               /* owned, or NULL */
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
     int32_t top_k, min_tokens;
     bool has_seed;
@@ -83,6 +86,7 @@ typedef struct pgd_api_choice {
     const char *finish_reason;     /* "stop", "length" or NULL while running */
     cJSON *logprobs;               /* built incrementally when requested, or NULL */
     int32_t n_prompt, n_cached;
+    size_t emitted;                /* streaming with parse_tools: bytes of text sent as content */
 } pgd_api_choice;
 
 /* Appends one token's logprobs to *lp (created on first use) in the request's format:
@@ -101,6 +105,11 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
 char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
                         const char *model, int index, const char *text, size_t text_len,
                         bool role_first, const char *finish, cJSON *logprobs);
+/* The frame of a streamed choice's tool calls (calls: pgd_tool_calls_parse's array, consumed;
+ * each gets its "index"). */
+char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,
+                                   const char *model, int index, cJSON *calls,
+                                   const char *finish);
 char *pgd_api_usage_chunk_sse(const pgd_api_request *r, const char *id, long created,
                               const char *model, int32_t prompt_tokens,
                               int32_t completion_tokens);

@@ -614,6 +614,11 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         char why[200];
         int rc = pgd_json_schema_compile(p->json_schema, strlen(p->json_schema), &s->schema, why,
                                          sizeof why);
+        if (!rc && ((p->json_prefix && !(s->schema.prefix = strdup(p->json_prefix))) ||
+                    (p->json_suffix && !(s->schema.suffix = strdup(p->json_suffix))))) {
+            rc = PGD_ENOMEM;
+            snprintf(why, sizeof why, "out of memory");
+        }
         if (rc) {
             seq_free(s);
             return fail(err, errlen, rc, "JSON schema: %s", why);

@@ -20,6 +20,8 @@ enum {
     J_NUMBER,
     J_LITERAL,
     J_ENUM,      /* one of a schema's enum values, byte by byte */
+    J_PREFIX,    /* the schema's prefix, byte by byte, before the document */
+    J_SUFFIX,    /* its suffix, after the document */
 };
 
 /* number phases: after '-', after a leading '0', in the integer digits, after '.', in the
@@ -39,6 +41,7 @@ void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc) {
     pgd_json_init(st, true);
     st->sc = sc;
     st->vnode = (int16_t)sc->root;
+    if (sc->prefix && sc->prefix[0]) st->mode = J_PREFIX;
 }
 
 static bool feed_byte(pgd_json_state *st, unsigned char c);
@@ -65,7 +68,21 @@ static int container_node(const pgd_json_state *st) {
 
 static uint64_t low_bits(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
 
-static void value_end(pgd_json_state *st) { st->mode = st->depth == 0 ? J_DONE : J_AFTER; }
+static void value_end(pgd_json_state *st) {
+    st->mode = st->depth ? J_AFTER : st->sc && st->sc->suffix && st->sc->suffix[0] ? J_SUFFIX
+                                                                                  : J_DONE;
+    st->pos = 0;
+}
+
+/* A byte of the schema's prefix or suffix. */
+static bool literal_byte(pgd_json_state *st, const char *lit, unsigned char c, uint8_t then) {
+    if ((unsigned char)lit[st->pos] != c) return false;
+    if (!lit[++st->pos]) {
+        st->mode = then;
+        st->pos = 0;
+    }
+    return true;
+}
 
 static bool push(pgd_json_state *st, uint8_t object, int node) {
     int d = st->depth;
@@ -339,6 +356,8 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
 static bool feed_byte(pgd_json_state *st, unsigned char c) {
     if (st->mode == J_STRING) return string_byte(st, c);
     if (st->mode == J_ENUM) return enum_byte(st, c);
+    if (st->mode == J_PREFIX) return literal_byte(st, st->sc->prefix, c, J_VALUE);
+    if (st->mode == J_SUFFIX) return literal_byte(st, st->sc->suffix, c, J_DONE);
     if (st->mode == J_LITERAL) {
         const char *l = LITERALS[st->lit];
         if ((unsigned char)l[st->lit_pos] != c) return false;

@@ -64,6 +64,9 @@ typedef struct pgd_json_schema {
     uint8_t *enum_num;      /* the value is a number (ends only at the byte after it) */
     int32_t n_enum, cap_enum;
     int32_t root;
+    /* owned text the document must come right after and right before (tool calls), or NULL;
+       set by the caller after compiling */
+    char *prefix, *suffix;
 } pgd_json_schema;
 
 typedef struct pgd_json_state {

@@ -366,5 +366,7 @@ void pgd_json_schema_free(pgd_json_schema *sc) {
     free(sc->enum_text);
     free(sc->enum_len);
     free(sc->enum_num);
+    free(sc->prefix);
+    free(sc->suffix);
     memset(sc, 0, sizeof *sc);
 }

@@ -49,6 +49,9 @@ static const opt table[] = {
     {"block-size", 0, T_INT, OFF(block_size), "16", 1, 1024, NULL, "KV block size in tokens"},
     {"no-prefix-caching", 0, T_BOOL, OFF(no_prefix_caching), "false", 0, 0, NULL,
      "turn the prefix cache off"},
+    {"tool-call-parser", 0, T_STR, OFF(tool_call_parser), "auto", 0, 0, NULL,
+     "tool calls in chat answers: hermes (<tool_call>{...}</tool_call>), none, or auto (hermes "
+     "when the chat template mentions <tool_call>)"},
     {"speculative", 0, T_STR, OFF(speculative), "none", 0, 0, NULL,
      "speculative decoding: none, ngram (prompt lookup) or draft"},
     {"num-speculative-tokens", 0, T_INT, OFF(num_speculative_tokens), "5", 1, 16, NULL,
@@ -296,6 +299,11 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
             v = argv[++i];
         }
         if (set_opt(c, o, v, "the command line")) return -1;
+    }
+    if (strcmp(c->tool_call_parser, "auto") && strcmp(c->tool_call_parser, "hermes") &&
+        strcmp(c->tool_call_parser, "none")) {
+        fprintf(stderr, "pagoda: --tool-call-parser must be auto, hermes or none\n");
+        return -1;
     }
     if (strcmp(c->speculative, "none") && strcmp(c->speculative, "ngram") &&
         strcmp(c->speculative, "draft")) {

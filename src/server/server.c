@@ -31,6 +31,8 @@
 
 #include "api/chat.h"
 #include "api/openai.h"
+#include "api/tool_calls.h"
+#include "sample/json_grammar.h"
 #include "model/gguf.h"
 #include "pagoda/pagoda.h"
 #include "plan/kv_plan.h"
@@ -101,6 +103,7 @@ struct server {
     char load_error[512];
     volatile bool ready;
     bool draining, load_failed;
+    bool tool_parser;          /* chat answers' tool calls are parsed (--tool-call-parser) */
     bool loading;              /* the load work is queued or running (it writes s->engine) */
     int in_flight;             /* requests accepted and not yet answered */
     struct req_ctx *live;      /* every context whose connection has not completed */
@@ -255,6 +258,28 @@ static void add_logprobs(server *s, req_ctx *c, pgd_api_choice *ch, cJSON **dst,
 
 static void finish_request(server *s, req_ctx *c);
 
+/* A streamed chat answer whose tool calls are parsed: the event's text joins the choice's, and
+ * what goes out as content (*text, *text_len) stops where a call begins or may begin; at the end
+ * the held text is parsed: *calls (and finish "tool_calls"), or it goes out as content. */
+static void stream_tool_text(req_ctx *c, int i, const pgd_event *ev, const char **text,
+                             size_t *text_len, const char **fin, cJSON **calls) {
+    pgd_api_choice *ch = &c->choices[i];
+    choice_append(ch, ev->text, (size_t)ev->text_len);
+    bool opened;
+    size_t safe = pgd_tool_calls_stream_safe(ch->text ? ch->text : "", ch->text_len, &opened);
+    if (*fin) {
+        size_t content_len = 0;
+        char cid[96];
+        snprintf(cid, sizeof cid, "%s_%d", c->id, i);
+        *calls = opened ? pgd_tool_calls_parse(ch->text, ch->text_len, cid, &content_len) : NULL;
+        safe = *calls ? content_len : ch->text_len;
+        if (*calls && !strcmp(*fin, "stop")) *fin = "tool_calls";
+    }
+    *text = ch->text ? ch->text + ch->emitted : "";
+    *text_len = safe > ch->emitted ? safe - ch->emitted : 0;
+    ch->emitted += *text_len;
+}
+
 static void handle_event(server *s, const pgd_event *ev) {
     req_ctx *c = (req_ctx *)(uintptr_t)ev->user_data;
     int i = choice_of(c, ev->request_id);
@@ -278,11 +303,21 @@ static void handle_event(server *s, const pgd_event *ev) {
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
             add_logprobs(s, c, ch, &lp, ev, (size_t)ev->text_offset);
         const char *fin = ev->type == PGD_EVENT_FINISH ? finish_name(ev->finish_reason) : NULL;
-        if (ev->text_len || lp || fin || !c->role_sent[i]) {
-            char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, ev->text,
-                                        (size_t)ev->text_len, c->api.chat && !c->role_sent[i], fin,
-                                        lp);
+        const char *text = ev->text;
+        size_t text_len = (size_t)ev->text_len;
+        cJSON *calls = NULL;
+        if (c->api.parse_tools) stream_tool_text(c, i, ev, &text, &text_len, &fin, &calls);
+        if (text_len || lp || fin || !c->role_sent[i]) {
+            char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, text,
+                                        text_len, c->api.chat && !c->role_sent[i],
+                                        calls ? NULL : fin, lp);
             c->role_sent[i] = true;
+            if (f) out_append(c, f, strlen(f));
+            free(f);
+        }
+        if (calls) {
+            char *f = pgd_api_tool_calls_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
+                                                   calls, fin);
             if (f) out_append(c, f, strlen(f));
             free(f);
         }
@@ -384,6 +419,39 @@ static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prom
                                   true, p->ids, cap, &n);
     p->n_ids = (int32_t)n;
     return rc;
+}
+
+/* Tool calls: parsed out of the answer when the request has tools and the server a format; a
+ * required or named call is the answer, held to the call's schema between the format's tags. */
+static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
+    r->parse_tools = r->chat && r->tools && s->tool_parser;
+    if (!r->tool_required) return 0;
+    if (!s->tool_parser) {
+        pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL,
+                          "a required tool call needs a tool-call format: the chat template "
+                          "does not mention <tool_call> (start the server with "
+                          "--tool-call-parser hermes if the model writes them so)");
+        return -1;
+    }
+    const char *why = NULL;
+    char *schema = pgd_tool_call_schema(r->tools, r->tool_name, &why);
+    if (!schema) {
+        pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL, "%s", why);
+        return -1;
+    }
+    pgd_json_schema sc;
+    char msg[200];
+    int rc = pgd_json_schema_compile(schema, strlen(schema), &sc, msg, sizeof msg);
+    if (rc) {
+        free(schema);
+        pgd_api_error_set(e, rc == PGD_ENOMEM ? 500 : 400, "invalid_request_error", "tools",
+                          NULL, "the function's parameters: %s", msg);
+        return -1;
+    }
+    pgd_json_schema_free(&sc);
+    r->json_schema = schema;
+    r->json_object = true;
+    return 0;
 }
 
 static void work_cb(uv_work_t *w) {
@@ -495,6 +563,8 @@ static void submit_all(server *s, req_ctx *c) {
                 .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
                 .logprobs = r->logprobs, .no_speculation = r->no_speculation,
                 .json_object = r->json_object, .json_schema = r->json_schema,
+                .json_prefix = r->tool_required ? PGD_TOOL_CALL_PREFIX : NULL,
+                .json_suffix = r->tool_required ? PGD_TOOL_CALL_SUFFIX : NULL,
             };
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);
@@ -942,6 +1012,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                               "'echo' together with 'logprobs' is not supported");
             return send_error(c, conn, &e);
         }
+        if (tool_options(s, &c->api, &e)) return send_error(c, conn, &e);
         snprintf(c->id, sizeof c->id, "%s-%016" PRIx64, c->rt == R_CHAT ? "chatcmpl" : "cmpl",
                  ((uint64_t)c->created << 24) ^ ++s->next_req);
         c->ph = PH_WORKING;
@@ -1101,6 +1172,9 @@ static void load_work_cb(uv_work_t *w) {
         fprintf(stderr, "{\"event\":\"warning\",\"message\":\"the chat template does not parse; "
                         "chat completions are off\"}\n");
     s->limits.n_vocab = pgd_tokenizer_n_vocab(s->tok);
+    const char *tp = s->cfg.tool_call_parser;
+    s->tool_parser = !strcmp(tp, "hermes") ||
+                     (!strcmp(tp, "auto") && tmpl && strstr(tmpl, PGD_TOOL_CALL_OPEN));
 }
 
 static void load_done_cb(uv_work_t *w, int status) {

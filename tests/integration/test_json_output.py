@@ -581,3 +581,136 @@ def test_batch_lines_take_response_format(tmp_path):
         else:
             assert tool_schema(schema, [b], tmp_path) == ["prefix"], b
     check_choice(res["obj"]["text"], res["obj"]["finish_reason"])
+
+
+# ---- 4. tool calls (tool_choice required / named; the hermes format) ----
+
+TOOL_W = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]},
+                                     "days": {"type": "integer"}},
+    "required": ["city", "days"], "additionalProperties": False}}}
+TOOL_T = {"type": "function", "function": {"name": "time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+@pytest.fixture(scope="module")
+def qwen_rnd(tmp_path_factory):
+    """The random model carrying Qwen2.5's chat template (which asks for <tool_call> tags, so the
+    server parses tool calls by default)."""
+    import sys
+    from pathlib import Path
+    tool = Path(sys.executable).with_name("gguf-new-metadata")
+    if not tool.exists():
+        pytest.skip("gguf-new-metadata (the gguf package) is not installed")
+    model = tmp_path_factory.mktemp("qwen-rnd") / "random-qwen-template.gguf"
+    subprocess.run([str(tool), str(RANDOM_LLAMA), str(model), "--chat-template-file",
+                    str(util.DATA / "chat-templates" / "Qwen-Qwen2.5-7B-Instruct.jinja")],
+                   check=True, capture_output=True)
+    s = Server(model)
+    s.start()
+    s.model_path = model
+    yield s
+    s.stop()
+
+
+def chat_tools(server, tools, choice, stream=False, seed=0, **extra):
+    body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 400,
+            "temperature": 0.8, "seed": seed, "tools": tools, "tool_choice": choice,
+            "stream": stream, **extra}
+    return requests.post(server.url("/v1/chat/completions"), json=body, timeout=300,
+                         stream=stream)
+
+
+def check_call(call, tools):
+    import jsonschema
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    fn = {t["function"]["name"]: t["function"] for t in tools}[call["function"]["name"]]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), fn["parameters"])
+
+
+def test_required_tool_call(qwen_rnd):
+    """tool_choice "required" with one tool: the answer is that call, its arguments valid for the
+    function's parameters; content null, finish_reason tool_calls; streamed the same."""
+    for seed in range(3):
+        r = chat_tools(qwen_rnd, [TOOL_W], "required", seed=seed)
+        assert r.status_code == 200, r.text
+        validate(r.json(), "CreateChatCompletionResponse")
+        c = r.json()["choices"][0]
+        assert c["finish_reason"] == "tool_calls", c
+        m = c["message"]
+        assert m["content"] is None and len(m["tool_calls"]) == 1, m
+        check_call(m["tool_calls"][0], [TOOL_W])
+        s = chat_tools(qwen_rnd, [TOOL_W], "required", stream=True, seed=seed)
+        events = [e for e in sse_events(s.iter_lines()) if e != "[DONE]"]
+        for e in events:
+            validate(e, "CreateChatCompletionStreamResponse")
+        calls = [tc for e in events for tc in e["choices"][0]["delta"].get("tool_calls") or []]
+        content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+        assert content == "" and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        assert [(tc["function"]["name"], json.loads(tc["function"]["arguments"]))
+                for tc in calls] == [(m["tool_calls"][0]["function"]["name"],
+                                      json.loads(m["tool_calls"][0]["function"]["arguments"]))]
+
+
+def test_named_and_required_among_several(qwen_rnd):
+    for name in ["weather", "time"]:
+        r = chat_tools(qwen_rnd, [TOOL_W, TOOL_T], {"type": "function",
+                                                    "function": {"name": name}})
+        assert r.status_code == 200, r.text
+        call = r.json()["choices"][0]["message"]["tool_calls"][0]
+        assert call["function"]["name"] == name
+        check_call(call, [TOOL_W, TOOL_T])
+    names = set()
+    for seed in range(4):  # the arguments are any object here: a pull towards closing it
+        r = chat_tools(qwen_rnd, [TOOL_W, TOOL_T], "required", seed=seed,
+                       logit_bias={"376": 6, "29913": 6, "6525": 6})
+        assert r.status_code == 200, r.text
+        call = r.json()["choices"][0]["message"]["tool_calls"][0]
+        names.add(call["function"]["name"])
+        assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    assert names <= {"weather", "time"}
+
+
+def test_auto_without_a_call_keeps_the_text(qwen_rnd):
+    """With tools and tool_choice auto, an answer that holds no call is content as it is."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "temperature": 0}
+    plain = requests.post(qwen_rnd.url("/v1/chat/completions"), json=body, timeout=60).json()
+    r = requests.post(qwen_rnd.url("/v1/chat/completions"),
+                      json=dict(body, tools=[TOOL_W]), timeout=60).json()
+    validate(r, "CreateChatCompletionResponse")
+    m = r["choices"][0]["message"]
+    assert "<tool_call>" not in m["content"] and "tool_calls" not in m
+    assert r["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("tools,choice,param,needle", [
+    ([TOOL_W], {"type": "function", "function": {"name": "nope"}}, "tool_choice", "not in"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}}}],
+     "required", "tools", "'maxLength'"),
+    (None, "required", "tool_choice", "no 'tools'"),
+])
+def test_refused_tool_choices(qwen_rnd, tools, choice, param, needle):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "tool_choice": choice}
+    if tools:
+        body["tools"] = tools
+    r = requests.post(qwen_rnd.url("/v1/chat/completions"), json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    validate(r.json(), "ErrorResponse")
+    assert r.json()["error"]["param"] == param and needle in r.json()["error"]["message"]
+
+
+def test_required_call_needs_a_format(qwen_rnd):
+    s = Server(qwen_rnd.model_path, "--tool-call-parser", "none")
+    s.start()
+    try:
+        r = chat_tools(s, [TOOL_W], "required")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                "tools": [TOOL_W]}
+        r = requests.post(s.url("/v1/chat/completions"), json=body, timeout=60)
+        assert r.status_code == 200 and "tool_calls" not in r.json()["choices"][0]["message"]
+    finally:
+        s.stop()
