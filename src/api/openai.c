@@ -38,17 +38,6 @@ char *pgd_api_error_json(const pgd_api_error *e) {
     return s;
 }
 
-/* Is there a \u0000 escape in body (a backslash inside a string of valid JSON)? An escaped
- * backslash is skipped with its pair, so "\\u0000" (a backslash, then "u0000") is not one. */
-static bool has_nul_escape(const char *b, size_t n) {
-    for (size_t i = 0; i + 1 < n; i++) {
-        if (b[i] != '\\') continue;
-        if (b[i + 1] == 'u' && i + 5 < n && !memcmp(b + i + 2, "0000", 4)) return true;
-        i++; /* the escaped character */
-    }
-    return false;
-}
-
 int pgd_api_body_check(const char *body, size_t len, pgd_api_error *err) {
     /* cJSON passes bytes through unchecked; a prompt must be text, so reject what the tokenizer
      * and the JSON responses could not represent faithfully */
@@ -57,7 +46,7 @@ int pgd_api_body_check(const char *body, size_t len, pgd_api_error *err) {
                           "the request body is not valid UTF-8");
         return -1;
     }
-    if (has_nul_escape(body, len)) {
+    if (pgd_json_has_nul_escape(body, len)) {
         pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_nul",
                           "a string of the request holds a NUL character (\\u0000), which Pagoda "
                           "does not take");
@@ -282,9 +271,14 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
                 BAD("response_format", "'response_format.json_schema' must be an object with "
                     "a 'schema'");
             const cJSON *sch = cJSON_GetObjectItemCaseSensitive(js, "schema");
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(js, "name");
+            if (nm && !cJSON_IsString(nm))
+                BAD("response_format", "'response_format.json_schema.name' must be a string");
             r->json_object = true; /* without a schema: any JSON object */
             if (sch && !cJSON_IsNull(sch)) {
-                if (!(r->json_schema = cJSON_PrintUnformatted(sch))) goto oom;
+                if (!(r->json_schema = pgd_json_print_exact(sch)))
+                    BAD("response_format", "'response_format.json_schema.schema' holds a number "
+                        "that is not finite");
                 pgd_json_schema sc;
                 char msg[200];
                 int rc = pgd_json_schema_compile(r->json_schema, strlen(r->json_schema), &sc, msg,

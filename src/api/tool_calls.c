@@ -1,6 +1,8 @@
 /* Tool-call parsing and the tool-call schema of tool_calls.h. */
 #include "api/tool_calls.h"
 
+#include "sample/json_grammar.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,14 +25,18 @@ static cJSON *one_call(const char *s, size_t n, const char *id, int index) {
         cJSON_Delete(j);
         return NULL;
     }
-    char *a = cJSON_PrintUnformatted(args);
+    char *a = pgd_json_print_exact(args); /* (NULL: a number past the range of doubles) */
+    if (!a) {
+        cJSON_Delete(j);
+        return NULL;
+    }
     char cid[96];
     snprintf(cid, sizeof cid, "call_%s_%d", id, index);
     cJSON *c = cJSON_CreateObject(), *f = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "id", cid);
     cJSON_AddStringToObject(c, "type", "function");
     cJSON_AddStringToObject(f, "name", name->valuestring);
-    cJSON_AddStringToObject(f, "arguments", a ? a : "{}");
+    cJSON_AddStringToObject(f, "arguments", a);
     cJSON_AddItemToObject(c, "function", f);
     free(a);
     cJSON_Delete(j);
@@ -114,8 +120,8 @@ char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **wh
     cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
     cJSON_AddItemToObject(s, "required", req);
     cJSON_AddFalseToObject(s, "additionalProperties");
-    char *text = cJSON_PrintUnformatted(s);
+    char *text = pgd_json_print_exact(s);
     cJSON_Delete(s);
-    if (!text) *why = "out of memory";
+    if (!text) *why = "the function's parameters hold a number that is not finite";
     return text;
 }

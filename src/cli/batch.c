@@ -10,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "pagoda/pagoda.h"
+#include "sample/json_grammar.h"
 #include "util/clock.h"
 #include "util/mapfile.h"
 #include "util/parse.h"
@@ -216,8 +217,8 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
         }
         pd->p.json_object = strcmp(ty->valuestring, "text") != 0;
         if (!strcmp(ty->valuestring, "json_schema") && sch) { /* the engine compiles it */
-            if (!(pd->json_schema = cJSON_PrintUnformatted(sch))) {
-                snprintf(msg, ml, "out of memory");
+            if (!(pd->json_schema = pgd_json_print_exact(sch))) {
+                snprintf(msg, ml, "the schema holds a number that is not finite");
                 return -1;
             }
             pd->p.json_schema = pd->json_schema;

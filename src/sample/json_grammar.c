@@ -110,6 +110,7 @@ static void string_start(pgd_json_state *st, bool key) {
     st->phase = 0; /* 1: after a backslash */
     st->need = 0;
     st->hex = 0;
+    st->surr = 0;
     st->kmatch = 0;
     st->cand = 0;
     st->pos = 0;
@@ -214,12 +215,11 @@ static bool value_start(pgd_json_state *st, unsigned char c) {
     }
 }
 
-/* A byte of a key's text (not its closing quote) against the object's properties. */
+/* A byte of a key's text (not its closing quote) against the object's properties. No escape in
+ * a key of an object a schema holds: "\u0061" is the key "a", which would need decoding to match
+ * (and to catch as a duplicate). */
 static bool key_byte(pgd_json_state *st, unsigned char c) {
-    if (c == '\\') { /* an escape: no property is written with one */
-        st->cand = 0;
-        return !st->kmatch;
-    }
+    if (c == '\\') return false;
     if (!st->cand) return !st->kmatch;
     const pgd_json_node *nd = node_at(st, container_node(st));
     uint64_t next = 0;
@@ -257,14 +257,42 @@ static bool key_end(pgd_json_state *st) {
     return true;
 }
 
+static bool is_hex(unsigned char c) {
+    return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+static unsigned hex_val(unsigned char c) {
+    return is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
+}
+
+/* The last digit of a \uXXXX escape: a high surrogate must be followed by a low one's escape,
+ * and a low one must follow a high one (UTF-8 has no lone surrogates; strict parsers refuse
+ * them). */
+static bool escape_end(pgd_json_state *st) {
+    unsigned v = st->hexval;
+    bool high = v >= 0xD800 && v <= 0xDBFF, low = v >= 0xDC00 && v <= 0xDFFF;
+    if (st->surr) {
+        st->surr = 0;
+        return low;
+    }
+    if (low) return false;
+    st->surr = high;
+    return true;
+}
+
 static bool string_byte(pgd_json_state *st, unsigned char c) {
     bool between = !st->need && !st->hex && st->phase == 0; /* not inside a character/escape */
+    if (st->surr && between) { /* a low surrogate's "\u" must come */
+        if (c != '\\') return false;
+        st->phase = 1;
+        return true;
+    }
     if (between && c == '"') {
         if (st->key) return key_end(st);
         value_end(st);
         return true;
     }
-    if (st->key && st->sc && !st->hex && st->phase == 0 && !key_byte(st, c)) return false;
+    if (st->key && st->sc && container_node(st) >= 0 && !key_byte(st, c)) return false;
     if (st->need) { /* a continuation byte of a multi-byte character */
         if (c < st->lo || c > st->hi) return false;
         st->need--;
@@ -273,17 +301,18 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
         return true;
     }
     if (st->hex) {
-        if (!(is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return false;
-        st->hex--;
-        return true;
+        if (!is_hex(c)) return false;
+        st->hexval = (uint16_t)(st->hexval << 4 | hex_val(c));
+        return --st->hex ? true : escape_end(st);
     }
     if (st->phase == 1) { /* after a backslash */
         st->phase = 0;
         if (c == 'u') {
             st->hex = 4;
+            st->hexval = 0;
             return true;
         }
-        return c && strchr("\"\\/bfnrt", c) != NULL;
+        return !st->surr && c && strchr("\"\\/bfnrt", c) != NULL;
     }
     if (c == '\\') {
         st->phase = 1;
@@ -591,7 +620,8 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
         for (int32_t id = 0; id < v->n; id++) n_ok += allow[id] = v->eog[id];
         return n_ok;
     }
-    if (st->mode == J_STRING && !st->need && !st->hex && !st->phase && !st->kmatch) {
+    if (st->mode == J_STRING && !st->need && !st->hex && !st->phase && !st->surr &&
+        !(st->key && st->sc)) {
         /* inside a string, between characters: the tokens without a quote as precomputed, those
          * with one tried */
         memcpy(allow, v->plain, (size_t)v->n);

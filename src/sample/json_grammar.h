@@ -6,14 +6,16 @@
  * The recognizer is a pushdown automaton small enough to copy per candidate token
  * (pgd_json_state, a few hundred bytes): the mask runs the vocabulary's decoded bytes through
  * copies of the sequence's state and keeps the tokens that are accepted. Strings must be
- * well-formed UTF-8 (as the rest of Pagoda's text), so a constrained answer is always valid JSON
- * for strict parsers once complete.
+ * well-formed UTF-8 (as the rest of Pagoda's text) and \u escapes of surrogates come in pairs,
+ * so a constrained answer is valid JSON for strict parsers once complete (a number's range is
+ * not checked: 1e400 is JSON, if not a double).
  *
  * With a schema, the recognizer refuses every byte that no valid completion could follow (a key
  * that is no property, a ',' with no property left, a '}' before the required ones, a value of
  * the wrong type, an enum value no candidate starts with), so a masked generation never reaches
- * a dead end. It produces one form of each value: keys as written in the schema (no escapes),
- * enum and const values as compact JSON.
+ * a dead end. It produces one form of each value: keys of a schema's objects without escapes
+ * (as the schema writes its properties), enum and const values as compact JSON whose numbers
+ * read back exactly (pgd_json_print_exact), integers without fraction or exponent.
  *
  * Bounds that real JSON never meets but a weak model in a loop would (each makes the mask refuse
  * more, never accept more): nesting depth PGD_JSON_MAX_DEPTH, PGD_JSON_MAX_WS whitespace bytes
@@ -74,6 +76,8 @@ typedef struct pgd_json_state {
     uint8_t key;          /* the string being read is an object key */
     uint8_t need, lo, hi; /* UTF-8: continuation bytes left, range of the next one */
     uint8_t hex;          /* \uXXXX: hex digits left */
+    uint8_t surr;         /* a high surrogate's escape was read: a low one's must follow */
+    uint16_t hexval;      /* the escape's value so far */
     uint8_t lit, lit_pos; /* literal (true/false/null) and the bytes of it read */
     uint8_t ws, num_len;  /* whitespace run, number length */
     uint8_t object_only;  /* the top-level value must be an object */
@@ -104,15 +108,26 @@ void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc);
 /* Compiles a JSON Schema (the text of the "schema" object of OpenAI's json_schema
  * response_format). Supported: type (one or several), properties, required,
  * additionalProperties (boolean or schema), items, minItems, maxItems, enum, const, anyOf and
- * oneOf whose branches take disjoint types, $ref into #/$defs or #/definitions (not recursive);
- * annotations (title, description, default, examples, format, $schema, ...) are ignored. Any
+ * oneOf whose branches take disjoint types, $ref into #/$defs or #/definitions (not recursive,
+ * no escaped paths; $id only at the root); enum/const beside type keep the values of that type.
+ * Annotations (title, description, default, examples, format, $schema, ...) are ignored. Any
  * other keyword is refused, as are a root that is not an object, nesting deeper than
- * PGD_JSON_SCHEMA_DEPTH, more than PGD_JSON_SCHEMA_MAX properties or enum values, and a required
- * property that is not in properties. On failure returns PGD_EINVAL (or PGD_ENOMEM) with the
- * reason in msg. */
+ * PGD_JSON_SCHEMA_DEPTH, more than PGD_JSON_SCHEMA_MAX properties or enum values in one place, a
+ * required property that is not in properties, a keyword twice, text that is not UTF-8 or holds
+ * \u0000, enum numbers that are not finite or are integers past 2^53, and a schema that expands
+ * ($refs are compiled where used) past a budget of nodes, properties and enum bytes. On failure
+ * returns PGD_EINVAL (or PGD_ENOMEM) with the reason in msg. */
 int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, char *msg,
                             size_t msg_len);
 void pgd_json_schema_free(pgd_json_schema *sc);
+
+struct cJSON;
+/* v as compact JSON whose numbers read back exactly (the shortest such text; cJSON's own
+ * printing rounds to 15 digits), malloc'd; NULL for a number that is not finite, or out of
+ * memory. Enum values are matched in this form, and the server hands schemas on in it. */
+char *pgd_json_print_exact(const struct cJSON *v);
+/* Is there a \u0000 escape in the JSON text b[0..n)? (cJSON's strings end at a NUL.) */
+bool pgd_json_has_nul_escape(const char *b, size_t n);
 /* Feeds s[0..n); false when some byte cannot continue a JSON document (st is then undefined:
  * feed a copy). */
 bool pgd_json_feed(pgd_json_state *st, const char *s, size_t n);

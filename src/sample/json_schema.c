@@ -2,15 +2,120 @@
  * keyword is either enforced, an annotation, or refused with its name: a schema is never half
  * applied. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sample/json_grammar.h"
+#include "tokenizer/unicode.h"
 #include "util/status.h"
 
 #define MAX_REF_DEPTH 32
+/* a budget on what a schema expands to ($refs are compiled where they are used), checked as it
+ * grows: a 15 KB schema of nested $refs must not take seconds and gigabytes */
+#define MAX_NODES 4096
+#define MAX_PROPS 16384
+#define MAX_ENUM_BYTES (1 << 20)
+#define MAX_TEXT 65535 /* bytes of one property name or enum value (the recognizer's pos) */
+
+/* ---- exact printing ---- */
+
+typedef struct buf {
+    char *p;
+    size_t n, cap;
+    bool bad;
+} buf;
+
+static void put(buf *b, const char *s, size_t n) {
+    if (b->bad) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->bad = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+/* The shortest text that reads back as d exactly (cJSON's own printing is lossy: it takes 15
+ * digits when they compare equal within an epsilon); integers below 2^53 without exponent. */
+static bool put_number(buf *b, double d) {
+    char t[40];
+    if (!isfinite(d)) return false;
+    if (d == floor(d) && fabs(d) < 9007199254740992.0) {
+        snprintf(t, sizeof t, "%.0f", d);
+    } else {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(t, sizeof t, "%.*g", prec, d);
+            if (strtod(t, NULL) == d) break;
+        }
+    }
+    put(b, t, strlen(t));
+    return true;
+}
+
+static void put_string(buf *b, const char *s) {
+    put(b, "\"", 1);
+    for (const unsigned char *u = (const unsigned char *)s; *u; u++) {
+        char e[8];
+        const char *r = *u == '"' ? "\\\"" : *u == '\\' ? "\\\\" : *u == '\n' ? "\\n"
+                      : *u == '\r' ? "\\r" : *u == '\t' ? "\\t" : *u == '\b' ? "\\b"
+                      : *u == '\f' ? "\\f" : NULL;
+        if (!r && *u < 0x20) {
+            snprintf(e, sizeof e, "\\u%04x", *u);
+            r = e;
+        }
+        if (r) put(b, r, strlen(r));
+        else put(b, (const char *)u, 1);
+    }
+    put(b, "\"", 1);
+}
+
+static bool put_value(buf *b, const cJSON *j) {
+    if (cJSON_IsNumber(j)) return put_number(b, j->valuedouble);
+    if (cJSON_IsString(j)) put_string(b, j->valuestring);
+    else if (cJSON_IsTrue(j)) put(b, "true", 4);
+    else if (cJSON_IsFalse(j)) put(b, "false", 5);
+    else if (cJSON_IsNull(j)) put(b, "null", 4);
+    else if (cJSON_IsArray(j) || cJSON_IsObject(j)) {
+        bool obj = cJSON_IsObject(j);
+        put(b, obj ? "{" : "[", 1);
+        const cJSON *c;
+        bool first = true;
+        cJSON_ArrayForEach(c, j) {
+            if (!first) put(b, ",", 1);
+            first = false;
+            if (obj) {
+                put_string(b, c->string);
+                put(b, ":", 1);
+            }
+            if (!put_value(b, c)) return false;
+        }
+        put(b, obj ? "}" : "]", 1);
+    } else {
+        return false;
+    }
+    return true;
+}
+
+char *pgd_json_print_exact(const cJSON *j) {
+    buf b = {0};
+    if (!put_value(&b, j) || b.bad) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* ---- compiling ---- */
 
 typedef struct ctx {
     pgd_json_schema *sc;
@@ -19,6 +124,7 @@ typedef struct ctx {
     size_t msg_len;
     const cJSON *refs[MAX_REF_DEPTH]; /* the $ref targets being compiled (recursion check) */
     int n_refs;
+    size_t enum_bytes;
 } ctx;
 
 static int fail(ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -36,7 +142,7 @@ static const char *const VALIDATION[] = {"type", "properties", "required", "addi
 /* annotations: they describe, they do not constrain (format is an annotation by default in
  * JSON Schema 2020-12, as in Python's jsonschema) */
 static const char *const ANNOTATIONS[] = {"title", "description", "default", "examples", "format",
-                                          "$schema", "$id", "$comment", "$defs", "definitions",
+                                          "$schema", "$comment", "$defs", "definitions",
                                           "deprecated", "readOnly", "writeOnly", NULL};
 
 static bool in_list(const char *const *l, const char *s) {
@@ -54,7 +160,9 @@ static int new_node(ctx *x, int32_t *out) {
         sc->nodes = n;
         sc->cap_nodes = cap;
     }
-    if (sc->n_nodes >= INT16_MAX) return fail(x, "the schema has too many parts");
+    if (sc->n_nodes >= MAX_NODES)
+        return fail(x, "the schema expands to more than %d parts ($refs count where they are "
+                       "used)", MAX_NODES);
     int32_t i = sc->n_nodes++;
     pgd_json_node *nd = &sc->nodes[i];
     memset(nd, 0, sizeof *nd);
@@ -68,8 +176,21 @@ static int new_node(ctx *x, int32_t *out) {
 
 static int add_enum(ctx *x, int32_t node, const cJSON *v) {
     pgd_json_schema *sc = x->sc;
-    char *t = cJSON_PrintUnformatted(v);
-    if (!t) return PGD_ENOMEM;
+    if (cJSON_IsNumber(v) && !isfinite(v->valuedouble))
+        return fail(x, "enum and const numbers must be finite");
+    if (cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
+        fabs(v->valuedouble) >= 9007199254740992.0)
+        return fail(x, "enum and const numbers must be below 2^53 in magnitude or have a "
+                       "fraction (larger integers are not read exactly)");
+    char *t = pgd_json_print_exact(v);
+    if (!t) return fail(x, "enum and const values must hold finite numbers only");
+    size_t tl = strlen(t);
+    if (tl > MAX_TEXT || x->enum_bytes + tl > MAX_ENUM_BYTES) {
+        free(t);
+        return fail(x, "enum and const values are limited to %d bytes each and %d in all",
+                    MAX_TEXT, MAX_ENUM_BYTES);
+    }
+    x->enum_bytes += tl;
     pgd_json_node *nd = &sc->nodes[node];
     for (int i = 0; i < nd->n_enum; i++)
         if (!strcmp(sc->enum_text[nd->enum0 + i], t)) { /* a repeated value */
@@ -95,7 +216,7 @@ static int add_enum(ctx *x, int32_t node, const cJSON *v) {
         sc->cap_enum = cap;
     }
     sc->enum_text[sc->n_enum] = t;
-    sc->enum_len[sc->n_enum] = (uint32_t)strlen(t);
+    sc->enum_len[sc->n_enum] = (uint32_t)tl;
     sc->enum_num[sc->n_enum] = cJSON_IsNumber(v);
     sc->n_enum++;
     nd->n_enum++;
@@ -119,6 +240,17 @@ static unsigned first_byte_types(unsigned m) {
 }
 
 static int compile(ctx *x, const cJSON *j, int depth, int32_t *out);
+
+/* Whether JSON value v has one of types (PGD_JT_* bits; NUM admits every number, INT the
+ * integral ones). */
+static bool value_has_type(const cJSON *v, unsigned types) {
+    int t = cJSON_IsObject(v) ? PGD_JT_OBJ : cJSON_IsArray(v) ? PGD_JT_ARR
+          : cJSON_IsString(v) ? PGD_JT_STR : cJSON_IsBool(v) ? PGD_JT_BOOL
+          : cJSON_IsNull(v) ? PGD_JT_NULL : PGD_JT_NUM;
+    if (types & (1u << t)) return true;
+    return t == PGD_JT_NUM && (types & (1u << PGD_JT_INT)) &&
+           v->valuedouble == floor(v->valuedouble);
+}
 
 static int parse_types(ctx *x, const cJSON *ty, unsigned *types) {
     static const char *const names[PGD_JT_N] = {"object", "array", "string", "number",
@@ -158,6 +290,8 @@ static int compile_object(ctx *x, const cJSON *j, int depth, int32_t node) {
     int n = props ? cJSON_GetArraySize(props) : 0;
     if (n > PGD_JSON_SCHEMA_MAX)
         return fail(x, "at most %d properties in one object", PGD_JSON_SCHEMA_MAX);
+    if (sc->n_props + n > MAX_PROPS)
+        return fail(x, "the schema expands to more than %d properties", MAX_PROPS);
     /* this object's properties are contiguous: reserved before its children add theirs */
     if (sc->n_props + n > sc->cap_props) {
         int32_t cap = (sc->n_props + n) * 2 + 16;
@@ -179,6 +313,8 @@ static int compile_object(ctx *x, const cJSON *j, int depth, int32_t node) {
             if (*u < 0x20 || *u == '"' || *u == '\\')
                 return fail(x, "property names with quotes, backslashes or control characters "
                                "are not supported");
+        if (strlen(name) > MAX_TEXT)
+            return fail(x, "property names are limited to %d bytes", MAX_TEXT);
         for (int k = 0; k < i; k++)
             if (!strcmp(sc->props[p0 + k].name, name))
                 return fail(x, "property '%s' appears twice", name);
@@ -269,10 +405,14 @@ static int compile_ref(ctx *x, const cJSON *ref, int depth, int32_t *out) {
     else if (!strncmp(r, "#/definitions/", 14)) sect = "definitions", name = r + 14;
     else if (!strcmp(r, "#")) return fail(x, "a recursive '$ref' (\"#\") is not supported");
     else return fail(x, "'$ref' must point into #/$defs or #/definitions, got '%s'", r);
-    if (strchr(name, '/') || strchr(name, '~'))
+    if (strchr(name, '/') || strchr(name, '~') || strchr(name, '%'))
         return fail(x, "'$ref' '%s': nested or escaped paths are not supported", r);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetObjectItemCaseSensitive(x->root, sect), name);
+    const cJSON *defs = cJSON_GetObjectItemCaseSensitive(x->root, sect), *t = NULL, *d;
+    cJSON_ArrayForEach(d, defs) {
+        if (strcmp(d->string, name)) continue;
+        if (t) return fail(x, "'%s' has '%s' twice", sect, name);
+        t = d;
+    }
     if (!t) return fail(x, "'$ref' '%s' points at nothing", r);
     for (int i = 0; i < x->n_refs; i++)
         if (x->refs[i] == t) return fail(x, "a recursive '$ref' ('%s') is not supported", r);
@@ -293,7 +433,13 @@ static int compile(ctx *x, const cJSON *j, int depth, int32_t *out) {
     const cJSON *k;
     int n_valid = 0;
     cJSON_ArrayForEach(k, j) {
+        for (const cJSON *e = j->child; e != k; e = e->next)
+            if (!strcmp(e->string, k->string))
+                return fail(x, "the schema has the keyword '%s' twice", k->string);
         if (in_list(VALIDATION, k->string)) n_valid++;
+        else if (!strcmp(k->string, "$id") && j != x->root)
+            return fail(x, "'$id' below the root (it changes how $refs resolve) is not "
+                           "supported");
         else if (!in_list(ANNOTATIONS, k->string))
             return fail(x, "the JSON Schema keyword '%s' is not supported", k->string);
     }
@@ -315,21 +461,30 @@ static int compile(ctx *x, const cJSON *j, int depth, int32_t *out) {
     int32_t node;
     int rc = new_node(x, &node);
     if (rc) return rc;
-    if (en || cn) { /* the values themselves; the other keywords add nothing to a list */
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
+    unsigned types = (1u << PGD_JT_N) - 1 - (1u << PGD_JT_INT); /* no type: any */
+    if (ty && (rc = parse_types(x, ty, &types))) return rc;
+    if (en || cn) { /* the values themselves, those of the type when one is given */
         if (en && cn) return fail(x, "'enum' and 'const' together are not supported");
+        if (n_valid > 1 + (ty != NULL))
+            return fail(x, "'%s' beside keywords other than 'type' is not supported",
+                        en ? "enum" : "const");
         if (en && (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0))
             return fail(x, "'enum' must be a non-empty array");
         x->sc->nodes[node].enum0 = x->sc->n_enum;
         const cJSON *v;
-        if (cn) rc = add_enum(x, node, cn);
-        else cJSON_ArrayForEach(v, en) if ((rc = add_enum(x, node, v))) break;
+        if (cn) {
+            if (value_has_type(cn, types)) rc = add_enum(x, node, cn);
+        } else {
+            cJSON_ArrayForEach(v, en) if (value_has_type(v, types) && (rc = add_enum(x, node, v)))
+                break;
+        }
         if (rc) return rc;
+        if (x->sc->nodes[node].n_enum == 0)
+            return fail(x, "no '%s' value has the schema's type", en ? "enum" : "const");
         *out = node;
         return PGD_OK;
     }
-    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
-    unsigned types = (1u << PGD_JT_N) - 1 - (1u << PGD_JT_INT); /* no type: any */
-    if (ty && (rc = parse_types(x, ty, &types))) return rc;
     x->sc->nodes[node].types = (uint8_t)types;
     if ((types & ((1u << PGD_JT_OBJ) | (1u << PGD_JT_ARR))) && depth >= PGD_JSON_SCHEMA_DEPTH)
         return fail(x, "the schema nests objects and arrays deeper than %d",
@@ -340,12 +495,33 @@ static int compile(ctx *x, const cJSON *j, int depth, int32_t *out) {
     return PGD_OK;
 }
 
+bool pgd_json_has_nul_escape(const char *b, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (b[i] != '\\') continue;
+        if (b[i + 1] == 'u' && i + 5 < n && !memcmp(b + i + 2, "0000", 4)) return true;
+        i++; /* the escaped character */
+    }
+    return false;
+}
+
 int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, char *msg,
                             size_t msg_len) {
     memset(out, 0, sizeof *out);
-    cJSON *j = cJSON_ParseWithLength(text, len);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    while (j && end && end < text + len && (*end == ' ' || *end == '\n' || *end == '\t' ||
+                                            *end == '\r'))
+        end++;
+    if (j && end != text + len) { /* more than one value */
+        cJSON_Delete(j);
+        j = NULL;
+    }
     ctx x = {.sc = out, .root = j, .msg = msg, .msg_len = msg_len};
-    int rc = !j ? fail(&x, "the schema is not valid JSON") : compile(&x, j, 0, &out->root);
+    int rc = !j                           ? fail(&x, "the schema is not valid JSON")
+             : !pgd__utf8_valid(text, len) ? fail(&x, "the schema is not valid UTF-8")
+             : pgd_json_has_nul_escape(text, len)
+                 ? fail(&x, "the schema holds a NUL character (\\u0000)")
+                 : compile(&x, j, 0, &out->root);
     if (!rc) {
         const pgd_json_node *r = out->root >= 0 ? &out->nodes[out->root] : NULL;
         if (!r || r->n_enum || r->types != (1u << PGD_JT_OBJ))

@@ -28,9 +28,12 @@ def _raise(c):
 
 
 def py_complete(b: bytes, object_only: bool) -> bool:
+    """A whole JSON document for strict parsers: Python's json, less NaN/Infinity and lone
+    surrogate escapes (which UTF-8 cannot hold and serde_json, for one, refuses)."""
     try:
         v = json.loads(b.decode("utf-8"), parse_constant=_raise)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        json.dumps(v, ensure_ascii=False).encode("utf-8")
+    except (ValueError, UnicodeError, RecursionError):
         return False
     return isinstance(v, dict) or not object_only
 
@@ -104,7 +107,8 @@ def documents(seed, n):
     # the corner cases by hand: numbers' forms, escapes, literals, empty containers
     docs += [b'{"a":-0}', b'{"a":0.5e+10}', b'{"a":-1E-2}', b'{"a":[true,false,null]}',
              b'{"\\u00e9\\n\\"\\\\\\/\\b\\f\\r\\t":""}', b"[]", b"{}", b"0", b"-0.0e0", b'""',
-             b'{"a":{"b":{"c":[[[]]]}}}', b'"\\ud83d\\ude00"']
+             b'{"a":{"b":{"c":[[[]]]}}}', b'"\\ud83d\\ude00"', b'"\\ud83d"', b'"\\ude00"',
+             b'"\\ud83d\\n"', b'"\\ud83d\\ud83d"', b'"\\uDBFF\\uDFFF"']
     return docs
 
 
@@ -358,7 +362,8 @@ def gen_instance(rng, s, root, depth=0):
         addl = s.get("additionalProperties", True)
         if addl is not False and rng.random() < 0.5:
             for _ in range(rng.randint(1, 2)):
-                k = rand_str(rng) + "_x"
+                # keys of a schema's objects are written without escapes (one form)
+                k = "".join(ch for ch in rand_str(rng) if ch >= " " and ch not in '"\\') + "_x"
                 out[k] = gen_instance(rng, addl, root, depth + 1)
         items = list(out.items())
         rng.shuffle(items)
@@ -714,3 +719,80 @@ def test_required_call_needs_a_format(qwen_rnd):
         assert r.status_code == 200 and "tool_calls" not in r.json()["choices"][0]["message"]
     finally:
         s.stop()
+
+
+# ---- 5. what an audit found (each case failed before its fix) ----
+
+def obj(props, **kw):
+    return dict({"type": "object", "properties": props, "required": list(props)}, **kw)
+
+
+@pytest.mark.parametrize("schema,doc,complete", [
+    # enum values are filtered by the type beside them
+    (obj({"x": {"type": "string", "enum": ["a", 1]}}), b'{"x":1}', False),
+    (obj({"x": {"type": "string", "enum": ["a", 1]}}), b'{"x":"a"}', True),
+    (obj({"x": {"type": "integer", "enum": [1.5, 2]}}), b'{"x":2}', True),
+    # an escaped key is not matched against the properties: refused, not taken as additional
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, b'{"\\u0061":"s"}', False),
+    # enum and const numbers in the exact form that reads back as the schema's number
+    (obj({"x": {"const": 1.0000000000000002}}), b'{"x":1}', False),
+    (obj({"x": {"const": 1.0000000000000002}}), b'{"x":1.0000000000000002}', True),
+    (obj({"x": {"const": 0.30000000000000004}}), b'{"x":0.30000000000000004}', True),
+    (obj({"x": {"enum": [1e-7, 2.5]}}), b'{"x":1e-07}', True),
+])
+def test_audit_verdicts(schema, doc, complete, tmp_path):
+    assert schema_valid(schema, doc) == complete
+    assert tool_schema(schema, [doc], tmp_path) == ["complete" if complete else "reject"]
+
+
+EXPO = {"$defs": {"l0": {"enum": ["v%d" % i for i in range(64)]}}}
+for _i in range(1, 5):
+    EXPO["$defs"][f"l{_i}"] = {"type": "object", "properties": {
+        f"p{k}": {"$ref": f"#/$defs/l{_i - 1}"} for k in range(64)}}
+EXPO.update({"type": "object", "properties": {"a": {"$ref": "#/$defs/l4"}}})
+
+
+@pytest.mark.parametrize("text,needle", [
+    (json.dumps(obj({"x": {"type": "array", "minItems": 3, "const": [1]}})), "beside"),
+    (json.dumps(obj({"x": {"type": "string", "enum": [1, 2]}})), "no 'enum' value"),
+    ('{"type":"object","properties":{"x":{"const":9007199254740993}}}', "2^53"),
+    ('{"type":"object","properties":{"x":{"enum":[1e400]}}}', "finite"),
+    (json.dumps(obj({"p": {"$id": "http://e.com/s", "$defs": {"x": {"type": "string"}},
+                           "$ref": "#/$defs/x"}}, **{"$defs": {"x": {"type": "integer"}}})),
+     "$id"),
+    (json.dumps(obj({"p": {"$ref": "#/$defs/a%20b"}}, **{"$defs": {"a b": {}}})), "paths"),
+    (json.dumps(EXPO), "expands|in all"),  # a budget on nodes and on enum bytes
+    ('{"type":"object","properties":{"a\\u0000b":{"type":"integer"}}}', "NUL"),
+    (json.dumps(obj({"x" * 70000: {"type": "integer"}})), "limited"),
+    ('{"type":"object","type":"object"}', "twice"),
+    ('{"type":"object"} {}', "not valid JSON"),
+])
+def test_audit_refusals(text, needle, tmp_path):
+    import time
+    path = tmp_path / "schema.json"
+    path.write_text(text)
+    t0 = time.time()
+    p = subprocess.run([str(TOOL), "schema", str(path)], input="", capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 3 and any(n in p.stdout for n in needle.split("|")), \
+        (p.returncode, p.stdout, p.stderr)
+    assert time.time() - t0 < 5  # the 15 KB exponential schema took 13-24 s and 800 MB
+
+
+def test_audit_invalid_utf8_schema(tmp_path):
+    path = tmp_path / "schema.json"
+    path.write_bytes(b'{"type":"object","properties":{"a\xff":{"type":"integer"}}}')
+    p = subprocess.run([str(TOOL), "schema", str(path)], input="", capture_output=True,
+                       text=True, errors="replace", timeout=60)
+    assert p.returncode == 3 and "UTF-8" in p.stdout, p.stdout
+
+
+def test_audit_tool_call_arguments_keep_their_numbers(qwen_rnd):
+    """A call's arguments are re-printed exactly (cJSON's printing would turn 0.30000000000000004
+    into 0.3): a required call whose only argument is that const gives it back as written."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": obj(
+        {"x": {"const": 0.30000000000000004}}, additionalProperties=False)}}
+    r = chat_tools(qwen_rnd, [tool], "required")
+    assert r.status_code == 200, r.text
+    args = r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(args) == {"x": 0.30000000000000004}, args
