@@ -167,6 +167,21 @@ static int add_prompt(pgd_api_request *r, const cJSON *x, const pgd_api_limits *
     return -1;
 }
 
+/* An assistant message's tool calls carry their arguments as a JSON string (OpenAI); the chat
+ * templates write them with tojson, so they get the object the string holds (as vLLM does),
+ * not the string encoded a second time. A string that holds no object stays as it is. */
+static void arguments_as_objects(cJSON *msg) {
+    cJSON *tc, *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    cJSON_ArrayForEach(tc, (cJSON_IsArray(calls) ? calls : NULL)) {
+        cJSON *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        cJSON *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (!cJSON_IsString(a)) continue;
+        cJSON *obj = cJSON_Parse(a->valuestring);
+        if (cJSON_IsObject(obj)) cJSON_ReplaceItemInObject(f, "arguments", obj);
+        else cJSON_Delete(obj);
+    }
+}
+
 static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err) {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
     if (!m) {
@@ -203,6 +218,7 @@ static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err
         }
         cJSON *nm = cJSON_Duplicate(msg, true);
         if (!strcmp(rs, "developer")) cJSON_ReplaceItemInObject(nm, "role", cJSON_CreateString("system"));
+        arguments_as_objects(nm);
         if (cJSON_IsArray(content)) {
             size_t cap = 256, len = 0;
             char *buf = malloc(cap);
@@ -246,12 +262,28 @@ static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err
     }
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
     if (tools && !cJSON_IsNull(tools)) {
-        if (!cJSON_IsArray(tools)) {
+        const cJSON *t;
+        bool ok = cJSON_IsArray(tools);
+        cJSON_ArrayForEach(t, (ok ? tools : NULL)) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+            ok = ok && cJSON_IsString(ty) && !strcmp(ty->valuestring, "function") &&
+                 cJSON_IsString(cJSON_GetObjectItemCaseSensitive(fn, "name"));
+        }
+        if (!ok) {
             pgd_api_error_set(err, 400, "invalid_request_error", "tools", NULL,
-                              "'tools' must be an array");
+                              "'tools' must be an array of {\"type\": \"function\", "
+                              "\"function\": {\"name\": ..., \"parameters\": ...}}");
             return -1;
         }
         r->tools = cJSON_Duplicate(tools, true);
+    }
+    if (cJSON_GetObjectItemCaseSensitive(o, "functions") ||
+        cJSON_GetObjectItemCaseSensitive(o, "function_call")) {
+        pgd_api_error_set(err, 400, "invalid_request_error", "functions", NULL,
+                          "'functions' and 'function_call' (deprecated by OpenAI) are not "
+                          "supported: use 'tools' and 'tool_choice'");
+        return -1;
     }
     return 0;
 }
@@ -272,8 +304,12 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
                     "a 'schema'");
             const cJSON *sch = cJSON_GetObjectItemCaseSensitive(js, "schema");
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(js, "name");
+            const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
             if (nm && !cJSON_IsString(nm))
                 BAD("response_format", "'response_format.json_schema.name' must be a string");
+            if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+                BAD("response_format", "'response_format.json_schema.strict' must be a boolean "
+                    "(the answer always follows the schema)");
             r->json_object = true; /* without a schema: any JSON object */
             if (sch && !cJSON_IsNull(sch)) {
                 if (!(r->json_schema = pgd_json_print_exact(sch)))
@@ -311,7 +347,10 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
             r->tools = NULL;
         } else if (cJSON_IsString(x) && !strcmp(x->valuestring, "required")) {
             r->tool_required = true;
-        } else if (cJSON_IsObject(x) && cJSON_IsString(fn)) {
+        } else if (cJSON_IsObject(x) && cJSON_IsString(fn) &&
+                   cJSON_IsString(cJSON_GetObjectItemCaseSensitive(x, "type")) &&
+                   !strcmp(cJSON_GetObjectItemCaseSensitive(x, "type")->valuestring,
+                           "function")) {
             if (!(r->tool_name = strdup(fn->valuestring))) goto oom;
             r->tool_required = true;
         } else if (!cJSON_IsString(x) || strcmp(x->valuestring, "auto")) {
@@ -322,7 +361,12 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
             BAD("tool_choice", "'tool_choice' asks for a tool call, but there are no 'tools'");
         if (r->tool_required && r->json_object)
             BAD("tool_choice", "a required tool call cannot be combined with 'response_format'");
+        if (r->tool_required && r->n_stop)
+            BAD("stop", "'stop' cannot be combined with a required tool call (a stop string "
+                "could cut the call)");
     }
+    r->parallel_tool_calls = true;
+    if (r->chat && get_bool(o, "parallel_tool_calls", &r->parallel_tool_calls, err)) return -1;
     return 0;
 oom:
     pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
@@ -554,9 +598,11 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
                 snprintf(cid, sizeof cid, "%s_%d", id, i);
                 calls = pgd_tool_calls_parse(c->text ? c->text : "", c->text_len, cid,
                                              &content_len);
+                pgd_api_tool_calls_limit(r, calls);
             }
             if (calls && content_len == 0) cJSON_AddNullToObject(m, "content");
-            else cJSON_AddItemToObject(m, "content", string_n(c->text ? c->text : "", content_len));
+            else cJSON_AddItemToObject(m, "content",
+                                       string_n(c->text ? c->text : "", content_len));
             cJSON_AddNullToObject(m, "refusal");
             if (calls) {
                 cJSON_AddItemToObject(m, "tool_calls", calls);
@@ -626,6 +672,11 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
      * chunk's schema (CreateCompletionResponse) has a non-nullable usage, so it is left out */
     if (r->include_usage && r->chat) cJSON_AddNullToObject(o, "usage");
     return sse(o);
+}
+
+void pgd_api_tool_calls_limit(const pgd_api_request *r, cJSON *calls) {
+    while (!r->parallel_tool_calls && cJSON_GetArraySize(calls) > 1)
+        cJSON_DeleteItemFromArray(calls, cJSON_GetArraySize(calls) - 1);
 }
 
 char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,

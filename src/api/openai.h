@@ -48,6 +48,7 @@ typedef struct pgd_api_request {
     char *json_schema;             /* json_schema's schema as compact JSON (owned), or NULL */
     bool tool_required;            /* tool_choice "required" or a named function (tool_name) */
     bool parse_tools;              /* set by the server: answers' tool calls are parsed out */
+    bool parallel_tool_calls;      /* false: an answer returns its first call only */
     char *tool_name;               /* owned, or NULL */
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
     int32_t top_k, min_tokens;
@@ -105,6 +106,8 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
 char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
                         const char *model, int index, const char *text, size_t text_len,
                         bool role_first, const char *finish, cJSON *logprobs);
+/* parallel_tool_calls false: calls keeps its first call only. */
+void pgd_api_tool_calls_limit(const pgd_api_request *r, cJSON *calls);
 /* The frame of a streamed choice's tool calls (calls: pgd_tool_calls_parse's array, consumed;
  * each gets its "index"). */
 char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,

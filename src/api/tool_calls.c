@@ -16,17 +16,53 @@ static const char *find(const char *h, size_t n, const char *needle) {
 
 static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
-/* One call's JSON -> an OpenAI tool call, or NULL. */
-static cJSON *one_call(const char *s, size_t n, const char *id, int index) {
-    cJSON *j = cJSON_ParseWithLength(s, n);
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
-    if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !args) {
+/* n less the whitespace text[0..n) ends with */
+static size_t trim_end(const char *text, size_t n) {
+    while (n > 0 && is_space(text[n - 1])) n--;
+    return n;
+}
+
+static const char *skip_space(const char *p, const char *end) {
+    while (p < end && is_space(*p)) p++;
+    return p;
+}
+
+/* One call's JSON at body -> an OpenAI tool call, or NULL; *next: just past the call's closer,
+ * or NULL when the text ends with the call (unclosed) or holds nothing but the call after it.
+ * The JSON value is read first, so a closer inside one of its strings does not cut it. */
+static cJSON *one_call(const char *body, const char *end, const char *id, int index,
+                       const char **next) {
+    const char *stop = NULL;
+    body = skip_space(body, end);
+    if (pgd_json_has_nul_escape(body, (size_t)(end - body))) return NULL; /* cJSON cuts at NUL */
+    cJSON *j = cJSON_ParseWithLengthOpts(body, (size_t)(end - body), &stop, false);
+    if (!j || !stop) {
         cJSON_Delete(j);
         return NULL;
     }
-    char *a = pgd_json_print_exact(args); /* (NULL: a number past the range of doubles) */
-    if (!a) {
+    const char *after = skip_space(stop, end);
+    size_t lc = strlen(PGD_TOOL_CALL_CLOSE);
+    if (after == end) {
+        *next = NULL;
+    } else if ((size_t)(end - after) >= lc && !memcmp(after, PGD_TOOL_CALL_CLOSE, lc)) {
+        *next = after + lc;
+    } else { /* text after the JSON that is not the closer */
+        cJSON_Delete(j);
+        return NULL;
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
+    /* arguments: an object, or a string that holds one (some models write them so) */
+    char *a = NULL;
+    if (cJSON_IsObject(args)) {
+        a = pgd_json_print_exact(args); /* (NULL: a number past the range of doubles) */
+    } else if (cJSON_IsString(args)) {
+        cJSON *inner = cJSON_Parse(args->valuestring);
+        if (cJSON_IsObject(inner)) a = strdup(args->valuestring);
+        cJSON_Delete(inner);
+    }
+    if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !a) {
+        free(a);
         cJSON_Delete(j);
         return NULL;
     }
@@ -50,33 +86,32 @@ cJSON *pgd_tool_calls_parse(const char *text, size_t len, const char *id, size_t
     cJSON *calls = cJSON_CreateArray();
     int n = 0;
     for (const char *p = first; p;) {
-        const char *body = p + strlen(PGD_TOOL_CALL_OPEN);
-        const char *close = find(body, (size_t)(end - body), PGD_TOOL_CALL_CLOSE);
-        const char *stop = close ? close : end; /* an unclosed last call runs to the end */
-        cJSON *c = one_call(body, (size_t)(stop - body), id, n++);
+        const char *next = NULL;
+        cJSON *c = one_call(p + strlen(PGD_TOOL_CALL_OPEN), end, id, n++, &next);
         if (!c) {
             cJSON_Delete(calls);
             return NULL;
         }
         cJSON_AddItemToArray(calls, c);
-        if (!close) break;
-        const char *after = close + strlen(PGD_TOOL_CALL_CLOSE);
-        p = find(after, (size_t)(end - after), PGD_TOOL_CALL_OPEN);
+        if (!next) break;
+        p = find(next, (size_t)(end - next), PGD_TOOL_CALL_OPEN);
     }
-    size_t k = (size_t)(first - text);
-    while (k > 0 && is_space(text[k - 1])) k--;
-    *content_len = k;
+    *content_len = trim_end(text, (size_t)(first - text));
     return calls;
 }
 
 size_t pgd_tool_calls_stream_safe(const char *text, size_t len, bool *opened) {
     const char *o = find(text, len, PGD_TOOL_CALL_OPEN);
     *opened = o != NULL;
-    if (o) return (size_t)(o - text);
-    size_t k = strlen(PGD_TOOL_CALL_OPEN);
+    if (o) return trim_end(text, (size_t)(o - text));
+    size_t k = strlen(PGD_TOOL_CALL_OPEN), safe = len;
     for (size_t h = k - 1; h > 0; h--) /* the longest ending that starts the opener */
-        if (h <= len && !memcmp(text + len - h, PGD_TOOL_CALL_OPEN, h)) return len - h;
-    return len;
+        if (h <= len && !memcmp(text + len - h, PGD_TOOL_CALL_OPEN, h)) {
+            safe = len - h;
+            break;
+        }
+    /* and the whitespace before it: the content ends short of it when a call follows */
+    return trim_end(text, safe);
 }
 
 char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **why) {
@@ -88,6 +123,12 @@ char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **wh
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(f, "name");
         if (!cJSON_IsString(fn)) continue;
         if (name && strcmp(fn->valuestring, name)) continue;
+        const cJSON *seen;
+        cJSON_ArrayForEach(seen, names) if (!strcmp(seen->valuestring, fn->valuestring)) {
+            *why = "two tools have the same name";
+            cJSON_Delete(names);
+            return NULL;
+        }
         cJSON_AddItemToArray(names, cJSON_CreateString(fn->valuestring));
         params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         n++;
@@ -98,12 +139,27 @@ char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **wh
         cJSON_Delete(names);
         return NULL;
     }
+    if (n > PGD_JSON_SCHEMA_MAX) {
+        *why = "'tool_choice' \"required\" takes at most 64 tools";
+        cJSON_Delete(names);
+        return NULL;
+    }
+    const cJSON *pty = cJSON_GetObjectItemCaseSensitive(params, "type");
+    if (n == 1 && params && !cJSON_IsTrue(params) &&
+        (!cJSON_IsObject(params) || (pty && !(cJSON_IsString(pty) &&
+                                              !strcmp(pty->valuestring, "object"))))) {
+        *why = "a function's 'parameters' must be an object schema (arguments are an object)";
+        cJSON_Delete(names);
+        return NULL;
+    }
     cJSON *s = cJSON_CreateObject(), *props = cJSON_CreateObject(), *nm = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "type", "object");
     cJSON_AddItemToObject(nm, "enum", names);
     cJSON_AddItemToObject(props, "name", nm);
-    if (n == 1 && params) {
-        cJSON_AddItemToObject(props, "arguments", cJSON_Duplicate(params, true));
+    if (n == 1 && cJSON_IsObject(params)) {
+        cJSON *p = cJSON_Duplicate(params, true);
+        if (!pty) cJSON_AddStringToObject(p, "type", "object"); /* {} or properties alone */
+        cJSON_AddItemToObject(props, "arguments", p);
         static const char *const defs[] = {"$defs", "definitions"}; /* where its $refs point */
         for (int i = 0; i < 2; i++) {
             const cJSON *d = cJSON_GetObjectItemCaseSensitive(params, defs[i]);

@@ -362,7 +362,10 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
         }
         break;
     case N_DOT: if (!digit) return false; next = N_FRAC; break;
-    case N_E: if (c == '+' || c == '-') next = N_ESIGN; else if (digit) next = N_EXP; else return false;
+    case N_E:
+        if (c == '+' || c == '-') next = N_ESIGN;
+        else if (digit) next = N_EXP;
+        else return false;
         break;
     case N_ESIGN: if (!digit) return false; next = N_EXP; break;
     default: /* N_EXP */
@@ -374,7 +377,8 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
         break;
     }
     if (number_can_end(st->phase)) {
-        if (st->num_len >= PGD_JSON_MAX_NUM) return false;
+        /* an integer a schema asks for stays below 2^53, where it reads back exactly */
+        if (st->num_len >= (st->int_only ? 15 : PGD_JSON_MAX_NUM)) return false;
         if (!number_can_end(next) && st->num_len >= PGD_JSON_MAX_NUM - 2) return false;
     }
     st->num_len++;

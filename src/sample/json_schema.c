@@ -440,6 +440,7 @@ static int compile(ctx *x, const cJSON *j, int depth, int32_t *out) {
         else if (!strcmp(k->string, "$id") && j != x->root)
             return fail(x, "'$id' below the root (it changes how $refs resolve) is not "
                            "supported");
+        else if (!strcmp(k->string, "$id")) continue; /* the root's: it names the document */
         else if (!in_list(ANNOTATIONS, k->string))
             return fail(x, "the JSON Schema keyword '%s' is not supported", k->string);
     }

@@ -272,6 +272,7 @@ static void stream_tool_text(req_ctx *c, int i, const pgd_event *ev, const char 
         char cid[96];
         snprintf(cid, sizeof cid, "%s_%d", c->id, i);
         *calls = opened ? pgd_tool_calls_parse(ch->text, ch->text_len, cid, &content_len) : NULL;
+        pgd_api_tool_calls_limit(&c->api, *calls);
         safe = *calls ? content_len : ch->text_len;
         if (*calls && !strcmp(*fin, "stop")) *fin = "tool_calls";
     }
@@ -307,7 +308,7 @@ static void handle_event(server *s, const pgd_event *ev) {
         size_t text_len = (size_t)ev->text_len;
         cJSON *calls = NULL;
         if (c->api.parse_tools) stream_tool_text(c, i, ev, &text, &text_len, &fin, &calls);
-        if (text_len || lp || fin || !c->role_sent[i]) {
+        if (text_len || lp || (fin && !calls) || !c->role_sent[i]) {
             char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, text,
                                         text_len, c->api.chat && !c->role_sent[i],
                                         calls ? NULL : fin, lp);

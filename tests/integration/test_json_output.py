@@ -796,3 +796,68 @@ def test_audit_tool_call_arguments_keep_their_numbers(qwen_rnd):
     assert r.status_code == 200, r.text
     args = r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
     assert json.loads(args) == {"x": 0.30000000000000004}, args
+
+
+def test_audit_tool_history_arguments_are_objects_to_the_template(qwen_rnd):
+    """A past call's arguments come as a JSON string (OpenAI); the template gets the object, so
+    the prompt is the same as with the object itself (before: the string, encoded again)."""
+    def prompt_tokens(args):
+        msgs = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": args}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+        r = requests.post(qwen_rnd.url("/v1/chat/completions"), timeout=60, json={
+            "messages": msgs, "tools": [TOOL_W], "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+    assert prompt_tokens('{"city": "Paris"}') == prompt_tokens({"city": "Paris"})
+
+
+def test_audit_forced_call_arguments_are_objects(qwen_rnd):
+    """parameters {} (or absent) means any object; a non-object schema is refused; a closer
+    inside an argument's string does not cut the call."""
+    for params in [{}, None]:
+        f = {"name": "f"} if params is None else {"name": "f", "parameters": params}
+        r = chat_tools(qwen_rnd, [{"type": "function", "function": f}], "required",
+                       logit_bias={"376": 6, "29913": 6, "6525": 6})
+        assert r.status_code == 200, r.text
+        calls = r.json()["choices"][0]["message"].get("tool_calls")
+        assert calls and isinstance(json.loads(calls[0]["function"]["arguments"]), dict), r.json()
+    r = chat_tools(qwen_rnd, [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "integer"}}}], "required")
+    assert r.status_code == 400 and "object schema" in r.json()["error"]["message"], r.text
+    tool = {"type": "function", "function": {"name": "f", "parameters": obj(
+        {"s": {"const": "a</tool_call>b"}}, additionalProperties=False)}}
+    r = chat_tools(qwen_rnd, [tool], "required")
+    call = r.json()["choices"][0]["message"]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {"s": "a</tool_call>b"}
+
+
+@pytest.mark.parametrize("extra,param,needle", [
+    ({"tool_choice": "required", "stop": ["\n"]}, "stop", "required tool call"),
+    ({"tools": [TOOL_W] * 2, "tool_choice": "required"}, "tool_choice", "same name"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(65)],
+      "tool_choice": "required"}, "tool_choice", "64 tools"),
+    ({"tools": [{"type": "function"}]}, "tools", "array of"),
+    ({"tools": ["x", 1]}, "tools", "array of"),
+    ({"tool_choice": {"type": "custom", "function": {"name": "weather"}}}, "tool_choice", "must"),
+    ({"functions": [{"name": "f"}]}, "functions", "deprecated"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "t", "strict": "yes", "schema": {"type": "object"}}}}, "response_format",
+     "strict"),
+])
+def test_audit_tool_refusals(qwen_rnd, extra, param, needle):
+    body = dict({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                 "tools": [TOOL_W]}, **extra)
+    r = requests.post(qwen_rnd.url("/v1/chat/completions"), json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    validate(r.json(), "ErrorResponse")
+    assert r.json()["error"]["param"] == param and needle in r.json()["error"]["message"], r.text
+
+
+def test_audit_root_id_is_an_annotation(rnd):
+    r = post(rnd, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "response_format":
+                                      schema_fmt({"$id": "http://e.com/s", "type": "object"})})
+    assert r.status_code == 200, r.text

@@ -32,11 +32,29 @@ static void test_parse(void) {
     c = parse("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1]}}", &cl); /* unclosed */
     CHECK(c && cJSON_GetArraySize(c) == 1 && cl == 0);
     cJSON_Delete(c);
+    /* the closer inside a string of the call does not cut it */
+    c = parse("<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"</tool_call>\"}}</tool_call>",
+              &cl);
+    CHECK(c && !strcmp(fn(c, 0, "arguments"), "{\"s\":\"</tool_call>\"}"));
+    cJSON_Delete(c);
+    /* arguments as a string that holds an object: kept as that string */
+    c = parse("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>", &cl);
+    CHECK(c && !strcmp(fn(c, 0, "arguments"), "{\"a\": 1}"));
+    cJSON_Delete(c);
+    /* numbers come back as written where a double holds them */
+    c = parse("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 0.30000000000000004}}"
+              "</tool_call>", &cl);
+    CHECK(c && !strcmp(fn(c, 0, "arguments"), "{\"x\":0.30000000000000004}"));
+    cJSON_Delete(c);
     static const char *const none[] = {"plain text", "<tool_call>{\"name\": \"f\"}</tool_call>",
                                        "<tool_call>{\"arguments\": {}}</tool_call>",
                                        "<tool_call>{\"name\": \"f\", \"arguments\": {</tool_call>",
                                        "<tool_call>{\"name\": 3, \"arguments\": {}}</tool_call>",
-                                       "<tool_call>[1]</tool_call>", ""};
+                                       "<tool_call>[1]</tool_call>", "",
+                                       "<tool_call>{\"name\": \"f\", \"arguments\": {}} x",
+                                       "<tool_call>{\"name\": \"f\", \"arguments\": 5}",
+                                       "<tool_call>{\"name\": \"f\", \"arguments\": \"[1]\"}",
+                                       "<tool_call>{\"name\": \"f\\u0000\", \"arguments\": {}}"};
     for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
         c = parse(none[i], &cl);
         CHECK(c == NULL);
@@ -48,10 +66,13 @@ static void test_stream_safe(void) {
     bool opened;
     CHECK_EQ_INT(pgd_tool_calls_stream_safe("Hello", 5, &opened), 5);
     CHECK(!opened);
-    CHECK_EQ_INT(pgd_tool_calls_stream_safe("Hello <tool_c", 13, &opened), 6);
+    /* held: an ending that may start the opener, and the whitespace before it (which the
+     * content drops when a call follows) */
+    CHECK_EQ_INT(pgd_tool_calls_stream_safe("Hello <tool_c", 13, &opened), 5);
     CHECK(!opened);
     CHECK_EQ_INT(pgd_tool_calls_stream_safe("a <b", 4, &opened), 4); /* not the opener's start */
-    CHECK_EQ_INT(pgd_tool_calls_stream_safe("a <", 3, &opened), 2);
+    CHECK_EQ_INT(pgd_tool_calls_stream_safe("a <", 3, &opened), 1);
+    CHECK_EQ_INT(pgd_tool_calls_stream_safe("Ok.\n", 4, &opened), 3);
     CHECK_EQ_INT(pgd_tool_calls_stream_safe("ab<tool_call>{", 14, &opened), 2);
     CHECK(opened);
 }
