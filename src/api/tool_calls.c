@@ -114,70 +114,99 @@ size_t pgd_tool_calls_stream_safe(const char *text, size_t len, bool *opened) {
     return trim_end(text, safe);
 }
 
+/* The schema of a call of function f: {"name": f's name, "arguments": its parameters}. The
+ * parameters' $defs are moved to root (where their $refs point), which must not have them
+ * yet. NULL with *why on a parameters schema that is not an object's. */
+static cJSON *call_variant(const cJSON *f, cJSON *root, const char **why) {
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(f, "name");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+    const cJSON *pty = cJSON_GetObjectItemCaseSensitive(params, "type");
+    if (params && !cJSON_IsTrue(params) &&
+        (!cJSON_IsObject(params) ||
+         (pty && !(cJSON_IsString(pty) && !strcmp(pty->valuestring, "object"))))) {
+        *why = "a function's 'parameters' must be an object schema (arguments are an object)";
+        return NULL;
+    }
+    cJSON *args = cJSON_IsObject(params) ? cJSON_Duplicate(params, true) : cJSON_CreateObject();
+    if (!pty) cJSON_AddStringToObject(args, "type", "object"); /* {}, true, properties alone */
+    static const char *const defs[] = {"$defs", "definitions"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *d = cJSON_DetachItemFromObjectCaseSensitive(args, defs[i]), *e;
+        cJSON *to = cJSON_GetObjectItemCaseSensitive(root, defs[i]);
+        if (d && !to) to = cJSON_AddObjectToObject(root, defs[i]);
+        while (d && (e = d->child)) {
+            cJSON_DetachItemViaPointer(d, e);
+            if (cJSON_GetObjectItemCaseSensitive(to, e->string)) {
+                cJSON_Delete(e);
+                cJSON_Delete(d);
+                cJSON_Delete(args);
+                *why = "two tools' parameters define the same name in $defs";
+                return NULL;
+            }
+            cJSON_AddItemToObject(to, e->string, e);
+        }
+        cJSON_Delete(d);
+    }
+    cJSON *v = cJSON_CreateObject(), *props = cJSON_CreateObject(), *nm = cJSON_CreateObject();
+    cJSON_AddStringToObject(v, "type", "object");
+    cJSON_AddStringToObject(nm, "const", fn->valuestring);
+    cJSON_AddItemToObject(props, "name", nm);
+    cJSON_AddItemToObject(props, "arguments", args);
+    cJSON_AddItemToObject(v, "properties", props);
+    cJSON *req = cJSON_CreateArray();
+    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+    cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
+    cJSON_AddItemToObject(v, "required", req);
+    cJSON_AddFalseToObject(v, "additionalProperties");
+    return v;
+}
+
 char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **why) {
-    cJSON *names = cJSON_CreateArray();
-    const cJSON *params = NULL, *t;
+    *why = NULL;
+    cJSON *root = cJSON_CreateObject(), *alts = cJSON_CreateArray();
+    const cJSON *t;
     int n = 0;
     cJSON_ArrayForEach(t, tools) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(f, "name");
-        if (!cJSON_IsString(fn)) continue;
-        if (name && strcmp(fn->valuestring, name)) continue;
-        const cJSON *seen;
-        cJSON_ArrayForEach(seen, names) if (!strcmp(seen->valuestring, fn->valuestring)) {
-            *why = "two tools have the same name";
-            cJSON_Delete(names);
-            return NULL;
+        if (!cJSON_IsString(fn) || (name && strcmp(fn->valuestring, name))) continue;
+        const cJSON *u;
+        cJSON_ArrayForEach(u, tools) {
+            if (u == t) break;
+            const cJSON *un = cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(u, "function"), "name");
+            if (cJSON_IsString(un) && !strcmp(un->valuestring, fn->valuestring))
+                *why = "two tools have the same name";
         }
-        cJSON_AddItemToArray(names, cJSON_CreateString(fn->valuestring));
-        params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        cJSON *v = *why ? NULL : call_variant(f, root, why);
+        if (!v) break;
+        cJSON_AddItemToArray(alts, v);
         n++;
     }
-    if (n == 0) {
+    if (!*why && n == 0)
         *why = name ? "'tool_choice' names a function that is not in 'tools'"
                     : "'tools' has no function with a name";
-        cJSON_Delete(names);
-        return NULL;
-    }
-    if (n > PGD_JSON_SCHEMA_MAX) {
+    if (!*why && n > PGD_JSON_SCHEMA_MAX)
         *why = "'tool_choice' \"required\" takes at most 64 tools";
-        cJSON_Delete(names);
-        return NULL;
-    }
-    const cJSON *pty = cJSON_GetObjectItemCaseSensitive(params, "type");
-    if (n == 1 && params && !cJSON_IsTrue(params) &&
-        (!cJSON_IsObject(params) || (pty && !(cJSON_IsString(pty) &&
-                                              !strcmp(pty->valuestring, "object"))))) {
-        *why = "a function's 'parameters' must be an object schema (arguments are an object)";
-        cJSON_Delete(names);
-        return NULL;
-    }
-    cJSON *s = cJSON_CreateObject(), *props = cJSON_CreateObject(), *nm = cJSON_CreateObject();
-    cJSON_AddStringToObject(s, "type", "object");
-    cJSON_AddItemToObject(nm, "enum", names);
-    cJSON_AddItemToObject(props, "name", nm);
-    if (n == 1 && cJSON_IsObject(params)) {
-        cJSON *p = cJSON_Duplicate(params, true);
-        if (!pty) cJSON_AddStringToObject(p, "type", "object"); /* {} or properties alone */
-        cJSON_AddItemToObject(props, "arguments", p);
-        static const char *const defs[] = {"$defs", "definitions"}; /* where its $refs point */
-        for (int i = 0; i < 2; i++) {
-            const cJSON *d = cJSON_GetObjectItemCaseSensitive(params, defs[i]);
-            if (d) cJSON_AddItemToObject(s, defs[i], cJSON_Duplicate(d, true));
+    char *text = NULL;
+    if (!*why) {
+        /* one function: its call's schema is the root; several: one of them, told apart by
+         * the name, written first */
+        if (n == 1) {
+            cJSON *v = cJSON_DetachItemFromArray(alts, 0), *e;
+            while ((e = v->child)) {
+                cJSON_DetachItemViaPointer(v, e);
+                cJSON_AddItemToObject(root, e->string, e);
+            }
+            cJSON_Delete(v);
+        } else {
+            cJSON_AddItemToObject(root, "oneOf", alts);
+            alts = NULL;
         }
-    } else {
-        cJSON *any = cJSON_CreateObject();
-        cJSON_AddStringToObject(any, "type", "object");
-        cJSON_AddItemToObject(props, "arguments", any);
+        text = pgd_json_print_exact(root);
+        if (!text) *why = "the function's parameters hold a number that is not finite";
     }
-    cJSON_AddItemToObject(s, "properties", props);
-    cJSON *req = cJSON_CreateArray();
-    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
-    cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
-    cJSON_AddItemToObject(s, "required", req);
-    cJSON_AddFalseToObject(s, "additionalProperties");
-    char *text = pgd_json_print_exact(s);
-    cJSON_Delete(s);
-    if (!text) *why = "the function's parameters hold a number that is not finite";
+    cJSON_Delete(alts);
+    cJSON_Delete(root);
     return text;
 }

@@ -30,8 +30,9 @@ cJSON *pgd_tool_calls_parse(const char *text, size_t len, const char *id, size_t
 size_t pgd_tool_calls_stream_safe(const char *text, size_t len, bool *opened);
 
 /* The JSON Schema (compact JSON, malloc'd) of {"name": ..., "arguments": ...} for the function
- * named name, or for any of tools when name is NULL (its arguments then any object: one schema
- * cannot tie them to the name). NULL with *why set when tools has no such function. */
+ * named name, or for any of tools when name is NULL: then one of the calls, told apart by the
+ * name (written first), each with its own parameters. NULL with *why set when tools has no such
+ * function, two of the same name, or parameters that are not an object's schema. */
 char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **why);
 
 #endif

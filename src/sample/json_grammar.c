@@ -121,13 +121,26 @@ static void string_start(pgd_json_state *st, bool key) {
     }
 }
 
+/* A tagged union's tag (value k of its enum) was read: the object goes on as variant k, the
+ * tag's property seen. */
+static void tag_read(pgd_json_state *st, int k) {
+    int d = st->depth - 1;
+    const pgd_json_schema *sc = st->sc;
+    int u = d >= 0 && d < PGD_JSON_SCHEMA_DEPTH ? st->frame[d].node : -1;
+    if (u < 0 || !sc->nodes[u].n_var || sc->props[sc->nodes[u].prop0].node != st->enode) return;
+    int v = sc->nodes[u].var0 + k;
+    st->frame[d].node = (int16_t)sc->var_node[v];
+    st->frame[d].seen = 1ull << sc->var_prop[v];
+}
+
 /* Enum candidates: a value complete at pos that nothing else can follow ends the value. */
 static void enum_check_end(pgd_json_state *st) {
     const pgd_json_schema *sc = st->sc;
     const pgd_json_node *nd = &sc->nodes[st->enode];
     for (uint64_t m = st->cand; m; m &= m - 1) {
-        int i = nd->enum0 + __builtin_ctzll(m);
+        int b = __builtin_ctzll(m), i = nd->enum0 + b;
         if (sc->enum_len[i] == st->pos && !sc->enum_num[i]) {
+            tag_read(st, b);
             value_end(st);
             return;
         }

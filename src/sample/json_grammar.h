@@ -54,6 +54,10 @@ typedef struct pgd_json_node {
     int32_t items;          /* array: schema of the items (-1: any) */
     int32_t min_items, max_items;
     int32_t enum0, n_enum;  /* enum / const: enum_text[enum0 .. + n_enum) */
+    /* a union of objects told apart by a tag (a required property of one string value, the
+       same name in each, written first): the node has that one property, whose enum holds the
+       tags; once a tag is read, the object goes on as variant k's node (var_node[var0 + k]) */
+    int32_t var0, n_var;
 } pgd_json_node;
 
 typedef struct pgd_json_schema {
@@ -65,6 +69,9 @@ typedef struct pgd_json_schema {
     uint32_t *enum_len;
     uint8_t *enum_num;      /* the value is a number (ends only at the byte after it) */
     int32_t n_enum, cap_enum;
+    int32_t *var_node;      /* tagged unions' variants (their object nodes) */
+    uint8_t *var_prop;      /* the tag's property index in each variant */
+    int32_t n_var, cap_var;
     int32_t root;
     /* owned text the document must come right after and right before (tool calls), or NULL;
        set by the caller after compiling */

@@ -174,8 +174,9 @@ static int new_node(ctx *x, int32_t *out) {
     return PGD_OK;
 }
 
+static int add_enum_text(ctx *x, int32_t node, char *t, bool number);
+
 static int add_enum(ctx *x, int32_t node, const cJSON *v) {
-    pgd_json_schema *sc = x->sc;
     if (cJSON_IsNumber(v) && !isfinite(v->valuedouble))
         return fail(x, "enum and const numbers must be finite");
     if (cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
@@ -184,6 +185,12 @@ static int add_enum(ctx *x, int32_t node, const cJSON *v) {
                        "fraction (larger integers are not read exactly)");
     char *t = pgd_json_print_exact(v);
     if (!t) return fail(x, "enum and const values must hold finite numbers only");
+    return add_enum_text(x, node, t, cJSON_IsNumber(v));
+}
+
+/* Adds the enum value whose compact text is t (owned from here on) to node. */
+static int add_enum_text(ctx *x, int32_t node, char *t, bool number) {
+    pgd_json_schema *sc = x->sc;
     size_t tl = strlen(t);
     if (tl > MAX_TEXT || x->enum_bytes + tl > MAX_ENUM_BYTES) {
         free(t);
@@ -217,7 +224,7 @@ static int add_enum(ctx *x, int32_t node, const cJSON *v) {
     }
     sc->enum_text[sc->n_enum] = t;
     sc->enum_len[sc->n_enum] = (uint32_t)tl;
-    sc->enum_num[sc->n_enum] = cJSON_IsNumber(v);
+    sc->enum_num[sc->n_enum] = number;
     sc->n_enum++;
     nd->n_enum++;
     return PGD_OK;
@@ -369,25 +376,119 @@ static int compile_array(ctx *x, const cJSON *j, int depth, int32_t node) {
     return PGD_OK;
 }
 
+/* The index of the property of object node b named name, or -1. */
+static int prop_index(const pgd_json_schema *sc, int32_t b, const char *name) {
+    const pgd_json_node *n = &sc->nodes[b];
+    for (int i = 0; i < n->n_props; i++)
+        if (!strcmp(sc->props[n->prop0 + i].name, name)) return i;
+    return -1;
+}
+
+/* Is property i of object node b required, with one string value? (Its text, or NULL.) */
+static const char *tag_of(const pgd_json_schema *sc, int32_t b, int i) {
+    const pgd_json_node *n = &sc->nodes[b];
+    if (i < 0 || !(n->required & (1ull << i))) return NULL;
+    int32_t v = sc->props[n->prop0 + i].node;
+    if (v < 0 || sc->nodes[v].n_enum != 1) return NULL;
+    const char *t = sc->enum_text[sc->nodes[v].enum0];
+    return t[0] == '"' ? t : NULL;
+}
+
+/* A tagged union of the object branches obj[0..n): the first property of obj[0] that every
+ * branch requires with one string value, distinct across them (Pydantic's discriminated unions,
+ * a tool call's name). */
+static int tagged_union(ctx *x, const int32_t *obj, int n, const char *kw, int32_t *out) {
+    pgd_json_schema *sc = x->sc;
+    const pgd_json_node *b0 = &sc->nodes[obj[0]];
+    int tag = -1;
+    for (int p = 0; p < b0->n_props && tag < 0; p++) {
+        const char *name = sc->props[b0->prop0 + p].name;
+        bool ok = true;
+        for (int k = 0; k < n && ok; k++) {
+            const char *t = tag_of(sc, obj[k], prop_index(sc, obj[k], name));
+            ok = t != NULL;
+            for (int m = 0; m < k && ok; m++)
+                ok = strcmp(t, tag_of(sc, obj[m], prop_index(sc, obj[m], name))) != 0;
+        }
+        if (ok) tag = p;
+    }
+    if (tag < 0)
+        return fail(x, "'%s' object branches must be told apart by a property each requires "
+                       "with one string value (a const), of the same name in all", kw);
+    const char *name = sc->props[b0->prop0 + tag].name;
+    int32_t u, e;
+    int rc = new_node(x, &u);
+    if (!rc) rc = new_node(x, &e);
+    if (rc) return rc;
+    sc->nodes[e].enum0 = sc->n_enum;
+    for (int k = 0; k < n && !rc; k++) {
+        char *t = strdup(tag_of(sc, obj[k], prop_index(sc, obj[k], name)));
+        rc = t ? add_enum_text(x, e, t, false) : PGD_ENOMEM;
+    }
+    if (rc) return rc;
+    if (sc->n_props + 1 > sc->cap_props || sc->n_var + n > sc->cap_var) {
+        int32_t cp = (sc->n_props + 1) * 2 + 16, cv = (sc->n_var + n) * 2 + 16;
+        pgd_json_prop *np = realloc(sc->props, (size_t)cp * sizeof *np);
+        if (np) sc->props = np, sc->cap_props = cp;
+        int32_t *vn = realloc(sc->var_node, (size_t)cv * sizeof *vn);
+        if (vn) sc->var_node = vn;
+        uint8_t *vp = realloc(sc->var_prop, (size_t)cv);
+        if (vp) sc->var_prop = vp;
+        if (!np || !vn || !vp) return PGD_ENOMEM;
+        sc->cap_var = cv;
+    }
+    pgd_json_prop *tp = &sc->props[sc->n_props];
+    if (!(tp->name = strdup(name))) return PGD_ENOMEM;
+    tp->len = (uint32_t)strlen(name);
+    tp->node = e;
+    pgd_json_node *un = &sc->nodes[u];
+    un->types = 1u << PGD_JT_OBJ;
+    un->prop0 = sc->n_props++;
+    un->n_props = 1;
+    un->required = 1;
+    un->additional = false;
+    un->var0 = sc->n_var;
+    un->n_var = n;
+    for (int k = 0; k < n; k++) {
+        sc->var_node[sc->n_var] = obj[k];
+        sc->var_prop[sc->n_var++] = (uint8_t)prop_index(sc, obj[k], name);
+    }
+    *out = u;
+    return PGD_OK;
+}
+
 /* anyOf / oneOf: branches whose values start differently (so the first byte picks one, and
- * oneOf's "exactly one" holds too). */
+ * oneOf's "exactly one" holds too), where objects may be several if a tag tells them apart. */
 static int compile_union(ctx *x, const cJSON *alts, const char *kw, int depth, int32_t *out) {
     if (!cJSON_IsArray(alts) || cJSON_GetArraySize(alts) == 0)
         return fail(x, "'%s' must be a non-empty array of schemas", kw);
-    int32_t node;
-    int rc = new_node(x, &node);
-    if (rc) return rc;
-    unsigned seen = 0;
+    if (cJSON_GetArraySize(alts) > PGD_JSON_SCHEMA_MAX)
+        return fail(x, "at most %d '%s' branches", PGD_JSON_SCHEMA_MAX, kw);
+    int32_t node, br[PGD_JSON_SCHEMA_MAX], obj[PGD_JSON_SCHEMA_MAX];
+    int nb = 0, no = 0, rc;
     const cJSON *a;
     cJSON_ArrayForEach(a, alts) {
-        int32_t b;
-        if ((rc = compile(x, a, depth, &b))) return rc;
-        if (b < 0) return fail(x, "a '%s' branch that takes any value is not supported", kw);
-        const pgd_json_node *bn = &x->sc->nodes[b];
+        if ((rc = compile(x, a, depth, &br[nb]))) return rc;
+        if (br[nb] < 0) return fail(x, "a '%s' branch that takes any value is not supported", kw);
+        const pgd_json_node *bn = &x->sc->nodes[br[nb]];
+        if (!bn->n_enum && bn->types == (1u << PGD_JT_OBJ) && !bn->n_var) obj[no++] = br[nb];
+        nb++;
+    }
+    int32_t tagged = -1;
+    if (no >= 2 && (rc = tagged_union(x, obj, no, kw, &tagged))) return rc;
+    if ((rc = new_node(x, &node))) return rc;
+    unsigned seen = 0;
+    for (int i = 0; i < nb; i++) {
+        const pgd_json_node *bn = &x->sc->nodes[br[i]];
+        bool in_tagged = tagged >= 0 && !bn->n_enum && bn->types == (1u << PGD_JT_OBJ) &&
+                         !bn->n_var;
+        if (in_tagged && (seen & (1u << PGD_JT_OBJ))) continue; /* the union stands for all */
+        int32_t b = in_tagged ? tagged : br[i];
+        bn = &x->sc->nodes[b];
         unsigned bt = bn->n_enum ? enum_types(x->sc, bn) : bn->types;
         if (first_byte_types(bt) & first_byte_types(seen))
             return fail(x, "'%s' branches must take different types (an object and null, a "
-                           "string and a number, ...)", kw);
+                           "string and a number, ...) or be objects with a tag", kw);
         seen |= bt;
         pgd_json_node *u = &x->sc->nodes[node];
         for (int t = 0; t < PGD_JT_N; t++)
@@ -543,6 +644,8 @@ void pgd_json_schema_free(pgd_json_schema *sc) {
     free(sc->enum_text);
     free(sc->enum_len);
     free(sc->enum_num);
+    free(sc->var_node);
+    free(sc->var_prop);
     free(sc->prefix);
     free(sc->suffix);
     memset(sc, 0, sizeof *sc);

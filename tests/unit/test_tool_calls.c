@@ -101,8 +101,13 @@ static void test_schema(void) {
     pgd_json_schema_free(&sc);
     CHECK(any && pgd_json_schema_compile(any, strlen(any), &sc, msg, sizeof msg) == 0);
     pgd_json_init_schema(&st, &sc);
-    const char *g = "{\"arguments\": {\"z\": [1]}, \"name\": \"g\"}";
+    const char *g = "{\"name\": \"g\", \"arguments\": {\"z\": [1]}}";
     CHECK(pgd_json_feed(&st, g, strlen(g)) && pgd_json_complete(&st));
+    pgd_json_init_schema(&st, &sc); /* each function's own parameters, once its name is read */
+    const char *f = "{\"name\": \"f\", \"arguments\": {\"p\": 1.5}}";
+    CHECK(!pgd_json_feed(&st, f, strlen(f)));
+    pgd_json_init_schema(&st, &sc); /* the name first */
+    CHECK(!pgd_json_feed(&st, "{\"arguments\"", 12));
     pgd_json_schema_free(&sc);
     free(one);
     free(any);
