@@ -1241,17 +1241,30 @@ static void signal_cb(uv_signal_t *sig, int signum) {
 }
 
 /* After the drain timed out: each non-streaming request still waiting for its answer gets a 503
- * error object (its connection is resumed to send it, for up to a second), not a bare close.
- * Streams already sent their 200 and are closed as they are. */
+ * error object, and each stream (whose 200 went out with its first event) ends with an error
+ * event and [DONE], as OpenAI ends a stream that fails; their connections are resumed to send
+ * them, for up to a second, not closed bare. */
 static void answer_unfinished(server *s) {
     int n = 0;
-    for (req_ctx *c = s->running; c; c = c->run_next) {
-        if (c->ph != PH_RUNNING || !c->suspended || c->conn_done) continue;
+    for (req_ctx *c = s->live; c; c = c->live_next) {
+        bool waiting = c->ph == PH_RUNNING && c->suspended;
+        bool streaming = c->ph == PH_STREAMING && !c->stream_done;
+        if (c->conn_done || (!waiting && !streaming)) continue;
         pgd_api_error_set(&c->err, 503, "server_error", NULL, "shutting_down",
                           "the server shut down before the answer was ready (the drain "
                           "timeout, %d s, passed)", s->cfg.drain_timeout);
         c->has_err = true;
-        c->ph = PH_RESPOND;
+        if (streaming) {
+            char *js = pgd_api_error_json(&c->err);
+            static const char pre[] = "data: ", post[] = "\n\ndata: [DONE]\n\n";
+            out_append(c, pre, sizeof pre - 1);
+            if (js) out_append(c, js, strlen(js));
+            out_append(c, post, sizeof post - 1);
+            free(js);
+            c->stream_done = true;
+        } else {
+            c->ph = PH_RESPOND;
+        }
         resume(c);
         n++;
     }

@@ -258,26 +258,40 @@ def test_sigterm_during_load_drains():
 
 def test_drain_timeout_answers_waiting_requests_with_503(default_model):
     """A non-streaming request still running when --drain-timeout passes gets a 503 error object
-    (code shutting_down, Retry-After), not a closed connection; the access log says 503 and the
-    server exits 0."""
+    (code shutting_down, Retry-After), not a closed connection; a stream ends with an error event
+    and [DONE]; the access log says 503 and the server exits 0."""
     s = Server(default_model, "--drain-timeout", "1")
     s.start()
     try:
         out = {}
+        body = {"prompt": "Once", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
 
         def client():
             try:
-                out["r"] = requests.post(s.url("/v1/completions"), timeout=60, json={
-                    "prompt": "Once", "max_tokens": 2000, "ignore_eos": True,
-                    "temperature": 0})
+                out["r"] = requests.post(s.url("/v1/completions"), timeout=60, json=body)
             except Exception as e:  # noqa: BLE001 - reported below
                 out["r"] = e
-        t = threading.Thread(target=client)
+
+        def streamer():
+            try:
+                with requests.post(s.url("/v1/completions"), json=dict(body, stream=True),
+                                   stream=True, timeout=60) as r:
+                    out["events"] = list(sse_events(r.iter_lines()))
+            except Exception as e:  # noqa: BLE001 - reported below
+                out["events"] = e
+        t, u = threading.Thread(target=client), threading.Thread(target=streamer)
         t.start()
-        s.wait_metrics(lambda m: m["pagoda:num_requests_running"] >= 1, timeout=30)
+        u.start()
+        s.wait_metrics(lambda m: m["pagoda:num_requests_running"] >= 2, timeout=30)
         t0 = time.time()
         s.proc.send_signal(15)
         t.join(timeout=60)
+        u.join(timeout=60)
+        ev = out["events"]
+        assert isinstance(ev, list) and ev[-1] == "[DONE]", ev
+        assert ev[-2]["error"]["code"] == "shutting_down", ev[-2]
+        validate(ev[-2], "ErrorResponse")
+        assert all("choices" in e for e in ev[:-2])
         r = out["r"]
         assert isinstance(r, requests.Response), r
         assert r.status_code == 503, r.text
