@@ -593,10 +593,11 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
             cJSON_AddStringToObject(m, "role", "assistant");
             size_t content_len = c->text_len;
             cJSON *calls = NULL;
-            if (r->parse_tools) {
+            if (r->tool_format) {
                 char cid[96];
                 snprintf(cid, sizeof cid, "%s_%d", id, i);
-                calls = pgd_tool_calls_parse(c->text ? c->text : "", c->text_len, cid,
+                calls = pgd_tool_calls_parse((pgd_tool_format)r->tool_format,
+                                             c->text ? c->text : "", c->text_len, cid,
                                              &content_len);
                 pgd_api_tool_calls_limit(r, calls);
             }

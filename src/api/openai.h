@@ -47,7 +47,8 @@ typedef struct pgd_api_request {
     bool json_object;              /* response_format json_object or json_schema */
     char *json_schema;             /* json_schema's schema as compact JSON (owned), or NULL */
     bool tool_required;            /* tool_choice "required" or a named function (tool_name) */
-    bool parse_tools;              /* set by the server: answers' tool calls are parsed out */
+    int tool_format;               /* set by the server: answers' tool calls are parsed out in
+                                      this pgd_tool_format (0: none) */
     bool parallel_tool_calls;      /* false: an answer returns its first call only */
     char *tool_name;               /* owned, or NULL */
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
@@ -87,7 +88,7 @@ typedef struct pgd_api_choice {
     const char *finish_reason;     /* "stop", "length" or NULL while running */
     cJSON *logprobs;               /* built incrementally when requested, or NULL */
     int32_t n_prompt, n_cached;
-    size_t emitted;                /* streaming with parse_tools: bytes of text sent as content */
+    size_t emitted;                /* streaming with tool_format: bytes of text sent as content */
 } pgd_api_choice;
 
 /* Appends one token's logprobs to *lp (created on first use) in the request's format:

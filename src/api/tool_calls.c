@@ -27,32 +27,23 @@ static const char *skip_space(const char *p, const char *end) {
     return p;
 }
 
-/* One call's JSON at body -> an OpenAI tool call, or NULL; *next: just past the call's closer,
- * or NULL when the text ends with the call (unclosed) or holds nothing but the call after it.
- * The JSON value is read first, so a closer inside one of its strings does not cut it. */
-static cJSON *one_call(const char *body, const char *end, const char *id, int index,
-                       const char **next) {
-    const char *stop = NULL;
-    body = skip_space(body, end);
-    if (pgd_json_has_nul_escape(body, (size_t)(end - body))) return NULL; /* cJSON cuts at NUL */
-    cJSON *j = cJSON_ParseWithLengthOpts(body, (size_t)(end - body), &stop, false);
-    if (!j || !stop) {
-        cJSON_Delete(j);
-        return NULL;
-    }
-    const char *after = skip_space(stop, end);
-    size_t lc = strlen(PGD_TOOL_CALL_CLOSE);
-    if (after == end) {
-        *next = NULL;
-    } else if ((size_t)(end - after) >= lc && !memcmp(after, PGD_TOOL_CALL_CLOSE, lc)) {
-        *next = after + lc;
-    } else { /* text after the JSON that is not the closer */
-        cJSON_Delete(j);
-        return NULL;
-    }
+/* The JSON value at p (after whitespace), read as far as it goes: *stop just past it. NULL when
+ * there is none (cJSON would cut a string at a \u0000 escape: none either). */
+static cJSON *read_value(const char *p, const char *end, const char **stop) {
+    p = skip_space(p, end);
+    if (pgd_json_has_nul_escape(p, (size_t)(end - p))) return NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), stop, false);
+    if (j && *stop) return j;
+    cJSON_Delete(j);
+    return NULL;
+}
+
+/* {"name": string, "arguments" (hermes) or "parameters" (llama3_json): an object, or a string
+ * holding one} -> an OpenAI tool call; NULL for any other shape. */
+static cJSON *make_call(const cJSON *j, pgd_tool_format f, const char *id, int index) {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
-    /* arguments: an object, or a string that holds one (some models write them so) */
+    if (f == PGD_TOOLS_LLAMA3 && !args) args = cJSON_GetObjectItemCaseSensitive(j, "parameters");
     char *a = NULL;
     if (cJSON_IsObject(args)) {
         a = pgd_json_print_exact(args); /* (NULL: a number past the range of doubles) */
@@ -63,44 +54,87 @@ static cJSON *one_call(const char *body, const char *end, const char *id, int in
     }
     if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !a) {
         free(a);
-        cJSON_Delete(j);
         return NULL;
     }
     char cid[96];
     snprintf(cid, sizeof cid, "call_%s_%d", id, index);
-    cJSON *c = cJSON_CreateObject(), *f = cJSON_CreateObject();
+    cJSON *c = cJSON_CreateObject(), *fn = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "id", cid);
     cJSON_AddStringToObject(c, "type", "function");
-    cJSON_AddStringToObject(f, "name", name->valuestring);
-    cJSON_AddStringToObject(f, "arguments", a);
-    cJSON_AddItemToObject(c, "function", f);
+    cJSON_AddStringToObject(fn, "name", name->valuestring);
+    cJSON_AddStringToObject(fn, "arguments", a);
+    cJSON_AddItemToObject(c, "function", fn);
     free(a);
-    cJSON_Delete(j);
     return c;
 }
 
-cJSON *pgd_tool_calls_parse(const char *text, size_t len, const char *id, size_t *content_len) {
-    const char *end = text + len, *first = find(text, len, PGD_TOOL_CALL_OPEN);
-    *content_len = len;
-    if (!first) return NULL;
+/* The calls of text[0..len) from p on, each a JSON value followed by sep (a closer and then
+ * anything up to the next opener, for hermes) or by the end; NULL when one is malformed. */
+static cJSON *read_calls(pgd_tool_format f, const char *p, const char *end, const char *id) {
     cJSON *calls = cJSON_CreateArray();
-    int n = 0;
-    for (const char *p = first; p;) {
-        const char *next = NULL;
-        cJSON *c = one_call(p + strlen(PGD_TOOL_CALL_OPEN), end, id, n++, &next);
+    for (int n = 0; p; n++) {
+        const char *stop = NULL;
+        cJSON *j = read_value(p, end, &stop);
+        cJSON *c = j ? make_call(j, f, id, n) : NULL;
+        cJSON_Delete(j);
         if (!c) {
             cJSON_Delete(calls);
             return NULL;
         }
         cJSON_AddItemToArray(calls, c);
-        if (!next) break;
-        p = find(next, (size_t)(end - next), PGD_TOOL_CALL_OPEN);
+        const char *after = skip_space(stop, end);
+        size_t lc = strlen(PGD_TOOL_CALL_CLOSE);
+        if (after == end) {
+            p = NULL; /* the last call (for hermes: unclosed) */
+        } else if (f == PGD_TOOLS_HERMES && (size_t)(end - after) >= lc &&
+                   !memcmp(after, PGD_TOOL_CALL_CLOSE, lc)) {
+            const char *o = find(after + lc, (size_t)(end - after - lc), PGD_TOOL_CALL_OPEN);
+            p = o ? o + strlen(PGD_TOOL_CALL_OPEN) : NULL;
+        } else if (f == PGD_TOOLS_LLAMA3 && *after == ';') {
+            p = after + 1;
+        } else { /* text after the JSON that is not the separator */
+            cJSON_Delete(calls);
+            return NULL;
+        }
     }
-    *content_len = trim_end(text, (size_t)(first - text));
     return calls;
 }
 
-size_t pgd_tool_calls_stream_safe(const char *text, size_t len, bool *opened) {
+/* llama3_json: where the calls start (past whitespace and a textual <|python_tag|>), or NULL
+ * when the answer does not start with one (its calls come first or not at all). */
+static const char *llama3_start(const char *text, const char *end) {
+    const char *p = skip_space(text, end);
+    size_t k = strlen(PGD_PYTHON_TAG);
+    if ((size_t)(end - p) >= k && !memcmp(p, PGD_PYTHON_TAG, k)) p = skip_space(p + k, end);
+    return p < end && *p == '{' ? p : NULL;
+}
+
+cJSON *pgd_tool_calls_parse(pgd_tool_format f, const char *text, size_t len, const char *id,
+                            size_t *content_len) {
+    const char *end = text + len;
+    *content_len = len;
+    const char *first = f == PGD_TOOLS_HERMES ? find(text, len, PGD_TOOL_CALL_OPEN)
+                      : f == PGD_TOOLS_LLAMA3 ? llama3_start(text, end)
+                                              : NULL;
+    if (!first) return NULL;
+    const char *body = f == PGD_TOOLS_HERMES ? first + strlen(PGD_TOOL_CALL_OPEN) : first;
+    cJSON *calls = read_calls(f, body, end, id);
+    if (calls) *content_len = f == PGD_TOOLS_HERMES ? trim_end(text, (size_t)(first - text)) : 0;
+    return calls;
+}
+
+size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t len,
+                                  bool *opened) {
+    *opened = false;
+    if (f == PGD_TOOLS_LLAMA3) { /* calls come first: hold the start until it tells */
+        const char *end = text + len, *p = skip_space(text, end);
+        size_t rest = (size_t)(end - p), k = strlen(PGD_PYTHON_TAG);
+        if (rest == 0 || (rest < k && !memcmp(p, PGD_PYTHON_TAG, rest))) return 0;
+        *opened = llama3_start(text, end) != NULL ||
+                  (rest >= k && !memcmp(p, PGD_PYTHON_TAG, k));
+        return *opened ? 0 : len;
+    }
+    if (f != PGD_TOOLS_HERMES) return len;
     const char *o = find(text, len, PGD_TOOL_CALL_OPEN);
     *opened = o != NULL;
     if (o) return trim_end(text, (size_t)(o - text));
@@ -114,10 +148,11 @@ size_t pgd_tool_calls_stream_safe(const char *text, size_t len, bool *opened) {
     return trim_end(text, safe);
 }
 
-/* The schema of a call of function f: {"name": f's name, "arguments": its parameters}. The
+/* The schema of a call of function f: {"name": f's name, "arguments" (llama3_json:
+ * "parameters"): its parameters}. The
  * parameters' $defs are moved to root (where their $refs point), which must not have them
  * yet. NULL with *why on a parameters schema that is not an object's. */
-static cJSON *call_variant(const cJSON *f, cJSON *root, const char **why) {
+static cJSON *call_variant(pgd_tool_format fmt, const cJSON *f, cJSON *root, const char **why) {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(f, "name");
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
     const cJSON *pty = cJSON_GetObjectItemCaseSensitive(params, "type");
@@ -151,17 +186,19 @@ static cJSON *call_variant(const cJSON *f, cJSON *root, const char **why) {
     cJSON_AddStringToObject(v, "type", "object");
     cJSON_AddStringToObject(nm, "const", fn->valuestring);
     cJSON_AddItemToObject(props, "name", nm);
-    cJSON_AddItemToObject(props, "arguments", args);
+    cJSON_AddItemToObject(props, fmt == PGD_TOOLS_LLAMA3 ? "parameters" : "arguments", args);
     cJSON_AddItemToObject(v, "properties", props);
     cJSON *req = cJSON_CreateArray();
     cJSON_AddItemToArray(req, cJSON_CreateString("name"));
-    cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
+    cJSON_AddItemToArray(req, cJSON_CreateString(fmt == PGD_TOOLS_LLAMA3 ? "parameters"
+                                                                         : "arguments"));
     cJSON_AddItemToObject(v, "required", req);
     cJSON_AddFalseToObject(v, "additionalProperties");
     return v;
 }
 
-char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **why) {
+char *pgd_tool_call_schema(pgd_tool_format fmt, const cJSON *tools, const char *name,
+                           const char **why) {
     *why = NULL;
     cJSON *root = cJSON_CreateObject(), *alts = cJSON_CreateArray();
     const cJSON *t;
@@ -178,7 +215,7 @@ char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **wh
             if (cJSON_IsString(un) && !strcmp(un->valuestring, fn->valuestring))
                 *why = "two tools have the same name";
         }
-        cJSON *v = *why ? NULL : call_variant(f, root, why);
+        cJSON *v = *why ? NULL : call_variant(fmt, f, root, why);
         if (!v) break;
         cJSON_AddItemToArray(alts, v);
         n++;
@@ -209,4 +246,20 @@ char *pgd_tool_call_schema(const cJSON *tools, const char *name, const char **wh
     cJSON_Delete(alts);
     cJSON_Delete(root);
     return text;
+}
+
+pgd_tool_format pgd_tool_format_of_template(const char *tmpl) {
+    if (!tmpl) return PGD_TOOLS_NONE;
+    if (strstr(tmpl, PGD_TOOL_CALL_OPEN)) return PGD_TOOLS_HERMES;
+    /* Llama 3.1-3.3's instruction for JSON tool calls */
+    if (strstr(tmpl, "\"parameters\": dictionary of argument name")) return PGD_TOOLS_LLAMA3;
+    return PGD_TOOLS_NONE;
+}
+
+const char *pgd_tool_call_prefix(pgd_tool_format f) {
+    return f == PGD_TOOLS_HERMES ? PGD_TOOL_CALL_OPEN "\n" : NULL;
+}
+
+const char *pgd_tool_call_suffix(pgd_tool_format f) {
+    return f == PGD_TOOLS_HERMES ? "\n" PGD_TOOL_CALL_CLOSE : NULL;
 }

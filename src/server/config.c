@@ -50,8 +50,9 @@ static const opt table[] = {
     {"no-prefix-caching", 0, T_BOOL, OFF(no_prefix_caching), "false", 0, 0, NULL,
      "turn the prefix cache off"},
     {"tool-call-parser", 0, T_STR, OFF(tool_call_parser), "auto", 0, 0, NULL,
-     "tool calls in chat answers: hermes (<tool_call>{...}</tool_call>), none, or auto (hermes "
-     "when the chat template mentions <tool_call>)"},
+     "tool calls in chat answers: hermes (<tool_call>{...}</tool_call>), llama3_json (Llama "
+     "3.1's {\"name\", \"parameters\"} first), none, or auto (what the chat template asks "
+     "for)"},
     {"speculative", 0, T_STR, OFF(speculative), "none", 0, 0, NULL,
      "speculative decoding: none, ngram (prompt lookup) or draft"},
     {"num-speculative-tokens", 0, T_INT, OFF(num_speculative_tokens), "5", 1, 16, NULL,
@@ -301,8 +302,8 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
         if (set_opt(c, o, v, "the command line")) return -1;
     }
     if (strcmp(c->tool_call_parser, "auto") && strcmp(c->tool_call_parser, "hermes") &&
-        strcmp(c->tool_call_parser, "none")) {
-        fprintf(stderr, "pagoda: --tool-call-parser must be auto, hermes or none\n");
+        strcmp(c->tool_call_parser, "llama3_json") && strcmp(c->tool_call_parser, "none")) {
+        fprintf(stderr, "pagoda: --tool-call-parser must be auto, hermes, llama3_json or none\n");
         return -1;
     }
     if (strcmp(c->speculative, "none") && strcmp(c->speculative, "ngram") &&

@@ -103,7 +103,7 @@ struct server {
     char load_error[512];
     volatile bool ready;
     bool draining, load_failed;
-    bool tool_parser;          /* chat answers' tool calls are parsed (--tool-call-parser) */
+    pgd_tool_format tool_format; /* of the chat answers' tool calls (--tool-call-parser) */
     bool loading;              /* the load work is queued or running (it writes s->engine) */
     int in_flight;             /* requests accepted and not yet answered */
     struct req_ctx *live;      /* every context whose connection has not completed */
@@ -266,12 +266,14 @@ static void stream_tool_text(req_ctx *c, int i, const pgd_event *ev, const char 
     pgd_api_choice *ch = &c->choices[i];
     choice_append(ch, ev->text, (size_t)ev->text_len);
     bool opened;
-    size_t safe = pgd_tool_calls_stream_safe(ch->text ? ch->text : "", ch->text_len, &opened);
+    pgd_tool_format f = (pgd_tool_format)c->api.tool_format;
+    size_t safe = pgd_tool_calls_stream_safe(f, ch->text ? ch->text : "", ch->text_len, &opened);
     if (*fin) {
         size_t content_len = 0;
         char cid[96];
         snprintf(cid, sizeof cid, "%s_%d", c->id, i);
-        *calls = opened ? pgd_tool_calls_parse(ch->text, ch->text_len, cid, &content_len) : NULL;
+        *calls = opened ? pgd_tool_calls_parse(f, ch->text, ch->text_len, cid, &content_len)
+                        : NULL;
         pgd_api_tool_calls_limit(&c->api, *calls);
         safe = *calls ? content_len : ch->text_len;
         if (*calls && !strcmp(*fin, "stop")) *fin = "tool_calls";
@@ -307,7 +309,7 @@ static void handle_event(server *s, const pgd_event *ev) {
         const char *text = ev->text;
         size_t text_len = (size_t)ev->text_len;
         cJSON *calls = NULL;
-        if (c->api.parse_tools) stream_tool_text(c, i, ev, &text, &text_len, &fin, &calls);
+        if (c->api.tool_format) stream_tool_text(c, i, ev, &text, &text_len, &fin, &calls);
         if (text_len || lp || (fin && !calls) || !c->role_sent[i]) {
             char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, text,
                                         text_len, c->api.chat && !c->role_sent[i],
@@ -425,17 +427,17 @@ static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prom
 /* Tool calls: parsed out of the answer when the request has tools and the server a format; a
  * required or named call is the answer, held to the call's schema between the format's tags. */
 static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
-    r->parse_tools = r->chat && r->tools && s->tool_parser;
+    r->tool_format = r->chat && r->tools ? (int)s->tool_format : PGD_TOOLS_NONE;
     if (!r->tool_required) return 0;
-    if (!s->tool_parser) {
+    if (!s->tool_format) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL,
-                          "a required tool call needs a tool-call format: the chat template "
-                          "does not mention <tool_call> (start the server with "
-                          "--tool-call-parser hermes if the model writes them so)");
+                          "a required tool call needs a tool-call format, and the chat template "
+                          "names none Pagoda knows (start the server with --tool-call-parser "
+                          "hermes or llama3_json if the model writes calls so)");
         return -1;
     }
     const char *why = NULL;
-    char *schema = pgd_tool_call_schema(r->tools, r->tool_name, &why);
+    char *schema = pgd_tool_call_schema(s->tool_format, r->tools, r->tool_name, &why);
     if (!schema) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL, "%s", why);
         return -1;
@@ -564,8 +566,8 @@ static void submit_all(server *s, req_ctx *c) {
                 .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
                 .logprobs = r->logprobs, .no_speculation = r->no_speculation,
                 .json_object = r->json_object, .json_schema = r->json_schema,
-                .json_prefix = r->tool_required ? PGD_TOOL_CALL_PREFIX : NULL,
-                .json_suffix = r->tool_required ? PGD_TOOL_CALL_SUFFIX : NULL,
+                .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
+                .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
             };
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);
@@ -1174,8 +1176,10 @@ static void load_work_cb(uv_work_t *w) {
                         "chat completions are off\"}\n");
     s->limits.n_vocab = pgd_tokenizer_n_vocab(s->tok);
     const char *tp = s->cfg.tool_call_parser;
-    s->tool_parser = !strcmp(tp, "hermes") ||
-                     (!strcmp(tp, "auto") && tmpl && strstr(tmpl, PGD_TOOL_CALL_OPEN));
+    s->tool_format = !strcmp(tp, "hermes")        ? PGD_TOOLS_HERMES
+                     : !strcmp(tp, "llama3_json") ? PGD_TOOLS_LLAMA3
+                     : !strcmp(tp, "auto")        ? pgd_tool_format_of_template(tmpl)
+                                                  : PGD_TOOLS_NONE;
 }
 
 static void load_done_cb(uv_work_t *w, int status) {

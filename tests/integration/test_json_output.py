@@ -618,22 +618,35 @@ TOOL_T = {"type": "function", "function": {"name": "time", "parameters": {
     "additionalProperties": False}}}
 
 
-@pytest.fixture(scope="module")
-def qwen_rnd(tmp_path_factory):
-    """The random model carrying Qwen2.5's chat template (which asks for <tool_call> tags, so the
-    server parses tool calls by default)."""
+def with_template(tmp_path_factory, template):
+    """The random model carrying a real chat template (set by gguf-new-metadata), served."""
     import sys
     from pathlib import Path
     tool = Path(sys.executable).with_name("gguf-new-metadata")
     if not tool.exists():
         pytest.skip("gguf-new-metadata (the gguf package) is not installed")
-    model = tmp_path_factory.mktemp("qwen-rnd") / "random-qwen-template.gguf"
+    model = tmp_path_factory.mktemp("tmpl") / "random-with-template.gguf"
     subprocess.run([str(tool), str(RANDOM_LLAMA), str(model), "--chat-template-file",
-                    str(util.DATA / "chat-templates" / "Qwen-Qwen2.5-7B-Instruct.jinja")],
-                   check=True, capture_output=True)
+                    str(util.DATA / "chat-templates" / template)], check=True,
+                   capture_output=True)
     s = Server(model)
     s.start()
     s.model_path = model
+    return s
+
+
+@pytest.fixture(scope="module")
+def qwen_rnd(tmp_path_factory):
+    """Qwen2.5's template asks for <tool_call> tags: the server parses hermes calls."""
+    s = with_template(tmp_path_factory, "Qwen-Qwen2.5-7B-Instruct.jinja")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def llama3_rnd(tmp_path_factory):
+    """Llama 3.1's template asks for {"name", "parameters"} first: llama3_json calls."""
+    s = with_template(tmp_path_factory, "meta-llama-Llama-3.1-8B-Instruct.jinja")
     yield s
     s.stop()
 
@@ -879,3 +892,41 @@ def test_audit_root_id_is_an_annotation(rnd):
     r = post(rnd, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "response_format":
                                       schema_fmt({"$id": "http://e.com/s", "type": "object"})})
     assert r.status_code == 200, r.text
+
+
+def test_llama3_json_required_calls(llama3_rnd):
+    """With Llama 3.1's template the calls are {"name", "parameters"} with no tags: a forced call
+    comes back as a tool call (arguments from "parameters"), streamed the same; one of several
+    tools holds its own parameters."""
+    for tools, choice in [([TOOL_W], "required"), ([TOOL_W, TOOL_T], "required"),
+                          ([TOOL_W, TOOL_T], {"type": "function", "function": {"name": "time"}})]:
+        r = chat_tools(llama3_rnd, tools, choice)
+        assert r.status_code == 200, r.text
+        validate(r.json(), "CreateChatCompletionResponse")
+        c = r.json()["choices"][0]
+        assert c["finish_reason"] == "tool_calls" and c["message"]["content"] is None, c
+        call = c["message"]["tool_calls"][0]
+        check_call(call, tools)
+        if isinstance(choice, dict):
+            assert call["function"]["name"] == "time"
+        s = chat_tools(llama3_rnd, tools, choice, stream=True)
+        events = [e for e in sse_events(s.iter_lines()) if e != "[DONE]"]
+        calls = [tc for e in events for tc in e["choices"][0]["delta"].get("tool_calls") or []]
+        assert [(x["function"]["name"], json.loads(x["function"]["arguments"])) for x in calls] \
+            == [(call["function"]["name"], json.loads(call["function"]["arguments"]))]
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == ""
+
+
+def test_llama3_json_text_answer_is_content(llama3_rnd):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
+            "temperature": 0}
+    plain = requests.post(llama3_rnd.url("/v1/chat/completions"), json=body, timeout=60).json()
+    r = requests.post(llama3_rnd.url("/v1/chat/completions"), json=dict(body, tools=[TOOL_W]),
+                      timeout=60).json()
+    m = r["choices"][0]["message"]
+    assert "tool_calls" not in m and m["content"] and not m["content"].lstrip().startswith("{")
+    s = requests.post(llama3_rnd.url("/v1/chat/completions"), timeout=60, stream=True,
+                      json=dict(body, tools=[TOOL_W], stream=True))
+    events = [e for e in sse_events(s.iter_lines()) if e != "[DONE]"]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == m["content"]
+    assert plain["choices"][0]["finish_reason"] == r["choices"][0]["finish_reason"]

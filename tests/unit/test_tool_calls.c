@@ -9,7 +9,7 @@
 #include "test.h"
 
 static cJSON *parse(const char *t, size_t *content_len) {
-    return pgd_tool_calls_parse(t, strlen(t), "x", content_len);
+    return pgd_tool_calls_parse(PGD_TOOLS_HERMES, t, strlen(t), "x", content_len);
 }
 
 static const char *fn(const cJSON *calls, int i, const char *field) {
@@ -62,18 +62,22 @@ static void test_parse(void) {
     }
 }
 
+static size_t safe(const char *t, bool *opened) {
+    return pgd_tool_calls_stream_safe(PGD_TOOLS_HERMES, t, strlen(t), opened);
+}
+
 static void test_stream_safe(void) {
     bool opened;
-    CHECK_EQ_INT(pgd_tool_calls_stream_safe("Hello", 5, &opened), 5);
+    CHECK_EQ_INT(safe("Hello", &opened), 5);
     CHECK(!opened);
     /* held: an ending that may start the opener, and the whitespace before it (which the
      * content drops when a call follows) */
-    CHECK_EQ_INT(pgd_tool_calls_stream_safe("Hello <tool_c", 13, &opened), 5);
+    CHECK_EQ_INT(safe("Hello <tool_c", &opened), 5);
     CHECK(!opened);
-    CHECK_EQ_INT(pgd_tool_calls_stream_safe("a <b", 4, &opened), 4); /* not the opener's start */
-    CHECK_EQ_INT(pgd_tool_calls_stream_safe("a <", 3, &opened), 1);
-    CHECK_EQ_INT(pgd_tool_calls_stream_safe("Ok.\n", 4, &opened), 3);
-    CHECK_EQ_INT(pgd_tool_calls_stream_safe("ab<tool_call>{", 14, &opened), 2);
+    CHECK_EQ_INT(safe("a <b", &opened), 4); /* not the opener's start */
+    CHECK_EQ_INT(safe("a <", &opened), 1);
+    CHECK_EQ_INT(safe("Ok.\n", &opened), 3);
+    CHECK_EQ_INT(safe("ab<tool_call>{", &opened), 2);
     CHECK(opened);
 }
 
@@ -83,9 +87,9 @@ static void test_schema(void) {
         "\"object\", \"properties\": {\"p\": {\"$ref\": \"#/$defs/P\"}}, \"$defs\": {\"P\": "
         "{\"type\": \"integer\"}}}}}, {\"type\": \"function\", \"function\": {\"name\": \"g\"}}]");
     const char *why = NULL;
-    char *one = pgd_tool_call_schema(tools, "f", &why);
-    char *any = pgd_tool_call_schema(tools, NULL, &why);
-    CHECK(one && any && !pgd_tool_call_schema(tools, "h", &why) && why);
+    char *one = pgd_tool_call_schema(PGD_TOOLS_HERMES, tools, "f", &why);
+    char *any = pgd_tool_call_schema(PGD_TOOLS_HERMES, tools, NULL, &why);
+    CHECK(one && any && !pgd_tool_call_schema(PGD_TOOLS_HERMES, tools, "h", &why) && why);
     pgd_json_schema sc;
     char msg[200];
     /* f's $ref resolves once its $defs sit at the root of the call's schema */
@@ -114,8 +118,61 @@ static void test_schema(void) {
     cJSON_Delete(tools);
 }
 
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+static void test_llama3(void) {
+    size_t cl;
+    const char *one = " {\"name\": \"f\", \"parameters\": {\"a\": 1}}";
+    cJSON *c = pgd_tool_calls_parse(PGD_TOOLS_LLAMA3, one, strlen(one), "x", &cl);
+    CHECK(c && cJSON_GetArraySize(c) == 1 && cl == 0);
+    CHECK(c && !strcmp(fn(c, 0, "arguments"), "{\"a\":1}"));
+    cJSON_Delete(c);
+    const char *two = "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}; "
+                      "{\"name\": \"g\", \"arguments\": {\"b\": true}}";
+    c = pgd_tool_calls_parse(PGD_TOOLS_LLAMA3, two, strlen(two), "x", &cl);
+    CHECK(c && cJSON_GetArraySize(c) == 2 && !strcmp(fn(c, 1, "name"), "g"));
+    cJSON_Delete(c);
+    static const char *const none[] = {"Hello {\"name\": \"f\", \"parameters\": {}}",
+                                       "{\"name\": \"f\", \"parameters\": {}} and more",
+                                       "{\"a\": 1}", "",
+                                       ("<tool_call>{\"name\": \"f\", "
+                                        "\"arguments\": {}}</tool_call>")};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        c = pgd_tool_calls_parse(PGD_TOOLS_LLAMA3, none[i], strlen(none[i]), "x", &cl);
+        CHECK(c == NULL && cl == strlen(none[i]));
+    }
+    bool opened;
+    static const struct { const char *t; size_t safe; bool opened; } cases[] = {
+        {"", 0, false}, {"  ", 0, false}, {"<|pyth", 0, false}, {" {", 0, true},
+        {"<|python_tag|>", 0, true}, {"Hello", 5, false}, {"<|x", 3, false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t n = pgd_tool_calls_stream_safe(PGD_TOOLS_LLAMA3, cases[i].t, strlen(cases[i].t),
+                                              &opened);
+        CHECK(n == cases[i].safe && opened == cases[i].opened);
+    }
+    /* the chat templates ask for these formats */
+    static const struct { const char *file; pgd_tool_format f; } tmpl[] = {
+        {"tests/data/chat-templates/Qwen-Qwen2.5-7B-Instruct.jinja", PGD_TOOLS_HERMES},
+        {"tests/data/chat-templates/meta-llama-Llama-3.1-8B-Instruct.jinja", PGD_TOOLS_LLAMA3},
+        {"tests/data/chat-templates/meta-llama-Llama-3.2-3B-Instruct.jinja", PGD_TOOLS_LLAMA3},
+        {"tests/data/chat-templates/google-gemma-2-2b-it.jinja", PGD_TOOLS_NONE}};
+    for (size_t i = 0; i < sizeof tmpl / sizeof tmpl[0]; i++) {
+        const char *t = read_text(tmpl[i].file);
+        CHECK(t && pgd_tool_format_of_template(t) == tmpl[i].f);
+    }
+}
+
 int main(void) {
     test_parse();
+    test_llama3();
     test_stream_safe();
     test_schema();
     return test_report("test_tool_calls");
