@@ -592,23 +592,13 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             size_t content_len = c->text_len;
-            cJSON *calls = NULL;
-            if (r->tool_format) {
-                char cid[96];
-                snprintf(cid, sizeof cid, "%s_%d", id, i);
-                calls = pgd_tool_calls_parse((pgd_tool_format)r->tool_format,
-                                             c->text ? c->text : "", c->text_len, cid,
-                                             &content_len);
-                pgd_api_tool_calls_limit(r, calls);
-            }
+            cJSON *calls = pgd_api_choice_tool_calls(r, id, i, c->text ? c->text : "",
+                                                     c->text_len, &content_len, &finish);
             if (calls && content_len == 0) cJSON_AddNullToObject(m, "content");
             else cJSON_AddItemToObject(m, "content",
                                        string_n(c->text ? c->text : "", content_len));
             cJSON_AddNullToObject(m, "refusal");
-            if (calls) {
-                cJSON_AddItemToObject(m, "tool_calls", calls);
-                if (!strcmp(finish, "stop")) finish = "tool_calls";
-            }
+            if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
         } else {
             cJSON_AddItemToObject(ch, "text", string_n(c->text ? c->text : "", c->text_len));
         }
@@ -675,9 +665,20 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
     return sse(o);
 }
 
-void pgd_api_tool_calls_limit(const pgd_api_request *r, cJSON *calls) {
+cJSON *pgd_api_choice_tool_calls(const pgd_api_request *r, const char *id, int index,
+                                 const char *text, size_t len, size_t *content_len,
+                                 const char **finish) {
+    if (!r->tool_format) return NULL;
+    char cid[96];
+    snprintf(cid, sizeof cid, "%s_%d", id, index);
+    size_t cl;
+    cJSON *calls = pgd_tool_calls_parse((pgd_tool_format)r->tool_format, text, len, cid, &cl);
+    if (!calls) return NULL;
     while (!r->parallel_tool_calls && cJSON_GetArraySize(calls) > 1)
         cJSON_DeleteItemFromArray(calls, cJSON_GetArraySize(calls) - 1);
+    *content_len = cl;
+    if (*finish && !strcmp(*finish, "stop")) *finish = "tool_calls";
+    return calls;
 }
 
 char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,

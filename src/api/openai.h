@@ -107,8 +107,13 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
 char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
                         const char *model, int index, const char *text, size_t text_len,
                         bool role_first, const char *finish, cJSON *logprobs);
-/* parallel_tool_calls false: calls keeps its first call only. */
-void pgd_api_tool_calls_limit(const pgd_api_request *r, cJSON *calls);
+/* A chat choice's tool calls when the request parses them (tool_format): the calls of
+ * text[0..len) (parallel_tool_calls false: the first only), their ids from the response id and
+ * the choice index, *content_len the bytes of content before them, and *finish "tool_calls"
+ * where it was "stop". NULL, with nothing changed, when there are none. */
+cJSON *pgd_api_choice_tool_calls(const pgd_api_request *r, const char *id, int index,
+                                 const char *text, size_t len, size_t *content_len,
+                                 const char **finish);
 /* The frame of a streamed choice's tool calls (calls: pgd_tool_calls_parse's array, consumed;
  * each gets its "index"). */
 char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,

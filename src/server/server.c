@@ -269,14 +269,10 @@ static void stream_tool_text(req_ctx *c, int i, const pgd_event *ev, const char 
     pgd_tool_format f = (pgd_tool_format)c->api.tool_format;
     size_t safe = pgd_tool_calls_stream_safe(f, ch->text ? ch->text : "", ch->text_len, &opened);
     if (*fin) {
-        size_t content_len = 0;
-        char cid[96];
-        snprintf(cid, sizeof cid, "%s_%d", c->id, i);
-        *calls = opened ? pgd_tool_calls_parse(f, ch->text, ch->text_len, cid, &content_len)
-                        : NULL;
-        pgd_api_tool_calls_limit(&c->api, *calls);
-        safe = *calls ? content_len : ch->text_len;
-        if (*calls && !strcmp(*fin, "stop")) *fin = "tool_calls";
+        safe = ch->text_len; /* all of it is content, unless it holds calls */
+        if (opened)
+            *calls = pgd_api_choice_tool_calls(&c->api, c->id, i, ch->text, ch->text_len, &safe,
+                                               fin);
     }
     *text = ch->text ? ch->text + ch->emitted : "";
     *text_len = safe > ch->emitted ? safe - ch->emitted : 0;
