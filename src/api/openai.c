@@ -315,13 +315,10 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
                 if (!(r->json_schema = pgd_json_print_exact(sch)))
                     BAD("response_format", "'response_format.json_schema.schema' holds a number "
                         "that is not finite");
-                pgd_json_schema sc;
                 char msg[200];
-                int rc = pgd_json_schema_compile(r->json_schema, strlen(r->json_schema), &sc, msg,
-                                                 sizeof msg);
+                int rc = pgd_json_schema_check(r->json_schema, msg, sizeof msg);
                 if (rc == PGD_ENOMEM) goto oom;
                 if (rc) BAD("response_format", "'response_format.json_schema.schema': %s", msg);
-                pgd_json_schema_free(&sc);
             }
         } else if (strcmp(ty->valuestring, "text")) {
             BAD("response_format", "'response_format.type' must be 'text', 'json_object' or "
@@ -341,16 +338,15 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
     if (r->chat && x && !cJSON_IsNull(x)) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(
             cJSON_GetObjectItemCaseSensitive(x, "function"), "name");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(x, "type");
         if (cJSON_IsString(x) && !strcmp(x->valuestring, "none")) {
             /* the model will not call a tool: the template is not shown them */
             cJSON_Delete(r->tools);
             r->tools = NULL;
         } else if (cJSON_IsString(x) && !strcmp(x->valuestring, "required")) {
             r->tool_required = true;
-        } else if (cJSON_IsObject(x) && cJSON_IsString(fn) &&
-                   cJSON_IsString(cJSON_GetObjectItemCaseSensitive(x, "type")) &&
-                   !strcmp(cJSON_GetObjectItemCaseSensitive(x, "type")->valuestring,
-                           "function")) {
+        } else if (cJSON_IsObject(x) && cJSON_IsString(fn) && cJSON_IsString(ty) &&
+                   !strcmp(ty->valuestring, "function")) {
             if (!(r->tool_name = strdup(fn->valuestring))) goto oom;
             r->tool_required = true;
         } else if (!cJSON_IsString(x) || strcmp(x->valuestring, "auto")) {

@@ -636,6 +636,13 @@ int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, 
     return rc;
 }
 
+int pgd_json_schema_check(const char *text, char *msg, size_t msg_len) {
+    pgd_json_schema sc;
+    int rc = pgd_json_schema_compile(text, strlen(text), &sc, msg, msg_len);
+    if (!rc) pgd_json_schema_free(&sc);
+    return rc;
+}
+
 void pgd_json_schema_free(pgd_json_schema *sc) {
     for (int32_t i = 0; i < sc->n_props; i++) free(sc->props[i].name);
     for (int32_t i = 0; i < sc->n_enum; i++) free(sc->enum_text[i]);

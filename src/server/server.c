@@ -438,16 +438,14 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL, "%s", why);
         return -1;
     }
-    pgd_json_schema sc;
     char msg[200];
-    int rc = pgd_json_schema_compile(schema, strlen(schema), &sc, msg, sizeof msg);
+    int rc = pgd_json_schema_check(schema, msg, sizeof msg);
     if (rc) {
         free(schema);
         pgd_api_error_set(e, rc == PGD_ENOMEM ? 500 : 400, "invalid_request_error", "tools",
                           NULL, "the function's parameters: %s", msg);
         return -1;
     }
-    pgd_json_schema_free(&sc);
     r->json_schema = schema;
     r->json_object = true;
     return 0;
