@@ -86,6 +86,10 @@ typedef struct pgd_request_params {
     int32_t logprobs;               /* report the chosen token's logprob and this many top
                                        alternatives (0..20); -1 = no logprobs at all */
     bool no_speculation;            /* opt out of speculative decoding */
+    /* also score the prompt: one PGD_EVENT_PROMPT_TOKEN per prompt token, in order, before the
+       first generated token, each with max(logprobs, 0) alternatives. The request takes no
+       prefix-cache hit (the cached positions' logits were never kept), as in vLLM */
+    bool prompt_logprobs;
     /* output constrained to one JSON object (OpenAI response_format json_object); needs a
        tokenizer; the generation stops when the object closes; no speculation */
     bool json_object;
@@ -97,7 +101,13 @@ typedef struct pgd_request_params {
     const char *json_prefix, *json_suffix;
 } pgd_request_params;
 
-typedef enum { PGD_EVENT_TOKEN = 1, PGD_EVENT_FINISH = 2 } pgd_event_type;
+typedef enum {
+    PGD_EVENT_TOKEN = 1,
+    PGD_EVENT_FINISH = 2,
+    /* with prompt_logprobs: prompt token number text_offset (0..n_prompt-1), token its id,
+       logprob its log-probability given the tokens before it; the first has none (n_top -1) */
+    PGD_EVENT_PROMPT_TOKEN = 3,
+} pgd_event_type;
 
 typedef enum {
     PGD_FINISH_STOP = 1,   /* end-of-generation token or a stop string */
@@ -114,7 +124,7 @@ typedef struct pgd_event {
     uint64_t request_id, user_data;
     int32_t token;                   /* TOKEN: the sampled token id */
     float logprob;                   /* TOKEN, when requested: log-probability of token */
-    int32_t n_top;                   /* TOKEN: number of alternatives below */
+    int32_t n_top;                   /* TOKEN: number of alternatives below (-1: no logprob) */
     int32_t top_ids[PGD_MAX_TOP_LOGPROBS];
     float top_logprobs[PGD_MAX_TOP_LOGPROBS];
     int32_t text_len;                /* TOKEN/FINISH: bytes of text completed by this event */

@@ -40,6 +40,11 @@ typedef struct seq {
     pgd_kv_seq kv;
     pgd_sampler sampler;
     int32_t logprobs;         /* top alternatives per token event; -1: no logprobs */
+    /* prompt_logprobs: positions p in [lp_pos, n_prompt - 1) still owe the logprob of token
+     * p + 1 (their logits rows: lp_row.. lp_row + lp_n this step); lp_started: token 0's event
+     * (no logprob) is out */
+    bool prompt_lp, lp_started;
+    int32_t lp_pos, lp_row, lp_n;
     bool spec;                /* speculative decoding on for this request */
     pgd_spec_adapt adapt;     /* its adaptive number of proposals */
     int32_t n_draft;          /* proposals scheduled this step: tokens[n_tokens..+n_draft) */
@@ -605,6 +610,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     }
     /* a zeroed params struct means no logprobs: -1 and 0 differ only for callers that ask */
     s->logprobs = p->logprobs;
+    s->prompt_lp = p->prompt_logprobs;
     /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
      * state after the ones before it) */
     s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json;
@@ -778,8 +784,33 @@ static int32_t propose(pgd_engine *e, seq *s, int32_t cap) {
     return pgd_draft_propose(&e->draft, &s->dseq, s->tokens, s->n_tokens, k, out);
 }
 
+/* Logits rows a chunk of n tokens from s->n_computed needs: the last token's when the chunk
+ * ends the sequence, plus one per prompt position still owing its next token's logprob. */
+static int32_t chunk_rows(const seq *s, int32_t n) {
+    int32_t c = s->n_computed, rows = c + n == s->n_tokens;
+    if (s->prompt_lp) {
+        int32_t a = c > s->lp_pos ? c : s->lp_pos;
+        int32_t b = c + n < s->n_prompt - 1 ? c + n : s->n_prompt - 1;
+        if (b > a) rows += b - a;
+    }
+    return rows;
+}
+
+/* Largest n' <= n whose chunk needs at most left logits rows. */
+static int32_t fit_rows(const seq *s, int32_t n, int32_t left) {
+    if (chunk_rows(s, n) <= left) return n;
+    int32_t c = s->n_computed, a = c > s->lp_pos ? c : s->lp_pos;
+    if (s->prompt_lp && a - c + left < n) n = a - c + left; /* left rows of prompt positions */
+    while (n > 0 && chunk_rows(s, n) > left) n--;           /* at most once more: the last row */
+    return n;
+}
+
+/* Whether s may start from the prefix cache: not while it owes prompt logprobs, whose
+ * positions' logits a cache hit would skip. */
+static bool may_hit_prefix(const seq *s) { return !s->prompt_lp || s->lp_pos >= s->n_prompt - 1; }
+
 static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
-    int32_t budget = e->cfg.max_num_batched_tokens, used = 0, ns = 0;
+    int32_t budget = e->cfg.max_num_batched_tokens, used = 0, ns = 0, rows = 0;
     const int32_t spec_off_at = e->cfg.speculative_disable_by_batch_size;
     const bool spec_step = spec_off_at <= 0 || e->running.n < spec_off_at;
     /* 1. running decodes, in admission order */
@@ -799,6 +830,7 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
             s->n_draft = k;
             sched[ns++] = s;
             used += 1 + k;
+            rows += 1 + k;
             continue;
         }
         bool ok = true;
@@ -815,16 +847,22 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
         s->sched_n = 1;
         sched[ns++] = s;
         used++;
+        rows++;
     }
+    /* decodes never run out of rows: max_logits >= max_num_seqs, and a speculating sequence's
+     * rows are its tokens, within the budget (pgd_engine_create) */
+    PGD_ASSERT(rows <= e->max_logits);
     /* 2. prefill chunks of running sequences */
     for (seq *s = e->running.head; s && used < budget; s = s->next) {
         int32_t rem = s->n_tokens - s->n_computed;
         if (rem <= 1 || s->sched_n) continue;
         int32_t n = fit_tokens(e, s, rem < budget - used ? rem : budget - used);
+        n = fit_rows(s, n, e->max_logits - rows);
         if (n <= 0 || !reserve(e, s, n)) continue;
         s->sched_n = n;
         sched[ns++] = s;
         used += n;
+        rows += chunk_rows(s, n);
     }
     /* 3. waiting requests, in order (preempted ones first) */
     bool admit = !e->cfg.static_batching || e->running.n == 0 || e->admitting;
@@ -832,10 +870,13 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
     while (admit && e->waiting.head && used < budget && e->running.n < e->cfg.max_num_seqs) {
         seq *s = e->waiting.head;
         int64_t q0 = e->mgr.stats.prefix_queries, h0 = e->mgr.stats.prefix_hits;
-        int32_t hit = pgd_kv_match_prefix(&e->mgr, &s->kv, s->tokens, s->n_tokens);
+        int32_t hit = may_hit_prefix(s)
+                          ? pgd_kv_match_prefix(&e->mgr, &s->kv, s->tokens, s->n_tokens)
+                          : 0;
         s->n_computed = hit;
         int32_t rem = s->n_tokens - s->n_computed;
         int32_t n = fit_tokens(e, s, rem < budget - used ? rem : budget - used);
+        n = fit_rows(s, n, e->max_logits - rows);
         if (n <= 0 || !reserve(e, s, n)) {
             /* does not fit now: undo the lookup and wait (first come, first served) */
             pgd_kv_release(&e->mgr, &s->kv);
@@ -859,6 +900,7 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
         s->sched_n = n;
         sched[ns++] = s;
         used += n;
+        rows += chunk_rows(s, n);
         /* static batching fills its batch over as many steps as the token budget needs */
         e->admitting = e->cfg.static_batching && e->running.n < e->cfg.max_num_seqs;
     }
@@ -927,6 +969,30 @@ static pgd_finish_reason emit_token(pgd_engine *e, seq *s, int32_t id, const flo
     }
     e->stats.generation_tokens_total++;
     return why;
+}
+
+/* Emits the prompt-token events of s whose logits this step computed (rows lp_row.. lp_row +
+ * lp_n, positions lp_pos..), token 0's (no logprob) first. */
+static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
+    int32_t nv = e->model->cfg.n_vocab, k = s->logprobs > 0 ? s->logprobs : 0;
+    for (int32_t j = s->lp_started ? 0 : -1; j < s->lp_n; j++) {
+        pgd_event *ev = event_push(e);
+        if (!ev) continue; /* out of memory: the event is lost, the request goes on */
+        int32_t p = s->lp_pos + j; /* scores token p + 1 */
+        ev->type = PGD_EVENT_PROMPT_TOKEN;
+        ev->request_id = s->id;
+        ev->user_data = s->user_data;
+        ev->token = s->tokens[p + 1];
+        ev->text_offset = p + 1;
+        ev->n_top = -1;
+        if (j < 0) continue;
+        ev->logprob = pgd_logprobs(e->fwd.logits + (size_t)(s->lp_row + j) * nv, nv, ev->token,
+                                   k, ev->top_ids, ev->top_logprobs);
+        ev->n_top = k;
+    }
+    s->lp_started = true;
+    s->lp_pos += s->lp_n;
+    s->lp_n = 0;
 }
 
 /* Moves s's JSON state over token id: STOP once the object is closed. A token the mask refused
@@ -1015,6 +1081,7 @@ static void plan_device_sampling(pgd_engine *e, int32_t ns, pgd_batch *b) {
     memset(e->b_sample, 0, (size_t)b->n_logits * sizeof *e->b_sample);
     for (int32_t i = 0; i < ns; i++) {
         seq *s = e->b_seqs[i];
+        if (s->lp_n > 0) n_host++; /* prompt logprobs are computed from host logits */
         if (s->logit_row < 0) continue;
         if (!device_sampleable(e, s)) {
             n_host++;
@@ -1087,6 +1154,15 @@ int pgd_engine_step(pgd_engine *e) {
         }
         s->logit_row = -1;
         s->dev_sampled = false;
+        s->lp_n = 0;
+        if (s->prompt_lp) { /* rows of the prompt positions owing a logprob, in order */
+            int32_t c = s->n_computed, a = s->lp_pos;
+            PGD_ASSERT(c <= a || a >= s->n_prompt - 1); /* no owed position is skipped */
+            int32_t z = c + s->sched_n < s->n_prompt - 1 ? c + s->sched_n : s->n_prompt - 1;
+            s->lp_row = nl;
+            for (int32_t p = a; p < z; p++) e->b_rows[nl++] = nt - s->sched_n + (p - c);
+            s->lp_n = z > a ? z - a : 0;
+        }
         if (s->n_draft > 0) { /* every row: the k proposals and the bonus position */
             s->logit_row = nl;
             for (int32_t j = s->sched_n; j > 0; j--) e->b_rows[nl++] = nt - j;
@@ -1095,7 +1171,7 @@ int pgd_engine_step(pgd_engine *e) {
             e->b_rows[nl++] = nt - 1;
         }
     }
-    PGD_ASSERT(nt == used);
+    PGD_ASSERT(nt == used && nl <= e->max_logits);
     pgd_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
                    .slot = e->b_slot, .block_tables = e->b_tables, .n_logits = nl,
                    .logit_rows = e->b_rows};
@@ -1120,6 +1196,7 @@ int pgd_engine_step(pgd_engine *e) {
             continue;
         }
         s->n_computed += n;
+        if (s->prompt_lp && (s->lp_n || !s->lp_started)) emit_prompt_logprobs(e, s);
         if (s->logit_row < 0) {
             pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
             continue;
