@@ -422,7 +422,9 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
 
     double v;
     v = r->max_tokens;
-    if (get_num(o, "max_tokens", 1, lim->max_tokens_limit, true, &v, err)) goto fail;
+    if (get_num(o, "max_tokens", r->echo ? 0 : 1, lim->max_tokens_limit, true, &v, err))
+        goto fail;
+    r->echo_only = r->echo && v == 0; /* (chat has no echo) */
     if (chat && get_num(o, "max_completion_tokens", 1, lim->max_tokens_limit, true, &v, err))
         goto fail;
     r->max_tokens = (int32_t)v;
@@ -759,8 +761,8 @@ void pgd_api_logprobs_add(const pgd_api_request *r, cJSON **lp, const char *tok,
     }
     cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "tokens"), token_string(tok, tok_len));
     cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "token_logprobs"),
-                         cJSON_CreateNumber(logprob));
-    cJSON *tops = cJSON_CreateObject();
+                         n_top < 0 ? cJSON_CreateNull() : cJSON_CreateNumber(logprob));
+    cJSON *tops = n_top < 0 ? cJSON_CreateNull() : cJSON_CreateObject();
     for (int i = 0; i < n_top; i++) {
         cJSON *k = token_string(top_tok[i], top_len[i]);
         if (!cJSON_GetObjectItemCaseSensitive(tops, k->valuestring))

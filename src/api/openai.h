@@ -43,6 +43,8 @@ typedef struct pgd_api_request {
     int32_t n;
     int32_t logprobs;              /* -1: none; else number of alternatives (chat: top_logprobs) */
     bool echo, stream, include_usage, ignore_eos, add_generation_prompt;
+    bool echo_only;                /* completions: echo with max_tokens 0 -- score the prompt,
+                                      generate nothing (as vLLM and OpenAI's legacy API) */
     bool no_speculation;           /* "speculative": false opts out (as in `pagoda batch`) */
     bool json_object;              /* response_format json_object or json_schema */
     char *json_schema;             /* json_schema's schema as compact JSON (owned), or NULL */
@@ -89,11 +91,14 @@ typedef struct pgd_api_choice {
     cJSON *logprobs;               /* built incrementally when requested, or NULL */
     int32_t n_prompt, n_cached;
     size_t emitted;                /* streaming with tool_format: bytes of text sent as content */
+    size_t prompt_offset;          /* echo with logprobs: bytes of prompt tokens' text so far */
+    bool echo_pending;             /* streaming echo with logprobs: sent with the prompt's scores */
 } pgd_api_choice;
 
 /* Appends one token's logprobs to *lp (created on first use) in the request's format:
  * completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, chat
- * {"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal"}. */
+ * {"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal"}. n_top < 0 (a
+ * prompt's first token, completions only): null logprob and top_logprobs. */
 void pgd_api_logprobs_add(const pgd_api_request *r, cJSON **lp, const char *tok, size_t tok_len,
                           float logprob, int n_top, const char *const *top_tok,
                           const size_t *top_len, const float *top_lp, size_t text_offset);

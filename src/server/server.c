@@ -238,8 +238,9 @@ static int choice_of(req_ctx *c, uint64_t engine_id) {
     return -1;
 }
 
-static void add_logprobs(server *s, req_ctx *c, pgd_api_choice *ch, cJSON **dst,
-                         const pgd_event *ev, size_t text_offset) {
+/* Appends the logprobs of the event's token to *dst; returns the bytes of the token's text. */
+static size_t add_logprobs(server *s, req_ctx *c, cJSON **dst, const pgd_event *ev,
+                           size_t text_offset) {
     char tok[256], tops[PGD_MAX_TOP_LOGPROBS][256];
     const char *tp[PGD_MAX_TOP_LOGPROBS];
     size_t tl[PGD_MAX_TOP_LOGPROBS];
@@ -251,9 +252,22 @@ static void add_logprobs(server *s, req_ctx *c, pgd_api_choice *ch, cJSON **dst,
         tp[i] = tops[i];
         tl[i] = m > 0 ? (size_t)m : 0;
     }
-    (void)ch;
     pgd_api_logprobs_add(&c->api, dst, tok, (size_t)n, ev->logprob, k, tp, tl, ev->top_logprobs,
                          text_offset);
+    return (size_t)n;
+}
+
+/* Streaming echo with logprobs: the prompt's text and scores, sent before anything generated. */
+static void flush_echo(server *s, req_ctx *c, int i) {
+    pgd_api_choice *ch = &c->choices[i];
+    if (!ch->echo_pending) return;
+    ch->echo_pending = false;
+    char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
+                                ch->text ? ch->text : "", c->echo_len[i], false, NULL,
+                                ch->logprobs);
+    ch->logprobs = NULL; /* the frame owned it */
+    if (f) out_append(c, f, strlen(f));
+    free(f);
 }
 
 static void finish_request(server *s, req_ctx *c);
@@ -284,6 +298,20 @@ static void handle_event(server *s, const pgd_event *ev) {
     int i = choice_of(c, ev->request_id);
     if (i < 0) return;
     pgd_api_choice *ch = &c->choices[i];
+    if (ev->type == PGD_EVENT_PROMPT_TOKEN) { /* echo with logprobs: the prompt's scores */
+        if (!c->conn_done && c->api.echo)
+            ch->prompt_offset += add_logprobs(s, c, &ch->logprobs, ev, ch->prompt_offset);
+        return;
+    }
+    pgd_event only_echo;
+    if (c->api.echo_only) { /* max_tokens 0: the one token generated is not the answer's */
+        if (ev->type == PGD_EVENT_TOKEN) return;
+        only_echo = *ev;
+        only_echo.text_len = 0;
+        only_echo.n_completion = 0;
+        if (ev->finish_reason == PGD_FINISH_STOP) only_echo.finish_reason = PGD_FINISH_LENGTH;
+        ev = &only_echo;
+    }
     double t = pgd_now_s();
     if (ev->type == PGD_EVENT_TOKEN) {
         if (c->t_first == 0) {
@@ -298,9 +326,10 @@ static void handle_event(server *s, const pgd_event *ev) {
     if (c->conn_done) {
         /* the client is gone: keep accounting, drop the text */
     } else if (c->api.stream && c->ph == PH_STREAMING) {
+        flush_echo(s, c, i);
         cJSON *lp = NULL;
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
-            add_logprobs(s, c, ch, &lp, ev, (size_t)ev->text_offset);
+            add_logprobs(s, c, &lp, ev, c->echo_len[i] + (size_t)ev->text_offset);
         const char *fin = ev->type == PGD_EVENT_FINISH ? finish_name(ev->finish_reason) : NULL;
         const char *text = ev->text;
         size_t text_len = (size_t)ev->text_len;
@@ -323,7 +352,7 @@ static void handle_event(server *s, const pgd_event *ev) {
         resume(c);
     } else {
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
-            add_logprobs(s, c, ch, &ch->logprobs, ev, (size_t)ev->text_offset);
+            add_logprobs(s, c, &ch->logprobs, ev, c->echo_len[i] + (size_t)ev->text_offset);
         choice_append(ch, ev->text, (size_t)ev->text_len);
     }
     if (ev->type != PGD_EVENT_FINISH) return;
@@ -536,7 +565,9 @@ static void submit_all(server *s, req_ctx *c) {
             c->has_err = true;
             return;
         }
-        int32_t max_tokens = r->max_tokens > 0 ? r->max_tokens : n_ctx - pr->n_ids;
+        /* echo alone still runs one step of generation, whose token is dropped */
+        int32_t max_tokens = r->echo_only ? 1 : r->max_tokens > 0 ? r->max_tokens
+                                                                  : n_ctx - pr->n_ids;
         if (pr->n_ids + (int64_t)max_tokens > n_ctx || max_tokens < 1) {
             pgd_api_error_set(&c->err, 400, "invalid_request_error",
                               r->chat ? "messages" : "prompt", "context_length_exceeded",
@@ -559,6 +590,7 @@ static void submit_all(server *s, req_ctx *c) {
                 .repetition_penalty = r->repetition_penalty, .logit_bias_ids = r->bias_ids,
                 .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
                 .logprobs = r->logprobs, .no_speculation = r->no_speculation,
+                .prompt_logprobs = r->echo && r->logprobs >= 0,
                 .json_object = r->json_object, .json_schema = r->json_schema,
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
@@ -592,6 +624,8 @@ static void submit_all(server *s, req_ctx *c) {
                     c->echo_len[i] = strlen(t);
                     choice_append(&c->choices[i], t, c->echo_len[i]);
                 }
+                /* streamed, the echo goes out first; with logprobs, once the prompt is scored */
+                c->choices[i].echo_pending = r->logprobs >= 0;
                 free(dec);
             }
         }
@@ -615,7 +649,7 @@ static void after_work_cb(uv_work_t *w, int status) {
         if (c->api.stream) {
             /* echo goes out first */
             for (int i = 0; i < c->n_choices; i++)
-                if (c->echo_len[i]) {
+                if (c->echo_len[i] && !c->choices[i].echo_pending) {
                     char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
                                                 c->choices[i].text, c->echo_len[i], false, NULL,
                                                 NULL);
@@ -1002,11 +1036,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         if (c->rt == R_CHAT && !s->tmpl) {
             pgd_api_error_set(&e, 400, "invalid_request_error", "messages", NULL,
                               "this model has no chat template; use /v1/completions");
-            return send_error(c, conn, &e);
-        }
-        if (!c->api.chat && c->api.echo && c->api.logprobs >= 0) {
-            pgd_api_error_set(&e, 400, "invalid_request_error", "echo", NULL,
-                              "'echo' together with 'logprobs' is not supported");
             return send_error(c, conn, &e);
         }
         if (tool_options(s, &c->api, &e)) return send_error(c, conn, &e);

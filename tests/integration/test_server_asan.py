@@ -46,6 +46,10 @@ def test_asan_stories_subset():
                       "seed": 3},
                      {"prompt": "Once upon a time", "max_tokens": 24, "stop": [" the", "."]},
                      {"prompt": "Once upon a time", "max_tokens": 4, "echo": True},
+                     {"prompt": "Once upon a time", "max_tokens": 4, "echo": True,
+                      "logprobs": 2},
+                     {"prompt": [[1, 400, 300], [1]], "max_tokens": 0, "echo": True,
+                      "logprobs": 1, "n": 2},
                      {"prompt": [[1, 400, 300], [1, 5]], "max_tokens": 4, "logprobs": 5},
                      {"prompt": "Lily", "max_tokens": 8, "logit_bias": {"5": -100},
                       "presence_penalty": 1, "frequency_penalty": 0.5, "top_k": 5, "min_p": 0.1}):
@@ -56,6 +60,11 @@ def test_asan_stories_subset():
                            headers=errs.AUTH, stream=True, timeout=120) as r:
             events = list(sse_events(r.iter_lines()))
         assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 24
+        with requests.post(url, json={"prompt": "Once upon", "max_tokens": 3, "stream": True,
+                                      "echo": True, "logprobs": 2, "n": 2},
+                           headers=errs.AUTH, stream=True, timeout=120) as r:
+            events = list(sse_events(r.iter_lines()))
+        assert events[-1] == "[DONE]" and events[0]["choices"][0]["logprobs"]["token_logprobs"][0] is None
         for p in ("/tokenize", "/detokenize"):
             body = {"prompt": "héllo wörld"} if p == "/tokenize" else {"tokens": [1, 400, 300]}
             assert requests.post(s.url(p), json=body, headers=errs.AUTH,
