@@ -105,6 +105,14 @@ struct pgd_engine {
     int64_t *b_slot;                            /* (max_num_batched_tokens) */
     const int32_t **b_tables;                   /* (max_num_seqs) */
     seq **b_seqs;                               /* (max_num_seqs) sequences in this step */
+    /* prompt logprobs of this step, by logits row, computed on the pool before out_mu */
+    struct lp_row {
+        int32_t token, n_top;
+        float logprob;
+        int32_t top_ids[PGD_MAX_TOP_LOGPROBS];
+        float top_logprobs[PGD_MAX_TOP_LOGPROBS];
+    } *lp_rows;                                 /* (max_logits) */
+    int32_t *lp_todo;                           /* (max_logits) rows to score */
 
     /* inbox: submissions and aborts from other threads */
     pthread_mutex_t in_mu;
@@ -429,10 +437,12 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->b_seqs = malloc(S * sizeof *e->b_seqs);
     e->b_sample = malloc((size_t)e->max_logits * sizeof *e->b_sample);
     e->b_sampled = malloc((size_t)e->max_logits * sizeof *e->b_sampled);
+    e->lp_rows = malloc((size_t)e->max_logits * sizeof *e->lp_rows);
+    e->lp_todo = malloc((size_t)e->max_logits * sizeof *e->lp_todo);
     int32_t nv = e->model->cfg.n_vocab;
     e->eog = malloc((size_t)nv * sizeof *e->eog);
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_rows || !e->b_slot || !e->b_tables ||
-        !e->b_seqs || !e->b_sample || !e->b_sampled || !e->eog) {
+        !e->b_seqs || !e->b_sample || !e->b_sampled || !e->lp_rows || !e->lp_todo || !e->eog) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
@@ -493,6 +503,8 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->b_seqs);
     free(e->b_sample);
     free(e->b_sampled);
+    free(e->lp_rows);
+    free(e->lp_todo);
     pgd_sampler_scratch_free(&e->sample_scratch);
     free(e->eog);
     pgd_json_vocab_free(&e->json_vocab);
@@ -973,8 +985,33 @@ static pgd_finish_reason emit_token(pgd_engine *e, seq *s, int32_t id, const flo
 
 /* Emits the prompt-token events of s whose logits this step computed (rows lp_row.. lp_row +
  * lp_n, positions lp_pos..), token 0's (no logprob) first. */
+static void score_row(void *ctx, long i, int ith) {
+    (void)ith;
+    pgd_engine *e = ctx;
+    int32_t row = e->lp_todo[i], nv = e->model->cfg.n_vocab;
+    struct lp_row *r = &e->lp_rows[row];
+    r->logprob = pgd_logprobs(e->fwd.logits + (size_t)row * nv, nv, r->token, r->n_top,
+                              r->top_ids, r->top_logprobs);
+}
+
+/* Scores the prompt positions of this step's sequences into lp_rows, a row per chunk of the
+ * pool: a log-softmax over the vocabulary each (49k-152k exps), too much for the engine thread
+ * alone when a step holds hundreds of them. */
+static void score_prompts(pgd_engine *e, int32_t ns) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < ns; i++) {
+        const seq *s = e->b_seqs[i];
+        for (int32_t j = 0; j < s->lp_n; j++) {
+            struct lp_row *r = &e->lp_rows[s->lp_row + j];
+            r->token = s->tokens[s->lp_pos + j + 1];
+            r->n_top = s->logprobs > 0 ? s->logprobs : 0;
+            e->lp_todo[n++] = s->lp_row + j;
+        }
+    }
+    if (n) pgd_pool_run_chunks(e->pool, score_row, e, n);
+}
+
 static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
-    int32_t nv = e->model->cfg.n_vocab, k = s->logprobs > 0 ? s->logprobs : 0;
     for (int32_t j = s->lp_started ? 0 : -1; j < s->lp_n; j++) {
         pgd_event *ev = event_push(e);
         if (!ev) continue; /* out of memory: the event is lost, the request goes on */
@@ -986,9 +1023,11 @@ static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
         ev->text_offset = p + 1;
         ev->n_top = -1;
         if (j < 0) continue;
-        ev->logprob = pgd_logprobs(e->fwd.logits + (size_t)(s->lp_row + j) * nv, nv, ev->token,
-                                   k, ev->top_ids, ev->top_logprobs);
-        ev->n_top = k;
+        const struct lp_row *r = &e->lp_rows[s->lp_row + j];
+        ev->logprob = r->logprob;
+        ev->n_top = r->n_top;
+        memcpy(ev->top_ids, r->top_ids, (size_t)r->n_top * sizeof *r->top_ids);
+        memcpy(ev->top_logprobs, r->top_logprobs, (size_t)r->n_top * sizeof *r->top_logprobs);
     }
     s->lp_started = true;
     s->lp_pos += s->lp_n;
@@ -1184,6 +1223,7 @@ int pgd_engine_step(pgd_engine *e) {
             n_prefill += s->sched_n;
     }
 
+    if (!rc) score_prompts(e, ns);
     pthread_mutex_lock(&e->out_mu);
     for (int32_t i = 0; i < ns; i++) {
         seq *s = e->b_seqs[i];
