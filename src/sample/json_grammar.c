@@ -34,7 +34,7 @@ void pgd_json_init(pgd_json_state *st, bool object_only) {
     memset(st, 0, sizeof *st);
     st->mode = J_VALUE;
     st->object_only = object_only;
-    st->vnode = -1;
+    st->vnode = st->snode = st->nnode = -1;
 }
 
 void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc) {
@@ -104,7 +104,11 @@ static void pop(pgd_json_state *st) {
     value_end(st);
 }
 
-static void string_start(pgd_json_state *st, bool key) {
+/* A string starts: a key, or a value of schema node (-1: any) whose lengths it keeps. */
+static void string_start(pgd_json_state *st, bool key, int node) {
+    const pgd_json_node *vn = key ? NULL : node_at(st, node);
+    st->snode = vn && (vn->min_len > 0 || vn->max_len < INT32_MAX) ? (int16_t)node : -1;
+    st->slen = 0;
     st->mode = J_STRING;
     st->key = key;
     st->phase = 0; /* 1: after a backslash */
@@ -185,6 +189,54 @@ static bool enum_byte(pgd_json_state *st, unsigned char c) {
     return feed_byte(st, c);
 }
 
+/* Bounded numbers (minimum / maximum): their integer part has at most this many digits with
+ * the sign (as a schema's integers: below 2^53, so read back exactly). */
+#define BOUNDED_DIGITS 15
+
+/* Do the magnitudes [a, b] of the number being read hold one it can still become? As an integer
+ * within [ilo, ihi], or (a number, not an integer) as the integer part of a fraction frac_ok
+ * takes: [fplo, fphi] when positive, [fnlo, fnhi] when negative. */
+static bool reaches(const pgd_json_state *st, const pgd_json_node *nd, int64_t a, int64_t b) {
+    int64_t x = st->nneg ? -b : a, y = st->nneg ? -a : b;
+    if (x <= nd->ihi && y >= nd->ilo) return true;
+    if (st->int_only) return false;
+    return st->nneg ? a <= nd->fnhi && b >= nd->fnlo : a <= nd->fphi && b >= nd->fplo;
+}
+
+/* Can the number being read, whose integer part so far is k digits of magnitude nval (k = 0:
+ * '-' alone), still end within its node's bounds? Some integer part starting with those digits,
+ * at most BOUNDED_DIGITS bytes with the sign, must be reachable (reaches). */
+static bool int_prefix_ok(const pgd_json_state *st, int k) {
+    if (st->nnode < 0) return true;
+    const pgd_json_node *nd = &st->sc->nodes[st->nnode];
+    int maxd = BOUNDED_DIGITS - st->nneg;
+    int64_t p = 1;
+    if (k == 0) { /* '-': "-0" and every magnitude of up to maxd digits */
+        for (int i = 0; i < maxd; i++) p *= 10;
+        return reaches(st, nd, 0, p - 1);
+    }
+    if (st->nval == 0) return reaches(st, nd, 0, 0); /* "0" or "-0": no digit can follow */
+    for (int m = 0; k + m <= maxd; m++, p *= 10)
+        if (reaches(st, nd, st->nval * p, st->nval * p + p - 1)) return true; /* m more digits */
+    return false;
+}
+
+/* A '.' after the integer part v: the value will lie in [v, v + 1) (or (-(v + 1), -v]). Taken
+ * when all of that is within the bounds (1), so no fraction digit needs checking, or all but
+ * the integer itself, which an exclusive bound leaves out (2: a non-zero fraction digit must
+ * come, as in 0.5 for exclusiveMinimum 0); else refused (0). */
+static int frac_ok(const pgd_json_state *st) {
+    if (st->nnode < 0) return 1;
+    const pgd_json_node *nd = &st->sc->nodes[st->nnode];
+    double v = (double)st->nval;
+    if (!st->nneg) { /* [v, v + 1) */
+        if (v + 1 > nd->hi || v < nd->lo) return 0;
+        return v == nd->lo && nd->lo_excl ? 2 : 1;
+    }
+    if (-(v + 1) < nd->lo || -v > nd->hi) return 0; /* (-(v + 1), -v] */
+    return -v == nd->hi && nd->hi_excl ? 2 : 1;
+}
+
 /* The type a value starting with c has among types (PGD_JT_*), or -1. */
 static int type_of(unsigned char c, unsigned types) {
     int t = c == '{' ? PGD_JT_OBJ : c == '[' ? PGD_JT_ARR : c == '"' ? PGD_JT_STR
@@ -211,20 +263,24 @@ static bool value_start(pgd_json_state *st, unsigned char c) {
     switch (c) {
     case '{': return push(st, 1, target);
     case '[': return push(st, 0, target);
-    case '"': string_start(st, false); return true;
-    case '-': st->mode = J_NUMBER; st->phase = N_MINUS; st->num_len = 1; return true;
-    case '0': st->mode = J_NUMBER; st->phase = N_ZERO; st->num_len = 1; return true;
+    case '"': string_start(st, false, target); return true;
+    case '-':
+    case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': case '8':
+    case '9':
+        st->mode = J_NUMBER;
+        st->phase = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
+        st->num_len = 1;
+        st->nneg = c == '-';
+        st->nfrac_nz = 0;
+        st->nval = c == '-' ? 0 : c - '0';
+        st->nnode = nd && st->sc->nodes[target].bounded ? (int16_t)target : -1;
+        return int_prefix_ok(st, c != '-');
     case 't': case 'f': case 'n':
         st->mode = J_LITERAL;
         st->lit = c == 't' ? 0 : c == 'f' ? 1 : 2;
         st->lit_pos = 1;
         return true;
-    default:
-        if (c < '1' || c > '9') return false;
-        st->mode = J_NUMBER;
-        st->phase = N_INT;
-        st->num_len = 1;
-        return true;
+    default: return false;
     }
 }
 
@@ -302,8 +358,13 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
     }
     if (between && c == '"') {
         if (st->key) return key_end(st);
+        if (st->snode >= 0 && st->slen < st->sc->nodes[st->snode].min_len) return false;
         value_end(st);
         return true;
+    }
+    if (between) { /* a character starts (a surrogate pair's second escape does not) */
+        if (st->snode >= 0 && st->slen >= st->sc->nodes[st->snode].max_len) return false;
+        if (st->slen < UINT16_MAX) st->slen++;
     }
     if (st->key && st->sc && container_node(st) >= 0 && !key_byte(st, c)) return false;
     if (st->need) { /* a continuation byte of a multi-byte character */
@@ -348,6 +409,8 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
     return true;
 }
 
+static bool in_bounds(const pgd_json_node *nd, int64_t v) { return v >= nd->ilo && v <= nd->ihi; }
+
 static bool number_can_end(uint8_t phase) {
     return phase == N_ZERO || phase == N_INT || phase == N_FRAC || phase == N_EXP;
 }
@@ -357,7 +420,9 @@ static bool number_can_end(uint8_t phase) {
  * digit ('-', '.', 'e', a sign) is taken only while there is room for what it needs. */
 static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
     uint8_t next;
+    int nz = 0;
     bool digit = is_digit(c), e = (c == 'e' || c == 'E') && !st->int_only;
+    if (st->nnode >= 0) e = false; /* bounds: no exponent */
     switch (st->phase) {
     case N_MINUS: if (c == '0') next = N_ZERO; else if (digit) next = N_INT; else return false;
         break;
@@ -365,11 +430,17 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
     case N_INT:
     case N_FRAC:
         if (digit && st->phase != N_ZERO) next = st->phase;
-        else if (c == '.' && st->phase != N_FRAC && !st->int_only) next = N_DOT;
+        else if (c == '.' && st->phase != N_FRAC && !st->int_only && (nz = frac_ok(st)))
+            next = N_DOT;
         else if (e) next = N_E;
         else if (digit) return false; /* a leading zero */
         else if (c == '.' || c == 'e' || c == 'E') return false; /* an integer's schema */
-        else {
+        else if (st->nnode >= 0 && st->phase != N_FRAC &&
+                 !in_bounds(&st->sc->nodes[st->nnode], st->nneg ? -st->nval : st->nval)) {
+            return false; /* the integer is out of bounds: only more digits can come */
+        } else if (st->phase == N_FRAC && st->nfrac_nz) {
+            return false; /* a fraction of zeros, which an exclusive bound leaves out */
+        } else {
             *ended = true;
             return true;
         }
@@ -389,12 +460,22 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
         next = N_EXP;
         break;
     }
+    if (st->nfrac_nz && (st->phase == N_DOT || st->phase == N_FRAC)) {
+        if (c != '0') st->nfrac_nz = 0;
+        else if (st->num_len + 1 >= PGD_JSON_MAX_NUM) return false; /* room for a non-zero */
+    }
     if (number_can_end(st->phase)) {
         /* an integer a schema asks for stays below 2^53, where it reads back exactly */
         if (st->num_len >= (st->int_only ? 15 : PGD_JSON_MAX_NUM)) return false;
         if (!number_can_end(next) && st->num_len >= PGD_JSON_MAX_NUM - 2) return false;
     }
     st->num_len++;
+    if (next == N_DOT) st->nfrac_nz = nz == 2;
+    if (digit && (next == N_ZERO || next == N_INT)) { /* an integer digit */
+        st->nval = st->phase == N_MINUS ? c - '0' : st->nval * 10 + (c - '0');
+        st->phase = next;
+        return int_prefix_ok(st, st->num_len - st->nneg);
+    }
     st->phase = next;
     return true;
 }
@@ -440,11 +521,11 @@ static bool feed_byte(pgd_json_state *st, unsigned char c) {
             return true;
         }
         if (c != '"' || (nd && !nd->additional && nd->n_props == 0)) return false;
-        string_start(st, true);
+        string_start(st, true, -1);
         return true;
     case J_KEY:
         if (c != '"') return false;
-        string_start(st, true);
+        string_start(st, true, -1);
         return true;
     case J_COLON:
         if (c != ':') return false;
@@ -569,12 +650,13 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
     uint32_t max_len = 0;
     v->sorted = malloc((size_t)(n ? n : 1) * sizeof *v->sorted);
     v->plain = calloc((size_t)(n ? n : 1), 1);
+    v->nchar = calloc((size_t)(n ? n : 1), sizeof *v->nchar);
     v->quoted = malloc((size_t)(n ? n : 1) * sizeof *v->quoted);
-    if (!v->sorted || !v->plain || !v->quoted) return PGD_ENOMEM;
+    if (!v->sorted || !v->plain || !v->nchar || !v->quoted) return PGD_ENOMEM;
     v->n_text = v->n_plain = v->n_quoted = 0;
     pgd_json_state in_str;
     pgd_json_init(&in_str, false);
-    string_start(&in_str, false);
+    string_start(&in_str, false, -1);
     for (int32_t id = 0; id < n; id++) {
         if (!v->len[id] || v->eog[id] || v->len[id] > UINT16_MAX) continue;
         v->sorted[v->n_text++] = id;
@@ -588,6 +670,7 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
         pgd_json_state t = in_str;
         if (pgd_json_feed(&t, v->text[id], v->len[id])) {
             v->plain[id] = 1;
+            v->nchar[id] = t.slen;
             v->n_plain++;
         }
     }
@@ -621,6 +704,7 @@ void pgd_json_vocab_free(pgd_json_vocab *v) {
     free(v->trie);
     free(v->stack);
     free(v->plain);
+    free(v->nchar);
     free(v->quoted);
     memset(v, 0, sizeof *v);
 }
@@ -639,10 +723,16 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
     }
     if (st->mode == J_STRING && !st->need && !st->hex && !st->phase && !st->surr &&
         !(st->key && st->sc)) {
-        /* inside a string, between characters: the tokens without a quote as precomputed, those
-         * with one tried */
-        memcpy(allow, v->plain, (size_t)v->n);
-        n_ok = v->n_plain;
+        /* inside a string, between characters: the tokens without a quote as precomputed (that
+         * fit in a maxLength), those with one tried */
+        int32_t room = st->snode >= 0 ? st->sc->nodes[st->snode].max_len - st->slen : INT32_MAX;
+        if (room >= UINT16_MAX) {
+            memcpy(allow, v->plain, (size_t)v->n);
+            n_ok = v->n_plain;
+        } else {
+            for (int32_t id = 0; id < v->n; id++) n_ok += allow[id] = v->plain[id] &&
+                                                                    v->nchar[id] <= room;
+        }
         for (int32_t i = 0; i < v->n_quoted; i++) {
             int32_t id = v->quoted[i];
             if (token_ok(st, v, id)) {

@@ -53,6 +53,14 @@ typedef struct pgd_json_node {
     int32_t addl;
     int32_t items;          /* array: schema of the items (-1: any) */
     int32_t min_items, max_items;
+    int32_t min_len, max_len; /* string: characters (code points), minLength / maxLength */
+    /* number or integer: minimum / maximum (exclusive ones folded in) as the integers allowed,
+       within +-(10^15 - 1), and as given (for a fraction: -inf / inf when absent) */
+    bool bounded;
+    int64_t ilo, ihi;
+    int64_t fplo, fphi, fnlo, fnhi; /* magnitudes of a fraction's integer part, by sign */
+    double lo, hi;
+    bool lo_excl, hi_excl;
     int32_t enum0, n_enum;  /* enum / const: enum_text[enum0 .. + n_enum) */
     /* a union of objects told apart by a tag (a required property of one string value, the
        same name in each, written first): the node has that one property, whose enum holds the
@@ -95,6 +103,12 @@ typedef struct pgd_json_state {
     int16_t vnode;        /* schema node of the next value (-1: any JSON) */
     int16_t enode;        /* J_ENUM: the node matched against */
     uint8_t int_only;     /* the number being read must be an integer */
+    uint8_t nneg;         /* the number being read is negative */
+    uint8_t nfrac_nz;     /* its fraction must hold a non-zero digit (an exclusive bound) */
+    int16_t nnode;        /* its node with bounds (-1: none) */
+    int16_t snode;        /* the string being read: its node with lengths (-1: none) */
+    uint16_t slen;        /* its characters so far (saturating) */
+    int64_t nval;         /* the number's integer digits so far, as a magnitude */
     uint8_t kmatch;       /* the key being read must be one of the object's properties */
     uint16_t pos;         /* bytes read of the key or enum value */
     uint64_t cand;        /* properties / enum values the bytes so far still match */
@@ -114,7 +128,8 @@ void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc);
 
 /* Compiles a JSON Schema (the text of the "schema" object of OpenAI's json_schema
  * response_format). Supported: type (one or several), properties, required,
- * additionalProperties (boolean or schema), items, minItems, maxItems, enum, const, anyOf and
+ * additionalProperties (boolean or schema), items, minItems, maxItems, minLength, maxLength,
+ * minimum, maximum, exclusiveMinimum, exclusiveMaximum, enum, const, anyOf and
  * oneOf whose branches take disjoint types, $ref into #/$defs or #/definitions (not recursive,
  * no escaped paths; $id only at the root); enum/const beside type keep the values of that type.
  * Annotations (title, description, default, examples, format, $schema, ...) are ignored. Any
@@ -160,6 +175,7 @@ typedef struct pgd_json_vocab {
     int32_t n_trie;
     pgd_json_state *stack;/* (max_len + 1) the walk's states by depth (scratch) */
     uint8_t *plain;       /* (n) 1: no quote, accepted inside any string */
+    uint16_t *nchar;      /* (n) a plain token's characters (for maxLength) */
     int32_t n_plain;
     int32_t *quoted;     /* (n_quoted) the text tokens with a quote */
     int32_t n_quoted;

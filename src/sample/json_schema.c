@@ -138,7 +138,9 @@ static int fail(ctx *x, const char *fmt, ...) {
 
 static const char *const VALIDATION[] = {"type", "properties", "required", "additionalProperties",
                                          "items", "minItems", "maxItems", "enum", "const",
-                                         "anyOf", "oneOf", "$ref", NULL};
+                                         "anyOf", "oneOf", "$ref", "minLength", "maxLength",
+                                         "minimum", "maximum", "exclusiveMinimum",
+                                         "exclusiveMaximum", NULL};
 /* annotations: they describe, they do not constrain (format is an annotation by default in
  * JSON Schema 2020-12, as in Python's jsonschema) */
 static const char *const ANNOTATIONS[] = {"title", "description", "default", "examples", "format",
@@ -169,7 +171,7 @@ static int new_node(ctx *x, int32_t *out) {
     for (int t = 0; t < PGD_JT_N; t++) nd->by_type[t] = (int16_t)i;
     nd->additional = true;
     nd->addl = nd->items = -1;
-    nd->max_items = INT32_MAX;
+    nd->max_items = nd->max_len = INT32_MAX;
     *out = i;
     return PGD_OK;
 }
@@ -373,6 +375,62 @@ static int compile_array(ctx *x, const cJSON *j, int depth, int32_t node) {
     if (lo > hi) return fail(x, "'minItems' (%d) exceeds 'maxItems' (%d)", lo, hi);
     x->sc->nodes[node].min_items = lo;
     x->sc->nodes[node].max_items = hi;
+    return PGD_OK;
+}
+
+static int compile_string(ctx *x, const cJSON *j, int32_t node) {
+    int32_t lo = 0, hi = INT32_MAX;
+    int rc = get_count(x, j, "minLength", &lo);
+    if (!rc) rc = get_count(x, j, "maxLength", &hi);
+    if (rc) return rc;
+    if (lo > hi) return fail(x, "'minLength' (%d) exceeds 'maxLength' (%d)", lo, hi);
+    x->sc->nodes[node].min_len = lo;
+    x->sc->nodes[node].max_len = hi;
+    return PGD_OK;
+}
+
+/* The integers a bounded number's integer part can reach: at most 15 bytes with the sign. */
+#define REACH_POS 999999999999999.0 /* 10^15 - 1 */
+#define REACH_NEG -99999999999999.0 /* -(10^14 - 1) */
+
+/* minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers, JSON Schema 2020-12). */
+static int compile_bounds(ctx *x, const cJSON *j, int32_t node, unsigned types) {
+    static const char *const kw[4] = {"minimum", "exclusiveMinimum", "maximum",
+                                      "exclusiveMaximum"};
+    pgd_json_node *nd = &x->sc->nodes[node];
+    nd->lo = -INFINITY;
+    nd->hi = INFINITY;
+    for (int i = 0; i < 4; i++) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, kw[i]);
+        if (!c) continue;
+        if (!cJSON_IsNumber(c) || !isfinite(c->valuedouble))
+            return fail(x, "'%s' must be a finite number", kw[i]);
+        double v = c->valuedouble;
+        bool excl = i & 1;
+        nd->bounded = true;
+        if (i < 2 && (v > nd->lo || (v == nd->lo && excl))) nd->lo = v, nd->lo_excl = excl;
+        if (i >= 2 && (v < nd->hi || (v == nd->hi && excl))) nd->hi = v, nd->hi_excl = excl;
+    }
+    if (!nd->bounded) return PGD_OK;
+    /* the integers within; the integer parts v of fractions within, but for v itself when an
+     * exclusive bound is v (the recognizer's frac_ok): v >= lo, v + 1 <= hi when positive, and
+     * -(v + 1) >= lo, -v <= hi when negative */
+    double r[6] = {nd->lo_excl ? floor(nd->lo) + 1 : ceil(nd->lo),
+                   nd->hi_excl ? ceil(nd->hi) - 1 : floor(nd->hi),
+                   fmax(0, ceil(nd->lo)), floor(nd->hi) - 1, fmax(0, ceil(-nd->hi)),
+                   floor(-nd->lo) - 1};
+    int64_t *dst[6] = {&nd->ilo, &nd->ihi, &nd->fplo, &nd->fphi, &nd->fnlo, &nd->fnhi};
+    for (int i = 0; i < 6; i++) /* within what 15 bytes reach: -(10^14 - 1) .. 10^15 - 1 */
+        *dst[i] = (int64_t)fmin(fmax(r[i], i < 2 ? REACH_NEG - 1 : -1), REACH_POS + 1);
+    bool ints = nd->ilo <= nd->ihi && nd->ihi >= (int64_t)REACH_NEG &&
+                nd->ilo <= (int64_t)REACH_POS;
+    bool fracs = (types & (1u << PGD_JT_NUM)) &&
+                 ((nd->fplo <= nd->fphi && nd->fplo <= (int64_t)REACH_POS) ||
+                  (nd->fnlo <= nd->fnhi && nd->fnlo <= -(int64_t)REACH_NEG));
+    if (!ints && !fracs)
+        return fail(x, "no number of at most 15 integer digits, without an exponent, that "
+                       "Pagoda writes lies within the bounds ('minimum', 'maximum' and their "
+                       "exclusive forms)");
     return PGD_OK;
 }
 
@@ -593,6 +651,7 @@ static int compile(ctx *x, const cJSON *j, int depth, int32_t *out) {
                     PGD_JSON_SCHEMA_DEPTH);
     if ((types & (1u << PGD_JT_OBJ)) && (rc = compile_object(x, j, depth, node))) return rc;
     if ((types & (1u << PGD_JT_ARR)) && (rc = compile_array(x, j, depth, node))) return rc;
+    if ((rc = compile_string(x, j, node)) || (rc = compile_bounds(x, j, node, types))) return rc;
     *out = node;
     return PGD_OK;
 }

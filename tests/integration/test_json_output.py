@@ -347,7 +347,61 @@ SCHEMAS = {
         "a": {"type": "integer"}, "ab": {"type": "integer"}, "abc": {"type": "string"},
         "e": {"enum": [1, 12, 123, -1, "1"]}},
         "required": ["ab"], "additionalProperties": False},
+    # what Pydantic writes for Field(min_length=..., ge=..., gt=...), PositiveFloat, conlist
+    "bounds": {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 2, "maxLength": 5},
+        "code": {"type": "string", "maxLength": 1},
+        "age": {"type": "integer", "minimum": 18, "maximum": 120},
+        "neg": {"type": "integer", "exclusiveMaximum": -5, "minimum": -1000},
+        "price": {"type": "number", "exclusiveMinimum": 0, "maximum": 99.5},
+        "temp": {"type": ["number", "null"], "minimum": -40.5, "exclusiveMaximum": 60},
+        "big": {"type": "integer", "minimum": 1000000},
+        "unit": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        "nick": {"anyOf": [{"type": "string", "minLength": 3}, {"type": "null"}]},
+        "tags": {"type": "array", "maxItems": 3,
+                 "items": {"type": "string", "minLength": 1, "maxLength": 3}}},
+        "required": ["name", "age", "price", "unit"], "additionalProperties": False},
 }
+
+
+def _int_range(s):
+    """The integers a bounded schema s allows: [lo, hi], within what Pagoda writes."""
+    import math
+    lo, hi = -(10**14 - 1), 10**15 - 1
+    if "minimum" in s:
+        lo = max(lo, math.ceil(s["minimum"]))
+    if "exclusiveMinimum" in s:
+        lo = max(lo, math.floor(s["exclusiveMinimum"]) + 1)
+    if "maximum" in s:
+        hi = min(hi, math.floor(s["maximum"]))
+    if "exclusiveMaximum" in s:
+        hi = min(hi, math.ceil(s["exclusiveMaximum"]) - 1)
+    return lo, hi
+
+
+def gen_bounded_number(rng, s, t):
+    """A number of the one form Pagoda writes within s's bounds: an integer, or (a number
+    schema) v + f with 0 < f < 1 where every such value lies within them."""
+    lo, hi = _int_range(s)
+    if t == "number" and rng.random() < 0.6:
+        mn = s.get("minimum", s.get("exclusiveMinimum", -1e9))
+        mx = s.get("maximum", s.get("exclusiveMaximum", 1e9))
+        for _ in range(100):
+            v = rng.randint(int(max(mn, -1e6)) - 1, int(min(mx, 1e6)) + 1)
+            x = v + rng.choice([0.5, 0.25, 0.125, 0.75, 0.375])
+            a, b = (v, v + 1) if v >= 0 else (v - 1, v)  # the integer part's range of values
+            x = x if v >= 0 else v - (x - v)
+            if a >= mn and b <= mx and jsonschema_num_ok(s, x):
+                return x
+    if lo <= hi:
+        return rng.randint(lo, min(hi, lo + 10**6)) if rng.random() < 0.5 else \
+            rng.randint(max(lo, hi - 10**6), hi)
+    return gen_bounded_number(rng, s, "number")
+
+
+def jsonschema_num_ok(s, x):
+    import jsonschema
+    return jsonschema.Draft202012Validator(s).is_valid(x)
 
 
 def gen_instance(rng, s, root, depth=0):
@@ -386,7 +440,14 @@ def gen_instance(rng, s, root, depth=0):
         return [gen_instance(rng, s.get("items", True), root, depth + 1)
                 for _ in range(rng.randint(lo, min(hi, lo + 3)))]
     if t == "string":
-        return rand_str(rng)
+        v = rand_str(rng)
+        lo, hi = s.get("minLength", 0), s.get("maxLength", 10**9)
+        while len(v) < lo:
+            v += rand_str(rng) or "a"
+        return v[:rng.randint(lo, min(hi, max(lo, len(v))))]
+    if t in ("integer", "number") and any(k in s for k in ("minimum", "maximum",
+                                                          "exclusiveMinimum", "exclusiveMaximum")):
+        return gen_bounded_number(rng, s, t)
     if t == "integer":
         return rng.randint(-10**6, 10**6)
     if t == "number":
@@ -448,6 +509,47 @@ def test_schema_recognizer_against_jsonschema(name, tmp_path):
     assert mutated.count("reject") > len(mutated) // 4
 
 
+NUMBER_BOUNDS = [
+    {"type": "integer", "minimum": 18, "maximum": 120},
+    {"type": "integer", "exclusiveMaximum": -5, "minimum": -1000},
+    {"type": "integer", "minimum": 5, "maximum": 5},
+    {"type": "number", "exclusiveMinimum": 0, "maximum": 99.5},
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    {"type": "number", "minimum": -40.5, "exclusiveMaximum": 60},
+    {"type": "number", "exclusiveMaximum": 0},
+    {"type": "number", "minimum": -1, "maximum": -0.5},
+    {"type": "number", "minimum": 0.5, "maximum": 1900.25},
+]
+
+
+@pytest.mark.parametrize("bounds", NUMBER_BOUNDS, ids=lambda b: json.dumps(b)[:60])
+def test_schema_number_bounds_exhaustive(bounds, tmp_path):
+    """Every text over "-0159.e}" of up to 6 bytes as the value of a bounded number: what the
+    recognizer calls complete is valid for jsonschema (never an out-of-range or zero-fraction
+    number through an exclusive bound), and no prefix it accepts is a dead end -- one more byte
+    always keeps it going (so a masked generation can always finish). The integers in range of
+    up to 4 digits are all accepted."""
+    import itertools
+    schema = {"type": "object", "properties": {"a": bounds}, "required": ["a"],
+              "additionalProperties": False}
+    alpha = "-0159.e}"
+    texts = [""] + ["".join(t) for n in range(1, 7) for t in itertools.product(alpha, repeat=n)]
+    got = dict(zip(texts, tool_schema(schema, [b'{"a":' + t.encode() for t in texts], tmp_path)))
+    unsound = [t for t, g in got.items() if g == "complete" and
+               not schema_valid(schema, b'{"a":' + t.encode())]
+    assert not unsound, unsound[:10]
+    dead = [t for t, g in got.items() if g == "prefix" and len(t) < 6 and
+            all(got[t + c] == "reject" for c in alpha)]
+    assert not dead, dead[:10]
+    lo, hi = _int_range(bounds)
+    ints = [str(v) for v in range(max(lo, -999), min(hi, 9999) + 1)]
+    got_ints = tool_schema(schema, [b'{"a":%s}' % v.encode() for v in ints], tmp_path)
+    assert set(got_ints) <= {"complete"}, [v for v, g in zip(ints, got_ints) if g != "complete"]
+    n_complete = sum(g == "complete" for g in got.values())
+    print(f"{n_complete} of {len(texts)} texts complete")
+    assert n_complete > 0
+
+
 INVALID = {
     "scalars": ['{"name":"a"}', '{"name":"a","age":1.5}', '{"name":"a","age":1,"extra":1}',
                 '{"name":"a","age":1,"tag":"z"}', '{"name":"a","age":1,"kind":"y"}',
@@ -467,6 +569,17 @@ INVALID = {
                '{"pets":[{"fins":2}]}', '{"pets":[{}]}'],
     "prefixes": ['{"abcd":1}', '{"ab":1,"e":2}', '{"ab":1,"e":1234}', '{"a":1}',
                  '{"ab":1,"abc":2}', '{"ab":1,"e":"12"}'],
+    "bounds": ["{%s}" % ",".join(f'"{n}":{x}' for n, x in dict(
+        [("name", '"ab"'), ("age", "30"), ("price", "1"), ("unit", "0.5"), (k, v)]).items())
+               for k, v in [("name", '"a"'), ("name", '"abcdef"'), ("code", '"ab"'),
+                            ("age", "17"), ("age", "121"), ("age", "-18"), ("neg", "-5"),
+                            ("neg", "-1001"), ("price", "0"), ("price", "-0.5"),
+                            ("price", "99.75"), ("temp", "60"), ("temp", "-41"),
+                            ("temp", "-40.75"), ("big", "999999"), ("unit", "1"),
+                            ("unit", "0"), ("nick", '"ab"'), ("tags", '["abcd"]'),
+                            ("tags", '[""]'), ("code", '"\\ud83d\\ude00x"')]] +
+              ['{"name":"ab","age":30,"price":1}', '{"name":"ab","age":30,"price":1,"unit":0.0}',
+               '{"name":"\\u00e9","age":30,"price":1,"unit":0.5}'],
 }
 
 
@@ -488,7 +601,7 @@ def test_schema_refuses_invalid_documents(name, tmp_path):
     assert "complete" not in got, list(zip(docs + stricter, got))
 
 
-@pytest.mark.parametrize("name", ["scalars", "refs", "prefixes", "tagged"])
+@pytest.mark.parametrize("name", ["scalars", "refs", "prefixes", "tagged", "bounds"])
 def test_schema_mask_equals_its_definition(name, tmp_path):
     schema = SCHEMAS[name]
     path = tmp_path / "schema.json"
@@ -556,7 +669,15 @@ def test_real_model_follows_a_schema(smol):
 
 @pytest.mark.parametrize("schema,needle", [
     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}, "'pattern'"),
-    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}}, "'minimum'"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}},
+     "'multipleOf'"),
+    ({"type": "object", "properties": {"a": {"type": "number", "minimum": 0.2, "maximum": 0.8}}},
+     "bounds"),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}},
+     "minLength"),
+    ({"type": "object", "properties": {"a": {"enum": ["x"], "maxLength": 2}}}, "enum"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": True}}},
+     "exclusiveMinimum"),
     ({"type": "array"}, "root"),
     ({"anyOf": [{"type": "object"}, {"type": "null"}]}, "root"),
     ({"type": "object", "properties": {"a": {"$ref": "#"}}}, "recursive"),
@@ -723,8 +844,8 @@ def test_auto_without_a_call_keeps_the_text(qwen_rnd):
 @pytest.mark.parametrize("tools,choice,param,needle", [
     ([TOOL_W], {"type": "function", "function": {"name": "nope"}}, "tool_choice", "not in"),
     ([{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}}}],
-     "required", "tools", "'maxLength'"),
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}}}],
+     "required", "tools", "'pattern'"),
     (None, "required", "tool_choice", "no 'tools'"),
 ])
 def test_refused_tool_choices(qwen_rnd, tools, choice, param, needle):
