@@ -52,8 +52,9 @@ int main(int argc, char **argv) {
                                        "{\"name\": \"Felix\", ", "{\"name\": \"Felix\", \"age\": 1",
                                        "{\"name\": \"Felix\", \"age\": 1, \"color\": \"bl"};
     static const char schema_text[] =
-        "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, "
-        "\"age\": {\"type\": \"integer\"}, \"color\": {\"enum\": [\"black\", \"blue\", "
+        "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", "
+        "\"maxLength\": 32}, \"age\": {\"type\": \"integer\", \"minimum\": 0, \"maximum\": 30}, "
+        "\"color\": {\"enum\": [\"black\", \"blue\", "
         "\"white\"]}}, \"required\": [\"name\", \"age\", \"color\"], "
         "\"additionalProperties\": false}";
     pgd_json_schema sc;

@@ -645,6 +645,23 @@ static int build_trie(pgd_json_vocab *v, uint32_t max_len) {
     return PGD_OK;
 }
 
+/* v->long_first: the plain tokens by character count, most first (a counting sort). */
+static int sort_long_first(pgd_json_vocab *v) {
+    size_t *start = calloc(UINT16_MAX + 2, sizeof *start);
+    v->long_first = malloc((size_t)(v->n_plain ? v->n_plain : 1) * sizeof *v->long_first);
+    if (!start || !v->long_first) {
+        free(start);
+        return PGD_ENOMEM;
+    }
+    for (int32_t id = 0; id < v->n; id++)
+        if (v->plain[id]) start[UINT16_MAX - v->nchar[id] + 1]++;
+    for (size_t k = 1; k <= UINT16_MAX + 1; k++) start[k] += start[k - 1];
+    for (int32_t id = 0; id < v->n; id++)
+        if (v->plain[id]) v->long_first[start[UINT16_MAX - v->nchar[id]]++] = id;
+    free(start);
+    return PGD_OK;
+}
+
 int pgd_json_vocab_index(pgd_json_vocab *v) {
     int32_t n = v->n;
     uint32_t max_len = 0;
@@ -674,7 +691,7 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
             v->n_plain++;
         }
     }
-    if (sort_texts(v)) return PGD_ENOMEM;
+    if (sort_texts(v) || sort_long_first(v)) return PGD_ENOMEM;
     v->stack = malloc((max_len + 1) * sizeof *v->stack);
     if (!v->stack) return PGD_ENOMEM;
     return build_trie(v, max_len);
@@ -705,6 +722,7 @@ void pgd_json_vocab_free(pgd_json_vocab *v) {
     free(v->stack);
     free(v->plain);
     free(v->nchar);
+    free(v->long_first);
     free(v->quoted);
     memset(v, 0, sizeof *v);
 }
@@ -726,13 +744,10 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
         /* inside a string, between characters: the tokens without a quote as precomputed (that
          * fit in a maxLength), those with one tried */
         int32_t room = st->snode >= 0 ? st->sc->nodes[st->snode].max_len - st->slen : INT32_MAX;
-        if (room >= UINT16_MAX) {
-            memcpy(allow, v->plain, (size_t)v->n);
-            n_ok = v->n_plain;
-        } else {
-            for (int32_t id = 0; id < v->n; id++) n_ok += allow[id] = v->plain[id] &&
-                                                                    v->nchar[id] <= room;
-        }
+        memcpy(allow, v->plain, (size_t)v->n);
+        n_ok = v->n_plain;
+        for (int32_t i = 0; i < v->n_plain && v->nchar[v->long_first[i]] > room; i++, n_ok--)
+            allow[v->long_first[i]] = 0; /* past maxLength */
         for (int32_t i = 0; i < v->n_quoted; i++) {
             int32_t id = v->quoted[i];
             if (token_ok(st, v, id)) {

@@ -176,6 +176,7 @@ typedef struct pgd_json_vocab {
     pgd_json_state *stack;/* (max_len + 1) the walk's states by depth (scratch) */
     uint8_t *plain;       /* (n) 1: no quote, accepted inside any string */
     uint16_t *nchar;      /* (n) a plain token's characters (for maxLength) */
+    int32_t *long_first;  /* (n_plain) the plain tokens, most characters first */
     int32_t n_plain;
     int32_t *quoted;     /* (n_quoted) the text tokens with a quote */
     int32_t n_quoted;
