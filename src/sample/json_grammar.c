@@ -471,7 +471,7 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
     }
     st->num_len++;
     if (next == N_DOT) st->nfrac_nz = nz == 2;
-    if (digit && (next == N_ZERO || next == N_INT)) { /* an integer digit */
+    if (digit && (next == N_ZERO || next == N_INT) && st->nnode >= 0) { /* a bounded one's */
         st->nval = st->phase == N_MINUS ? c - '0' : st->nval * 10 + (c - '0');
         st->phase = next;
         return int_prefix_ok(st, st->num_len - st->nneg);
