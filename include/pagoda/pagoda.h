@@ -87,9 +87,10 @@ typedef struct pgd_request_params {
                                        alternatives (0..20); -1 = no logprobs at all */
     bool no_speculation;            /* opt out of speculative decoding */
     /* also score the prompt: one PGD_EVENT_PROMPT_TOKEN per prompt token, in order, before the
-       first generated token, each with max(logprobs, 0) alternatives. The request takes no
-       prefix-cache hit (the cached positions' logits were never kept), as in vLLM */
+       first generated token, each with prompt_top_logprobs (0..20) alternatives. The request
+       takes no prefix-cache hit (the cached positions' logits were never kept), as in vLLM */
     bool prompt_logprobs;
+    int32_t prompt_top_logprobs;
     /* output constrained to one JSON object (OpenAI response_format json_object); needs a
        tokenizer; the generation stops when the object closes; no speculation */
     bool json_object;
@@ -125,6 +126,7 @@ typedef struct pgd_event {
     int32_t token;                   /* TOKEN: the sampled token id */
     float logprob;                   /* TOKEN, when requested: log-probability of token */
     int32_t n_top;                   /* TOKEN: number of alternatives below (-1: no logprob) */
+    int32_t rank;                    /* PROMPT_TOKEN: token's rank by logprob (1: the top) */
     int32_t top_ids[PGD_MAX_TOP_LOGPROBS];
     float top_logprobs[PGD_MAX_TOP_LOGPROBS];
     int32_t text_len;                /* TOKEN/FINISH: bytes of text completed by this event */

@@ -375,7 +375,7 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     memset(r, 0, sizeof *r);
     r->chat = chat;
     r->n = 1;
-    r->logprobs = -1;
+    r->logprobs = r->prompt_logprobs = -1;
     r->temperature = 1.0f;
     r->top_p = 1.0f;
     r->max_tokens = chat ? 0 : 16;
@@ -486,6 +486,11 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
         if (get_num(o, "logprobs", 0, lim->max_logprobs, true, &v, err)) goto fail;
         r->logprobs = (int32_t)v;
     }
+    v = -1;
+    if (get_num(o, "prompt_logprobs", 0, lim->max_logprobs, true, &v, err)) goto fail;
+    r->prompt_logprobs = (int32_t)v;
+    if (r->prompt_logprobs >= 0 && r->stream)
+        BAD("prompt_logprobs", "'prompt_logprobs' is not supported with stream=true (as in vLLM)");
     x = cJSON_GetObjectItemCaseSensitive(o, "stop");
     if (cJSON_IsString(x)) {
         if (!x->valuestring[0]) BAD("stop", "stop strings must not be empty");
@@ -607,7 +612,15 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
             cJSON_AddNullToObject(ch, "logprobs");
         }
         cJSON_AddStringToObject(ch, "finish_reason", finish);
+        if (c->prompt_logprobs && !r->chat) { /* vLLM: per choice; chat: once, at the top */
+            cJSON_AddItemToObject(ch, "prompt_logprobs", c->prompt_logprobs);
+            c->prompt_logprobs = NULL;
+        }
         cJSON_AddItemToArray(arr, ch);
+    }
+    if (r->chat && n_choices > 0 && choices[0].prompt_logprobs) {
+        cJSON_AddItemToObject(o, "prompt_logprobs", choices[0].prompt_logprobs);
+        choices[0].prompt_logprobs = NULL;
     }
     add_usage(o, prompt_tokens, completion_tokens);
     char *s = cJSON_PrintUnformatted(o);
@@ -726,6 +739,30 @@ static cJSON *bytes_array(const char *t, size_t n) {
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)t[i]));
     return a;
+}
+
+void pgd_api_prompt_logprobs_add(cJSON **lp, int32_t id, const char *tok, size_t tok_len,
+                                 float logprob, int32_t rank, int n_top, const int32_t *top_ids,
+                                 const char *const *top_tok, const size_t *top_len,
+                                 const float *top_lp) {
+    if (!*lp) *lp = cJSON_CreateArray();
+    if (n_top < 0) {
+        cJSON_AddItemToArray(*lp, cJSON_CreateNull());
+        return;
+    }
+    cJSON *e = cJSON_CreateObject();
+    for (int i = -1; i < n_top; i++) { /* the token, then its alternatives (unless it is one) */
+        int32_t t = i < 0 ? id : top_ids[i];
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)t);
+        if (cJSON_GetObjectItemCaseSensitive(e, key)) continue;
+        cJSON *x = cJSON_AddObjectToObject(e, key);
+        cJSON_AddNumberToObject(x, "logprob", i < 0 ? logprob : top_lp[i]);
+        cJSON_AddNumberToObject(x, "rank", i < 0 ? rank : i + 1);
+        cJSON_AddItemToObject(x, "decoded_token", i < 0 ? token_string(tok, tok_len)
+                                                        : token_string(top_tok[i], top_len[i]));
+    }
+    cJSON_AddItemToArray(*lp, e);
 }
 
 void pgd_api_logprobs_add(const pgd_api_request *r, cJSON **lp, const char *tok, size_t tok_len,

@@ -42,6 +42,8 @@ typedef struct pgd_api_request {
     int32_t max_tokens;            /* 0: until the context is full (chat default) */
     int32_t n;
     int32_t logprobs;              /* -1: none; else number of alternatives (chat: top_logprobs) */
+    int32_t prompt_logprobs;       /* vLLM's extension: -1 none; else the prompt's scores with
+                                      this many alternatives (not with stream) */
     bool echo, stream, include_usage, ignore_eos, add_generation_prompt;
     bool echo_only;                /* completions: echo with max_tokens 0 -- score the prompt,
                                       generate nothing (as vLLM and OpenAI's legacy API) */
@@ -92,6 +94,8 @@ typedef struct pgd_api_choice {
     int32_t n_prompt, n_cached;
     size_t emitted;                /* streaming with tool_format: bytes of text sent as content */
     size_t prompt_offset;          /* echo with logprobs: bytes of prompt tokens' text so far */
+    cJSON *prompt_logprobs;        /* prompt_logprobs: [null, {id: {logprob, rank,
+                                      decoded_token}}, ...] as vLLM writes it, or NULL */
     bool echo_pending;             /* streaming echo with logprobs: sent with the prompt's scores */
 } pgd_api_choice;
 
@@ -102,6 +106,14 @@ typedef struct pgd_api_choice {
 void pgd_api_logprobs_add(const pgd_api_request *r, cJSON **lp, const char *tok, size_t tok_len,
                           float logprob, int n_top, const char *const *top_tok,
                           const size_t *top_len, const float *top_lp, size_t text_offset);
+
+/* Appends one prompt token's entry to *lp (created on first use) in vLLM's prompt_logprobs form:
+ * null for the first token (n_top < 0), else {"<id>": {"logprob", "rank", "decoded_token"}} for
+ * the token and its n_top alternatives (ranks 1..n_top). tok/top_tok: the tokens' text. */
+void pgd_api_prompt_logprobs_add(cJSON **lp, int32_t id, const char *tok, size_t tok_len,
+                                 float logprob, int32_t rank, int n_top, const int32_t *top_ids,
+                                 const char *const *top_tok, const size_t *top_len,
+                                 const float *top_lp);
 
 /* Response bodies (malloc'd strings). */
 char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long created,

@@ -44,6 +44,7 @@ typedef struct seq {
      * p + 1 (their logits rows: lp_row.. lp_row + lp_n this step); lp_started: token 0's event
      * (no logprob) is out */
     bool prompt_lp, lp_started;
+    int32_t prompt_top;       /* alternatives per prompt token */
     int32_t lp_pos, lp_row, lp_n;
     bool spec;                /* speculative decoding on for this request */
     pgd_spec_adapt adapt;     /* its adaptive number of proposals */
@@ -107,7 +108,7 @@ struct pgd_engine {
     seq **b_seqs;                               /* (max_num_seqs) sequences in this step */
     /* prompt logprobs of this step, by logits row, computed on the pool before out_mu */
     struct lp_row {
-        int32_t token, n_top;
+        int32_t token, n_top, rank;
         float logprob;
         int32_t top_ids[PGD_MAX_TOP_LOGPROBS];
         float top_logprobs[PGD_MAX_TOP_LOGPROBS];
@@ -616,13 +617,15 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         seq_free(s);
         return fail(err, errlen, src, "%s", src == PGD_ENOMEM ? "out of memory" : serr.msg);
     }
-    if (p->logprobs < -1 || p->logprobs > PGD_MAX_TOP_LOGPROBS) {
+    if (p->logprobs < -1 || p->logprobs > PGD_MAX_TOP_LOGPROBS || p->prompt_top_logprobs < 0 ||
+        p->prompt_top_logprobs > PGD_MAX_TOP_LOGPROBS) {
         seq_free(s);
         return fail(err, errlen, PGD_EINVAL, "%s", "logprobs must be between 0 and 20");
     }
     /* a zeroed params struct means no logprobs: -1 and 0 differ only for callers that ask */
     s->logprobs = p->logprobs;
     s->prompt_lp = p->prompt_logprobs;
+    s->prompt_top = p->prompt_top_logprobs;
     /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
      * state after the ones before it) */
     s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json;
@@ -990,8 +993,11 @@ static void score_row(void *ctx, long i, int ith) {
     pgd_engine *e = ctx;
     int32_t row = e->lp_todo[i], nv = e->model->cfg.n_vocab;
     struct lp_row *r = &e->lp_rows[row];
-    r->logprob = pgd_logprobs(e->fwd.logits + (size_t)row * nv, nv, r->token, r->n_top,
-                              r->top_ids, r->top_logprobs);
+    const float *lg = e->fwd.logits + (size_t)row * nv;
+    r->logprob = pgd_logprobs(lg, nv, r->token, r->n_top, r->top_ids, r->top_logprobs);
+    int32_t above = 0; /* the tokens more likely than it (vLLM's rank) */
+    for (int32_t t = 0; t < nv; t++) above += lg[t] > lg[r->token];
+    r->rank = above + 1;
 }
 
 /* Scores the prompt positions of this step's sequences into lp_rows, a row per chunk of the
@@ -1004,7 +1010,7 @@ static void score_prompts(pgd_engine *e, int32_t ns) {
         for (int32_t j = 0; j < s->lp_n; j++) {
             struct lp_row *r = &e->lp_rows[s->lp_row + j];
             r->token = s->tokens[s->lp_pos + j + 1];
-            r->n_top = s->logprobs > 0 ? s->logprobs : 0;
+            r->n_top = s->prompt_top;
             e->lp_todo[n++] = s->lp_row + j;
         }
     }
@@ -1025,6 +1031,7 @@ static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
         if (j < 0) continue;
         const struct lp_row *r = &e->lp_rows[s->lp_row + j];
         ev->logprob = r->logprob;
+        ev->rank = r->rank;
         ev->n_top = r->n_top;
         memcpy(ev->top_ids, r->top_ids, (size_t)r->n_top * sizeof *r->top_ids);
         memcpy(ev->top_logprobs, r->top_logprobs, (size_t)r->n_top * sizeof *r->top_logprobs);

@@ -140,6 +140,7 @@ static void ctx_unref(req_ctx *c) {
     for (int i = 0; i < c->n_choices; i++) {
         free(c->choices[i].text);
         cJSON_Delete(c->choices[i].logprobs);
+        cJSON_Delete(c->choices[i].prompt_logprobs);
     }
     free(c->choices);
     free(c->engine_ids);
@@ -238,23 +239,42 @@ static int choice_of(req_ctx *c, uint64_t engine_id) {
     return -1;
 }
 
+/* The texts of an event's token and its first k alternatives (k at most ev->n_top). */
+typedef struct ev_texts {
+    char tok[256], tops[PGD_MAX_TOP_LOGPROBS][256];
+    const char *tp[PGD_MAX_TOP_LOGPROBS];
+    size_t tok_len, tl[PGD_MAX_TOP_LOGPROBS];
+    int k;
+} ev_texts;
+
+static void ev_texts_get(server *s, const pgd_event *ev, int k, ev_texts *t) {
+    int n = pgd_tokenizer_token_bytes(s->tok, ev->token, true, t->tok, sizeof t->tok);
+    t->tok_len = n > 0 ? (size_t)n : 0;
+    t->k = ev->n_top < k ? ev->n_top : k;
+    for (int i = 0; i < t->k; i++) {
+        int m = pgd_tokenizer_token_bytes(s->tok, ev->top_ids[i], true, t->tops[i],
+                                          sizeof t->tops[i]);
+        t->tp[i] = t->tops[i];
+        t->tl[i] = m > 0 ? (size_t)m : 0;
+    }
+}
+
 /* Appends the logprobs of the event's token to *dst; returns the bytes of the token's text. */
 static size_t add_logprobs(server *s, req_ctx *c, cJSON **dst, const pgd_event *ev,
                            size_t text_offset) {
-    char tok[256], tops[PGD_MAX_TOP_LOGPROBS][256];
-    const char *tp[PGD_MAX_TOP_LOGPROBS];
-    size_t tl[PGD_MAX_TOP_LOGPROBS];
-    int n = pgd_tokenizer_token_bytes(s->tok, ev->token, true, tok, sizeof tok);
-    if (n < 0) n = 0;
-    int k = ev->n_top < c->api.logprobs ? ev->n_top : c->api.logprobs;
-    for (int i = 0; i < k; i++) {
-        int m = pgd_tokenizer_token_bytes(s->tok, ev->top_ids[i], true, tops[i], sizeof tops[i]);
-        tp[i] = tops[i];
-        tl[i] = m > 0 ? (size_t)m : 0;
-    }
-    pgd_api_logprobs_add(&c->api, dst, tok, (size_t)n, ev->logprob, k, tp, tl, ev->top_logprobs,
-                         text_offset);
-    return (size_t)n;
+    ev_texts t;
+    ev_texts_get(s, ev, c->api.logprobs, &t);
+    pgd_api_logprobs_add(&c->api, dst, t.tok, t.tok_len, ev->logprob, t.k, t.tp, t.tl,
+                         ev->top_logprobs, text_offset);
+    return t.tok_len;
+}
+
+/* vLLM's prompt_logprobs entry of the event's prompt token. */
+static void add_prompt_logprobs(server *s, req_ctx *c, pgd_api_choice *ch, const pgd_event *ev) {
+    ev_texts t;
+    ev_texts_get(s, ev, c->api.prompt_logprobs, &t);
+    pgd_api_prompt_logprobs_add(&ch->prompt_logprobs, ev->token, t.tok, t.tok_len, ev->logprob,
+                                ev->rank, t.k, ev->top_ids, t.tp, t.tl, ev->top_logprobs);
 }
 
 /* Streaming echo with logprobs: the prompt's text and scores, sent before anything generated. */
@@ -298,9 +318,11 @@ static void handle_event(server *s, const pgd_event *ev) {
     int i = choice_of(c, ev->request_id);
     if (i < 0) return;
     pgd_api_choice *ch = &c->choices[i];
-    if (ev->type == PGD_EVENT_PROMPT_TOKEN) { /* echo with logprobs: the prompt's scores */
-        if (!c->conn_done && c->api.echo)
+    if (ev->type == PGD_EVENT_PROMPT_TOKEN) { /* the prompt's scores */
+        if (c->conn_done) return;
+        if (c->api.echo && c->api.logprobs >= 0) /* in the echoed logprobs */
             ch->prompt_offset += add_logprobs(s, c, &ch->logprobs, ev, ch->prompt_offset);
+        if (c->api.prompt_logprobs >= 0) add_prompt_logprobs(s, c, ch, ev);
         return;
     }
     pgd_event only_echo;
@@ -590,7 +612,10 @@ static void submit_all(server *s, req_ctx *c) {
                 .repetition_penalty = r->repetition_penalty, .logit_bias_ids = r->bias_ids,
                 .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
                 .logprobs = r->logprobs, .no_speculation = r->no_speculation,
-                .prompt_logprobs = r->echo && r->logprobs >= 0,
+                .prompt_logprobs = (r->echo && r->logprobs >= 0) || r->prompt_logprobs >= 0,
+                .prompt_top_logprobs = r->echo && r->logprobs > r->prompt_logprobs
+                                           ? r->logprobs
+                                           : r->prompt_logprobs > 0 ? r->prompt_logprobs : 0,
                 .json_object = r->json_object, .json_schema = r->json_schema,
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,

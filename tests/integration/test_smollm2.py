@@ -279,3 +279,48 @@ def test_echo_alone(default_server):
     c = r.json()["choices"][0]
     assert c["text"] == "The capital of France is" and c["logprobs"] is None
     assert c["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 0
+
+
+def test_prompt_logprobs_extension_matches_transformers(f32_server, reference):
+    """vLLM's prompt_logprobs extension: per choice, null then {id: {logprob, rank,
+    decoded_token}} for each prompt token and its top alternatives; the values and ranks are
+    transformers' (ranks compared where no other logit is within 1e-3 of the token's)."""
+    import requests
+    import server_util
+    seqs, ref = reference
+    s = seqs[4]
+    ids = s["prompt"] + s["cont"]
+    r = requests.post(f32_server.url("/v1/completions"), timeout=300, json={
+        "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    server_util.validate(body, "CreateCompletionResponse")
+    pl = body["choices"][0]["prompt_logprobs"]
+    assert body["choices"][0]["logprobs"] is None and len(pl) == len(ids) and pl[0] is None
+    off = sum(len(x["prompt"]) + len(x["cont"]) for x in seqs[:4])
+    lsm = _log_softmax(ref[off:off + len(ids)])
+    checked = 0
+    for i in range(1, len(ids)):
+        row = lsm[i - 1]
+        e = pl[i]
+        assert str(ids[i]) in e and 3 <= len(e) <= 4
+        assert e[str(ids[i])]["logprob"] == pytest.approx(row[ids[i]], abs=5e-4)
+        top = np.argsort(-row)[:3]
+        for j, t in enumerate(top):
+            if str(t) in e and int(t) != ids[i]:
+                assert e[str(t)]["rank"] == j + 1
+        if np.sort(np.abs(row - row[ids[i]]))[1] > 1e-3:
+            assert e[str(ids[i])]["rank"] == int((row > row[ids[i]]).sum()) + 1
+            checked += 1
+    assert checked > len(ids) // 2
+    # chat: once, at the top level, for the rendered prompt
+    r = requests.post(f32_server.url("/v1/chat/completions"), timeout=300, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "prompt_logprobs": 0})
+    assert r.status_code == 200, r.text
+    c = r.json()
+    server_util.validate(c, "CreateChatCompletionResponse")
+    assert len(c["prompt_logprobs"]) == c["usage"]["prompt_tokens"]
+    assert all(len(e) == 1 for e in c["prompt_logprobs"][1:])
+    r = requests.post(f32_server.url("/v1/completions"), timeout=60, json={
+        "prompt": "Hi", "max_tokens": 1, "prompt_logprobs": 1, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"

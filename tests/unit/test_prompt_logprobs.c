@@ -1,6 +1,7 @@
 /* Prompt logprobs (pgd_request_params.prompt_logprobs: completions' echo with logprobs) against
  * the unbatched path: every prompt token's event carries exactly the logprob and top
- * alternatives that pgd_logprobs gives on the single-sequence session's logits of the position
+ * alternatives that pgd_logprobs gives (and the rank: 1 + the tokens scored above it) on the
+ * single-sequence session's logits of the position
  * before it, whatever the engine did to get there -- prompts chunked across steps by the token
  * budget and by the logits rows a step holds, mixed with other requests' prefills and decodes,
  * preempted and recomputed, after the same prompt filled the prefix cache, with n-gram
@@ -25,7 +26,7 @@ static int32_t n_prompts[NREQ];
 
 /* Per request: the prompt events (token, logprob, tops) and the generated tokens. */
 typedef struct result {
-    int32_t n_ev, pos[MAXP], tok[MAXP], n_top[MAXP], top_ids[MAXP][TOP];
+    int32_t n_ev, pos[MAXP], tok[MAXP], n_top[MAXP], rank[MAXP], top_ids[MAXP][TOP];
     float lp[MAXP], top_lp[MAXP][TOP];
     int32_t n_gen, gen[MAXTOK];
     int finishes;
@@ -55,7 +56,7 @@ static void run(const pgd_engine_config *c, const bool *with_lp, result *res) {
         pgd_request_params p = {.prompt = prompts[r], .n_prompt = n_prompts[r],
                                 .max_tokens = MAXTOK, .ignore_eos = true,
                                 .logprobs = with_lp[r] ? TOP : -1,
-                                .prompt_logprobs = with_lp[r]};
+                                .prompt_logprobs = with_lp[r], .prompt_top_logprobs = TOP};
         CHECK_EQ_INT(pgd_engine_submit(e, &p, &ids[r], err, sizeof err), 0);
         /* the later ones arrive while the first ones run */
         if (r < 4) pgd_engine_step(e);
@@ -80,6 +81,7 @@ static void run(const pgd_engine_config *c, const bool *with_lp, result *res) {
                 q->pos[k] = ev[i].text_offset;
                 q->tok[k] = ev[i].token;
                 q->n_top[k] = ev[i].n_top;
+                q->rank[k] = ev[i].rank;
                 q->lp[k] = ev[i].logprob;
                 for (int j = 0; j < TOP && j < ev[i].n_top; j++) {
                     q->top_ids[k][j] = ev[i].top_ids[j];
@@ -115,7 +117,10 @@ static void check_prompt(pgd_session *ss, int r, const result *q) {
         float tlp[TOP];
         float want = pgd_logprobs(ss->logits + (size_t)(i - 1) * nv, nv, prompts[r][i], TOP, tid,
                                   tlp);
-        bad += q->n_top[i] != TOP || q->lp[i] != want;
+        const float *lg = ss->logits + (size_t)(i - 1) * nv;
+        int32_t above = 0;
+        for (int32_t t = 0; t < nv; t++) above += lg[t] > lg[prompts[r][i]];
+        bad += q->n_top[i] != TOP || q->lp[i] != want || q->rank[i] != above + 1;
         for (int j = 0; j < TOP; j++) bad += q->top_ids[i][j] != tid[j] || q->top_lp[i][j] != tlp[j];
     }
     CHECK_EQ_INT(bad, 0);
