@@ -10,12 +10,11 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "backend/cpu/pool.h"
 #include "model/model.h"
 #include "pagoda/pagoda.h"
 #include "sample/device_sample.h"
 #include "sample/sampler.h"
-#include "test.h"
+#include "test_session.h"
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd64(void) {
@@ -455,14 +454,10 @@ static pgd_request_params request(int r, float temperature) {
 /* The device path of one request replayed on a single-sequence session: every token from the
  * reference with u from the request's own generator. */
 static void replay(const pgd_request_params *q, int32_t *out) {
-    pgd_model *m;
-    pgd_model_opts mo = {0};
-    pgd_err err;
-    CHECK_EQ_INT(pgd_model_load(STORIES, &mo, &m, &err), 0);
-    pgd_pool *pool;
-    CHECK_EQ_INT(pgd_pool_create(2, &pool, NULL), 0);
-    pgd_session ss;
-    CHECK_EQ_INT(pgd_session_init(&ss, m, pool, 64, &err), 0);
+    test_session t;
+    test_session_open(&t, STORIES, 64);
+    pgd_model *m = t.m;
+    pgd_session *ss = &t.ss;
     pgd_sampler_scratch sc;
     CHECK_EQ_INT(pgd_sampler_scratch_init(&sc, m->cfg.n_vocab, NULL, 0, NULL), 0);
     pgd_sampler rng;
@@ -470,17 +465,15 @@ static void replay(const pgd_request_params *q, int32_t *out) {
     CHECK_EQ_INT(pgd_sampler_init(&rng, &sp, &sc, NULL), 0);
     pgd_sample_row row = {.temperature = q->temperature, .top_p = q->top_p, .min_p = q->min_p,
                           .top_k = q->top_k};
-    CHECK_EQ_INT(pgd_session_forward(&ss, q->prompt, q->n_prompt, false), 0);
+    CHECK_EQ_INT(pgd_session_forward(ss, q->prompt, q->n_prompt, false), 0);
     for (int i = 0; i < q->max_tokens; i++) {
         if (row.temperature > 0 && row.top_k != 1) row.u = pgd_sampler_uniform_f32(&rng);
-        out[i] = pgd_device_sample_row(ss.logits, m->cfg.n_vocab, &row);
-        if (i + 1 < q->max_tokens) CHECK_EQ_INT(pgd_session_forward(&ss, &out[i], 1, false), 0);
+        out[i] = pgd_device_sample_row(ss->logits, m->cfg.n_vocab, &row);
+        if (i + 1 < q->max_tokens) CHECK_EQ_INT(pgd_session_forward(ss, &out[i], 1, false), 0);
     }
     pgd_sampler_free(&rng);
     pgd_sampler_scratch_free(&sc);
-    pgd_session_free(&ss);
-    pgd_pool_free(pool);
-    pgd_model_free(m);
+    test_session_close(&t);
 }
 
 static void test_engine(void) {

@@ -11,12 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/pool.h"
 #include "engine/engine_internal.h"
-#include "model/model.h"
 #include "pagoda/pagoda.h"
 #include "sample/sampler.h"
-#include "test.h"
+#include "test_session.h"
 
 #define STORIES "tests/data/models/stories260K.gguf"
 enum { NREQ = 10, MAXP = 160, MAXTOK = 12, TOP = 3 };
@@ -146,14 +144,9 @@ static void check_config(const char *what, pgd_engine_config *c, pgd_session *ss
 
 int main(void) {
     make_prompts();
-    pgd_model *m;
-    pgd_model_opts mo = {0};
-    pgd_err err;
-    CHECK_EQ_INT(pgd_model_load(STORIES, &mo, &m, &err), 0);
-    pgd_pool *pool;
-    CHECK_EQ_INT(pgd_pool_create(2, &pool, NULL), 0);
-    pgd_session ss;
-    CHECK_EQ_INT(pgd_session_init(&ss, m, pool, MAXP, &err), 0);
+    test_session t;
+    test_session_open(&t, STORIES, MAXP);
+    pgd_session *ss = &t.ss;
 
     pgd_engine_config c;
     pgd_engine_config_default(&c);
@@ -161,11 +154,11 @@ int main(void) {
     c.n_threads = 2;
     c.max_num_seqs = 4; /* 4 logits rows a step: a scored prompt goes 4 positions at a time */
     c.max_num_batched_tokens = 32;
-    check_config("few logits rows, prefix caching on", &c, &ss);
+    check_config("few logits rows, prefix caching on", &c, ss);
     c.max_num_seqs = 16;
     c.max_num_batched_tokens = 48;
     c.kv_cache_bytes = 14 * 16 * 1280; /* 14 blocks of 16 tokens: preemption */
-    check_config("small KV pool (preemption)", &c, &ss);
+    check_config("small KV pool (preemption)", &c, ss);
     pgd_engine_config_default(&c);
     c.model_path = STORIES;
     c.n_threads = 2;
@@ -173,10 +166,7 @@ int main(void) {
     c.max_num_batched_tokens = 40;
     c.speculative = PGD_SPEC_NGRAM;
     c.num_speculative_tokens = 3;
-    check_config("n-gram speculation", &c, &ss);
-
-    pgd_session_free(&ss);
-    pgd_pool_free(pool);
-    pgd_model_free(m);
+    check_config("n-gram speculation", &c, ss);
+    test_session_close(&t);
     return test_report("test_prompt_logprobs");
 }
