@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/reasoning.h"
 #include "api/tool_calls.h"
 #include "sample/json_grammar.h"
 #include "tokenizer/unicode.h"
@@ -594,12 +595,20 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
         if (r->chat) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            size_t content_len = c->text_len;
-            cJSON *calls = pgd_api_choice_tool_calls(r, id, i, c->text ? c->text : "",
-                                                     c->text_len, &content_len, &finish);
-            if (calls && content_len == 0) cJSON_AddNullToObject(m, "content");
-            else cJSON_AddItemToObject(m, "content",
-                                       string_n(c->text ? c->text : "", content_len));
+            const char *text = c->text ? c->text : "";
+            pgd_reasoning_span sp;
+            pgd_reasoning_scan((pgd_reasoning_format)r->reasoning, text, c->text_len, true, &sp);
+            size_t c_off = sp.content ? sp.c_off : c->text_len, content_len = c->text_len - c_off;
+            cJSON *calls = pgd_api_choice_tool_calls(r, id, i, text + c_off, content_len,
+                                                     &content_len, &finish);
+            /* vLLM: null for no content (with reasoning or calls) */
+            if (content_len == 0 && (calls || r->reasoning)) cJSON_AddNullToObject(m, "content");
+            else cJSON_AddItemToObject(m, "content", string_n(text + c_off, content_len));
+            if (sp.thinking)
+                cJSON_AddItemToObject(m, "reasoning_content",
+                                      string_n(text + sp.r_off, sp.r_end - sp.r_off));
+            else if (r->reasoning)
+                cJSON_AddNullToObject(m, "reasoning_content");
             cJSON_AddNullToObject(m, "refusal");
             if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
         } else {
@@ -654,14 +663,18 @@ static cJSON *chunk_base(const pgd_api_request *r, const char *id, long created,
 
 char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
                         const char *model, int index, const char *text, size_t text_len,
-                        bool role_first, const char *finish, cJSON *logprobs) {
+                        const char *reasoning, size_t reasoning_len, bool role_first,
+                        const char *finish, cJSON *logprobs) {
     cJSON *o = chunk_base(r, id, created, model);
     cJSON *arr = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", index);
     if (r->chat) {
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         if (role_first) cJSON_AddStringToObject(d, "role", "assistant");
-        if (text_len || role_first) cJSON_AddItemToObject(d, "content", string_n(text, text_len));
+        if (reasoning_len)
+            cJSON_AddItemToObject(d, "reasoning_content", string_n(reasoning, reasoning_len));
+        if (text_len || (role_first && !reasoning_len))
+            cJSON_AddItemToObject(d, "content", string_n(text, text_len));
     } else {
         cJSON_AddItemToObject(ch, "text", string_n(text, text_len));
     }

@@ -53,6 +53,8 @@ typedef struct pgd_api_request {
     bool tool_required;            /* tool_choice "required" or a named function (tool_name) */
     int tool_format;               /* set by the server: answers' tool calls are parsed out in
                                       this pgd_tool_format (0: none) */
+    int reasoning;                 /* set by the server: chat answers' reasoning is returned
+                                      apart, in this pgd_reasoning_format (0: none) */
     bool parallel_tool_calls;      /* false: an answer returns its first call only */
     char *tool_name;               /* owned, or NULL */
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
@@ -93,6 +95,7 @@ typedef struct pgd_api_choice {
     cJSON *logprobs;               /* built incrementally when requested, or NULL */
     int32_t n_prompt, n_cached;
     size_t emitted;                /* streaming with tool_format: bytes of text sent as content */
+    size_t r_emitted;              /* streaming with reasoning: bytes of text sent as such */
     size_t prompt_offset;          /* echo with logprobs: bytes of prompt tokens' text so far */
     cJSON *prompt_logprobs;        /* prompt_logprobs: [null, {id: {logprob, rank,
                                       decoded_token}}, ...] as vLLM writes it, or NULL */
@@ -120,10 +123,12 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
                               const char *model, pgd_api_choice *choices, int n_choices,
                               int32_t prompt_tokens, int32_t completion_tokens);
 /* One SSE "data: {...}\n\n" frame for a streamed delta of choice index. role_first: chat's
- * first frame carries the assistant role. finish may be NULL. */
+ * first frame carries the assistant role. finish may be NULL. reasoning (chat): a
+ * reasoning_content delta beside the content's. */
 char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
                         const char *model, int index, const char *text, size_t text_len,
-                        bool role_first, const char *finish, cJSON *logprobs);
+                        const char *reasoning, size_t reasoning_len, bool role_first,
+                        const char *finish, cJSON *logprobs);
 /* A chat choice's tool calls when the request parses them (tool_format): the calls of
  * text[0..len) (parallel_tool_calls false: the first only), their ids from the response id and
  * the choice index, *content_len the bytes of content before them, and *finish "tool_calls"

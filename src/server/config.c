@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "api/reasoning.h"
 #include "util/mapfile.h"
 #include "util/parse.h"
 
@@ -53,6 +54,9 @@ static const opt table[] = {
      "tool calls in chat answers: hermes (<tool_call>{...}</tool_call>), llama3_json (Llama "
      "3.1's {\"name\", \"parameters\"} first), none, or auto (what the chat template asks "
      "for)"},
+    {"reasoning-parser", 0, T_STR, OFF(reasoning_parser), "none", 0, 0, NULL,
+     "reasoning in chat answers, returned as reasoning_content: deepseek_r1 (the template opens "
+     "<think>; reasoning up to </think>), qwen3 (when the answer opens <think>), or none"},
     {"speculative", 0, T_STR, OFF(speculative), "none", 0, 0, NULL,
      "speculative decoding: none, ngram (prompt lookup) or draft"},
     {"num-speculative-tokens", 0, T_INT, OFF(num_speculative_tokens), "5", 1, 16, NULL,
@@ -304,6 +308,10 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
     if (strcmp(c->tool_call_parser, "auto") && strcmp(c->tool_call_parser, "hermes") &&
         strcmp(c->tool_call_parser, "llama3_json") && strcmp(c->tool_call_parser, "none")) {
         fprintf(stderr, "pagoda: --tool-call-parser must be auto, hermes, llama3_json or none\n");
+        return -1;
+    }
+    if (pgd_reasoning_format_of(c->reasoning_parser) < 0) {
+        fprintf(stderr, "pagoda: --reasoning-parser must be deepseek_r1, qwen3 or none\n");
         return -1;
     }
     if (strcmp(c->speculative, "none") && strcmp(c->speculative, "ngram") &&

@@ -31,6 +31,7 @@
 
 #include "api/chat.h"
 #include "api/openai.h"
+#include "api/reasoning.h"
 #include "api/tool_calls.h"
 #include "sample/json_grammar.h"
 #include "model/gguf.h"
@@ -104,6 +105,7 @@ struct server {
     volatile bool ready;
     bool draining, load_failed;
     pgd_tool_format tool_format; /* of the chat answers' tool calls (--tool-call-parser) */
+    pgd_reasoning_format reasoning_format; /* of the chat answers (--reasoning-parser) */
     bool loading;              /* the load work is queued or running (it writes s->engine) */
     int in_flight;             /* requests accepted and not yet answered */
     struct req_ctx *live;      /* every context whose connection has not completed */
@@ -283,7 +285,7 @@ static void flush_echo(server *s, req_ctx *c, int i) {
     if (!ch->echo_pending) return;
     ch->echo_pending = false;
     char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
-                                ch->text ? ch->text : "", c->echo_len[i], false, NULL,
+                                ch->text ? ch->text : "", c->echo_len[i], NULL, 0, false, NULL,
                                 ch->logprobs);
     ch->logprobs = NULL; /* the frame owned it */
     if (f) out_append(c, f, strlen(f));
@@ -292,24 +294,42 @@ static void flush_echo(server *s, req_ctx *c, int i) {
 
 static void finish_request(server *s, req_ctx *c);
 
-/* A streamed chat answer whose tool calls are parsed: the event's text joins the choice's, and
- * what goes out as content (*text, *text_len) stops where a call begins or may begin; at the end
- * the held text is parsed: *calls (and finish "tool_calls"), or it goes out as content. */
-static void stream_tool_text(req_ctx *c, int i, const pgd_event *ev, const char **text,
-                             size_t *text_len, const char **fin, cJSON **calls) {
+/* A streamed chat answer whose reasoning or tool calls are parsed: the event's text joins the
+ * choice's. *rtext, *rlen: the reasoning to send now. *text, *text_len: the content to send now,
+ * which stops where a call begins or may begin; at the end the held text is parsed: *calls (and
+ * finish "tool_calls"), or it goes out as content. */
+static void stream_chat_text(req_ctx *c, int i, const pgd_event *ev, const char **rtext,
+                             size_t *rlen, const char **text, size_t *text_len, const char **fin,
+                             cJSON **calls) {
     pgd_api_choice *ch = &c->choices[i];
     choice_append(ch, ev->text, (size_t)ev->text_len);
-    bool opened;
-    pgd_tool_format f = (pgd_tool_format)c->api.tool_format;
-    size_t safe = pgd_tool_calls_stream_safe(f, ch->text ? ch->text : "", ch->text_len, &opened);
-    if (*fin) {
-        safe = ch->text_len; /* all of it is content, unless it holds calls */
-        if (opened)
-            *calls = pgd_api_choice_tool_calls(&c->api, c->id, i, ch->text, ch->text_len, &safe,
-                                               fin);
+    const char *t = ch->text ? ch->text : "";
+    pgd_reasoning_span sp;
+    pgd_reasoning_scan((pgd_reasoning_format)c->api.reasoning, t, ch->text_len, *fin != NULL,
+                       &sp);
+    *rtext = *text = t;
+    *rlen = *text_len = 0;
+    if (sp.thinking) {
+        size_t from = ch->r_emitted > sp.r_off ? ch->r_emitted : sp.r_off;
+        *rtext = t + from;
+        *rlen = sp.r_end > from ? sp.r_end - from : 0;
+        ch->r_emitted = from + *rlen;
     }
-    *text = ch->text ? ch->text + ch->emitted : "";
-    *text_len = safe > ch->emitted ? safe - ch->emitted : 0;
+    if (!sp.content) return;
+    size_t base = sp.c_off, n = ch->text_len - base, safe = n; /* the content: t[base..] */
+    if (ch->emitted < base) ch->emitted = base;
+    if (c->api.tool_format) {
+        bool opened;
+        safe = pgd_tool_calls_stream_safe((pgd_tool_format)c->api.tool_format, t + base, n,
+                                          &opened);
+        if (*fin) {
+            safe = n; /* all of it is content, unless it holds calls */
+            if (opened) *calls = pgd_api_choice_tool_calls(&c->api, c->id, i, t + base, n, &safe,
+                                                           fin);
+        }
+    }
+    *text = t + ch->emitted;
+    *text_len = base + safe > ch->emitted ? base + safe - ch->emitted : 0;
     ch->emitted += *text_len;
 }
 
@@ -356,10 +376,13 @@ static void handle_event(server *s, const pgd_event *ev) {
         const char *text = ev->text;
         size_t text_len = (size_t)ev->text_len;
         cJSON *calls = NULL;
-        if (c->api.tool_format) stream_tool_text(c, i, ev, &text, &text_len, &fin, &calls);
-        if (text_len || lp || (fin && !calls) || !c->role_sent[i]) {
+        const char *rtext = NULL;
+        size_t rlen = 0;
+        if (c->api.tool_format || c->api.reasoning)
+            stream_chat_text(c, i, ev, &rtext, &rlen, &text, &text_len, &fin, &calls);
+        if (text_len || rlen || lp || (fin && !calls) || !c->role_sent[i]) {
             char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, text,
-                                        text_len, c->api.chat && !c->role_sent[i],
+                                        text_len, rtext, rlen, c->api.chat && !c->role_sent[i],
                                         calls ? NULL : fin, lp);
             c->role_sent[i] = true;
             if (f) out_append(c, f, strlen(f));
@@ -475,6 +498,7 @@ static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prom
  * required or named call is the answer, held to the call's schema between the format's tags. */
 static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     r->tool_format = r->chat && r->tools ? (int)s->tool_format : PGD_TOOLS_NONE;
+    r->reasoning = r->chat ? (int)s->reasoning_format : PGD_REASONING_NONE;
     if (!r->tool_required) return 0;
     if (!s->tool_format) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL,
@@ -676,8 +700,8 @@ static void after_work_cb(uv_work_t *w, int status) {
             for (int i = 0; i < c->n_choices; i++)
                 if (c->echo_len[i] && !c->choices[i].echo_pending) {
                     char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
-                                                c->choices[i].text, c->echo_len[i], false, NULL,
-                                                NULL);
+                                                c->choices[i].text, c->echo_len[i], NULL, 0,
+                                                false, NULL, NULL);
                     if (f) out_append(c, f, strlen(f));
                     free(f);
                 }
@@ -1223,6 +1247,7 @@ static void load_work_cb(uv_work_t *w) {
         fprintf(stderr, "{\"event\":\"warning\",\"message\":\"the chat template does not parse; "
                         "chat completions are off\"}\n");
     s->limits.n_vocab = pgd_tokenizer_n_vocab(s->tok);
+    s->reasoning_format = (pgd_reasoning_format)pgd_reasoning_format_of(s->cfg.reasoning_parser);
     const char *tp = s->cfg.tool_call_parser;
     s->tool_format = !strcmp(tp, "hermes")        ? PGD_TOOLS_HERMES
                      : !strcmp(tp, "llama3_json") ? PGD_TOOLS_LLAMA3

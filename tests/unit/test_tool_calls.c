@@ -4,6 +4,7 @@
  * Also the streaming hold and the schema of a call. */
 #include <string.h>
 
+#include "api/reasoning.h"
 #include "api/tool_calls.h"
 #include "sample/json_grammar.h"
 #include "test.h"
@@ -170,7 +171,58 @@ static void test_llama3(void) {
     }
 }
 
+/* One scan: want_r / want_c are the reasoning and content texts ("-": none; content runs to
+ * the end of t). */
+static void scan_case(pgd_reasoning_format f, const char *t, bool done, const char *want_r,
+                      const char *want_c) {
+    pgd_reasoning_span sp;
+    size_t n = strlen(t);
+    pgd_reasoning_scan(f, t, n, done, &sp);
+    bool r_ok = strcmp(want_r, "-") ? sp.thinking && sp.r_end - sp.r_off == strlen(want_r) &&
+                                          !memcmp(t + sp.r_off, want_r, strlen(want_r))
+                                    : !sp.thinking;
+    bool c_ok = strcmp(want_c, "-") ? sp.content && !strcmp(t + sp.c_off, want_c) : !sp.content;
+    if (!r_ok || !c_ok) fprintf(stderr, "reasoning scan of '%s' (format %d, done %d)\n", t, f, done);
+    CHECK(r_ok && c_ok);
+}
+
+/* The rule of reasoning.h, case by case (vLLM's deepseek_r1 and qwen3 parsers). */
+static void test_reasoning(void) {
+    pgd_reasoning_format r1 = PGD_REASONING_DEEPSEEK_R1, q3 = PGD_REASONING_QWEN3;
+    CHECK_EQ_INT(pgd_reasoning_format_of("deepseek_r1"), r1);
+    CHECK_EQ_INT(pgd_reasoning_format_of("qwen3"), q3);
+    CHECK_EQ_INT(pgd_reasoning_format_of("none"), PGD_REASONING_NONE);
+    CHECK_EQ_INT(pgd_reasoning_format_of("r1"), -1);
+    scan_case(PGD_REASONING_NONE, "<think>a</think>b", true, "-", "<think>a</think>b");
+    /* deepseek_r1: the template opened it */
+    scan_case(r1, "abc</think>xyz", true, "abc", "xyz");
+    scan_case(r1, "<think>abc</think>xyz", true, "abc", "xyz");
+    scan_case(r1, " \n<think>abc</think>", true, "abc", "");
+    scan_case(r1, "abc", true, "abc", "-");
+    scan_case(r1, "", true, "", "-");
+    scan_case(r1, "a</think>b</think>c", true, "a", "b</think>c");
+    scan_case(r1, "x<think>y</think>z", true, "x<think>y", "z"); /* only an opening one drops */
+    scan_case(r1, "abc</thi", false, "abc", "-");              /* may be the tag: held */
+    scan_case(r1, "abc</thi", true, "abc</thi", "-");
+    scan_case(r1, "abc<", false, "abc", "-");                   /* "</think>"'s start */
+    scan_case(r1, "abc<x", false, "abc<x", "-");
+    scan_case(r1, "abc</think", false, "abc", "-");
+    scan_case(r1, "\n<thi", false, "-", "-");                  /* may open: undecided */
+    scan_case(r1, "  ", false, "-", "-");
+    scan_case(r1, "\n<thx", false, "\n<thx", "-");
+    /* qwen3: the model opens it, or there is none */
+    scan_case(q3, "hello", true, "-", "hello");
+    scan_case(q3, "<think>a</think>b", true, "a", "b");
+    scan_case(q3, "\n<think>a", true, "a", "-");
+    scan_case(q3, "<think>a</th", false, "a", "-");
+    scan_case(q3, " <th", false, "-", "-");
+    scan_case(q3, " <th", true, "-", " <th");
+    scan_case(q3, "x<think>a</think>", true, "-", "x<think>a</think>");
+    scan_case(q3, "<think></think>", true, "", "");
+}
+
 int main(void) {
+    test_reasoning();
     test_parse();
     test_llama3();
     test_stream_safe();

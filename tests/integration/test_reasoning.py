@@ -1,0 +1,132 @@
+"""--reasoning-parser: a thinking model's <think>...</think> comes back as
+message.reasoning_content (streamed as reasoning_content deltas), the rest as content.
+
+The tiny random Llama (32k vocabulary) carries a real chat template (DeepSeek-R1-Distill's,
+whose generation prompt opens "<think>\\n", or SmolLM3's, whose model opens it). Its answers are
+random text pulled towards the tags' tokens, and JSON held to a schema whose one string is a
+const holding the tags (so "</think>" lands mid-answer, across 4 tokens, in every such answer).
+The same requests go to a server without the parser:
+its raw answer, split by the rule below (vLLM's deepseek_r1 and qwen3 parsers), must equal what
+the parsing server returns, whole and streamed; tool calls still parse from the content."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+import util
+from server_util import Server, sse_events, validate
+
+RANDOM_LLAMA = util.DATA / "models" / "llama-2-tiny-random.gguf"
+CHAT = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+def split(fmt, x):
+    """(reasoning, content) of raw answer x: a leading <think> (after whitespace) is dropped;
+    deepseek_r1 thinks from the start, qwen3 only after that <think>; thinking ends at the first
+    </think>. None where a part is absent or (content) empty."""
+    s = x.lstrip(" \n\r\t")
+    opens = s.startswith("<think>")
+    if not opens and fmt == "qwen3":
+        return None, x
+    body = s[len("<think>"):] if opens else x
+    if "</think>" not in body:
+        return body, None
+    r, _, c = body.partition("</think>")
+    return r, c or None
+
+
+def model_with(tmp_path_factory, template):
+    tool = Path(sys.executable).with_name("gguf-new-metadata")
+    if not tool.exists():
+        pytest.skip("gguf-new-metadata (the gguf package) is not installed")
+    model = tmp_path_factory.mktemp("tmpl") / "random-with-template.gguf"
+    subprocess.run([str(tool), str(RANDOM_LLAMA), str(model), "--chat-template-file",
+                    str(util.DATA / "chat-templates" / template)], check=True,
+                   capture_output=True)
+    return model
+
+
+def tag_bias(server, tags, weight):
+    """A bias towards the tokens of the tags."""
+    ids = set()
+    for t in tags:
+        r = requests.post(server.url("/tokenize"), json={"prompt": t, "add_special_tokens": False},
+                          timeout=30)
+        ids |= set(r.json()["tokens"])
+    return {str(i): weight for i in ids}
+
+
+TAGGED = {"type": "object", "properties": {"a": {"const": "x </think> y <think> z"}},
+          "required": ["a"], "additionalProperties": False}
+
+
+def ask(seed, bias):
+    """Odd seeds: random text pulled towards the tags; even: the JSON holding them."""
+    if seed % 2:
+        return {"logit_bias": bias}
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "t", "schema": TAGGED}}}
+
+
+def chat(server, seed, stream=False, **extra):
+    body = {"messages": CHAT, "max_tokens": 48, "temperature": 1.0, "seed": seed, "n": 4,
+            "stream": stream, **extra}
+    r = requests.post(server.url("/v1/chat/completions"), json=body, timeout=120, stream=stream)
+    assert r.status_code == 200, r.text
+    if not stream:
+        validate(r.json(), "CreateChatCompletionResponse")
+        return [c["message"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+    msgs = {}
+    for ev in sse_events(r.iter_lines()):
+        if ev == "[DONE]":
+            break
+        validate(ev, "CreateChatCompletionStreamResponse")
+        for ch in ev["choices"]:
+            m = msgs.setdefault(ch["index"], {"content": None, "reasoning_content": None})
+            for k in ("content", "reasoning_content"):
+                if ch["delta"].get(k):
+                    m[k] = (m[k] or "") + ch["delta"][k]
+    return [msgs[i] for i in sorted(msgs)]
+
+
+@pytest.mark.parametrize("template,fmt,tags", [
+    # the template opens the thinking: a pull towards "</think>" closes it in most answers
+    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "deepseek_r1", ["</think>"]),
+    # the model must open it: answers rarely start with "<think>" exactly (checked: the split
+    # agrees with the raw answer either way; the thinking path is the one above's)
+    ("HuggingFaceTB-SmolLM3-3B.jinja", "qwen3", ["<think>", "</think>"]),
+])
+def test_reasoning_split_matches_raw_answer(tmp_path_factory, template, fmt, tags):
+    model = model_with(tmp_path_factory, template)
+    raw, seen = {}, {"thinking": 0, "content": 0, "both": 0}
+    with Server(model) as s:
+        bias = tag_bias(s, tags, 12)
+        for seed in range(4):
+            raw[seed] = [m["content"] for m in chat(s, seed, **ask(seed, bias))]
+            assert all("reasoning_content" not in m for m in chat(s, seed, **ask(seed, bias)))
+    with Server(model, "--reasoning-parser", fmt) as s:
+        for seed in range(4):
+            whole = chat(s, seed, **ask(seed, bias))
+            streamed = chat(s, seed, stream=True, **ask(seed, bias))
+            for x, w, st in zip(raw[seed], whole, streamed):
+                r, c = split(fmt, x)
+                assert (w["reasoning_content"], w["content"]) == (r, c), (x, w)
+                # streamed: the deltas add up to the same parts ("" and None both: nothing)
+                assert (st["reasoning_content"] or None, st["content"]) == (r or None, c), (x, st)
+                seen["thinking"] += r is not None
+                seen["content"] += c is not None
+                seen["both"] += r is not None and c is not None
+    print(fmt, seen)
+    assert seen["content"] >= 2, seen
+    if fmt == "deepseek_r1":
+        assert seen["both"] >= 2 and seen["thinking"] > seen["both"], seen
+
+
+def test_reasoning_parser_is_checked():
+    p = subprocess.run([str(util.BUILD / "pagoda"), "serve", "-m", str(RANDOM_LLAMA),
+                        "--reasoning-parser", "r2d2", "--port", "0"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode != 0 and "--reasoning-parser" in p.stderr
