@@ -3,6 +3,7 @@
 
 #include "sample/json_grammar.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,14 @@ static cJSON *make_call(const cJSON *j, pgd_tool_format f, const char *id, int i
     }
     char cid[96];
     snprintf(cid, sizeof cid, "call_%s_%d", id, index);
+    if (f == PGD_TOOLS_MISTRAL) { /* 9 base-62 digits of the FNV-1a hash of that */
+        static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyz"
+                                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        uint64_t h = 14695981039346656037ull;
+        for (const char *p = cid; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        for (int i = 0; i < 9; i++, h /= 62) cid[i] = digits[h % 62];
+        cid[9] = 0;
+    }
     cJSON *c = cJSON_CreateObject(), *fn = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "id", cid);
     cJSON_AddStringToObject(c, "type", "function");
@@ -65,9 +74,28 @@ static cJSON *make_call(const cJSON *j, pgd_tool_format f, const char *id, int i
     return c;
 }
 
+/* mistral: the calls from p on, one JSON array of them and then only whitespace; NULL when
+ * malformed. */
+static cJSON *read_array(const char *p, const char *end, const char *id) {
+    const char *stop = NULL;
+    cJSON *a = read_value(p, end, &stop), *calls = cJSON_CreateArray(), *j;
+    bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && skip_space(stop, end) == end;
+    int n = 0;
+    cJSON_ArrayForEach(j, a) {
+        cJSON *c = ok ? make_call(j, PGD_TOOLS_MISTRAL, id, n++) : NULL;
+        if (!c) ok = false;
+        else cJSON_AddItemToArray(calls, c);
+    }
+    cJSON_Delete(a);
+    if (ok) return calls;
+    cJSON_Delete(calls);
+    return NULL;
+}
+
 /* The calls of text[0..len) from p on, each a JSON value followed by sep (a closer and then
  * anything up to the next opener, for hermes) or by the end; NULL when one is malformed. */
 static cJSON *read_calls(pgd_tool_format f, const char *p, const char *end, const char *id) {
+    if (f == PGD_TOOLS_MISTRAL) return read_array(p, end, id);
     cJSON *calls = cJSON_CreateArray();
     for (int n = 0; p; n++) {
         const char *stop = NULL;
@@ -106,17 +134,25 @@ static const char *llama3_start(const char *text, const char *end) {
     return p < end && *p == '{' ? p : NULL;
 }
 
+/* The text that opens the calls, where content may come before it (hermes, mistral). */
+static const char *opener_of(pgd_tool_format f) {
+    return f == PGD_TOOLS_HERMES ? PGD_TOOL_CALL_OPEN
+         : f == PGD_TOOLS_MISTRAL ? PGD_MISTRAL_TOOL_CALLS
+                                  : NULL;
+}
+
 cJSON *pgd_tool_calls_parse(pgd_tool_format f, const char *text, size_t len, const char *id,
                             size_t *content_len) {
     const char *end = text + len;
     *content_len = len;
-    const char *first = f == PGD_TOOLS_HERMES ? find(text, len, PGD_TOOL_CALL_OPEN)
+    const char *opener = opener_of(f);
+    const char *first = opener ? find(text, len, opener)
                       : f == PGD_TOOLS_LLAMA3 ? llama3_start(text, end)
                                               : NULL;
     if (!first) return NULL;
-    const char *body = f == PGD_TOOLS_HERMES ? first + strlen(PGD_TOOL_CALL_OPEN) : first;
+    const char *body = opener ? first + strlen(opener) : first;
     cJSON *calls = read_calls(f, body, end, id);
-    if (calls) *content_len = f == PGD_TOOLS_HERMES ? trim_end(text, (size_t)(first - text)) : 0;
+    if (calls) *content_len = opener ? trim_end(text, (size_t)(first - text)) : 0;
     return calls;
 }
 
@@ -131,13 +167,14 @@ size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t le
                   (rest >= k && !memcmp(p, PGD_PYTHON_TAG, k));
         return *opened ? 0 : len;
     }
-    if (f != PGD_TOOLS_HERMES) return len;
-    const char *o = find(text, len, PGD_TOOL_CALL_OPEN);
+    const char *opener = opener_of(f);
+    if (!opener) return len;
+    const char *o = find(text, len, opener);
     *opened = o != NULL;
     if (o) return trim_end(text, (size_t)(o - text));
-    size_t k = strlen(PGD_TOOL_CALL_OPEN), safe = len;
+    size_t k = strlen(opener), safe = len;
     for (size_t h = k - 1; h > 0; h--) /* the longest ending that starts the opener */
-        if (h <= len && !memcmp(text + len - h, PGD_TOOL_CALL_OPEN, h)) {
+        if (h <= len && !memcmp(text + len - h, opener, h)) {
             safe = len - h;
             break;
         }
@@ -248,15 +285,18 @@ char *pgd_tool_call_schema(pgd_tool_format fmt, const cJSON *tools, const char *
 pgd_tool_format pgd_tool_format_of_template(const char *tmpl) {
     if (!tmpl) return PGD_TOOLS_NONE;
     if (strstr(tmpl, PGD_TOOL_CALL_OPEN)) return PGD_TOOLS_HERMES;
+    if (strstr(tmpl, PGD_MISTRAL_TOOL_CALLS)) return PGD_TOOLS_MISTRAL;
     /* Llama 3.1-3.3's instruction for JSON tool calls */
     if (strstr(tmpl, "\"parameters\": dictionary of argument name")) return PGD_TOOLS_LLAMA3;
     return PGD_TOOLS_NONE;
 }
 
 const char *pgd_tool_call_prefix(pgd_tool_format f) {
-    return f == PGD_TOOLS_HERMES ? PGD_TOOL_CALL_OPEN "\n" : NULL;
+    return f == PGD_TOOLS_HERMES ? PGD_TOOL_CALL_OPEN "\n"
+         : f == PGD_TOOLS_MISTRAL ? PGD_MISTRAL_TOOL_CALLS "["
+                                  : NULL;
 }
 
 const char *pgd_tool_call_suffix(pgd_tool_format f) {
-    return f == PGD_TOOLS_HERMES ? "\n" PGD_TOOL_CALL_CLOSE : NULL;
+    return f == PGD_TOOLS_HERMES ? "\n" PGD_TOOL_CALL_CLOSE : f == PGD_TOOLS_MISTRAL ? "]" : NULL;
 }

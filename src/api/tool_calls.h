@@ -1,4 +1,4 @@
-/* Tool calls in a chat answer, in the formats of two of vLLM's parsers:
+/* Tool calls in a chat answer, in the formats of three of vLLM's parsers:
  *   hermes       (Qwen2.5, Hermes, and every chat template that asks for them so) each call is
  *                    <tool_call>
  *                    {"name": "<function>", "arguments": {...}}
@@ -6,7 +6,11 @@
  *                and the answer's text before the first call is its content;
  *   llama3_json  (Llama 3.1-3.3's JSON tool calling) the answer starts with the calls,
  *                {"name": "<function>", "parameters": {...}}, separated by ';', after an
- *                optional <|python_tag|>; then it has no content.
+ *                optional <|python_tag|>; then it has no content;
+ *   mistral      (Mistral 7B v0.3, Nemo, Mixtral's tool templates) the calls follow
+ *                [TOOL_CALLS] as one JSON array of {"name": ..., "arguments": {...}}; the text
+ *                before it is the content. Their ids are 9 letters and digits, as those
+ *                templates require of the ids a conversation hands back.
  * Also: the streaming hold (what of a growing text may go out as content), and the JSON Schema
  * of one call for tool_choice "required" or a named function (json_grammar.h then constrains
  * the answer to it). */
@@ -20,17 +24,25 @@
 #define PGD_TOOL_CALL_OPEN "<tool_call>"
 #define PGD_TOOL_CALL_CLOSE "</tool_call>"
 #define PGD_PYTHON_TAG "<|python_tag|>"
+#define PGD_MISTRAL_TOOL_CALLS "[TOOL_CALLS]"
 
-typedef enum { PGD_TOOLS_NONE = 0, PGD_TOOLS_HERMES, PGD_TOOLS_LLAMA3 } pgd_tool_format;
+typedef enum {
+    PGD_TOOLS_NONE = 0,
+    PGD_TOOLS_HERMES,
+    PGD_TOOLS_LLAMA3,
+    PGD_TOOLS_MISTRAL,
+} pgd_tool_format;
 
 /* The format a chat template asks its model for (--tool-call-parser auto): hermes when it
- * mentions <tool_call>, llama3_json when it has Llama 3.1's instruction, else none. */
+ * mentions <tool_call>, mistral when it writes [TOOL_CALLS], llama3_json when it has Llama 3.1's
+ * instruction, else none. */
 pgd_tool_format pgd_tool_format_of_template(const char *tmpl);
 /* What the constrained answer of tool_choice required/named is wrapped in (NULL: nothing). */
 const char *pgd_tool_call_prefix(pgd_tool_format f);
 const char *pgd_tool_call_suffix(pgd_tool_format f);
 
-/* The OpenAI tool_calls array of text[0..len) (ids "call_<id>_<i>"), or NULL when the text has
+/* The OpenAI tool_calls array of text[0..len) (ids "call_<id>_<i>"; mistral: 9 letters and
+ * digits hashed from those), or NULL when the text has
  * no call or a call whose JSON is not {"name": string, "arguments": ...} (the whole text is then
  * content, as in vLLM). *content_len: bytes of text before the first call, less trailing
  * whitespace (0: no content). */

@@ -52,8 +52,8 @@ static const opt table[] = {
      "turn the prefix cache off"},
     {"tool-call-parser", 0, T_STR, OFF(tool_call_parser), "auto", 0, 0, NULL,
      "tool calls in chat answers: hermes (<tool_call>{...}</tool_call>), llama3_json (Llama "
-     "3.1's {\"name\", \"parameters\"} first), none, or auto (what the chat template asks "
-     "for)"},
+     "3.1's {\"name\", \"parameters\"} first), mistral ([TOOL_CALLS][{...}]), none, or auto "
+     "(what the chat template asks for)"},
     {"reasoning-parser", 0, T_STR, OFF(reasoning_parser), "none", 0, 0, NULL,
      "reasoning in chat answers, returned as reasoning_content: deepseek_r1 (the template opens "
      "<think>; reasoning up to </think>), qwen3 (when the answer opens <think>), or none"},
@@ -306,8 +306,10 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
         if (set_opt(c, o, v, "the command line")) return -1;
     }
     if (strcmp(c->tool_call_parser, "auto") && strcmp(c->tool_call_parser, "hermes") &&
-        strcmp(c->tool_call_parser, "llama3_json") && strcmp(c->tool_call_parser, "none")) {
-        fprintf(stderr, "pagoda: --tool-call-parser must be auto, hermes, llama3_json or none\n");
+        strcmp(c->tool_call_parser, "llama3_json") && strcmp(c->tool_call_parser, "mistral") &&
+        strcmp(c->tool_call_parser, "none")) {
+        fprintf(stderr, "pagoda: --tool-call-parser must be auto, hermes, llama3_json, mistral or "
+                        "none\n");
         return -1;
     }
     if (pgd_reasoning_format_of(c->reasoning_parser) < 0) {

@@ -1251,6 +1251,7 @@ static void load_work_cb(uv_work_t *w) {
     const char *tp = s->cfg.tool_call_parser;
     s->tool_format = !strcmp(tp, "hermes")        ? PGD_TOOLS_HERMES
                      : !strcmp(tp, "llama3_json") ? PGD_TOOLS_LLAMA3
+                     : !strcmp(tp, "mistral")     ? PGD_TOOLS_MISTRAL
                      : !strcmp(tp, "auto")        ? pgd_tool_format_of_template(tmpl)
                                                   : PGD_TOOLS_NONE;
 }

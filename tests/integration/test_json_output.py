@@ -772,6 +772,14 @@ def llama3_rnd(tmp_path_factory):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def mistral_rnd(tmp_path_factory):
+    """Mistral Nemo's template writes [TOOL_CALLS]: mistral calls, 9-character ids."""
+    s = with_template(tmp_path_factory, "mistralai-Mistral-Nemo-Instruct-2407.jinja")
+    yield s
+    s.stop()
+
+
 def chat_tools(server, tools, choice, stream=False, seed=0, **extra):
     body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 400,
             "temperature": 0.8, "seed": seed, "tools": tools, "tool_choice": choice,
@@ -780,9 +788,13 @@ def chat_tools(server, tools, choice, stream=False, seed=0, **extra):
                          stream=stream)
 
 
-def check_call(call, tools):
+def check_call(call, tools, mistral=False):
     import jsonschema
-    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["type"] == "function"
+    if mistral:  # what Mistral's templates require of the ids handed back
+        assert len(call["id"]) == 9 and call["id"].isalnum(), call["id"]
+    else:
+        assert call["id"].startswith("call_")
     fn = {t["function"]["name"]: t["function"] for t in tools}[call["function"]["name"]]
     jsonschema.validate(json.loads(call["function"]["arguments"]), fn["parameters"])
 
@@ -809,6 +821,39 @@ def test_required_tool_call(qwen_rnd):
         assert [(tc["function"]["name"], json.loads(tc["function"]["arguments"]))
                 for tc in calls] == [(m["tool_calls"][0]["function"]["name"],
                                       json.loads(m["tool_calls"][0]["function"]["arguments"]))]
+
+
+def test_mistral_tool_calls_round_trip(mistral_rnd):
+    """Mistral Nemo's template: a required call comes back parsed from [TOOL_CALLS][...] with a
+    9-character id, streamed the same; handed back in the next turn with its tool result, the
+    template (which refuses other ids) renders it, and the prompt holds the call."""
+    r = chat_tools(mistral_rnd, [TOOL_W], "required", seed=1)
+    assert r.status_code == 200, r.text
+    validate(r.json(), "CreateChatCompletionResponse")
+    c = r.json()["choices"][0]
+    m = c["message"]
+    assert c["finish_reason"] == "tool_calls" and m["content"] is None, c
+    check_call(m["tool_calls"][0], [TOOL_W], mistral=True)
+    s = chat_tools(mistral_rnd, [TOOL_W], "required", stream=True, seed=1)
+    events = [e for e in sse_events(s.iter_lines()) if e != "[DONE]"]
+    calls = [tc for e in events for tc in e["choices"][0]["delta"].get("tool_calls") or []]
+    assert [tc["function"]["arguments"] for tc in calls] == \
+        [m["tool_calls"][0]["function"]["arguments"]]
+    assert len(calls[0]["id"]) == 9 and calls[0]["id"].isalnum()
+    call = m["tool_calls"][0]
+    turn = [{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    def prompt_tokens(msgs):
+        r = requests.post(mistral_rnd.url("/v1/chat/completions"), timeout=60, json={
+            "messages": msgs, "tools": [TOOL_W], "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+    assert prompt_tokens(turn) > prompt_tokens(turn[:1]) + 10
+    bad = [dict(turn[1], tool_calls=[dict(call, id="call_1")]), dict(turn[2], tool_call_id="call_1")]
+    r = requests.post(mistral_rnd.url("/v1/chat/completions"), timeout=60, json={
+        "messages": turn[:1] + bad, "tools": [TOOL_W], "max_tokens": 1})
+    assert r.status_code == 400 and "length 9" in r.json()["error"]["message"], r.text
 
 
 def test_named_and_required_among_several(qwen_rnd):

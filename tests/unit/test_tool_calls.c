@@ -164,6 +164,8 @@ static void test_llama3(void) {
         {"tests/data/chat-templates/Qwen-Qwen2.5-7B-Instruct.jinja", PGD_TOOLS_HERMES},
         {"tests/data/chat-templates/meta-llama-Llama-3.1-8B-Instruct.jinja", PGD_TOOLS_LLAMA3},
         {"tests/data/chat-templates/meta-llama-Llama-3.2-3B-Instruct.jinja", PGD_TOOLS_LLAMA3},
+        {"tests/data/chat-templates/mistralai-Mistral-Nemo-Instruct-2407.jinja",
+         PGD_TOOLS_MISTRAL},
         {"tests/data/chat-templates/google-gemma-2-2b-it.jinja", PGD_TOOLS_NONE}};
     for (size_t i = 0; i < sizeof tmpl / sizeof tmpl[0]; i++) {
         const char *t = read_text(tmpl[i].file);
@@ -221,8 +223,43 @@ static void test_reasoning(void) {
     scan_case(q3, "<think></think>", true, "", "");
 }
 
+/* mistral: [TOOL_CALLS] then one array of calls (vLLM's mistral parser); 9-character ids. */
+static void test_mistral(void) {
+    size_t cl;
+    const char *two = "Sure. [TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": 1}}, "
+                      "{\"name\": \"g\", \"arguments\": {}}]\n";
+    cJSON *c = pgd_tool_calls_parse(PGD_TOOLS_MISTRAL, two, strlen(two), "cmpl-1_0", &cl);
+    CHECK(c && cJSON_GetArraySize(c) == 2 && cl == 5 && !strcmp(fn(c, 1, "name"), "g"));
+    CHECK(c && !strcmp(fn(c, 0, "arguments"), "{\"a\":1}"));
+    const char *id0 = c ? cJSON_GetObjectItem(cJSON_GetArrayItem(c, 0), "id")->valuestring : "";
+    const char *id1 = c ? cJSON_GetObjectItem(cJSON_GetArrayItem(c, 1), "id")->valuestring : "";
+    CHECK(strlen(id0) == 9 && strspn(id0, "0123456789abcdefghijklmnopqrstuvwxyz"
+                                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ") == 9);
+    CHECK(strlen(id1) == 9 && strcmp(id0, id1) != 0);
+    cJSON_Delete(c);
+    static const char *const none[] = {"[TOOL_CALLS] {\"name\": \"f\", \"arguments\": {}}",
+                                       "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}}] x",
+                                       "[TOOL_CALLS] []", "[TOOL_CALLS] [{\"name\": 1}]",
+                                       "no calls"};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        c = pgd_tool_calls_parse(PGD_TOOLS_MISTRAL, none[i], strlen(none[i]), "x", &cl);
+        CHECK(c == NULL && cl == strlen(none[i]));
+    }
+    bool opened;
+    static const struct { const char *t; size_t safe; bool opened; } cases[] = {
+        {"Hi [TOOL_", 2, false}, {"Hi [TOOL_CALLS][", 2, true}, {"Hi [x", 5, false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t n = pgd_tool_calls_stream_safe(PGD_TOOLS_MISTRAL, cases[i].t, strlen(cases[i].t),
+                                              &opened);
+        CHECK(n == cases[i].safe && opened == cases[i].opened);
+    }
+    CHECK(!strcmp(pgd_tool_call_prefix(PGD_TOOLS_MISTRAL), "[TOOL_CALLS]["));
+    CHECK(!strcmp(pgd_tool_call_suffix(PGD_TOOLS_MISTRAL), "]"));
+}
+
 int main(void) {
     test_reasoning();
+    test_mistral();
     test_parse();
     test_llama3();
     test_stream_safe();
