@@ -850,7 +850,8 @@ def test_mistral_tool_calls_round_trip(mistral_rnd):
         assert r.status_code == 200, r.text
         return r.json()["usage"]["prompt_tokens"]
     assert prompt_tokens(turn) > prompt_tokens(turn[:1]) + 10
-    bad = [dict(turn[1], tool_calls=[dict(call, id="call_1")]), dict(turn[2], tool_call_id="call_1")]
+    bad = [dict(turn[1], tool_calls=[dict(call, id="call_1")]),
+           dict(turn[2], tool_call_id="call_1")]
     r = requests.post(mistral_rnd.url("/v1/chat/completions"), timeout=60, json={
         "messages": turn[:1] + bad, "tools": [TOOL_W], "max_tokens": 1})
     assert r.status_code == 400 and "length 9" in r.json()["error"]["message"], r.text

@@ -214,8 +214,8 @@ def test_echo_logprobs_lm_eval_request(f32_server, reference):
         lsm = _log_softmax(ref[offs[i]:offs[i] + ctxlen + 8])
         want = sum(lsm[ctxlen - 1 + j, s["cont"][j]] for j in range(8))
         assert total == pytest.approx(want, abs=1e-3)
-        greedy = all(t == pytest.approx(max(top.values()), abs=1e-6)
-                     for t, top in zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1]))
+        scores = zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1])
+        greedy = all(t == pytest.approx(max(top.values()), abs=1e-6) for t, top in scores)
         assert greedy  # the continuations are transformers' greedy ones
     # streamed: the echo (with every prompt score) comes first, then the generated token
     import server_util

@@ -119,7 +119,8 @@ static void check_prompt(pgd_session *ss, int r, const result *q) {
         int32_t above = 0;
         for (int32_t t = 0; t < nv; t++) above += lg[t] > lg[prompts[r][i]];
         bad += q->n_top[i] != TOP || q->lp[i] != want || q->rank[i] != above + 1;
-        for (int j = 0; j < TOP; j++) bad += q->top_ids[i][j] != tid[j] || q->top_lp[i][j] != tlp[j];
+        for (int j = 0; j < TOP; j++)
+            bad += q->top_ids[i][j] != tid[j] || q->top_lp[i][j] != tlp[j];
     }
     CHECK_EQ_INT(bad, 0);
 }

@@ -184,7 +184,8 @@ static void scan_case(pgd_reasoning_format f, const char *t, bool done, const ch
                                           !memcmp(t + sp.r_off, want_r, strlen(want_r))
                                     : !sp.thinking;
     bool c_ok = strcmp(want_c, "-") ? sp.content && !strcmp(t + sp.c_off, want_c) : !sp.content;
-    if (!r_ok || !c_ok) fprintf(stderr, "reasoning scan of '%s' (format %d, done %d)\n", t, f, done);
+    if (!r_ok || !c_ok)
+        fprintf(stderr, "reasoning scan of '%s' (format %d, done %d)\n", t, f, done);
     CHECK(r_ok && c_ok);
 }
 
