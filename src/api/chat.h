@@ -10,11 +10,21 @@
 #include "api/jinja.h"
 #include "tokenizer/tokenizer.h"
 
+/* How to render: add_generation_prompt; kwargs (may be NULL): more template variables
+ * (chat_template_kwargs, e.g. {"enable_thinking": false}), set last; continue_final: the prompt
+ * ends inside the final message, for the model to continue it (transformers'
+ * continue_final_message: a tag appended to its last text is found in the rendering, which is
+ * cut there). */
+typedef struct pgd_chat_opts {
+    bool add_generation_prompt, continue_final;
+    const cJSON *kwargs;
+} pgd_chat_opts;
+
 /* Renders into a malloc'd *out. messages and tools (may be NULL) are borrowed. On failure
  * returns a negative status and writes the template's message (e.g. its raise_exception text)
  * into err. Thread-safe: t and tok are immutable. */
 int pgd_chat_render(const pgd_jinja_tmpl *t, const pgd_tokenizer *tok, const cJSON *messages,
-                    const cJSON *tools, bool add_generation_prompt, char **out, char *err,
+                    const cJSON *tools, const pgd_chat_opts *o, char **out, char *err,
                     size_t errlen);
 
 #endif

@@ -371,6 +371,42 @@ fail:
     return -1;
 }
 
+/* vLLM's chat_template_kwargs and continue_final_message (as transformers' arguments of those
+ * names): the first must be an object that leaves messages and tools alone; the second needs a
+ * final assistant message and cannot be asked for with add_generation_prompt. */
+static int parse_template_options(pgd_api_request *r, const cJSON *o, pgd_api_error *err) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "chat_template_kwargs");
+    if (x && !cJSON_IsNull(x)) {
+        if (!cJSON_IsObject(x) || cJSON_GetObjectItemCaseSensitive(x, "messages") ||
+            cJSON_GetObjectItemCaseSensitive(x, "tools")) {
+            pgd_api_error_set(err, 400, "invalid_request_error", "chat_template_kwargs", NULL,
+                              "'chat_template_kwargs' must be an object that does not set "
+                              "'messages' or 'tools'");
+            return -1;
+        }
+        if (!(r->template_kwargs = cJSON_Duplicate(x, true))) {
+            pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
+    }
+    if (get_bool(o, "continue_final_message", &r->continue_final_message, err)) return -1;
+    if (!r->continue_final_message) return 0;
+    const char *why = NULL;
+    const cJSON *last = cJSON_GetArrayItem(r->messages, cJSON_GetArraySize(r->messages) - 1);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "add_generation_prompt")))
+        why = "'continue_final_message' and 'add_generation_prompt' cannot both be true";
+    else if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant"))
+        why = "'continue_final_message' needs a final assistant message to continue";
+    if (why) {
+        pgd_api_error_set(err, 400, "invalid_request_error", "continue_final_message", NULL,
+                          "%s", why);
+        return -1;
+    }
+    r->add_generation_prompt = false;
+    return 0;
+}
+
 int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits *lim,
                   pgd_api_request *r, pgd_api_error *err) {
     memset(r, 0, sizeof *r);
@@ -464,6 +500,7 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     if (get_bool(o, "stream", &r->stream, err) || get_bool(o, "ignore_eos", &r->ignore_eos, err))
         goto fail;
     if (chat && get_bool(o, "add_generation_prompt", &r->add_generation_prompt, err)) goto fail;
+    if (chat && parse_template_options(r, o, err)) goto fail;
     bool spec = true;
     if (get_bool(o, "speculative", &spec, err)) goto fail;
     r->no_speculation = !spec;
@@ -551,6 +588,7 @@ void pgd_api_request_free(pgd_api_request *r) {
     free(r->prompts);
     cJSON_Delete(r->messages);
     cJSON_Delete(r->tools);
+    cJSON_Delete(r->template_kwargs);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->bias_ids);
     free(r->bias);

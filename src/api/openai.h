@@ -45,6 +45,8 @@ typedef struct pgd_api_request {
     int32_t prompt_logprobs;       /* vLLM's extension: -1 none; else the prompt's scores with
                                       this many alternatives (not with stream) */
     bool echo, stream, include_usage, ignore_eos, add_generation_prompt;
+    bool continue_final_message;   /* chat: the prompt ends inside the final assistant message */
+    cJSON *template_kwargs;        /* chat_template_kwargs: more template variables, or NULL */
     bool echo_only;                /* completions: echo with max_tokens 0 -- score the prompt,
                                       generate nothing (as vLLM and OpenAI's legacy API) */
     bool no_speculation;           /* "speculative": false opts out (as in `pagoda batch`) */

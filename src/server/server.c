@@ -533,8 +533,11 @@ static void work_cb(uv_work_t *w) {
     if (r->chat) {
         char *prompt = NULL;
         char msg[512];
-        int rc = pgd_chat_render(s->tmpl, s->tok, r->messages, r->tools,
-                                 r->add_generation_prompt, &prompt, msg, sizeof msg);
+        pgd_chat_opts co = {.add_generation_prompt = r->add_generation_prompt,
+                            .continue_final = r->continue_final_message,
+                            .kwargs = r->template_kwargs};
+        int rc = pgd_chat_render(s->tmpl, s->tok, r->messages, r->tools, &co, &prompt, msg,
+                                 sizeof msg);
         if (rc) {
             pgd_api_error_set(&c->err, 400, "invalid_request_error", "messages", NULL,
                               "the chat template failed: %s", msg);

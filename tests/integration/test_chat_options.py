@@ -1,0 +1,114 @@
+"""Chat template options of vLLM's chat API, against transformers' renderer
+(transformers.utils.chat_template_utils.render_jinja_template, what apply_chat_template runs):
+
+- continue_final_message: the prompt ends inside the final assistant message, which the model
+  continues (an assistant prefill);
+- chat_template_kwargs: more template variables, such as SmolLM3's and Qwen3's enable_thinking.
+
+The prompt's token ids come back through prompt_logprobs (each entry's one key), so they are
+compared one by one with the ids of transformers' rendering."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+import util
+from server_util import Server, validate
+
+RANDOM_LLAMA = util.DATA / "models" / "llama-2-tiny-random.gguf"
+render_jinja_template = pytest.importorskip(
+    "transformers.utils.chat_template_utils").render_jinja_template
+
+
+def prompt_ids(server, body):
+    """The prompt token ids of a chat request (its first id is not reported: None) and the
+    answer."""
+    r = requests.post(server.url("/v1/chat/completions"), timeout=120,
+                      json=dict(body, prompt_logprobs=0, max_tokens=body.get("max_tokens", 1)))
+    assert r.status_code == 200, r.text
+    validate(r.json(), "CreateChatCompletionResponse")
+    pl = r.json()["prompt_logprobs"]
+    assert len(pl) == r.json()["usage"]["prompt_tokens"]
+    return [None] + [int(next(iter(e))) for e in pl[1:]], r.json()
+
+
+def tokenize(server, text):
+    r = requests.post(server.url("/tokenize"), json={"prompt": text,
+                                                     "add_special_tokens": False}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def chat_template_of(model):
+    from gguf import GGUFReader
+    f = GGUFReader(str(model)).fields["tokenizer.chat_template"]
+    return bytes(f.parts[f.data[0]]).decode()
+
+
+CONV = [{"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"}]
+
+
+def test_continue_final_message(default_server, default_model):
+    """SmolLM2's template: the prompt is transformers' continue_final_message rendering, id for
+    id, and the greedy answer is what a completion of that text gives."""
+    tmpl = chat_template_of(default_model)
+    want_text = render_jinja_template([CONV], chat_template=tmpl, continue_final_message=True,
+                                      bos_token="<|im_start|>", eos_token="<|im_end|>")[0][0]
+    assert want_text.endswith("The capital of France is")
+    want = tokenize(default_server, want_text)
+    got, body = prompt_ids(default_server, {"messages": CONV, "continue_final_message": True,
+                                            "add_generation_prompt": False, "max_tokens": 6,
+                                            "temperature": 0})
+    assert got[1:] == want[1:] and len(got) == len(want)
+    r = requests.post(default_server.url("/v1/completions"), timeout=120, json={
+        "prompt": want, "max_tokens": 6, "temperature": 0})
+    assert body["choices"][0]["message"]["content"] == r.json()["choices"][0]["text"]
+    # a content given as parts continues from its last text part
+    parts = [CONV[0], {"role": "assistant", "content": [
+        {"type": "text", "text": "The capital of France is"}]}]
+    got_parts, _ = prompt_ids(default_server, {"messages": parts, "continue_final_message": True})
+    assert got_parts == got
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": CONV[:1], "continue_final_message": True}, "continue_final_message"),
+    ({"messages": CONV, "continue_final_message": True, "add_generation_prompt": True},
+     "continue_final_message"),
+    ({"messages": CONV, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
+    ({"messages": CONV, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+    ({"messages": CONV, "continue_final_message": "yes"}, "continue_final_message"),
+])
+def test_refused_template_options(default_server, body, param):
+    r = requests.post(default_server.url("/v1/chat/completions"), json=dict(body, max_tokens=1),
+                      timeout=60)
+    assert r.status_code == 400, r.text
+    validate(r.json(), "ErrorResponse")
+    assert r.json()["error"]["param"] == param
+
+
+def test_chat_template_kwargs(tmp_path_factory):
+    """SmolLM3's template on the random model: enable_thinking false renders "/no_think" and an
+    empty think block, as transformers renders it with that variable; the default differs."""
+    tool = Path(sys.executable).with_name("gguf-new-metadata")
+    if not tool.exists():
+        pytest.skip("gguf-new-metadata (the gguf package) is not installed")
+    tmpl_path = util.DATA / "chat-templates" / "HuggingFaceTB-SmolLM3-3B.jinja"
+    model = tmp_path_factory.mktemp("tmpl") / "random-smollm3.gguf"
+    subprocess.run([str(tool), str(RANDOM_LLAMA), str(model), "--chat-template-file",
+                    str(tmpl_path)], check=True, capture_output=True)
+    msgs = CONV[:1]
+    with Server(model) as s:
+        for kwargs in ({"enable_thinking": False}, {}):
+            want_text = render_jinja_template(
+                [msgs], chat_template=tmpl_path.read_text(), add_generation_prompt=True,
+                bos_token="<s>", eos_token="</s>", **kwargs)[0][0]
+            want = tokenize(s, want_text)
+            got, _ = prompt_ids(s, {"messages": msgs, "chat_template_kwargs": kwargs})
+            assert got[1:] == want[1:] and len(got) == len(want), kwargs
+            if kwargs:
+                assert "/no_think" in want_text
+                no_think = got
+        assert got != no_think
