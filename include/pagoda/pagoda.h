@@ -65,7 +65,8 @@ typedef struct pgd_engine_config {
 typedef struct pgd_request_params {
     const int32_t *prompt;          /* token ids (copied) */
     int32_t n_prompt;
-    int32_t max_tokens;             /* > 0 */
+    int32_t max_tokens;             /* >= 0; 0: the prompt only (its prompt_logprobs, the
+                                       prefix cache), then FINISH with LENGTH */
     float temperature;              /* 0: greedy */
     float top_p;                    /* (0, 1]; 0 means 1 */
     int32_t top_k;                  /* 0: off */

@@ -486,7 +486,8 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     v = 0;
     if (get_num(o, "min_tokens", 0, lim->max_tokens_limit, true, &v, err)) goto fail;
     r->min_tokens = (int32_t)v;
-    if (r->max_tokens > 0 && r->min_tokens > r->max_tokens) /* 0: chat's "up to the context" */
+    /* max_tokens 0: chat's "up to the context", or the prompt alone with echo */
+    if ((r->max_tokens > 0 || r->echo_only) && r->min_tokens > r->max_tokens)
         BAD("min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)", r->min_tokens,
             r->max_tokens);
     x = cJSON_GetObjectItemCaseSensitive(o, "seed");

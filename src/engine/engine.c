@@ -551,8 +551,8 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     const pgd_model_config *mc = &e->model->cfg;
     if (p->n_prompt < 1 || !p->prompt)
         return fail(err, errlen, PGD_EINVAL, "%s", "the prompt is empty");
-    if (p->max_tokens < 1)
-        return fail(err, errlen, PGD_EINVAL, "%s", "max_tokens must be at least 1");
+    if (p->max_tokens < 0)
+        return fail(err, errlen, PGD_EINVAL, "%s", "max_tokens must not be negative");
     for (int32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= mc->n_vocab) {
             snprintf(msg, sizeof msg, "token id %d is outside the vocabulary (0..%d)",
@@ -802,7 +802,7 @@ static int32_t propose(pgd_engine *e, seq *s, int32_t cap) {
 /* Logits rows a chunk of n tokens from s->n_computed needs: the last token's when the chunk
  * ends the sequence, plus one per prompt position still owing its next token's logprob. */
 static int32_t chunk_rows(const seq *s, int32_t n) {
-    int32_t c = s->n_computed, rows = c + n == s->n_tokens;
+    int32_t c = s->n_computed, rows = c + n == s->n_tokens && s->max_tokens > 0;
     if (s->prompt_lp) {
         int32_t a = c > s->lp_pos ? c : s->lp_pos;
         int32_t b = c + n < s->n_prompt - 1 ? c + n : s->n_prompt - 1;
@@ -1212,7 +1212,7 @@ int pgd_engine_step(pgd_engine *e) {
         if (s->n_draft > 0) { /* every row: the k proposals and the bonus position */
             s->logit_row = nl;
             for (int32_t j = s->sched_n; j > 0; j--) e->b_rows[nl++] = nt - j;
-        } else if (s->n_computed + s->sched_n == s->n_tokens) {
+        } else if (s->n_computed + s->sched_n == s->n_tokens && s->max_tokens > 0) {
             s->logit_row = nl;
             e->b_rows[nl++] = nt - 1;
         }
@@ -1246,6 +1246,11 @@ int pgd_engine_step(pgd_engine *e) {
         if (s->prompt_lp && (s->lp_n || !s->lp_started)) emit_prompt_logprobs(e, s);
         if (s->logit_row < 0) {
             pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
+            if (s->max_tokens == 0 && s->n_computed == s->n_tokens) { /* the prompt only */
+                pthread_mutex_unlock(&e->out_mu);
+                finish_seq(e, s, PGD_FINISH_LENGTH, NULL);
+                pthread_mutex_lock(&e->out_mu);
+            }
             continue;
         }
         pgd_finish_reason why = advance(e, s);

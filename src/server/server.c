@@ -91,7 +91,7 @@ struct server {
     uv_loop_t loop;
     uv_poll_t poll;
     uv_timer_t timer, drain_timer, liveness_timer;
-    req_ctx *running;          /* non-streaming requests waiting for their answer */
+    req_ctx *running;          /* requests whose engine work runs (the liveness check) */
     uv_async_t async;
     uv_signal_t sigterm, sigint;
     uv_work_t load_work;
@@ -345,15 +345,6 @@ static void handle_event(server *s, const pgd_event *ev) {
         if (c->api.prompt_logprobs >= 0) add_prompt_logprobs(s, c, ch, ev);
         return;
     }
-    pgd_event only_echo;
-    if (c->api.echo_only) { /* max_tokens 0: the one token generated is not the answer's */
-        if (ev->type == PGD_EVENT_TOKEN) return;
-        only_echo = *ev;
-        only_echo.text_len = 0;
-        only_echo.n_completion = 0;
-        if (ev->finish_reason == PGD_FINISH_STOP) only_echo.finish_reason = PGD_FINISH_LENGTH;
-        ev = &only_echo;
-    }
     double t = pgd_now_s();
     if (ev->type == PGD_EVENT_TOKEN) {
         if (c->t_first == 0) {
@@ -371,7 +362,7 @@ static void handle_event(server *s, const pgd_event *ev) {
         flush_echo(s, c, i);
         cJSON *lp = NULL;
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
-            add_logprobs(s, c, &lp, ev, c->echo_len[i] + (size_t)ev->text_offset);
+            add_logprobs(s, c, &lp, ev, ch->prompt_offset + (size_t)ev->text_offset);
         const char *fin = ev->type == PGD_EVENT_FINISH ? finish_name(ev->finish_reason) : NULL;
         const char *text = ev->text;
         size_t text_len = (size_t)ev->text_len;
@@ -397,7 +388,7 @@ static void handle_event(server *s, const pgd_event *ev) {
         resume(c);
     } else {
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
-            add_logprobs(s, c, &ch->logprobs, ev, c->echo_len[i] + (size_t)ev->text_offset);
+            add_logprobs(s, c, &ch->logprobs, ev, ch->prompt_offset + (size_t)ev->text_offset);
         choice_append(ch, ev->text, (size_t)ev->text_len);
     }
     if (ev->type != PGD_EVENT_FINISH) return;
@@ -584,13 +575,18 @@ static void submit_all(server *s, req_ctx *c) {
     }
     /* a 200-byte request must not ask for gigabytes of answer (64 prompts x n=16 x 65,536
      * tokens with 20 logprobs each). Chat without max_tokens ("up to the context") is bounded
-     * by n x the context already, and is not counted. */
-    int64_t total = (int64_t)r->n_prompts * r->n * r->max_tokens;
+     * by n x the context already, and is not counted. Scored prompt tokens (echo with logprobs,
+     * prompt_logprobs) are answer tokens too. */
+    bool scored = (r->echo && r->logprobs >= 0) || r->prompt_logprobs >= 0;
+    int64_t total = 0;
+    for (int p = 0; p < r->n_prompts; p++)
+        total += (int64_t)r->n * (r->max_tokens + (scored ? r->prompts[p].n_ids : 0));
     if (total > s->cfg.max_request_tokens) {
         pgd_api_error_set(&c->err, 400, "invalid_request_error", "max_tokens", NULL,
-                          "%d prompts x n=%d x max_tokens ask for %lld tokens; this server "
-                          "generates at most %d per request (--max-request-tokens)",
-                          r->n_prompts, r->n, (long long)total, s->cfg.max_request_tokens);
+                          "%d prompts x n=%d x (max_tokens%s) ask for %lld tokens; this server "
+                          "answers at most %d per request (--max-request-tokens)",
+                          r->n_prompts, r->n, scored ? " + scored prompt tokens" : "",
+                          (long long)total, s->cfg.max_request_tokens);
         c->has_err = true;
         return;
     }
@@ -614,10 +610,10 @@ static void submit_all(server *s, req_ctx *c) {
             c->has_err = true;
             return;
         }
-        /* echo alone still runs one step of generation, whose token is dropped */
-        int32_t max_tokens = r->echo_only ? 1 : r->max_tokens > 0 ? r->max_tokens
-                                                                  : n_ctx - pr->n_ids;
-        if (pr->n_ids + (int64_t)max_tokens > n_ctx || max_tokens < 1) {
+        /* echo alone runs the prompt only (max_tokens 0: the engine generates nothing) */
+        int32_t max_tokens = r->max_tokens > 0 || r->echo_only ? r->max_tokens
+                                                                : n_ctx - pr->n_ids;
+        if (pr->n_ids + (int64_t)max_tokens > n_ctx || (max_tokens < 1 && !r->echo_only)) {
             pgd_api_error_set(&c->err, 400, "invalid_request_error",
                               r->chat ? "messages" : "prompt", "context_length_exceeded",
                               "this model's maximum context length is %d tokens; the prompt has "
@@ -696,7 +692,7 @@ static void after_work_cb(uv_work_t *w, int status) {
             if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
     } else {
         c->ph = c->api.stream ? PH_STREAMING : PH_RUNNING;
-        if (!c->api.stream) run_list_add(s, c);
+        run_list_add(s, c); /* streams too: a scored echo sends nothing for a while */
         c->t_submitted = pgd_now_s();
         if (c->api.stream) {
             /* echo goes out first */

@@ -263,9 +263,41 @@ def test_echo_logprobs_batched_engine_equals_unbatched(pagoda_bin, default_model
                 assert len(lp["tokens"]) == len(w) + 1 + 3
                 got = np.array(lp["token_logprobs"][1:len(w) + 1], dtype=np.float64)
                 assert np.abs(got - w).max() < 1e-5
-                # the generated part's offsets continue the echoed text
-                assert lp["text_offset"][len(w) + 1] == len(ch["text"].encode()) - sum(
-                    len(t.encode()) for t in lp["tokens"][len(w) + 1:])
+                # offsets add up every token's bytes, the generated ones continuing the
+                # prompt's (vLLM's rule; the prompt starts with a special token, which its
+                # echoed text leaves out)
+                assert all(lp["text_offset"][k + 1] == lp["text_offset"][k] +
+                           len(lp["tokens"][k].encode()) for k in range(len(lp["tokens"]) - 1))
+
+
+def test_echo_bounds(default_server):
+    """Scored prompt tokens count against --max-request-tokens (one small request must not ask
+    for a body of hundreds of MB); echo alone takes a prompt as long as the context; min_tokens
+    above an echo's max_tokens 0 is refused."""
+    import requests
+    url = default_server.url("/v1/completions")
+    ids = list(range(1000, 2024))  # 64 x n=16 x (1,024 + 1) tokens: past the 1,048,576
+    r = requests.post(url, timeout=60, json={"prompt": [ids] * 64, "n": 16, "echo": True,
+                                             "logprobs": 20, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    assert "scored prompt tokens" in r.json()["error"]["message"]
+    r = requests.post(url, timeout=60, json={"prompt": "Hi", "echo": True, "max_tokens": 0,
+                                             "min_tokens": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens", r.text
+    from server_util import Server
+    with Server(util.DATA / "models" / "stories260K.gguf") as s:  # a 512-token context
+        url = s.url("/v1/completions")
+        n_ctx = requests.post(s.url("/tokenize"), json={"prompt": "a"},
+                              timeout=60).json()["max_model_len"]
+        full = [3 + i % 500 for i in range(n_ctx)]
+        r = requests.post(url, timeout=300, json={"prompt": full, "echo": True,
+                                                  "max_tokens": 0, "logprobs": 0})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"][0]["logprobs"]["tokens"]) == n_ctx
+        assert r.json()["usage"]["completion_tokens"] == 0
+        r = requests.post(url, timeout=60, json={"prompt": full + [5], "echo": True,
+                                                 "max_tokens": 0})
+        assert r.status_code == 400, r.text
 
 
 def test_echo_alone(default_server):
@@ -324,3 +356,30 @@ def test_prompt_logprobs_extension_matches_transformers(f32_server, reference):
     r = requests.post(f32_server.url("/v1/completions"), timeout=60, json={
         "prompt": "Hi", "max_tokens": 1, "prompt_logprobs": 1, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_streamed_scored_echo_client_disconnect_aborts(default_server):
+    """A streamed echo with logprobs sends nothing until its prompt is scored (the echo goes out
+    with the scores): a client that leaves meanwhile is noticed by the socket check and its
+    choices cancelled at once, not after the whole prompt (~20 s here)."""
+    import json as js
+    import socket
+    import time
+    s = default_server
+    before = s.metrics()
+    body = js.dumps({"prompt": [1000 + i for i in range(2500)], "max_tokens": 4, "n": 2,
+                     "echo": True, "logprobs": 5, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    m = s.wait_metrics(lambda m: m["pagoda:num_requests_running"] > 0, timeout=30)
+    assert m["pagoda:num_requests_running"] > 0
+    time.sleep(0.5)
+    sock.close()
+    t = time.time()
+    m = s.wait_metrics(lambda m: m["pagoda:num_requests_running"] == 0, timeout=30)
+    assert m["pagoda:num_requests_running"] == 0
+    assert time.time() - t < 6, f"cancelled after {time.time() - t:.1f} s"
+    aborted = m["pagoda:request_success_total{finished_reason=abort}"] - \
+        before.get("pagoda:request_success_total{finished_reason=abort}", 0)
+    assert aborted == 2

@@ -143,11 +143,77 @@ static void check_config(const char *what, pgd_engine_config *c, pgd_session *ss
     }
 }
 
+/* max_tokens 0: the prompt alone -- its scores when asked, then a LENGTH finish with nothing
+ * generated; a prompt as long as the context fits. */
+static void test_prompt_only(pgd_session *ss) {
+    pgd_engine_config c;
+    pgd_engine_config_default(&c);
+    c.model_path = STORIES;
+    c.n_threads = 2;
+    c.max_num_seqs = 4;
+    c.max_num_batched_tokens = 32;
+    pgd_engine *e;
+    char err[256];
+    CHECK_EQ_INT(pgd_engine_create(&c, &e, err, sizeof err), 0);
+    static int32_t full[512];
+    int32_t n_ctx = pgd_engine_n_ctx(e);
+    CHECK(n_ctx <= 512);
+    for (int32_t i = 0; i < n_ctx; i++) full[i] = 3 + (i * 29) % 500;
+    struct { const int32_t *p; int32_t n; bool lp; } q[4] = {
+        {prompts[2], n_prompts[2], true}, {prompts[2], n_prompts[2], false},
+        {prompts[0], 1, true}, {full, n_ctx, false}};
+    uint64_t ids[4];
+    int32_t n_ev[4] = {0}, n_tok[4] = {0}, fin[4] = {0}, n_comp[4] = {0}, bad = 0;
+    for (int r = 0; r < 4; r++) {
+        pgd_request_params p = {.prompt = q[r].p, .n_prompt = q[r].n, .max_tokens = 0,
+                                .logprobs = -1, .prompt_logprobs = q[r].lp,
+                                .prompt_top_logprobs = TOP};
+        CHECK_EQ_INT(pgd_engine_submit(e, &p, &ids[r], err, sizeof err), 0);
+    }
+    int32_t nv = ss->model->cfg.n_vocab;
+    ss->n_past = 0;
+    CHECK_EQ_INT(pgd_session_forward(ss, prompts[2], n_prompts[2], true), 0);
+    pgd_event ev[64];
+    for (int guard = 0; pgd_engine_has_work(e) && guard < 10000; guard++) {
+        pgd_engine_step(e);
+        int n;
+        while ((n = pgd_engine_poll(e, ev, 64, 0)) > 0)
+            for (int i = 0; i < n; i++) {
+                int r = (int)(ev[i].request_id - ids[0]);
+                if (r < 0 || r >= 4) continue;
+                if (ev[i].type == PGD_EVENT_TOKEN) n_tok[r]++;
+                if (ev[i].type == PGD_EVENT_FINISH) {
+                    fin[r] = ev[i].finish_reason;
+                    n_comp[r] = ev[i].n_completion;
+                }
+                if (ev[i].type != PGD_EVENT_PROMPT_TOKEN) continue;
+                int32_t k = ev[i].text_offset;
+                n_ev[r]++;
+                if (r == 0 && k > 0) { /* the scores of request 0, as the session gives them */
+                    int32_t tid[TOP];
+                    float tlp[TOP];
+                    bad += ev[i].logprob != pgd_logprobs(ss->logits + (size_t)(k - 1) * nv, nv,
+                                                         prompts[2][k], TOP, tid, tlp);
+                }
+            }
+    }
+    CHECK_EQ_INT(bad, 0);
+    for (int r = 0; r < 4; r++) {
+        CHECK_EQ_INT(n_tok[r], 0);
+        CHECK_EQ_INT(fin[r], PGD_FINISH_LENGTH);
+        CHECK_EQ_INT(n_comp[r], 0);
+        CHECK_EQ_INT(n_ev[r], q[r].lp ? q[r].n : 0);
+    }
+    CHECK_EQ_INT(pgd__engine_check(e), 0);
+    pgd_engine_free(e);
+}
+
 int main(void) {
     make_prompts();
     test_session t;
     test_session_open(&t, STORIES, MAXP);
     pgd_session *ss = &t.ss;
+    test_prompt_only(ss);
 
     pgd_engine_config c;
     pgd_engine_config_default(&c);
