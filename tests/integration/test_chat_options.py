@@ -7,17 +7,12 @@
 
 The prompt's token ids come back through prompt_logprobs (each entry's one key), so they are
 compared one by one with the ids of transformers' rendering."""
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import requests
 
 import util
 from server_util import Server, validate
 
-RANDOM_LLAMA = util.DATA / "models" / "llama-2-tiny-random.gguf"
 render_jinja_template = pytest.importorskip(
     "transformers.utils.chat_template_utils").render_jinja_template
 
@@ -92,13 +87,8 @@ def test_refused_template_options(default_server, body, param):
 def test_chat_template_kwargs(tmp_path_factory):
     """SmolLM3's template on the random model: enable_thinking false renders "/no_think" and an
     empty think block, as transformers renders it with that variable; the default differs."""
-    tool = Path(sys.executable).with_name("gguf-new-metadata")
-    if not tool.exists():
-        pytest.skip("gguf-new-metadata (the gguf package) is not installed")
     tmpl_path = util.DATA / "chat-templates" / "HuggingFaceTB-SmolLM3-3B.jinja"
-    model = tmp_path_factory.mktemp("tmpl") / "random-smollm3.gguf"
-    subprocess.run([str(tool), str(RANDOM_LLAMA), str(model), "--chat-template-file",
-                    str(tmpl_path)], check=True, capture_output=True)
+    model = util.model_with_template(tmp_path_factory, tmpl_path.name)
     msgs = CONV[:1]
     with Server(model) as s:
         for kwargs in ({"enable_thinking": False}, {}):

@@ -741,15 +741,7 @@ TOOL_T = {"type": "function", "function": {"name": "time", "parameters": {
 
 def with_template(tmp_path_factory, template):
     """The random model carrying a real chat template (set by gguf-new-metadata), served."""
-    import sys
-    from pathlib import Path
-    tool = Path(sys.executable).with_name("gguf-new-metadata")
-    if not tool.exists():
-        pytest.skip("gguf-new-metadata (the gguf package) is not installed")
-    model = tmp_path_factory.mktemp("tmpl") / "random-with-template.gguf"
-    subprocess.run([str(tool), str(RANDOM_LLAMA), str(model), "--chat-template-file",
-                    str(util.DATA / "chat-templates" / template)], check=True,
-                   capture_output=True)
+    model = util.model_with_template(tmp_path_factory, template)
     s = Server(model)
     s.start()
     s.model_path = model

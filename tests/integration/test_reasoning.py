@@ -8,10 +8,7 @@ const holding the tags (so "</think>" lands mid-answer, across 4 tokens, in ever
 The same requests go to a server without the parser:
 its raw answer, split by the rule below (vLLM's deepseek_r1 and qwen3 parsers), must equal what
 the parsing server returns, whole and streamed; tool calls still parse from the content."""
-import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import requests
@@ -36,17 +33,6 @@ def split(fmt, x):
         return body, None
     r, _, c = body.partition("</think>")
     return r, c or None
-
-
-def model_with(tmp_path_factory, template):
-    tool = Path(sys.executable).with_name("gguf-new-metadata")
-    if not tool.exists():
-        pytest.skip("gguf-new-metadata (the gguf package) is not installed")
-    model = tmp_path_factory.mktemp("tmpl") / "random-with-template.gguf"
-    subprocess.run([str(tool), str(RANDOM_LLAMA), str(model), "--chat-template-file",
-                    str(util.DATA / "chat-templates" / template)], check=True,
-                   capture_output=True)
-    return model
 
 
 def tag_bias(server, tags, weight):
@@ -100,7 +86,7 @@ def chat(server, seed, stream=False, **extra):
     ("HuggingFaceTB-SmolLM3-3B.jinja", "qwen3", ["<think>", "</think>"]),
 ])
 def test_reasoning_split_matches_raw_answer(tmp_path_factory, template, fmt, tags):
-    model = model_with(tmp_path_factory, template)
+    model = util.model_with_template(tmp_path_factory, template)
     raw, seen = {}, {"thinking": 0, "content": 0, "both": 0}
     with Server(model) as s:
         bias = tag_bias(s, tags, 12)

@@ -18,3 +18,21 @@ def run_pagoda(*args, input=None, check=True, timeout=600):
     if check and p.returncode != 0:
         raise AssertionError(f"{cmd} exited {p.returncode}: {p.stderr.decode(errors='replace')}")
     return p
+
+
+def model_with_template(tmp_path_factory, template, model=None):
+    """A copy of model (default: the tiny random Llama, 32k vocabulary) carrying the chat
+    template tests/data/chat-templates/<template>, set by gguf-new-metadata (the gguf package);
+    the test is skipped without it."""
+    import subprocess
+    import sys
+
+    import pytest
+    tool = Path(sys.executable).with_name("gguf-new-metadata")
+    if not tool.exists():
+        pytest.skip("gguf-new-metadata (the gguf package) is not installed")
+    out = tmp_path_factory.mktemp("tmpl") / "model-with-template.gguf"
+    subprocess.run([str(tool), str(model or DATA / "models" / "llama-2-tiny-random.gguf"),
+                    str(out), "--chat-template-file", str(DATA / "chat-templates" / template)],
+                   check=True, capture_output=True)
+    return out
