@@ -986,8 +986,7 @@ static pgd_finish_reason emit_token(pgd_engine *e, seq *s, int32_t id, const flo
     return why;
 }
 
-/* Emits the prompt-token events of s whose logits this step computed (rows lp_row.. lp_row +
- * lp_n, positions lp_pos..), token 0's (no logprob) first. */
+/* The log-probability, alternatives and rank of lp_rows[lp_todo[i]]'s token (a pool chunk). */
 static void score_row(void *ctx, long i, int ith) {
     (void)ith;
     pgd_engine *e = ctx;
@@ -1017,6 +1016,8 @@ static void score_prompts(pgd_engine *e, int32_t ns) {
     if (n) pgd_pool_run_chunks(e->pool, score_row, e, n);
 }
 
+/* Emits the prompt-token events of s whose logits this step computed (rows lp_row.. lp_row +
+ * lp_n, positions lp_pos..), token 0's (no logprob) first. */
 static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
     for (int32_t j = s->lp_started ? 0 : -1; j < s->lp_n; j++) {
         pgd_event *ev = event_push(e);

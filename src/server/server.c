@@ -562,6 +562,11 @@ static void work_cb(uv_work_t *w) {
     }
 }
 
+/* Whether the request's prompt is scored: echo with logprobs, or prompt_logprobs. */
+static bool scores_prompt(const pgd_api_request *r) {
+    return (r->echo && r->logprobs >= 0) || r->prompt_logprobs >= 0;
+}
+
 static void submit_all(server *s, req_ctx *c) {
     pgd_api_request *r = &c->api;
     int32_t n_ctx = pgd_engine_n_ctx(s->engine);
@@ -577,7 +582,7 @@ static void submit_all(server *s, req_ctx *c) {
      * tokens with 20 logprobs each). Chat without max_tokens ("up to the context") is bounded
      * by n x the context already, and is not counted. Scored prompt tokens (echo with logprobs,
      * prompt_logprobs) are answer tokens too. */
-    bool scored = (r->echo && r->logprobs >= 0) || r->prompt_logprobs >= 0;
+    bool scored = scores_prompt(r);
     int64_t total = 0;
     for (int p = 0; p < r->n_prompts; p++)
         total += (int64_t)r->n * (r->max_tokens + (scored ? r->prompts[p].n_ids : 0));
@@ -635,7 +640,7 @@ static void submit_all(server *s, req_ctx *c) {
                 .repetition_penalty = r->repetition_penalty, .logit_bias_ids = r->bias_ids,
                 .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
                 .logprobs = r->logprobs, .no_speculation = r->no_speculation,
-                .prompt_logprobs = (r->echo && r->logprobs >= 0) || r->prompt_logprobs >= 0,
+                .prompt_logprobs = scores_prompt(r),
                 .prompt_top_logprobs = r->echo && r->logprobs > r->prompt_logprobs
                                            ? r->logprobs
                                            : r->prompt_logprobs > 0 ? r->prompt_logprobs : 0,
