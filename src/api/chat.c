@@ -14,41 +14,89 @@ static void add_token_string(cJSON *ctx, const char *key, const pgd_tokenizer *t
 
 #define CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG " /* transformers' */
 
-/* Appends CONTINUE_TAG to the last text of the final message in msgs (its content string, or
- * the last content part with a "text"); false when it has none. */
-static bool tag_final(cJSON *msgs) {
+/* The length of Python's str.isspace() character ending t[0..n) (UTF-8), or 0. */
+static size_t space_at_end(const char *t, size_t n) {
+    static const char *const ws[] = {"\t", "\n", "\x0b", "\x0c", "\r", "\x1c", "\x1d", "\x1e",
+                                     "\x1f", " ", "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80",
+                                     "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
+                                     "\xe2\x81\x9f", "\xe3\x80\x80"};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+        size_t k = strlen(ws[i]);
+        if (k <= n && !memcmp(t + n - k, ws[i], k)) return k;
+    }
+    /* U+2000..U+200A: E2 80 80..8A */
+    if (n >= 3 && (unsigned char)t[n - 3] == 0xE2 && (unsigned char)t[n - 2] == 0x80 &&
+        (unsigned char)t[n - 1] >= 0x80 && (unsigned char)t[n - 1] <= 0x8A)
+        return 3;
+    return 0;
+}
+
+static size_t rstrip_len(const char *t, size_t n) {
+    for (size_t k; (k = space_at_end(t, n)) > 0;) n -= k;
+    return n;
+}
+
+/* The final message's last text (its content string, or the last content part with a "text"),
+ * or NULL. */
+static cJSON *final_text(cJSON *msgs, cJSON **holder, const char **key) {
     cJSON *m = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
     cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *part = NULL, *p;
+    *holder = m;
+    *key = "content";
     if (cJSON_IsArray(c)) {
         cJSON_ArrayForEach(p, c) if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(p, "text")))
             part = p;
-        if (!part) return false;
-        m = part;
+        if (!part) return NULL;
+        *holder = part;
+        *key = "text";
         c = cJSON_GetObjectItemCaseSensitive(part, "text");
     }
-    if (!cJSON_IsString(c)) return false;
-    size_t n = strlen(c->valuestring);
+    return cJSON_IsString(c) ? c : NULL;
+}
+
+/* Appends CONTINUE_TAG to the final message's last text; its text before (stripped, as
+ * transformers checks it) into *stripped (malloc'd). False when it has none. */
+static bool tag_final(cJSON *msgs, char **stripped) {
+    cJSON *holder;
+    const char *key;
+    cJSON *c = final_text(msgs, &holder, &key);
+    if (!c) return false;
+    const char *v = c->valuestring;
+    size_t n = strlen(v), lead = 0;
+    while (lead < n) { /* Python's strip(): both ends */
+        size_t k = 0;
+        for (size_t w = 1; w <= 3 && lead + w <= n && !k; w++)
+            if (space_at_end(v + lead, w) == w) k = w;
+        if (!k) break;
+        lead += k;
+    }
+    size_t end = lead < n ? rstrip_len(v, n) : lead;
     char *s = malloc(n + sizeof CONTINUE_TAG);
-    if (!s) return false;
-    memcpy(s, c->valuestring, n);
+    *stripped = malloc(end - lead + 1);
+    if (!s || !*stripped) {
+        free(s);
+        return false;
+    }
+    memcpy(*stripped, v + lead, end - lead);
+    (*stripped)[end - lead] = 0;
+    memcpy(s, v, n);
     memcpy(s + n, CONTINUE_TAG, sizeof CONTINUE_TAG);
-    bool ok = cJSON_ReplaceItemInObjectCaseSensitive(m, part ? "text" : "content",
-                                                     cJSON_CreateString(s));
+    bool ok = cJSON_ReplaceItemInObjectCaseSensitive(holder, key, cJSON_CreateString(s));
     free(s);
     return ok;
 }
 
 /* Cuts the rendering where the tag was (transformers' rule: right before it when the template
- * kept its trailing space, else there less the whitespace before it). */
-static bool cut_at_tag(char *out) {
+ * kept its trailing space, else there less the whitespace before it). False when the template
+ * did not write the tag, or dropped the final message's text. */
+static bool cut_at_tag(char *out, const char *stripped) {
     static const char tag[] = "CONTINUE_FINAL_MESSAGE_TAG"; /* CONTINUE_TAG without its space */
     char *at = NULL;
     for (char *p = strstr(out, tag); p; p = strstr(p + 1, tag)) at = p;
-    if (!at) return false;
+    if (!at || !strstr(out, stripped)) return false;
     bool spaced = at[sizeof tag - 1] == ' ';
     *at = 0;
-    if (!spaced)
-        for (size_t n = strlen(out); n > 0 && strchr(" \t\n\r", out[n - 1]); n--) out[n - 1] = 0;
+    if (!spaced) out[rstrip_len(out, (size_t)(at - out))] = 0;
     return true;
 }
 
@@ -73,7 +121,8 @@ int pgd_chat_render(const pgd_jinja_tmpl *t, const pgd_tokenizer *tok, const cJS
         cJSON_DeleteItemFromObjectCaseSensitive(ctx, kv->string);
         cJSON_AddItemToObject(ctx, kv->string, cJSON_Duplicate(kv, true));
     }
-    if (o->continue_final && !tag_final(msgs)) {
+    char *stripped = NULL;
+    if (o->continue_final && !tag_final(msgs, &stripped)) {
         cJSON_Delete(ctx);
         snprintf(err, errlen, "continue_final_message: the final message has no text to "
                               "continue");
@@ -86,12 +135,13 @@ int pgd_chat_render(const pgd_jinja_tmpl *t, const pgd_tokenizer *tok, const cJS
     int rc = pgd_jinja_render(t, ctx, &opts, out, &len, &e);
     cJSON_Delete(ctx);
     if (rc) snprintf(err, errlen, "%s", e.msg);
-    if (!rc && o->continue_final && !cut_at_tag(*out)) {
+    if (!rc && o->continue_final && !cut_at_tag(*out, stripped)) {
         free(*out);
         *out = NULL;
         snprintf(err, errlen, "continue_final_message: the template does not write the final "
                               "message's text (it cannot be continued)");
         rc = PGD_EINVAL;
     }
+    free(stripped);
     return rc;
 }

@@ -394,7 +394,9 @@ static int parse_template_options(pgd_api_request *r, const cJSON *o, pgd_api_er
     const char *why = NULL;
     const cJSON *last = cJSON_GetArrayItem(r->messages, cJSON_GetArraySize(r->messages) - 1);
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "add_generation_prompt")))
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "add_generation_prompt")) ||
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r->template_kwargs,
+                                                      "add_generation_prompt")))
         why = "'continue_final_message' and 'add_generation_prompt' cannot both be true";
     else if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant"))
         why = "'continue_final_message' needs a final assistant message to continue";

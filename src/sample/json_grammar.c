@@ -222,19 +222,25 @@ static bool int_prefix_ok(const pgd_json_state *st, int k) {
 }
 
 /* A '.' after the integer part v: the value will lie in [v, v + 1) (or (-(v + 1), -v]). Taken
- * when all of that is within the bounds (1), so no fraction digit needs checking, or all but
- * the integer itself, which an exclusive bound leaves out (2: a non-zero fraction digit must
- * come, as in 0.5 for exclusiveMinimum 0); else refused (0). */
+ * when all of that is within the bounds, or all but an end an exclusive bound leaves out; 0 if
+ * not. As a double the value may round onto either end (v < 10^15: steps of at most 1/8), so
+ * an exclusive bound at an end restricts the first fraction digit instead: FRAC_NZ (1-9: at
+ * least 0.1 away from v) or FRAC_NOT9 (0-8: at least 0.1 away from v + 1). */
+enum { FRAC_OK = 1, FRAC_NZ = 2, FRAC_NOT9 = 4 };
 static int frac_ok(const pgd_json_state *st) {
-    if (st->nnode < 0) return 1;
+    if (st->nnode < 0) return FRAC_OK;
     const pgd_json_node *nd = &st->sc->nodes[st->nnode];
     double v = (double)st->nval;
-    if (!st->nneg) { /* [v, v + 1) */
-        if (v + 1 > nd->hi || v < nd->lo) return 0;
-        return v == nd->lo && nd->lo_excl ? 2 : 1;
-    }
-    if (-(v + 1) < nd->lo || -v > nd->hi) return 0; /* (-(v + 1), -v] */
-    return -v == nd->hi && nd->hi_excl ? 2 : 1;
+    /* the ends of the value's range: near (the integer part) and far (one past it) */
+    double near = st->nneg ? -v : v, far = st->nneg ? -(v + 1) : v + 1;
+    double lo = st->nneg ? far : near, hi = st->nneg ? near : far;
+    if (lo < nd->lo || hi > nd->hi) return 0;
+    int f = FRAC_OK;
+    bool near_excl = st->nneg ? nd->hi_excl && near == nd->hi : nd->lo_excl && near == nd->lo;
+    bool far_excl = st->nneg ? nd->lo_excl && far == nd->lo : nd->hi_excl && far == nd->hi;
+    if (near_excl) f |= FRAC_NZ;
+    if (far_excl) f |= FRAC_NOT9;
+    return f;
 }
 
 /* The type a value starting with c has among types (PGD_JT_*), or -1. */
@@ -271,7 +277,7 @@ static bool value_start(pgd_json_state *st, unsigned char c) {
         st->phase = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
         st->num_len = 1;
         st->nneg = c == '-';
-        st->nfrac_nz = 0;
+        st->nfrac = 0;
         st->nval = c == '-' ? 0 : c - '0';
         st->nnode = nd && st->sc->nodes[target].bounded ? (int16_t)target : -1;
         return int_prefix_ok(st, c != '-');
@@ -438,8 +444,6 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
         else if (st->nnode >= 0 && st->phase != N_FRAC &&
                  !in_bounds(&st->sc->nodes[st->nnode], st->nneg ? -st->nval : st->nval)) {
             return false; /* the integer is out of bounds: only more digits can come */
-        } else if (st->phase == N_FRAC && st->nfrac_nz) {
-            return false; /* a fraction of zeros, which an exclusive bound leaves out */
         } else {
             *ended = true;
             return true;
@@ -460,17 +464,16 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
         next = N_EXP;
         break;
     }
-    if (st->nfrac_nz && (st->phase == N_DOT || st->phase == N_FRAC)) {
-        if (c != '0') st->nfrac_nz = 0;
-        else if (st->num_len + 1 >= PGD_JSON_MAX_NUM) return false; /* room for a non-zero */
-    }
+    if (st->phase == N_DOT && (((st->nfrac & FRAC_NZ) && c == '0') ||
+                               ((st->nfrac & FRAC_NOT9) && c == '9')))
+        return false; /* the first fraction digit under an exclusive bound at an end */
     if (number_can_end(st->phase)) {
         /* an integer a schema asks for stays below 2^53, where it reads back exactly */
         if (st->num_len >= (st->int_only ? 15 : PGD_JSON_MAX_NUM)) return false;
         if (!number_can_end(next) && st->num_len >= PGD_JSON_MAX_NUM - 2) return false;
     }
     st->num_len++;
-    if (next == N_DOT) st->nfrac_nz = nz == 2;
+    if (next == N_DOT) st->nfrac = (uint8_t)nz;
     if (digit && (next == N_ZERO || next == N_INT) && st->nnode >= 0) { /* a bounded one's */
         st->nval = st->phase == N_MINUS ? c - '0' : st->nval * 10 + (c - '0');
         st->phase = next;

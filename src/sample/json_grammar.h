@@ -104,7 +104,7 @@ typedef struct pgd_json_state {
     int16_t enode;        /* J_ENUM: the node matched against */
     uint8_t int_only;     /* the number being read must be an integer */
     uint8_t nneg;         /* the number being read is negative */
-    uint8_t nfrac_nz;     /* its fraction must hold a non-zero digit (an exclusive bound) */
+    uint8_t nfrac;        /* its fraction's first digit: frac_ok's restrictions */
     int16_t nnode;        /* its node with bounds (-1: none) */
     int16_t snode;        /* the string being read: its node with lengths (-1: none) */
     uint16_t slen;        /* its characters so far (saturating) */

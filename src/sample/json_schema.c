@@ -427,7 +427,7 @@ static int compile_bounds(ctx *x, const cJSON *j, int32_t node, unsigned types) 
     bool fracs = (types & (1u << PGD_JT_NUM)) &&
                  ((nd->fplo <= nd->fphi && nd->fplo <= (int64_t)REACH_POS) ||
                   (nd->fnlo <= nd->fnhi && nd->fnlo <= -(int64_t)REACH_NEG));
-    if (!ints && !fracs)
+    if (!ints && !fracs && !(types & ~((1u << PGD_JT_NUM) | (1u << PGD_JT_INT))))
         return fail(x, "no number of at most 15 integer digits, without an exponent, that "
                        "Pagoda writes lies within the bounds ('minimum', 'maximum' and their "
                        "exclusive forms)");
@@ -651,7 +651,10 @@ static int compile(ctx *x, const cJSON *j, int depth, int32_t *out) {
                     PGD_JSON_SCHEMA_DEPTH);
     if ((types & (1u << PGD_JT_OBJ)) && (rc = compile_object(x, j, depth, node))) return rc;
     if ((types & (1u << PGD_JT_ARR)) && (rc = compile_array(x, j, depth, node))) return rc;
-    if ((rc = compile_string(x, j, node)) || (rc = compile_bounds(x, j, node, types))) return rc;
+    const unsigned nums = (1u << PGD_JT_NUM) | (1u << PGD_JT_INT);
+    if ((rc = compile_string(x, j, node)) ||
+        ((types & nums) && (rc = compile_bounds(x, j, node, types))))
+        return rc;
     *out = node;
     return PGD_OK;
 }

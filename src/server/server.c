@@ -489,7 +489,12 @@ static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prom
  * required or named call is the answer, held to the call's schema between the format's tags. */
 static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     r->tool_format = r->chat && r->tools ? (int)s->tool_format : PGD_TOOLS_NONE;
-    r->reasoning = r->chat ? (int)s->reasoning_format : PGD_REASONING_NONE;
+    /* a constrained answer (JSON, a required call) has no thinking: the mask holds from its
+     * first token, so a "</think>" could never close it; it is all content */
+    bool constrained = r->json_object || r->json_schema || r->tool_required;
+    r->reasoning = !r->chat || !s->reasoning_format ? PGD_REASONING_NONE
+                   : constrained                   ? PGD_REASONING_ABSENT
+                                                   : (int)s->reasoning_format;
     if (!r->tool_required) return 0;
     if (!s->tool_format) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL,

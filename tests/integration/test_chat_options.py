@@ -75,6 +75,8 @@ def test_continue_final_message(default_server, default_model):
     ({"messages": CONV, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
     ({"messages": CONV, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
     ({"messages": CONV, "continue_final_message": "yes"}, "continue_final_message"),
+    ({"messages": CONV, "continue_final_message": True,
+      "chat_template_kwargs": {"add_generation_prompt": True}}, "continue_final_message"),
 ])
 def test_refused_template_options(default_server, body, param):
     r = requests.post(default_server.url("/v1/chat/completions"), json=dict(body, max_tokens=1),
@@ -102,3 +104,33 @@ def test_chat_template_kwargs(tmp_path_factory):
                 assert "/no_think" in want_text
                 no_think = got
         assert got != no_think
+
+
+@pytest.mark.parametrize("template", ["meta-llama-Llama-3.2-3B-Instruct.jinja",
+                                      "google-gemma-2-2b-it.jinja",
+                                      "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"])
+def test_continue_final_message_edges(tmp_path_factory, template):
+    """Templates that trim the content (Llama 3.x, Gemma) or rewrite it (R1 drops what precedes
+    "</think>"): the cut strips what Python's str.rstrip() strips (U+00A0 too), and a final
+    message the rendering does not hold is refused, as transformers raises (an audit found
+    both)."""
+    model = util.model_with_template(tmp_path_factory, template)
+    src = (util.DATA / "chat-templates" / template).read_text()
+    with Server(model) as s:
+        for last in ["x\u00a0", "Result: ", "a\x0c", "<think>hmm</think>Result:"]:
+            msgs = [CONV[0], {"role": "assistant", "content": last}]
+            try:
+                want_text = render_jinja_template([msgs], chat_template=src,
+                                                  continue_final_message=True,
+                                                  bos_token="<s>", eos_token="</s>")[0][0]
+            except ValueError:
+                want_text = None
+            r = requests.post(s.url("/v1/chat/completions"), timeout=60, json={
+                "messages": msgs, "continue_final_message": True, "max_tokens": 1,
+                "prompt_logprobs": 0})
+            if want_text is None:
+                assert r.status_code == 400, (last, r.text)
+                continue
+            assert r.status_code == 200, (last, r.text)
+            got = [int(next(iter(e))) for e in r.json()["prompt_logprobs"][1:]]
+            assert got == tokenize(s, want_text)[1:], (last, want_text[-30:])

@@ -550,6 +550,31 @@ def test_schema_number_bounds_exhaustive(bounds, tmp_path):
     assert n_complete > 0
 
 
+def test_schema_bounds_rounding(tmp_path):
+    """As a double a fraction can round onto an exclusive bound at either end of its integer
+    part (0.99999999999999999999 is 1.0; 99999999999999.001 is 99999999999999.0): the first
+    fraction digit keeps 0.1 away from such an end. Found by an audit."""
+    cases = [  # (bounds, document value, Pagoda's verdict)
+        ({"exclusiveMaximum": 1}, "0.99999999999999999999", "reject"),
+        ({"exclusiveMaximum": 1}, "0.89999999999999999999", "complete"),
+        ({"exclusiveMinimum": 99999999999999, "maximum": 1e15}, "99999999999999.001", "reject"),
+        ({"exclusiveMinimum": 99999999999999, "maximum": 1e15}, "99999999999999.5", "complete"),
+        ({"exclusiveMaximum": -5}, "-5.0000000000000000001", "reject"),
+        ({"exclusiveMaximum": -5}, "-5.5", "complete"),
+        ({"exclusiveMinimum": 0, "exclusiveMaximum": 1}, "0.5", "complete"),
+    ]
+    for bounds, v, want in cases:
+        schema = {"type": "object", "properties": {"x": dict(bounds, type="number")},
+                  "required": ["x"], "additionalProperties": False}
+        doc = b'{"x":' + v.encode() + b"}"
+        assert tool_schema(schema, [doc], tmp_path) == [want], (bounds, v)
+        assert schema_valid(schema, doc) == (want == "complete"), (bounds, v)
+    # bounds do not constrain a type without numbers (and are not refused there)
+    assert tool_schema({"type": "object", "properties": {"s": {"type": "string",
+                                                               "minimum": 1e300}}},
+                       [b'{"s":"a"}'], tmp_path) == ["complete"]
+
+
 INVALID = {
     "scalars": ['{"name":"a"}', '{"name":"a","age":1.5}', '{"name":"a","age":1,"extra":1}',
                 '{"name":"a","age":1,"tag":"z"}', '{"name":"a","age":1,"kind":"y"}',
@@ -577,7 +602,8 @@ INVALID = {
                             ("price", "99.75"), ("temp", "60"), ("temp", "-41"),
                             ("temp", "-40.75"), ("big", "999999"), ("unit", "1"),
                             ("unit", "0"), ("nick", '"ab"'), ("tags", '["abcd"]'),
-                            ("tags", '[""]'), ("code", '"\\ud83d\\ude00x"')]] +
+                            ("tags", '[""]'), ("code", '"\\ud83d\\ude00x"'),
+                            ("unit", "0.99999999999999999999")]] +
               ['{"name":"ab","age":30,"price":1}', '{"name":"ab","age":30,"price":1,"unit":0.0}',
                '{"name":"\\u00e9","age":30,"price":1,"unit":0.5}'],
 }

@@ -3,11 +3,11 @@ message.reasoning_content (streamed as reasoning_content deltas), the rest as co
 
 The tiny random Llama (32k vocabulary) carries a real chat template (DeepSeek-R1-Distill's,
 whose generation prompt opens "<think>\\n", or SmolLM3's, whose model opens it). Its answers are
-random text pulled towards the tags' tokens, and JSON held to a schema whose one string is a
-const holding the tags (so "</think>" lands mid-answer, across 4 tokens, in every such answer).
-The same requests go to a server without the parser:
+random text pulled towards the tags' tokens. The same requests go to a server without the
+parser:
 its raw answer, split by the rule below (vLLM's deepseek_r1 and qwen3 parsers), must equal what
 the parsing server returns, whole and streamed; tool calls still parse from the content."""
+import json
 import subprocess
 
 import pytest
@@ -50,15 +50,18 @@ TAGGED = {"type": "object", "properties": {"a": {"const": "x </think> y <think> 
 
 
 def ask(seed, bias):
-    """Odd seeds: random text pulled towards the tags; even: the JSON holding them."""
-    if seed % 2:
-        return {"logit_bias": bias}
+    """Random text pulled towards the tags' tokens (+12 each: over 160 tokens most answers hold
+    "</think>", 4 tokens in the 32k vocabulary)."""
+    return {"logit_bias": bias}
+
+
+def as_json():
     return {"response_format": {"type": "json_schema",
                                 "json_schema": {"name": "t", "schema": TAGGED}}}
 
 
 def chat(server, seed, stream=False, **extra):
-    body = {"messages": CHAT, "max_tokens": 48, "temperature": 1.0, "seed": seed, "n": 4,
+    body = {"messages": CHAT, "max_tokens": 160, "temperature": 1.0, "seed": seed, "n": 4,
             "stream": stream, **extra}
     r = requests.post(server.url("/v1/chat/completions"), json=body, timeout=120, stream=stream)
     assert r.status_code == 200, r.text
@@ -116,3 +119,22 @@ def test_reasoning_parser_is_checked():
                         "--reasoning-parser", "r2d2", "--port", "0"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode != 0 and "--reasoning-parser" in p.stderr
+
+
+def test_constrained_answers_have_no_reasoning(tmp_path_factory):
+    """Under deepseek_r1 a JSON answer or a required tool call is all content: the mask holds
+    from its first token, so no "</think>" could end a reasoning part (an audit found them
+    returned as reasoning_content)."""
+    from test_json_output import TOOL_W
+    model = util.model_with_template(tmp_path_factory,
+                                     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja")
+    with Server(model, "--reasoning-parser", "deepseek_r1", "--tool-call-parser", "hermes") as s:
+        m = chat(s, 0, **as_json())[0]
+        assert m["reasoning_content"] is None and json.loads(m["content"])["a"] == TAGGED[
+            "properties"]["a"]["const"], m
+        r = requests.post(s.url("/v1/chat/completions"), timeout=120, json={
+            "messages": CHAT, "max_tokens": 200, "tools": [TOOL_W], "tool_choice": "required"})
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        assert c["finish_reason"] == "tool_calls" and c["message"]["tool_calls"], c
+        assert c["message"]["reasoning_content"] is None, c
