@@ -522,39 +522,38 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     return 0;
 }
 
+/* A chat request's prompt: its messages rendered by the chat template, then tokenized (without
+ * BOS: the template writes the BOS text itself where the model wants it). */
+static int chat_prompt(server *s, const pgd_api_request *r, pgd_api_prompt *pr,
+                       pgd_api_error *e) {
+    char *prompt = NULL, msg[512];
+    pgd_chat_opts co = {.add_generation_prompt = r->add_generation_prompt,
+                        .continue_final = r->continue_final_message, .kwargs = r->template_kwargs};
+    int rc = pgd_chat_render(s->tmpl, s->tok, r->messages, r->tools, &co, &prompt, msg,
+                             sizeof msg);
+    if (rc) {
+        pgd_api_error_set(e, 400, "invalid_request_error", "messages", NULL,
+                          "the chat template failed: %s", msg);
+    } else if ((rc = tokenize_into(s, prompt, false, pr))) {
+        pgd_api_error_set(e, 500, "server_error", NULL, NULL, "tokenization failed");
+    }
+    free(prompt);
+    return rc ? -1 : 0;
+}
+
 static void work_cb(uv_work_t *w) {
     req_ctx *c = w->data;
     server *s = c->s;
     pgd_api_request *r = &c->api;
     if (r->chat) {
-        char *prompt = NULL;
-        char msg[512];
-        pgd_chat_opts co = {.add_generation_prompt = r->add_generation_prompt,
-                            .continue_final = r->continue_final_message,
-                            .kwargs = r->template_kwargs};
-        int rc = pgd_chat_render(s->tmpl, s->tok, r->messages, r->tools, &co, &prompt, msg,
-                                 sizeof msg);
-        if (rc) {
-            pgd_api_error_set(&c->err, 400, "invalid_request_error", "messages", NULL,
-                              "the chat template failed: %s", msg);
-            c->has_err = true;
-            return;
-        }
         r->prompts = calloc(1, sizeof *r->prompts);
         if (!r->prompts) {
-            free(prompt);
             pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
             c->has_err = true;
             return;
         }
         r->n_prompts = 1;
-        /* the template writes the BOS text itself where the model wants it */
-        rc = tokenize_into(s, prompt, false, &r->prompts[0]);
-        free(prompt);
-        if (rc) {
-            pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "tokenization failed");
-            c->has_err = true;
-        }
+        if (chat_prompt(s, r, &r->prompts[0], &c->err)) c->has_err = true;
         return;
     }
     for (int i = 0; i < r->n_prompts; i++) {
@@ -761,6 +760,34 @@ static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
     return r;
 }
 
+/* /tokenize's answer: {"tokens", "count", "max_model_len"}. */
+static cJSON *tokens_json(server *s, const pgd_api_prompt *pr) {
+    cJSON *out = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
+    for (int i = 0; i < pr->n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(pr->ids[i]));
+    cJSON_AddNumberToObject(out, "count", pr->n_ids);
+    cJSON_AddNumberToObject(out, "max_model_len", pgd_engine_n_ctx(s->engine));
+    return out;
+}
+
+/* /tokenize of a chat (vLLM's form: messages, tools, add_generation_prompt,
+ * continue_final_message, chat_template_kwargs): the ids a chat completion of it would take. */
+static int tokenize_chat(server *s, req_ctx *c, cJSON **out, pgd_api_error *e) {
+    pgd_api_request r;
+    if (!s->tmpl) {
+        pgd_api_error_set(e, 400, "invalid_request_error", "messages", NULL,
+                          "this model has no chat template");
+        return -1;
+    }
+    if (pgd_api_parse(c->body, c->body_len, true, &s->limits, &r, e)) return -1;
+    pgd_api_prompt pr = {0};
+    int rc = chat_prompt(s, &r, &pr, e);
+    if (!rc) *out = tokens_json(s, &pr);
+    free(pr.ids);
+    pgd_api_request_free(&r);
+    return rc;
+}
+
 /* /tokenize and /detokenize on the thread pool: a body of megabytes takes long to tokenize, and
  * the loop must keep streaming meanwhile. Fills c->resp (200) or c->err. */
 static void tokenize_work_cb(uv_work_t *w) {
@@ -775,7 +802,9 @@ static void tokenize_work_cb(uv_work_t *w) {
                           "the request body must be a JSON object");
         goto err;
     }
-    if (c->rt == R_TOKENIZE) {
+    if (c->rt == R_TOKENIZE && cJSON_GetObjectItemCaseSensitive(o, "messages")) {
+        if (tokenize_chat(s, c, &out, &e)) goto err;
+    } else if (c->rt == R_TOKENIZE) {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
         const cJSON *ab = cJSON_GetObjectItemCaseSensitive(o, "add_special_tokens");
         if (!cJSON_IsString(p)) {
@@ -794,11 +823,7 @@ static void tokenize_work_cb(uv_work_t *w) {
             pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "tokenization failed");
             goto err;
         }
-        out = cJSON_CreateObject();
-        cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
-        for (int i = 0; i < pr.n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(pr.ids[i]));
-        cJSON_AddNumberToObject(out, "count", pr.n_ids);
-        cJSON_AddNumberToObject(out, "max_model_len", pgd_engine_n_ctx(s->engine));
+        out = tokens_json(s, &pr);
         free(pr.ids);
     } else {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens"), *x;

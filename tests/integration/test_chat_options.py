@@ -134,3 +134,23 @@ def test_continue_final_message_edges(tmp_path_factory, template):
             assert r.status_code == 200, (last, r.text)
             got = [int(next(iter(e))) for e in r.json()["prompt_logprobs"][1:]]
             assert got == tokenize(s, want_text)[1:], (last, want_text[-30:])
+
+
+def test_tokenize_chat(default_server):
+    """/tokenize with messages (vLLM's chat form): the ids a chat completion of them takes,
+    template options included; bad messages get the chat endpoint's 400."""
+    for body in ({"messages": CONV[:1]}, {"messages": CONV, "continue_final_message": True},
+                 {"messages": CONV[:1], "add_generation_prompt": False}):
+        r = requests.post(default_server.url("/tokenize"), json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        toks = r.json()["tokens"]
+        assert r.json()["count"] == len(toks)
+        ids, _ = prompt_ids(default_server, body)
+        assert toks[1:] == ids[1:] and len(toks) == len(ids), body
+    r = requests.post(default_server.url("/tokenize"), json={"messages": [{"role": "user"}]},
+                      timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages"), r.text
+    r = requests.post(default_server.url("/tokenize"), json={"messages": CONV[:1],
+                                                             "continue_final_message": True},
+                      timeout=60)
+    assert r.status_code == 400, r.text
