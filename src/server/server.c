@@ -523,8 +523,8 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
 }
 
 /* A chat request's prompt: its messages rendered by the chat template, then tokenized (without
- * BOS: the template writes the BOS text itself where the model wants it). */
-static int chat_prompt(server *s, const pgd_api_request *r, pgd_api_prompt *pr,
+ * BOS unless add_bos: the template writes the BOS text itself where the model wants it). */
+static int chat_prompt(server *s, const pgd_api_request *r, bool add_bos, pgd_api_prompt *pr,
                        pgd_api_error *e) {
     char *prompt = NULL, msg[512];
     pgd_chat_opts co = {.add_generation_prompt = r->add_generation_prompt,
@@ -534,7 +534,7 @@ static int chat_prompt(server *s, const pgd_api_request *r, pgd_api_prompt *pr,
     if (rc) {
         pgd_api_error_set(e, 400, "invalid_request_error", "messages", NULL,
                           "the chat template failed: %s", msg);
-    } else if ((rc = tokenize_into(s, prompt, false, pr))) {
+    } else if ((rc = tokenize_into(s, prompt, add_bos, pr))) {
         pgd_api_error_set(e, 500, "server_error", NULL, NULL, "tokenization failed");
     }
     free(prompt);
@@ -553,7 +553,7 @@ static void work_cb(uv_work_t *w) {
             return;
         }
         r->n_prompts = 1;
-        if (chat_prompt(s, r, &r->prompts[0], &c->err)) c->has_err = true;
+        if (chat_prompt(s, r, false, &r->prompts[0], &c->err)) c->has_err = true;
         return;
     }
     for (int i = 0; i < r->n_prompts; i++) {
@@ -772,7 +772,7 @@ static cJSON *tokens_json(server *s, const pgd_api_prompt *pr) {
 
 /* /tokenize of a chat (vLLM's form: messages, tools, add_generation_prompt,
  * continue_final_message, chat_template_kwargs): the ids a chat completion of it would take. */
-static int tokenize_chat(server *s, req_ctx *c, cJSON **out, pgd_api_error *e) {
+static int tokenize_chat(server *s, req_ctx *c, bool add_bos, cJSON **out, pgd_api_error *e) {
     pgd_api_request r;
     if (!s->tmpl) {
         pgd_api_error_set(e, 400, "invalid_request_error", "messages", NULL,
@@ -781,7 +781,7 @@ static int tokenize_chat(server *s, req_ctx *c, cJSON **out, pgd_api_error *e) {
     }
     if (pgd_api_parse(c->body, c->body_len, true, &s->limits, &r, e)) return -1;
     pgd_api_prompt pr = {0};
-    int rc = chat_prompt(s, &r, &pr, e);
+    int rc = chat_prompt(s, &r, add_bos, &pr, e);
     if (!rc) *out = tokens_json(s, &pr);
     free(pr.ids);
     pgd_api_request_free(&r);
@@ -802,19 +802,21 @@ static void tokenize_work_cb(uv_work_t *w) {
                           "the request body must be a JSON object");
         goto err;
     }
-    if (c->rt == R_TOKENIZE && cJSON_GetObjectItemCaseSensitive(o, "messages")) {
-        if (tokenize_chat(s, c, &out, &e)) goto err;
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    const cJSON *ab = cJSON_GetObjectItemCaseSensitive(o, "add_special_tokens");
+    if (ab && !cJSON_IsBool(ab)) {
+        pgd_api_error_set(&e, 400, "invalid_request_error", "add_special_tokens", NULL,
+                          "'add_special_tokens' must be a boolean");
+        goto err;
+    }
+    if (c->rt == R_TOKENIZE && msgs && !cJSON_IsNull(msgs)) {
+        /* vLLM's default for a chat: no special tokens added (the template writes them) */
+        if (tokenize_chat(s, c, cJSON_IsTrue(ab), &out, &e)) goto err;
     } else if (c->rt == R_TOKENIZE) {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(o, "add_special_tokens");
         if (!cJSON_IsString(p)) {
             pgd_api_error_set(&e, 400, "invalid_request_error", "prompt", NULL,
                               "'prompt' must be a string");
-            goto err;
-        }
-        if (ab && !cJSON_IsBool(ab)) {
-            pgd_api_error_set(&e, 400, "invalid_request_error", "add_special_tokens", NULL,
-                              "'add_special_tokens' must be a boolean");
             goto err;
         }
         pgd_api_prompt pr = {0};

@@ -154,3 +154,19 @@ def test_tokenize_chat(default_server):
                                                              "continue_final_message": True},
                       timeout=60)
     assert r.status_code == 400, r.text
+
+
+def test_tokenize_chat_options(default_server):
+    """"messages": null is the prompt form; add_special_tokens on a chat adds what the model's
+    metadata adds for a text (nothing for SmolLM2), off by default as in vLLM."""
+    url = default_server.url("/tokenize")
+    r = requests.post(url, json={"prompt": "hi", "messages": None}, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens"] == tokenize(default_server, "hi"), r.text
+    a = requests.post(url, json={"messages": CONV[:1]}, timeout=60).json()["tokens"]
+    b = requests.post(url, json={"messages": CONV[:1], "add_special_tokens": True},
+                      timeout=60).json()["tokens"]
+    c = requests.post(url, json={"prompt": "x", "add_special_tokens": True}, timeout=60)
+    plain = tokenize(default_server, "x")
+    assert b[len(b) - len(a):] == a and len(b) - len(a) == len(c.json()["tokens"]) - len(plain)
+    r = requests.post(url, json={"messages": CONV[:1], "add_special_tokens": 1}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "add_special_tokens"
