@@ -359,6 +359,20 @@ static int compile_object(ctx *x, const cJSON *j, int depth, int32_t node) {
     return PGD_OK;
 }
 
+/* A pair of counts (minItems/maxItems, minLength/maxLength) into *lo, *hi: 0 and INT32_MAX
+ * when absent; refused when lo exceeds hi. */
+static int get_range(ctx *x, const cJSON *j, const char *lo_key, const char *hi_key,
+                     int32_t *lo, int32_t *hi) {
+    int32_t l = 0, h = INT32_MAX;
+    int rc = get_count(x, j, lo_key, &l);
+    if (!rc) rc = get_count(x, j, hi_key, &h);
+    if (rc) return rc;
+    if (l > h) return fail(x, "'%s' (%d) exceeds '%s' (%d)", lo_key, l, hi_key, h);
+    *lo = l;
+    *hi = h;
+    return PGD_OK;
+}
+
 static int compile_array(ctx *x, const cJSON *j, int depth, int32_t node) {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(j, "items");
     if (items) {
@@ -368,25 +382,13 @@ static int compile_array(ctx *x, const cJSON *j, int depth, int32_t node) {
         if (rc) return rc;
         x->sc->nodes[node].items = child;
     }
-    int32_t lo = 0, hi = INT32_MAX;
-    int rc = get_count(x, j, "minItems", &lo);
-    if (!rc) rc = get_count(x, j, "maxItems", &hi);
-    if (rc) return rc;
-    if (lo > hi) return fail(x, "'minItems' (%d) exceeds 'maxItems' (%d)", lo, hi);
-    x->sc->nodes[node].min_items = lo;
-    x->sc->nodes[node].max_items = hi;
-    return PGD_OK;
+    return get_range(x, j, "minItems", "maxItems", &x->sc->nodes[node].min_items,
+                     &x->sc->nodes[node].max_items);
 }
 
 static int compile_string(ctx *x, const cJSON *j, int32_t node) {
-    int32_t lo = 0, hi = INT32_MAX;
-    int rc = get_count(x, j, "minLength", &lo);
-    if (!rc) rc = get_count(x, j, "maxLength", &hi);
-    if (rc) return rc;
-    if (lo > hi) return fail(x, "'minLength' (%d) exceeds 'maxLength' (%d)", lo, hi);
-    x->sc->nodes[node].min_len = lo;
-    x->sc->nodes[node].max_len = hi;
-    return PGD_OK;
+    return get_range(x, j, "minLength", "maxLength", &x->sc->nodes[node].min_len,
+                     &x->sc->nodes[node].max_len);
 }
 
 /* The integers a bounded number's integer part can reach: at most 15 bytes with the sign. */
