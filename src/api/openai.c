@@ -638,7 +638,8 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
             cJSON_AddStringToObject(m, "role", "assistant");
             const char *text = c->text ? c->text : "";
             pgd_reasoning_span sp;
-            pgd_reasoning_scan((pgd_reasoning_format)r->reasoning, text, c->text_len, true, &sp);
+            pgd_reasoning_scan((pgd_reasoning_format)r->reasoning, text, c->text_len, true, 0,
+                               &sp);
             size_t c_off = sp.content ? sp.c_off : c->text_len, content_len = c->text_len - c_off;
             cJSON *calls = pgd_api_choice_tool_calls(r, id, i, text + c_off, content_len,
                                                      &content_len, &finish);

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/reasoning.h"
+
 typedef struct pgd_api_error {
     int status;         /* HTTP status */
     const char *type;   /* "invalid_request_error", "authentication_error", ... */
@@ -98,6 +100,9 @@ typedef struct pgd_api_choice {
     int32_t n_prompt, n_cached;
     size_t emitted;                /* streaming with tool_format: bytes of text sent as content */
     size_t r_emitted;              /* streaming with reasoning: bytes of text sent as such */
+    size_t r_known;                /* ... bytes scanned without a "</think>" */
+    bool r_final;                  /* ... the content has started: r_span is final */
+    pgd_reasoning_span r_span;
     size_t prompt_offset;          /* echo with logprobs: bytes of prompt tokens' text so far */
     cJSON *prompt_logprobs;        /* prompt_logprobs: [null, {id: {logprob, rank,
                                       decoded_token}}, ...] as vLLM writes it, or NULL */

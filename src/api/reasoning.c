@@ -20,7 +20,7 @@ static size_t partial_tag(const char *t, size_t n, const char *tag) {
     return 0;
 }
 
-void pgd_reasoning_scan(pgd_reasoning_format f, const char *t, size_t n, bool done,
+void pgd_reasoning_scan(pgd_reasoning_format f, const char *t, size_t n, bool done, size_t known,
                         pgd_reasoning_span *sp) {
     memset(sp, 0, sizeof *sp);
     if (f == PGD_REASONING_NONE || f == PGD_REASONING_ABSENT) {
@@ -39,7 +39,9 @@ void pgd_reasoning_scan(pgd_reasoning_format f, const char *t, size_t n, bool do
     }
     sp->thinking = true;
     sp->r_off = opens ? w + ol : 0;
-    const char *e = memmem(t + sp->r_off, n - sp->r_off, CLOSE, sizeof CLOSE - 1);
+    size_t from = known > sizeof CLOSE - 2 ? known - (sizeof CLOSE - 2) : 0; /* a tag's tail */
+    if (from < sp->r_off) from = sp->r_off;
+    const char *e = memmem(t + from, n - from, CLOSE, sizeof CLOSE - 1);
     if (e) {
         sp->r_end = (size_t)(e - t);
         sp->content = true;

@@ -37,8 +37,11 @@ typedef struct pgd_reasoning_span {
 } pgd_reasoning_span;
 
 /* Scans the answer so far, t[0..n); done: the whole answer. While it is not done, bytes that may
- * begin "<think>" or "</think>" are held back (neither reasoning nor content yet). */
-void pgd_reasoning_scan(pgd_reasoning_format f, const char *t, size_t n, bool done,
+ * begin "<think>" or "</think>" are held back (neither reasoning nor content yet). known: bytes
+ * of t an earlier scan of the same answer saw without a "</think>" (0: none), so a stream's
+ * scans search only what is new -- once one finds content the span is final, and a streaming
+ * caller keeps it. */
+void pgd_reasoning_scan(pgd_reasoning_format f, const char *t, size_t n, bool done, size_t known,
                         pgd_reasoning_span *sp);
 
 #endif

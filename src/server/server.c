@@ -304,9 +304,14 @@ static void stream_chat_text(req_ctx *c, int i, const pgd_event *ev, const char 
     pgd_api_choice *ch = &c->choices[i];
     choice_append(ch, ev->text, (size_t)ev->text_len);
     const char *t = ch->text ? ch->text : "";
-    pgd_reasoning_span sp;
-    pgd_reasoning_scan((pgd_reasoning_format)c->api.reasoning, t, ch->text_len, *fin != NULL,
-                       &sp);
+    pgd_reasoning_span sp = ch->r_span; /* final once the content has started */
+    if (!ch->r_final) {
+        pgd_reasoning_scan((pgd_reasoning_format)c->api.reasoning, t, ch->text_len,
+                           *fin != NULL, ch->r_known, &sp);
+        ch->r_known = ch->text_len;
+        ch->r_final = sp.content;
+        ch->r_span = sp;
+    }
     *rtext = *text = t;
     *rlen = *text_len = 0;
     if (sp.thinking) {

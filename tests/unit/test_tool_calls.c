@@ -179,7 +179,7 @@ static void scan_case(pgd_reasoning_format f, const char *t, bool done, const ch
                       const char *want_c) {
     pgd_reasoning_span sp;
     size_t n = strlen(t);
-    pgd_reasoning_scan(f, t, n, done, &sp);
+    pgd_reasoning_scan(f, t, n, done, 0, &sp);
     bool r_ok = strcmp(want_r, "-") ? sp.thinking && sp.r_end - sp.r_off == strlen(want_r) &&
                                           !memcmp(t + sp.r_off, want_r, strlen(want_r))
                                     : !sp.thinking;
@@ -223,6 +223,12 @@ static void test_reasoning(void) {
     scan_case(q3, " <th", true, "-", " <th");
     scan_case(q3, "x<think>a</think>", true, "-", "x<think>a</think>");
     scan_case(q3, "<think></think>", true, "", "");
+    /* a stream's later scan searches from what an earlier one saw, less a tag's length: the
+     * tag split across the two is found */
+    pgd_reasoning_span sp;
+    const char *grown = "abc</think>x";
+    pgd_reasoning_scan(r1, grown, strlen(grown), false, strlen("abc</thi"), &sp);
+    CHECK(sp.thinking && sp.r_end == 3 && sp.content && sp.c_off == 11);
 }
 
 /* mistral: [TOOL_CALLS] then one array of calls (vLLM's mistral parser); 9-character ids. */
