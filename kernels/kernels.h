@@ -78,6 +78,10 @@ int pgd_k_dequant_bf16(pgd_stream s, int type, const void *w, size_t row_bytes, 
                        int64_t n_out, uint16_t *dst);
 int pgd_k_f32_to_bf16(pgd_stream s, const float *x, uint16_t *dst, size_t n);
 int pgd_k_add_bias(pgd_stream s, float *y, const float *b, int n_rows, int dim);
+/* Qwen3's QK-norm in place: each head of q (n, n_head * hd) and k (n, n_kv_head * hd) becomes
+ * w * x / rms(x), wq for q's heads and wk for k's. */
+int pgd_k_qk_norm(pgd_stream s, float *q, float *k, const float *wq, const float *wk, int n,
+                  int n_head, int n_kv_head, int hd, float eps);
 int pgd_k_rope(pgd_stream s, float *x, int n_rows, int n_heads, int hd, int neox,
                const int32_t *pos, const float *inv_freq);
 int pgd_k_kv_store(pgd_stream s, int dtype, void *k, void *v, int kv_dim, const float *kin,

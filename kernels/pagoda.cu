@@ -169,6 +169,25 @@ __global__ void k_rms_norm(float *x, const float *__restrict__ d, const float *_
     }
 }
 
+// Qwen3's QK-norm: one warp per head (a row of hd), in place. Rows [0, n * n_head) are the
+// heads of q, the rest those of k; each lane reads its elements, the warp sums their squares, and
+// each lane writes back the elements it read (so in place is safe without a barrier).
+#define QKN_WARPS 4
+__global__ void k_qk_norm(float *q, float *k, const float *__restrict__ wq,
+                          const float *__restrict__ wk, int n_q_rows, int n_rows, int hd,
+                          float eps) {
+    pdl_enter();
+    int r = blockIdx.x * QKN_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= n_rows) return;
+    bool is_q = r < n_q_rows;
+    float *x = is_q ? q + (size_t)r * hd : k + (size_t)(r - n_q_rows) * hd;
+    const float *w = is_q ? wq : wk;
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += 32) ss += x[i] * x[i];
+    float scale = rsqrtf(warp_sum(ss) / (float)hd + eps);
+    for (int i = lane; i < hd; i += 32) x[i] = w[i] * (x[i] * scale);
+}
+
 // Fused dequantize-GEMV: one warp per output row, lanes stride over blocks of 32 weights, each
 // weight byte read once for up to 8 tokens.
 #define GEMV_MAX_N 8
@@ -665,6 +684,14 @@ int pgd_k_rms_norm(pgd_stream s, float *x, const float *d, const float *w, float
     threads = threads < 32 ? 32 : threads > 1024 ? 1024 : (threads + 31) / 32 * 32;
     return (int)klaunch(k_rms_norm, n_rows, threads, 0, s, x, d, w, out,
                         (__nv_bfloat16 *)out_bf16, dim, eps);
+}
+
+int pgd_k_qk_norm(pgd_stream s, float *q, float *k, const float *wq, const float *wk, int n,
+                  int n_head, int n_kv_head, int hd, float eps) {
+    int n_q = n * n_head, rows = n_q + n * n_kv_head;
+    if (rows <= 0) return (int)cudaSuccess;
+    return (int)klaunch(k_qk_norm, (rows + QKN_WARPS - 1) / QKN_WARPS, 32 * QKN_WARPS, 0, s, q, k,
+                        wq, wk, n_q, rows, hd, eps);
 }
 
 static bool gemv16_ok(int type, const void *w, size_t row_bytes, int64_t n_in) {

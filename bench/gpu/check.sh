@@ -135,7 +135,11 @@ same() {
     if [ -n "$2" ] && [ "$2" = "$3" ]; then log "greedy $1: CUDA == CPU ($2)"
     else log "greedy $1: DIFFER cpu=$2 cuda=$3"; fi
 }
-for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-random.gguf "$smol"; do
+# bench/gpu/models/*.gguf (ignored by git; carry them): more architectures where they are there,
+# e.g. the tiny random Qwen3 (QK-norm) and SmolLM3 (NoPE layers) files of
+# tests/integration/make_tiny_models.py (qwen3.Q8_0.gguf, smollm3.F16.gguf: small enough).
+for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-random.gguf "$smol" \
+    bench/gpu/models/*.gguf; do
     [ -f "$m" ] || { log "skip $m (missing)"; continue; }
     same "$m" "$(ids cpu "$m" 32 9)" "$(ids cuda "$m" 32 9)"
     # a 100-token prompt (tensor-core prefill attention) and decode with and without CUDA graphs,

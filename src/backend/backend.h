@@ -21,6 +21,7 @@ typedef enum {
     PGD_OP_ADD_RMS_NORM, /* x += d; out = w * x / rms(x)  (residual add fused) */
     PGD_OP_MATMUL,       /* y = x . W^T, W possibly quantized */
     PGD_OP_ADD_BIAS,     /* y[t] += b */
+    PGD_OP_QK_NORM,      /* RMSNorm of every Q and K head, in place (Qwen3) */
     PGD_OP_ROPE,         /* NORM or NEOX, per-token positions, frequency factors */
     PGD_OP_KV_STORE,     /* K/V rows into their paged slots */
     PGD_OP_ROPE_KV_STORE,/* RoPE on Q in place, RoPE on K fused into the K/V store */
@@ -97,6 +98,10 @@ typedef struct pgd_backend_ops {
                          int n_rows, int dim, float eps);
     void (*matmul)(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n_rows);
     void (*add_bias)(pgd_backend *be, float *y, const float *b, int n_rows, int dim);
+    /* Qwen3's QK-norm: every head_dim slice of q (n_rows, n_head * head_dim) and of k (n_rows,
+     * n_kv_head * head_dim) becomes wq (resp. wk) * x / rms(x), in place. */
+    void (*qk_norm)(pgd_backend *be, float *q, float *k, const float *wq, const float *wk,
+                    int n_rows, int n_head, int n_kv_head, int head_dim, float eps);
     void (*rope)(pgd_backend *be, float *x, int n_rows, int n_heads, const pgd_rope_params *rp);
     void (*kv_store)(pgd_backend *be, const pgd_kv_layer *kv, const float *k, const float *v,
                      const pgd_step *s);

@@ -1,6 +1,8 @@
-/* The forward pass of the Llama family and Qwen2, written once against the backend ops table
- * (backend.h), over a flattened batch of tokens from several sequences with a paged KV cache:
- *   RMSNorm -> Q/K/V (+bias) -> RoPE -> K/V into their slots -> paged attention -> O ->
+/* The forward pass of the Llama family, Qwen2/Qwen3 and SmolLM3, written once against the backend
+ * ops table (backend.h), over a flattened batch of tokens from several sequences with a paged KV
+ * cache:
+ *   RMSNorm -> Q/K/V (+bias) (-> QK-norm) -> RoPE (not on NoPE layers) -> K/V into their slots
+ *   -> paged attention -> O ->
  *   [all-reduce] -> residual + RMSNorm -> SwiGLU -> down -> [all-reduce] -> residual,
  *   then the LM head for the rows that need logits ([gather of the vocab slices]).
  * Tensor parallel: one thread per rank runs this program on its shard (model.h, pgd_shard);
@@ -415,9 +417,15 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
         if (l->bq) o->add_bias(be, r->q, l->bq, n, q_dim);
         if (l->bk) o->add_bias(be, r->k, l->bk, n, kv_dim);
         if (l->bv) o->add_bias(be, r->v, l->bv, n, kv_dim);
+        if (l->q_norm)
+            TIMED(r, PR_NORM, o->qk_norm(be, r->q, r->k, l->q_norm, l->k_norm, n, sh->n_head,
+                                         sh->n_kv_head, c->head_dim, c->rms_eps));
         pgd_kv_layer kl = kv_layer(kv, r->rank, il);
-        TIMED(r, PR_ROPE_KV,
-              o->rope_kv_store(be, r->q, r->k, r->v, sh->n_head, sh->n_kv_head, &kl, &s, &rp));
+        if (l->no_rope) /* SmolLM3's NoPE layers: positions only through the causal mask */
+            TIMED(r, PR_ROPE_KV, o->kv_store(be, &kl, r->k, r->v, &s));
+        else
+            TIMED(r, PR_ROPE_KV, o->rope_kv_store(be, r->q, r->k, r->v, sh->n_head,
+                                                  sh->n_kv_head, &kl, &s, &rp));
         TIMED(r, PR_ATTN,
               o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s));
         TIMED(r, PR_O, o->matmul(be, &l->wo, r->xb, r->xb2, n));

@@ -172,22 +172,40 @@ static int check_config(pgd_model *m, pgd_err *err) {
     return PGD_OK;
 }
 
+/* NoPE layers every `step` layers: layer il applies no RoPE when (il + 1) % step == 0, as
+ * transformers' SmolLM3Config derives no_rope_layers from no_rope_layer_interval and llama.cpp
+ * hard-codes for smollm3 GGUF files (step 4; the files carry no key for it). */
+static int no_rope_every(pgd_model *m, int32_t step, pgd_err *err) {
+    bool *nr = calloc((size_t)m->cfg.n_layer, sizeof *nr);
+    int rc = own(m, nr, err);
+    if (rc) return rc;
+    for (int il = 0; il < m->cfg.n_layer; il++) nr[il] = step > 0 && (il + 1) % step == 0;
+    m->cfg.no_rope = nr;
+    return PGD_OK;
+}
+
 static int gguf_config(pgd_model *m, pgd_err *err) {
     pgd_gguf *g = &m->gguf;
     pgd_str arch;
     if (pgd_gguf_get_str(g, "general.architecture", &arch))
         return pgd_err_set(err, PGD_EFORMAT, "%s: no general.architecture in metadata", m->path);
     char a[32];
+    /* llama.cpp's converter permutes the Q/K rows of llama-like files for adjacent-pair rope
+     * (smollm3 is converted as llama); Qwen files keep transformers' halves. */
     if (pgd_str_eq(arch, "llama") || pgd_str_eq(arch, "mistral")) {
         m->cfg.arch = PGD_ARCH_LLAMA;
         m->cfg.rope_mode = PGD_ROPE_NORM;
-    } else if (pgd_str_eq(arch, "qwen2")) {
-        m->cfg.arch = PGD_ARCH_QWEN2;
+    } else if (pgd_str_eq(arch, "smollm3")) {
+        m->cfg.arch = PGD_ARCH_SMOLLM3;
+        m->cfg.rope_mode = PGD_ROPE_NORM;
+    } else if (pgd_str_eq(arch, "qwen2") || pgd_str_eq(arch, "qwen3")) {
+        m->cfg.arch = pgd_str_eq(arch, "qwen2") ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
         m->cfg.rope_mode = PGD_ROPE_NEOX;
     } else {
         pgd_name_buf nb;
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported architecture '%s' (llama, "
-                           "mistral and qwen2 are)", m->path, pgd_str_safe(arch, &nb));
+                           "mistral, qwen2, qwen3 and smollm3 are)", m->path,
+                           pgd_str_safe(arch, &nb));
     }
     snprintf(a, sizeof a, "%.*s", (int)arch.len, arch.ptr);
     struct { const char *suffix; int32_t *dst; bool required; } keys[] = {
@@ -224,7 +242,9 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
         const pgd_gguf_tensor *te = pgd_gguf_find_tensor(g, "token_embd.weight");
         if (te && te->ne[1] <= INT32_MAX) m->cfg.n_vocab = (int32_t)te->ne[1];
     }
-    return check_config(m, err);
+    int rc = check_config(m, err);
+    if (!rc && m->cfg.arch == PGD_ARCH_SMOLLM3) rc = no_rope_every(m, 4, err);
+    return rc;
 }
 
 static double json_num(const cJSON *o, const char *key, double dflt) {
@@ -284,6 +304,32 @@ static int linear_factors(pgd_model *m, double factor, pgd_err *err) {
     return PGD_OK;
 }
 
+/* SmolLM3's no_rope_layers: one flag per layer, 1 where the layer applies RoPE (transformers'
+ * name says the opposite); without it, a NoPE layer every no_rope_layer_interval layers. */
+static int smollm3_no_rope(pgd_model *m, const cJSON *c, const char *path, pgd_err *err) {
+    const cJSON *nr = cJSON_GetObjectItemCaseSensitive(c, "no_rope_layers");
+    if (!nr || cJSON_IsNull(nr)) {
+        int32_t step;
+        if (json_int(c, "no_rope_layer_interval", 4, &step) || step < 1)
+            return pgd_err_set(err, PGD_EFORMAT, "%s: invalid no_rope_layer_interval", path);
+        return no_rope_every(m, step, err);
+    }
+    if (!cJSON_IsArray(nr) || cJSON_GetArraySize(nr) != m->cfg.n_layer)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: no_rope_layers must list %d flags", path,
+                           m->cfg.n_layer);
+    int rc = no_rope_every(m, 0, err);
+    if (rc) return rc;
+    int il = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, nr) {
+        if (!cJSON_IsNumber(x) || (x->valuedouble != 0 && x->valuedouble != 1))
+            return pgd_err_set(err, PGD_EFORMAT, "%s: no_rope_layers holds a value other than 0 "
+                               "or 1", path);
+        m->cfg.no_rope[il++] = x->valuedouble == 0;
+    }
+    return PGD_OK;
+}
+
 /* Reads the model configuration from a Hugging Face config.json file (any name). */
 static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     char *txt;
@@ -297,20 +343,18 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
-    bool bias = false;
     if (!strcmp(type, "llama") || !strcmp(type, "mistral")) {
         m->cfg.arch = PGD_ARCH_LLAMA;
-        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(c, "attention_bias");
-        bias = cJSON_IsTrue(ab);
-    } else if (!strcmp(type, "qwen2")) {
-        m->cfg.arch = PGD_ARCH_QWEN2;
-        bias = true;
+    } else if (!strcmp(type, "smollm3")) {
+        m->cfg.arch = PGD_ARCH_SMOLLM3;
+    } else if (!strcmp(type, "qwen2") || !strcmp(type, "qwen3")) {
+        m->cfg.arch = !strcmp(type, "qwen2") ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
     } else {
         rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported model_type '%.64s' (llama, "
-                         "mistral and qwen2 are)", path, type);
+                         "mistral, qwen2, qwen3 and smollm3 are)", path, type);
         goto done;
     }
-    (void)bias; /* biases are loaded when present */
+    /* q/k/v biases (Qwen2, attention_bias) are loaded when the checkpoint has them */
     m->cfg.rope_mode = PGD_ROPE_NEOX;
     int32_t heads, kv, hd;
     if (json_int(c, "vocab_size", 0, &m->cfg.n_vocab) || json_int(c, "hidden_size", 0, &m->cfg.dim) ||
@@ -327,7 +371,10 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     m->cfg.n_kv_head = kv;
     m->cfg.head_dim = hd;
     int32_t sw = 0;
-    if (!json_int(c, "sliding_window", 0, &sw) && sw > 0 && sw < m->cfg.n_ctx) {
+    /* Qwen2/Qwen3/SmolLM3 configs name a window they do not use unless use_sliding_window. */
+    const cJSON *usw = cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window");
+    if (!cJSON_IsFalse(usw) && !json_int(c, "sliding_window", 0, &sw) && sw > 0 &&
+        sw < m->cfg.n_ctx) {
         /* Sliding-window attention is not implemented; within the window it is exact. */
         m->cfg.n_ctx = sw;
     }
@@ -339,6 +386,7 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     const cJSON *rs = cJSON_IsObject(rp) ? rp : cJSON_GetObjectItemCaseSensitive(c, "rope_scaling");
     m->cfg.rope_theta = (float)json_num(cJSON_IsObject(rp) ? rp : c, "rope_theta", 10000.0);
     if ((rc = check_config(m, err))) goto done;
+    if (m->cfg.arch == PGD_ARCH_SMOLLM3 && (rc = smollm3_no_rope(m, c, path, err))) goto done;
     if (cJSON_IsObject(rs)) {
         const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!cJSON_IsString(rt)) rt = cJSON_GetObjectItemCaseSensitive(rs, "type");
@@ -366,6 +414,7 @@ static int hf_config(pgd_model *m, const char *dir, pgd_err *err) {
 static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_kv_head * c->head_dim;
+    bool qk = c->arch == PGD_ARCH_QWEN3; /* QK-norm gains: required there, absent elsewhere */
     int rc;
     if ((rc = load_weight(m, -1, "token_embd.weight", "model.embed_tokens.weight", c->dim,
                           c->n_vocab, false, f32, &m->tok_embd, err)))
@@ -400,10 +449,16 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
             {"attn_q.bias", "self_attn.q_proj.bias", q_dim, true, &l->bq},
             {"attn_k.bias", "self_attn.k_proj.bias", kv_dim, true, &l->bk},
             {"attn_v.bias", "self_attn.v_proj.bias", kv_dim, true, &l->bv},
+            {"attn_q_norm.weight", "self_attn.q_norm.weight", c->head_dim, !qk, &l->q_norm},
+            {"attn_k_norm.weight", "self_attn.k_norm.weight", c->head_dim, !qk, &l->k_norm},
         };
         for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
             if ((rc = load_vec(m, il, vs[i].g, vs[i].h, vs[i].n, vs[i].opt, vs[i].dst, err)))
                 return rc;
+        if (!l->q_norm != !l->k_norm)
+            return pgd_err_set(err, PGD_EFORMAT, "%s: layer %d has a %s norm but no %s norm",
+                               m->path, il, l->q_norm ? "Q" : "K", l->q_norm ? "K" : "Q");
+        l->no_rope = c->no_rope && c->no_rope[il];
     }
     /* llama.cpp stores Llama 3 rope scaling as per-frequency divisors. */
     if (m->gguf.n_tensors && !m->cfg.rope_freq_factors) {
@@ -563,8 +618,11 @@ static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_e
             (rc = shard_vec(m, sh, l->ffn_norm, 0, c->dim, &d->ffn_norm, err)) ||
             (rc = shard_vec(m, sh, l->bq, q0, nq, &d->bq, err)) ||
             (rc = shard_vec(m, sh, l->bk, k0, nk, &d->bk, err)) ||
-            (rc = shard_vec(m, sh, l->bv, k0, nk, &d->bv, err)))
+            (rc = shard_vec(m, sh, l->bv, k0, nk, &d->bv, err)) ||
+            (rc = shard_vec(m, sh, l->q_norm, 0, hd, &d->q_norm, err)) ||
+            (rc = shard_vec(m, sh, l->k_norm, 0, hd, &d->k_norm, err)))
             return rc;
+        d->no_rope = l->no_rope;
     }
     return PGD_OK;
 }
@@ -716,7 +774,8 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
     if (f > big) big = f;
     if (q_dim * c->dim > big) big = q_dim * c->dim;
     uint16_t *buf = malloc((size_t)big * sizeof *buf);
-    float *ones = malloc((size_t)c->dim * sizeof *ones);
+    int n_ones = c->dim > c->head_dim ? c->dim : c->head_dim;
+    float *ones = malloc((size_t)n_ones * sizeof *ones);
     int rc;
     if ((rc = own(m, buf, err)) || (rc = own(m, ones, err))) return rc;
     uint64_t st = seed ? seed : 42;
@@ -724,7 +783,7 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         float u = (float)(splitmix(&st) >> 40) / (float)(1 << 24);
         buf[i] = pgd_fp32_to_bf16((u * 2.0f - 1.0f) * 0.02f);
     }
-    for (int i = 0; i < c->dim; i++) ones[i] = 1.0f;
+    for (int i = 0; i < n_ones; i++) ones[i] = 1.0f;
 #define DW(w, in, out)                                                                           \
     ((w) = (pgd_weight){PGD_TYPE_BF16, (in), (out), (size_t)(in) * 2, buf, false})
     DW(m->tok_embd, c->dim, c->n_vocab);
@@ -742,6 +801,8 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         DW(l->w_up, c->dim, c->ffn_dim);
         DW(l->w_down, c->ffn_dim, c->dim);
         l->attn_norm = l->ffn_norm = ones;
+        if (c->arch == PGD_ARCH_QWEN3) l->q_norm = l->k_norm = ones;
+        l->no_rope = c->no_rope && c->no_rope[il];
     }
 #undef DW
     return PGD_OK;

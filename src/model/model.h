@@ -15,7 +15,9 @@
 #include "tokenizer/tokenizer.h"
 #include "util/status.h"
 
-typedef enum { PGD_ARCH_LLAMA, PGD_ARCH_QWEN2 } pgd_arch;
+/* QWEN3: Qwen2 without q/k/v biases, with RMSNorm on every Q and K head (QK-norm) before RoPE.
+ * SMOLLM3: Llama with some layers that apply no rotary embedding at all (NoPE). */
+typedef enum { PGD_ARCH_LLAMA, PGD_ARCH_QWEN2, PGD_ARCH_QWEN3, PGD_ARCH_SMOLLM3 } pgd_arch;
 /* NORM rotates adjacent pairs (x[2i], x[2i+1]) as llama.cpp does for GGUF llama files, whose
  * Q/K rows were permuted by the converter; NEOX rotates (x[i], x[i + d/2]) as transformers does. */
 typedef enum { PGD_ROPE_NORM, PGD_ROPE_NEOX } pgd_rope_mode;
@@ -26,6 +28,7 @@ typedef struct pgd_model_config {
     float rms_eps, rope_theta;
     pgd_rope_mode rope_mode;
     float *rope_freq_factors; /* (head_dim / 2) or NULL; owned; divides each frequency */
+    bool *no_rope;            /* (n_layer) or NULL; owned: the layers that apply no RoPE */
     int32_t bos_id;           /* config.json's bos_token_id, -1 if none: the BOS of a model
                                  loaded without a tokenizer (--load-format dummy) */
 } pgd_model_config;
@@ -36,6 +39,8 @@ typedef struct pgd_layer {
     pgd_weight wq;                    /* (n_head * head_dim, dim) */
     pgd_weight wk, wv;                /* (n_kv_head * head_dim, dim) */
     const float *bq, *bk, *bv;        /* (n_head*head_dim), (n_kv_head*head_dim) x2, or NULL */
+    const float *q_norm, *k_norm;     /* (head_dim) each, or NULL: QK-norm gains (Qwen3) */
+    bool no_rope;                     /* a NoPE layer (SmolLM3): Q and K are not rotated */
     pgd_weight wo;                    /* (dim, n_head * head_dim) */
     const float *ffn_norm;            /* (dim) */
     pgd_weight w_gate, w_up;          /* (ffn_dim, dim) */

@@ -56,7 +56,34 @@ SPECS = {
                               rms_norm_eps=1e-6, tie_word_embeddings=True,
                               bos_token_id=151643, eos_token_id=151643, hidden_act="silu",
                               use_sliding_window=False)),
+    # Qwen3: no biases, RMSNorm on every Q and K head before rope (q_norm/k_norm), head_dim 32
+    # apart from hidden/heads (so the heads are wider than the residual: q is 128 wide against
+    # 64), an untied lm_head, the Qwen2 vocabulary as Qwen3 ships it.
+    "qwen3": dict(arch="qwen3", vocab="ggml-vocab-qwen2.gguf",
+                  config=dict(COMMON, vocab_size=151936, head_dim=32, rope_theta=1000000.0,
+                              rms_norm_eps=1e-6, tie_word_embeddings=False,
+                              bos_token_id=151643, eos_token_id=151645, hidden_act="silu",
+                              use_sliding_window=False, sliding_window=None,
+                              max_window_layers=2)),
+    # SmolLM3: Llama with NoPE layers. Four layers so that the default pattern (no rope where
+    # (layer + 1) % 4 == 0, the one llama.cpp hard-codes for smollm3 GGUF files) has one; the
+    # HF config lists it in no_rope_layers as the released config.json does. Tied embeddings.
+    "smollm3": dict(arch="smollm3", vocab="ggml-vocab-llama-spm.gguf",
+                    config=dict(COMMON, num_hidden_layers=4, vocab_size=32000, head_dim=16,
+                                rope_theta=5000000.0, rms_norm_eps=1e-6,
+                                tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                                pad_token_id=None, hidden_act="silu", no_rope_layers=[1, 1, 1, 0],
+                                no_rope_layer_interval=4, use_sliding_window=False,
+                                sliding_window=None)),
 }
+
+# arch -> (transformers config class, model class) names, looked up in transformers
+HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+              "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+              "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+              "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM")}
+# Architectures llama.cpp's converter writes with the Q/K rows permuted (LlamaModel subclasses).
+PERMUTED = ("llama", "smollm3")
 
 GGUF_TYPES = ("F32", "F16", "Q8_0")
 
@@ -85,15 +112,16 @@ def hf_config(name, spec):
     transformers 5 saves rope settings as `rope_parameters`; released checkpoints (Llama 3.x,
     Qwen2.5) carry top-level `rope_theta` and `rope_scaling`, so config.json is written that way.
     """
-    from transformers import LlamaConfig, Qwen2Config
-    cls = LlamaConfig if spec["arch"] == "llama" else Qwen2Config
+    import transformers
+    arch = spec["arch"]
+    cfg_name, model_name = HF_CLASSES[arch]
+    cls = getattr(transformers, cfg_name)
     cfg = dict(spec["config"])
-    arch_name = "LlamaForCausalLM" if spec["arch"] == "llama" else "Qwen2ForCausalLM"
-    on_disk = dict(architectures=[arch_name], model_type=spec["arch"], torch_dtype="float32",
-                   attention_bias=spec["arch"] == "qwen2", **cfg)
-    if spec["arch"] == "qwen2":
+    on_disk = dict(architectures=[model_name], model_type=arch, torch_dtype="float32",
+                   attention_bias=arch == "qwen2", **cfg)
+    if arch == "qwen2":
         on_disk.pop("attention_bias")  # Qwen2 always has q/k/v biases; the key is llama's
-    else:
+    elif arch != "qwen3":
         on_disk.update(mlp_bias=False, pretraining_tp=1)
     return cls(**cfg), on_disk
 
@@ -164,7 +192,8 @@ HF_TO_GGUF = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
+    "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 
 
@@ -185,9 +214,9 @@ def gguf_tensors(sd, arch, cfg):
             parts = name.split(".")  # model.layers.<il>.<module...>.<weight|bias>
             assert parts[:2] == ["model", "layers"], name
             il, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
-            if arch == "llama" and module == "self_attn.q_proj":
+            if arch in PERMUTED and module == "self_attn.q_proj":
                 a = llama_permute(a, cfg["num_attention_heads"], cfg["num_attention_heads"])
-            elif arch == "llama" and module == "self_attn.k_proj":
+            elif arch in PERMUTED and module == "self_attn.k_proj":
                 a = llama_permute(a, cfg["num_attention_heads"], cfg["num_key_value_heads"])
             yield f"blk.{il}.{HF_TO_GGUF[module]}.{kind}", a
 
@@ -213,9 +242,10 @@ def write_gguf(path, arch, cfg, sd, vocab_kv, qtype_name):
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
     w.add_file_type(ftype)
-    # LlamaModel.set_gguf_parameters adds these two; Qwen2Model does not (a real Qwen2 GGUF has
+    # LlamaModel.set_gguf_parameters (and SmolLM3Model, its subclass) adds these two; Qwen2Model
+    # (and Qwen3Model) does not (a real Qwen2 GGUF has
     # neither key: n_vocab comes from the token list, the rope dimension from n_embd / n_head).
-    if arch == "llama":
+    if arch in PERMUTED:
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))
     copy_tokenizer_kv(w, vocab_kv)
@@ -391,12 +421,12 @@ def build_tokenizer(vocab_kv):
 
 
 def build_one(out, name, spec, vocab_cache):
+    import transformers
     from safetensors.torch import save_file
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     gen = torch.Generator().manual_seed(SEED + sum(map(ord, name)))
     config, on_disk = hf_config(name, spec)
-    cls = LlamaForCausalLM if spec["arch"] == "llama" else Qwen2ForCausalLM
+    cls = getattr(transformers, HF_CLASSES[spec["arch"]][1])
     torch.manual_seed(SEED)
     model = cls(config).to(torch.float32).eval()
     init_weights(model, spec["arch"], gen)
@@ -414,10 +444,14 @@ def build_one(out, name, spec, vocab_cache):
 
     vocab_kv = vocab_cache.get(spec["vocab"]) or read_gguf_kv(VOCAB_DIR / spec["vocab"])
     vocab_cache[spec["vocab"]] = vocab_kv
-    tok, tok_cfg = build_tokenizer(vocab_kv)
-    bad, n = check_tokenizer(tok, spec["vocab"])
-    if bad:
-        raise SystemExit(f"{name}: tokenizer.json differs from llama.cpp on {bad}/{n} test strings")
+    if ("tokenizer", spec["vocab"]) not in vocab_cache:  # built and checked once per vocabulary
+        tok, tok_cfg = build_tokenizer(vocab_kv)
+        bad, n = check_tokenizer(tok, spec["vocab"])
+        if bad:
+            raise SystemExit(f"{name}: tokenizer.json differs from llama.cpp on {bad}/{n} test "
+                             "strings")
+        vocab_cache[("tokenizer", spec["vocab"])] = tok, tok_cfg
+    tok, tok_cfg = vocab_cache[("tokenizer", spec["vocab"])]
     tok.save(str(hf / "tokenizer.json"))
     (hf / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
 

@@ -54,6 +54,25 @@ def test_generate_options_folder_and_tensor_parallel():
     assert p.returncode == 1 and "does not divide" in one_line(p)
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "smollm3"])
+def test_dummy_architectures(arch, tmp_path):
+    """The tiny config as Qwen3 (QK-norm gains of ones) and SmolLM3 (a NoPE layer): dummy
+    weights load and generate, the same ids with TP=2. (Their outputs are checked against
+    transformers in test_forward.py: dummy weights make near-flat logits that say little.)"""
+    cfg = json.loads(TINY.read_text())
+    cfg.update(model_type=arch, architectures=[arch.capitalize() + "ForCausalLM"],
+               num_hidden_layers=4)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+
+    def ids(path, *extra):
+        p = pagoda("generate", "--load-format", "dummy", "-m", path, "--ids", "1 2 3 4 5 6", "-n",
+                   "8", "--print-ids", "--temperature", "0", "-t", "1", *extra, check=True)
+        return [int(t) for t in p.stdout.decode().split()]
+    got = ids(tmp_path / "config.json")
+    assert len(got) == 8
+    assert ids(tmp_path / "config.json", "--tensor-parallel-size", "2") == got
+
+
 def test_generate_without_tokenizer():
     # no prompt: BOS from config.json; ids are printed even without --print-ids
     p = pagoda("generate", "--load-format", "dummy", "-m", TINY, "-n", "4", "--temperature", "0",
@@ -156,7 +175,7 @@ def test_model_configs_parse(cfg):
                      ("num_key_value_heads", "num_key_value_heads"),
                      ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size")]:
         assert m[key] == want[ref], (key, m[key], want[ref])
-    assert want["model_type"] in ("llama", "mistral", "qwen2")
+    assert want["model_type"] in ("llama", "mistral", "qwen2", "qwen3", "smollm3")
 
 
 @pytest.mark.parametrize("cmd", ["generate", "batch", "serve", "bench"])

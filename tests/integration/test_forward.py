@@ -1,4 +1,5 @@
-"""Pagoda's forward pass against transformers on tiny random Llama, Llama-3-rope and Qwen2 models.
+"""Pagoda's forward pass against transformers on tiny random Llama, Llama-3-rope, Qwen2, Qwen3
+(QK-norm) and SmolLM3 (NoPE layers) models.
 
 Every model is read in each form Pagoda loads (HF safetensors directory, GGUF F32 / F16 / Q8_0)
 and compared with transformers on the same token ids: teacher-forced logits over a 64-token
@@ -16,7 +17,7 @@ import util  # noqa: E402
 
 torch.set_num_threads(2)
 
-MODELS = ("llama", "llama3rope", "qwen2")
+MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3")
 N_PROMPT = 64
 N_GEN = 64
 
@@ -48,7 +49,7 @@ FORMATS = tuple(BOUNDS)
 def prompt_ids(name, n_vocab):
     # Random ids below the vocabulary's special tokens (Qwen2's start at 151643, Llama's
     # <unk> <s> </s> are 0..2), seeded per model.
-    lo, hi = (3, n_vocab) if name != "qwen2" else (0, 151643)
+    lo, hi = (3, n_vocab) if n_vocab != 151936 else (0, 151643)
     rng = np.random.default_rng(20240 + sum(map(ord, name)))
     return rng.integers(lo, hi, size=N_PROMPT).tolist()
 
@@ -59,6 +60,15 @@ def model_path(m, fmt):
 
 def extra_args(fmt):
     return ["--weights-f32"] if fmt.endswith("weights-f32") else []
+
+
+def q8_0_round(t):
+    """t rounded to Q8_0 and back by the gguf package's own quantizer (the one that wrote the
+    file)."""
+    import gguf
+    a = t.detach().to(torch.float32).numpy()
+    q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).copy())
 
 
 class Refs:
@@ -79,6 +89,13 @@ class Refs:
         # carries no rope_scaling (llama3 rope lives in rope_freqs.weight, which transformers
         # ignores), so the weights go into a model built from the HF config.
         cache = Path(m["hf_dir"]).parent / "refs" / f"{name}.Q8_0.dequantized.safetensors"
+        if m["arch"] in ("qwen3", "smollm3"):
+            # transformers reads no smollm3 GGUF, and reads qwen3 ones without their key_length
+            # (it builds 128-wide heads): round the weights as the file does instead (Q8_0 rounds
+            # each row's blocks of 32, so it commutes with the converter's Q/K row permutation),
+            # norms and 1-D tensors kept F32
+            self.q8 = self._with({k: (q8_0_round(v) if v.ndim >= 2 else v) for k, v in sd.items()})
+            return
         if not cache.exists():
             d, f = m["gguf_Q8_0"].rsplit("/", 1)
             g = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
@@ -198,3 +215,14 @@ def test_greedy(pagoda_bin, tiny_models, refs, name, fmt, tmp_path):
     print(f"  near-tie choices (step, ref gap): {ties}; margin {margin:.3f}")
     assert not bad, (f"{name} {fmt}: at steps {bad} Pagoda chose a token the reference ranks "
                      f"{[round(float(short[i]), 3) for i in bad]} below its best (margin {margin:.3f})")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy_tensor_parallel(pagoda_bin, tiny_models, refs, name):
+    """Tensor parallel over the CPU's in-process communicator, two ranks (two heads and one KV
+    head each; Qwen3's QK-norm gains go to both, SmolLM3's NoPE layer is one on both): the F32
+    file's greedy continuation is still transformers' own, token for token."""
+    r = refs(name)
+    ids = prompt_ids(name, r.config.vocab_size)
+    got = pagoda_greedy(model_path(tiny_models[name], "F32"), ids, ["--tensor-parallel-size", "2"])
+    assert got == r.greedy("F32", ids)

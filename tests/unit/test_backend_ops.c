@@ -250,6 +250,29 @@ static void test_elementwise(pair *p) {
     }
 }
 
+/* QK-norm (Qwen3) in place on both backends: heads of 16 (the tiny test models), 64 and 128
+ * (Qwen3's), GQA 4:2 and 8:1, odd token counts. */
+static void test_qk_norm(pair *p) {
+    const int shapes[][4] = {{3, 4, 2, 16}, {5, 8, 1, 64}, {7, 16, 8, 128}}; /* n, nh, nkv, hd */
+    for (int si = 0; si < 3; si++) {
+        int n = shapes[si][0], nh = shapes[si][1], nkv = shapes[si][2], hd = shapes[si][3];
+        size_t nq = (size_t)n * nh * hd, nk = (size_t)n * nkv * hd;
+        float *qh = randv(nq), *kh = randv(nk), *wqh = randv((size_t)hd), *wkh = randv((size_t)hd);
+        buf2 q = mk(p, qh, nq * 4), k = mk(p, kh, nk * 4), wq = mk(p, wqh, (size_t)hd * 4),
+             wk = mk(p, wkh, (size_t)hd * 4);
+        p->ref.ops->qk_norm(&p->ref, q.r, k.r, wq.r, wk.r, n, nh, nkv, hd, 1e-6f);
+        p->dut.ops->qk_norm(&p->dut, q.d, k.d, wq.d, wk.d, n, nh, nkv, hd, 1e-6f);
+        expect(p, "qk_norm q", &q, nq, 1e-10);
+        expect(p, "qk_norm k", &k, nk, 1e-10);
+        buf2 *bs[] = {&q, &k, &wq, &wk};
+        for (int i = 0; i < 4; i++) rm(p, bs[i]);
+        free(qh);
+        free(kh);
+        free(wqh);
+        free(wkh);
+    }
+}
+
 /* A step of one decode token at position `pos` (nh/nkv heads of hd, KV of dtype kdt) over a
  * history of random K/V: on CUDA the flash-decoding kernel alone, with the number of splits S
  * that split_geometry (cuda_backend.c) picks for a single row, and k_attn_combine merging them.
@@ -478,6 +501,7 @@ static int run_pair(const pgd_backend_ops *dut, int device, pgd_pool *pool) {
     test_elementwise(&p);
     test_matmul(&p);
     test_matmul_chains(&p);
+    test_qk_norm(&p);
     test_step_ops(&p);
     printf("backend %s (device %d) vs cpu: %s\n", dut->name, device,
            pgd_test_failed == before ? "all ops within thresholds" : "FAILURES");

@@ -307,6 +307,15 @@ static void cpu_add_rms_norm(pgd_backend *be, float *x, const float *d, const fl
     par_for(be, norm_rows, &c, n_rows, 4L * dim, 1);
 }
 
+/* Each head is a row of head_dim: the rows of q, then those of k, normalized in place
+ * (scale_mul reads each element before it writes it). */
+static void cpu_qk_norm(pgd_backend *be, float *q, float *k, const float *wq, const float *wk,
+                        int n_rows, int n_head, int n_kv_head, int head_dim, float eps) {
+    norm_ctx cq = {q, NULL, wq, q, head_dim, eps}, ck = {k, NULL, wk, k, head_dim, eps};
+    par_for(be, norm_rows, &cq, (long)n_rows * n_head, 3L * head_dim, 1);
+    par_for(be, norm_rows, &ck, (long)n_rows * n_kv_head, 3L * head_dim, 1);
+}
+
 static void cpu_matmul(pgd_backend *be, const pgd_weight *w, const float *x, float *y, int n) {
     cpu_state *st = be->impl;
     pgd_cpu_matmul(be->pool, w, x, y, n, st->act, st->act_row_bytes, st->panel);
@@ -1024,6 +1033,7 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
     .embed = cpu_embed,
     .rms_norm = cpu_rms_norm,
     .add_rms_norm = cpu_add_rms_norm,
+    .qk_norm = cpu_qk_norm,
     .matmul = cpu_matmul,
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,

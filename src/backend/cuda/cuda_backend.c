@@ -725,6 +725,14 @@ static void cuda_add_bias(pgd_backend *be, float *y, const float *b, int n_rows,
     if (b) CUDA_CHECK((cudaError_t)pgd_k_add_bias(st->stream, y, b, rows_of(st, n_rows), dim));
 }
 
+static void cuda_qk_norm(pgd_backend *be, float *q, float *k, const float *wq, const float *wk,
+                         int n_rows, int n_head, int n_kv_head, int head_dim, float eps) {
+    cuda_state *st = be->impl;
+    OP_START(st);
+    CUDA_CHECK((cudaError_t)pgd_k_qk_norm(st->stream, q, k, wq, wk, rows_of(st, n_rows), n_head,
+                                          n_kv_head, head_dim, eps));
+}
+
 static void cuda_rope(pgd_backend *be, float *x, int n_rows, int n_heads,
                       const pgd_rope_params *rp) {
     cuda_state *st = be->impl;
@@ -883,6 +891,7 @@ static const pgd_backend_ops cuda_ops = {
     .embed = cuda_embed,
     .rms_norm = cuda_rms_norm,
     .add_rms_norm = cuda_add_rms_norm,
+    .qk_norm = cuda_qk_norm,
     .matmul = cuda_matmul,
     .add_bias = cuda_add_bias,
     .rope = cuda_rope,
