@@ -284,3 +284,22 @@ def test_hf_wrong_shape(hf_dir):
     cfg["hidden_size"] = cfg["hidden_size"] * 2
     (hf_dir / "config.json").write_text(json.dumps(cfg))
     expect_error(hf_dir, "has shape")
+
+
+@pytest.mark.parametrize("value,want", [([1, 1, 1], "no_rope_layers must list 2 flags"),
+                                        ([1, 2], "no_rope_layers holds a value other than 0"),
+                                        ("all", "no_rope_layers must list 2 flags")])
+def test_hf_bad_no_rope_layers(hf_dir, value, want):
+    """SmolLM3's per-layer NoPE flags: one 0/1 flag per layer, or a one-line error."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg.update(model_type="smollm3", no_rope_layers=value)
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(hf_dir, "config.json", want)
+
+
+def test_hf_qwen3_without_qk_norm(hf_dir):
+    """A Qwen3 config over a checkpoint with no q_norm/k_norm gains: the missing tensor named."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["model_type"] = "qwen3"
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(hf_dir, "missing tensor 'model.layers.0.self_attn.q_norm.weight'")
