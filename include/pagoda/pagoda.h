@@ -101,7 +101,26 @@ typedef struct pgd_request_params {
     /* with json_schema: text the document must come right after / right before (a tool call's
        "<tool_call>\n" ... "\n</tool_call>"), or NULL */
     const char *json_prefix, *json_suffix;
+    /* vLLM's extensions (zero values: off) */
+    const int32_t *stop_token_ids;  /* (n_stop_token_ids) the generation also ends (STOP) at
+                                       these tokens, which are masked, as end-of-generation
+                                       tokens are, while output < min_tokens (copied) */
+    int32_t n_stop_token_ids;
+    bool include_stop;              /* include_stop_str_in_output: a matched stop string stays
+                                       in the text, and a stop token's text is added */
+    bool render_special;            /* skip_special_tokens false: control tokens' text too */
+    const int32_t *allowed_token_ids; /* (n_allowed_token_ids) only these may be sampled
+                                       (copied) */
+    int32_t n_allowed_token_ids;
+    /* guided_choice: the output is exactly one of these strings (copied; 1..PGD_MAX_CHOICES of
+       1..PGD_MAX_CHOICE_LEN bytes), ending (STOP) when it is one that no other continues, or at
+       an end-of-generation token once it is one; needs a tokenizer; no speculation */
+    const char *const *choices;
+    int32_t n_choices;
 } pgd_request_params;
+
+#define PGD_MAX_CHOICES 256
+#define PGD_MAX_CHOICE_LEN 4096
 
 typedef enum {
     PGD_EVENT_TOKEN = 1,

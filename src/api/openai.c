@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "api/reasoning.h"
+#include "pagoda/pagoda.h"
 #include "api/tool_calls.h"
 #include "sample/json_grammar.h"
 #include "tokenizer/unicode.h"
@@ -289,6 +290,24 @@ static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err
     return 0;
 }
 
+/* The answer held to schema sch (named `what` in errors, under parameter param). */
+static int set_schema(pgd_api_request *r, const cJSON *sch, const char *param, const char *what,
+                      pgd_api_error *err) {
+    r->json_object = true;
+    if (!(r->json_schema = pgd_json_print_exact(sch)))
+        BAD(param, "'%s' holds a number that is not finite", what);
+    char msg[200];
+    int rc = pgd_json_schema_check(r->json_schema, msg, sizeof msg);
+    if (rc == PGD_ENOMEM) {
+        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    if (rc) BAD(param, "'%s': %s", what, msg);
+    return 0;
+fail:
+    return -1;
+}
+
 /* response_format, best_of and tool_choice: each is honoured or refused, never ignored. */
 static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_error *err) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "response_format");
@@ -312,15 +331,9 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
                 BAD("response_format", "'response_format.json_schema.strict' must be a boolean "
                     "(the answer always follows the schema)");
             r->json_object = true; /* without a schema: any JSON object */
-            if (sch && !cJSON_IsNull(sch)) {
-                if (!(r->json_schema = pgd_json_print_exact(sch)))
-                    BAD("response_format", "'response_format.json_schema.schema' holds a number "
-                        "that is not finite");
-                char msg[200];
-                int rc = pgd_json_schema_check(r->json_schema, msg, sizeof msg);
-                if (rc == PGD_ENOMEM) goto oom;
-                if (rc) BAD("response_format", "'response_format.json_schema.schema': %s", msg);
-            }
+            if (sch && !cJSON_IsNull(sch) &&
+                set_schema(r, sch, "response_format", "response_format.json_schema.schema", err))
+                return -1;
         } else if (strcmp(ty->valuestring, "text")) {
             BAD("response_format", "'response_format.type' must be 'text', 'json_object' or "
                 "'json_schema'");
@@ -367,6 +380,143 @@ static int parse_output_options(const cJSON *o, pgd_api_request *r, pgd_api_erro
     return 0;
 oom:
     pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+fail:
+    return -1;
+}
+
+/* An array of at most max token ids in [0, n_vocab) under key (absent or null: none). */
+static int get_ids(const cJSON *o, const char *key, int max, const pgd_api_limits *lim,
+                   int32_t **out, int32_t *n_out, pgd_api_error *err) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key), *y;
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) > max)
+        BAD(key, "'%s' must be an array of at most %d token ids", key, max);
+    if (!(*out = malloc((size_t)(cJSON_GetArraySize(x) + 1) * sizeof **out))) {
+        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    cJSON_ArrayForEach(y, x) {
+        if (!is_int(y) || y->valuedouble < 0 || y->valuedouble >= lim->n_vocab)
+            BAD(key, "'%s' must hold token ids in [0, %d)", key, lim->n_vocab);
+        (*out)[(*n_out)++] = (int32_t)y->valuedouble;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* guided_choice: 1 to PGD_MAX_CHOICES non-empty strings of at most PGD_MAX_CHOICE_LEN bytes. */
+static int set_choices(pgd_api_request *r, const cJSON *x, const char *what, pgd_api_error *err) {
+    const cJSON *y;
+    int n = cJSON_IsArray(x) ? cJSON_GetArraySize(x) : 0;
+    if (n < 1 || n > PGD_MAX_CHOICES)
+        BAD(what, "'%s' must be an array of 1 to %d strings", what, PGD_MAX_CHOICES);
+    if (!(r->choices = calloc((size_t)n, sizeof *r->choices))) goto oom;
+    cJSON_ArrayForEach(y, x) {
+        if (!cJSON_IsString(y) || !y->valuestring[0] ||
+            strlen(y->valuestring) > PGD_MAX_CHOICE_LEN)
+            BAD(what, "'%s' must hold non-empty strings of at most %d bytes", what,
+                PGD_MAX_CHOICE_LEN);
+        if (!(r->choices[r->n_choices++] = strdup(y->valuestring))) goto oom;
+    }
+    return 0;
+oom:
+    pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+fail:
+    return -1;
+}
+
+/* A JSON Schema given as an object or as a string holding one (vLLM takes both). */
+static int set_schema_value(pgd_api_request *r, const cJSON *x, const char *what,
+                            pgd_api_error *err) {
+    if (cJSON_IsObject(x)) return set_schema(r, x, what, what, err);
+    cJSON *parsed = cJSON_IsString(x) ? cJSON_Parse(x->valuestring) : NULL;
+    int rc;
+    if (!cJSON_IsObject(parsed)) {
+        pgd_api_error_set(err, 400, "invalid_request_error", what, NULL,
+                          "'%s' must be a JSON Schema object (or a string holding one)", what);
+        rc = -1;
+    } else {
+        rc = set_schema(r, parsed, what, what, err);
+    }
+    cJSON_Delete(parsed);
+    return rc;
+}
+
+/* A key that is null, absent, false, 0, "" or [] (vLLM's "not set"). */
+static bool unset(const cJSON *x) {
+    return !x || cJSON_IsNull(x) || cJSON_IsFalse(x) || (cJSON_IsNumber(x) && x->valuedouble == 0) ||
+           (cJSON_IsString(x) && !x->valuestring[0]) ||
+           (cJSON_IsArray(x) && cJSON_GetArraySize(x) == 0);
+}
+
+/* vLLM's sampling and structured-output extensions: honoured, or refused by name (a client
+ * written for vLLM must not get an unconstrained answer it did not ask for). */
+static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_limits *lim,
+                              pgd_api_error *err) {
+    if (get_ids(o, "stop_token_ids", 64, lim, &r->stop_ids, &r->n_stop_ids, err) ||
+        get_ids(o, "allowed_token_ids", lim->n_vocab, lim, &r->allowed_ids, &r->n_allowed, err))
+        return -1;
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "allowed_token_ids");
+    if (cJSON_IsArray(x) && r->n_allowed == 0)
+        BAD("allowed_token_ids", "'allowed_token_ids' must not be empty");
+    bool skip = true, spaces = true;
+    if (get_bool(o, "include_stop_str_in_output", &r->include_stop, err) ||
+        get_bool(o, "skip_special_tokens", &skip, err) ||
+        get_bool(o, "spaces_between_special_tokens", &spaces, err))
+        return -1;
+    r->render_special = !skip; /* (spaces_between_special_tokens: no effect, as with HF's fast
+                                   tokenizers, which vLLM uses) */
+    double v = 0;
+    if (get_num(o, "truncate_prompt_tokens", -1, 1e9, true, &v, err)) return -1;
+    if (v == 0 && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "truncate_prompt_tokens")))
+        BAD("truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1");
+    r->truncate_prompt = (int32_t)v;
+    /* structured output: one kind at most */
+    const cJSON *gj = cJSON_GetObjectItemCaseSensitive(o, "guided_json");
+    const cJSON *gc = cJSON_GetObjectItemCaseSensitive(o, "guided_choice");
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "structured_outputs");
+    bool gc_set = gc && !cJSON_IsNull(gc); /* an empty list of choices is an error */
+    int kinds = r->json_object + !unset(gj) + gc_set;
+    const cJSON *sj = NULL, *sc = NULL, *y;
+    if (!unset(so)) {
+        if (!cJSON_IsObject(so)) BAD("structured_outputs", "'structured_outputs' must be an object");
+        cJSON_ArrayForEach(y, so) {
+            if (unset(y)) continue;
+            if (!strcmp(y->string, "json")) sj = y;
+            else if (!strcmp(y->string, "choice")) sc = y;
+            else if (strcmp(y->string, "json_object"))
+                BAD("structured_outputs", "'structured_outputs.%s' is not supported (json, "
+                    "json_object and choice are)", y->string);
+            kinds++;
+        }
+    }
+    if (kinds > 1)
+        BAD(NULL, "ask for one kind of structured output: response_format, guided_json, "
+            "guided_choice or one key of structured_outputs");
+    if (!unset(gj) && set_schema_value(r, gj, "guided_json", err)) return -1;
+    if (sj && set_schema_value(r, sj, "structured_outputs.json", err)) return -1;
+    if (so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "json_object")))
+        r->json_object = true;
+    if (gc_set && set_choices(r, gc, "guided_choice", err)) return -1;
+    if (sc && set_choices(r, sc, "structured_outputs.choice", err)) return -1;
+    if (r->json_object && r->min_tokens > 0)
+        BAD("min_tokens", "'min_tokens' cannot be combined with JSON output, which ends when "
+            "the object closes");
+    if ((r->json_object || r->n_choices) && r->tool_required)
+        BAD("tool_choice", "a required tool call cannot be combined with structured output");
+    /* vLLM's other extensions that change what is generated: refused where set */
+    static const char *const refused[] = {
+        "guided_regex", "guided_grammar", "guided_whitespace_pattern", "bad_words",
+        "use_beam_search", "logits_processors", "return_tokens_as_token_ids", "priority",
+        "structural_tag", "vllm_xargs", "kv_transfer_params"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        if (!unset(cJSON_GetObjectItemCaseSensitive(o, refused[i])))
+            BAD(refused[i], "'%s' (a vLLM extension) is not supported", refused[i]);
+    x = cJSON_GetObjectItemCaseSensitive(o, "length_penalty");
+    if (x && !cJSON_IsNull(x) && !(cJSON_IsNumber(x) && x->valuedouble == 1))
+        BAD("length_penalty", "'length_penalty' applies to beam search, which is not supported");
+    return 0;
 fail:
     return -1;
 }
@@ -571,7 +721,7 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     }
     x = cJSON_GetObjectItemCaseSensitive(o, "user");
     if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("user", "'user' must be a string");
-    if (parse_output_options(o, r, err)) goto fail;
+    if (parse_output_options(o, r, err) || parse_vllm_options(o, r, lim, err)) goto fail;
     cJSON_Delete(o);
     return 0;
 oom:
@@ -597,6 +747,10 @@ void pgd_api_request_free(pgd_api_request *r) {
     free(r->bias);
     free(r->json_schema);
     free(r->tool_name);
+    free(r->stop_ids);
+    free(r->allowed_ids);
+    for (int i = 0; i < r->n_choices; i++) free(r->choices[i]);
+    free(r->choices);
     memset(r, 0, sizeof *r);
 }
 

@@ -70,6 +70,17 @@ typedef struct pgd_api_request {
     int32_t *bias_ids;             /* (n_bias) */
     float *bias;
     int32_t n_bias;
+    /* vLLM's extensions */
+    int32_t *stop_ids;             /* stop_token_ids (n_stop_ids) */
+    int32_t n_stop_ids;
+    int32_t *allowed_ids;          /* allowed_token_ids (n_allowed) */
+    int32_t n_allowed;
+    bool include_stop;             /* include_stop_str_in_output */
+    bool render_special;           /* skip_special_tokens: false */
+    int32_t truncate_prompt;       /* truncate_prompt_tokens: keep the prompt's last N tokens (0:
+                                      all; -1: as many as the context holds) */
+    char **choices;                /* guided_choice / structured_outputs.choice (n_choices) */
+    int32_t n_choices;
 } pgd_api_request;
 
 /* Parses and validates a /v1/completions (chat=false) or /v1/chat/completions body. On failure

@@ -25,6 +25,7 @@
 _Static_assert(PGD_SPEC_MAX_K == PGD_SPEC_MAX_TOKENS, "one limit on proposals");
 
 #define MAX_STOP 16
+#define MAX_STOP_IDS 64     /* stop token ids per request */
 #define MAX_STOP_LEN 64
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
@@ -65,6 +66,14 @@ typedef struct seq {
     bool json;                /* output constrained to a JSON object (json_st) */
     pgd_json_state json_st;
     pgd_json_schema schema;   /* its schema, when the request gave one */
+    int32_t *stop_ids;        /* (n_stop_ids) vLLM's stop_token_ids */
+    int32_t n_stop_ids;
+    bool include_stop;        /* include_stop_str_in_output */
+    uint8_t *allowed;         /* (n_vocab) allowed_token_ids as a mask, or NULL */
+    char **choices;           /* (n_choices) guided_choice, or NULL */
+    int32_t n_choices;
+    uint8_t *ch_alive;        /* (n_choices) the choices the output is still a prefix of */
+    size_t ch_pos;            /* bytes of output so far (each a prefix of the alive choices) */
 } seq;
 
 typedef struct seq_list {
@@ -179,6 +188,11 @@ static void seq_free(seq *s) {
     pgd_sampler_free(&s->sampler);
     pgd_json_schema_free(&s->schema);
     for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
+    for (int i = 0; i < s->n_choices; i++) free(s->choices[i]);
+    free(s->choices);
+    free(s->ch_alive);
+    free(s->stop_ids);
+    free(s->allowed);
     free(s->text);
     free(s);
 }
@@ -452,12 +466,12 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
         if (pgd_tokenizer_is_eog(e->model->tok, i)) e->eog[e->n_eog++] = i;
     if ((rc = pgd_sampler_scratch_init(&e->sample_scratch, nv, e->eog, e->n_eog, &perr)))
         goto fail_perr;
-    if (e->model->tok) { /* the bytes of every token, for JSON-constrained requests */
-        e->json_allow = malloc((size_t)nv);
-        if (!e->json_allow || pgd_json_vocab_build(&e->json_vocab, e->model->tok, nv)) {
-            rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
-            goto fail_perr;
-        }
+    /* a step's mask (constrained requests); the bytes of every token, for JSON and choices */
+    e->json_allow = malloc((size_t)nv);
+    if (!e->json_allow ||
+        (e->model->tok && pgd_json_vocab_build(&e->json_vocab, e->model->tok, nv))) {
+        rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
+        goto fail_perr;
     }
     /* On by default where the logits live in device memory of one GPU (downloading them costs
      * n_vocab floats per row); PAGODA_DEVICE_SAMPLING=1 forces it (on the CPU too: the path CI
@@ -545,6 +559,31 @@ bool pgd_engine_has_tokenizer(const pgd_engine *e) { return e->model->tok != NUL
 
 /* ---- submission ---- */
 
+/* s's copies of p's stop token ids, allowed token ids (as a mask) and choices: PGD_OK or
+ * PGD_ENOMEM (what was copied is freed with s). */
+static int copy_constraints(seq *s, const pgd_request_params *p, int32_t nv) {
+    s->include_stop = p->include_stop;
+    if (p->n_stop_token_ids) {
+        if (!(s->stop_ids = malloc((size_t)p->n_stop_token_ids * sizeof *s->stop_ids)))
+            return PGD_ENOMEM;
+        memcpy(s->stop_ids, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof *s->stop_ids);
+        s->n_stop_ids = p->n_stop_token_ids;
+    }
+    if (p->n_allowed_token_ids) {
+        if (!(s->allowed = calloc((size_t)nv, 1))) return PGD_ENOMEM;
+        for (int32_t i = 0; i < p->n_allowed_token_ids; i++) s->allowed[p->allowed_token_ids[i]] = 1;
+    }
+    if (p->n_choices) {
+        s->choices = calloc((size_t)p->n_choices, sizeof *s->choices);
+        s->ch_alive = malloc((size_t)p->n_choices);
+        if (!s->choices || !s->ch_alive) return PGD_ENOMEM;
+        memset(s->ch_alive, 1, (size_t)p->n_choices);
+        for (; s->n_choices < p->n_choices; s->n_choices++)
+            if (!(s->choices[s->n_choices] = strdup(p->choices[s->n_choices]))) return PGD_ENOMEM;
+    }
+    return PGD_OK;
+}
+
 int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, char *err,
                       size_t errlen) {
     char msg[200];
@@ -592,6 +631,28 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         if (l == 0 || l > MAX_STOP_LEN)
             return fail(err, errlen, PGD_EINVAL, "%s", "stop strings must be 1 to 64 bytes");
     }
+    int32_t nv = e->model->cfg.n_vocab;
+    if (p->n_stop_token_ids < 0 || p->n_stop_token_ids > MAX_STOP_IDS ||
+        p->n_allowed_token_ids < 0 || p->n_allowed_token_ids > nv)
+        return fail(err, errlen, PGD_EINVAL, "%s", "too many stop or allowed token ids");
+    for (int32_t i = 0; i < p->n_stop_token_ids + p->n_allowed_token_ids; i++) {
+        int32_t t = i < p->n_stop_token_ids ? p->stop_token_ids[i]
+                                            : p->allowed_token_ids[i - p->n_stop_token_ids];
+        if (t < 0 || t >= nv)
+            return fail(err, errlen, PGD_EINVAL, "%s", "a stop or allowed token id is outside "
+                        "the vocabulary");
+    }
+    if (p->n_choices < 0 || p->n_choices > PGD_MAX_CHOICES)
+        return fail(err, errlen, PGD_EINVAL, "%s", "too many choices");
+    if (p->n_choices && (!e->model->tok || json))
+        return fail(err, errlen, PGD_EINVAL, "%s", e->model->tok
+                        ? "choices cannot be combined with JSON output"
+                        : "choices need a tokenizer; the model has none (--load-format dummy)");
+    for (int32_t i = 0; i < p->n_choices; i++) {
+        size_t l = p->choices[i] ? strlen(p->choices[i]) : 0;
+        if (l == 0 || l > PGD_MAX_CHOICE_LEN)
+            return fail(err, errlen, PGD_EINVAL, "%s", "choices must be 1 to 4096 bytes");
+    }
     seq *s = calloc(1, sizeof *s);
     if (!s) return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
     s->tokens = malloc(((size_t)p->n_prompt + (size_t)p->max_tokens) * sizeof *s->tokens);
@@ -628,8 +689,13 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     s->prompt_top = p->prompt_top_logprobs;
     /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
      * state after the ones before it) */
-    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json;
+    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json && !p->n_choices &&
+              !p->n_allowed_token_ids;
     s->json = json;
+    if (copy_constraints(s, p, nv)) {
+        seq_free(s);
+        return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+    }
     pgd_json_init(&s->json_st, true);
     if (p->json_schema) {
         char why[200];
@@ -662,7 +728,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         int32_t l = (int32_t)strlen(p->stop[i]);
         if (l - 1 > s->hold) s->hold = l - 1;
     }
-    pgd_detok_init(&s->detok, e->model->tok, false);
+    pgd_detok_init(&s->detok, e->model->tok, p->render_special);
     /* SentencePiece decoders drop the leading space of the text's first piece; generated text
      * continues the prompt, so that applies only when the prompt is BOS alone. */
     s->detok.first = e->model->tok && p->n_prompt == 1 &&
@@ -925,6 +991,12 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
 }
 
 /* Appends the text of token id and decides whether s is finished. */
+static bool in_ids(const int32_t *ids, int32_t n, int32_t id) {
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] == id) return true;
+    return false;
+}
+
 static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_event *ev) {
     s->tokens[s->n_tokens++] = id;
     ev->type = PGD_EVENT_TOKEN;
@@ -937,21 +1009,26 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
         return s->n_tokens - s->n_prompt >= s->max_tokens || s->n_tokens >= e->n_ctx
                    ? PGD_FINISH_LENGTH
                    : 0;
-    if (!s->ignore_eos && pgd_tokenizer_is_eog(e->model->tok, id)) return PGD_FINISH_STOP;
+    /* an end-of-generation or stop token ends it without its text (vLLM's rule; with
+     * include_stop its text stays, as vLLM keeps it then) */
+    pgd_finish_reason why = (!s->ignore_eos && pgd_tokenizer_is_eog(e->model->tok, id)) ||
+                                    in_ids(s->stop_ids, s->n_stop_ids, id)
+                                ? PGD_FINISH_STOP
+                                : 0;
+    if (why && !s->include_stop) return why;
     if (text_reserve(s, pgd_detok_cap(e->model->tok)) == 0) {
         int nb = pgd_detok_push(&s->detok, id, s->text + s->text_len, s->text_cap - s->text_len);
         if (nb > 0) s->text_len += (size_t)nb;
     } /* out of memory: the token's text is lost, the generation goes on */
-    pgd_finish_reason why = 0;
     /* no stop string ends the generation before min_tokens (as in vLLM, whose stop check
      * returns early until then) */
-    int n_stop = s->n_tokens - s->n_prompt >= s->sampler.params.min_tokens ? s->n_stop : 0;
+    int n_stop = !why && s->n_tokens - s->n_prompt >= s->sampler.params.min_tokens ? s->n_stop : 0;
     for (int i = 0; i < n_stop; i++) {
         /* a match must start at or after emitted: earlier text was checked when emitted */
-        size_t from = s->emitted;
-        char *hit = memmem(s->text + from, s->text_len - from, s->stop[i], strlen(s->stop[i]));
+        size_t from = s->emitted, l = strlen(s->stop[i]);
+        char *hit = memmem(s->text + from, s->text_len - from, s->stop[i], l);
         if (hit) {
-            s->text_len = (size_t)(hit - s->text);
+            s->text_len = (size_t)(hit - s->text) + (s->include_stop ? l : 0);
             why = PGD_FINISH_STOP;
         }
     }
@@ -1042,6 +1119,60 @@ static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
     s->lp_n = 0;
 }
 
+/* guided_choice: allow[] = the tokens that keep the output a prefix of an alive choice, and
+ * the end-of-generation tokens where it is one already. */
+static void choice_mask(pgd_engine *e, const seq *s, uint8_t *allow) {
+    memset(allow, 0, (size_t)e->model->cfg.n_vocab);
+    for (int32_t i = 0; i < s->n_choices; i++) {
+        if (!s->ch_alive[i]) continue;
+        size_t l = strlen(s->choices[i]);
+        if (l > s->ch_pos)
+            pgd_json_vocab_allow_prefixes(&e->json_vocab, s->choices[i] + s->ch_pos,
+                                          l - s->ch_pos, allow);
+        else
+            for (int32_t k = 0; k < e->n_eog; k++) allow[e->eog[k]] = 1;
+    }
+}
+
+/* Moves s's choices over token id: STOP at an end-of-generation token (the mask allowed it: the
+ * output is a choice) or once the output is a choice that no alive one continues. */
+static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id) {
+    const pgd_json_vocab *v = &e->json_vocab;
+    if (v->eog[id]) return PGD_FINISH_STOP;
+    size_t n = v->len[id], at = s->ch_pos;
+    bool any = false, longer = false;
+    for (int32_t i = 0; i < s->n_choices; i++) {
+        size_t l = strlen(s->choices[i]);
+        if (!s->ch_alive[i] || l < at + n || memcmp(s->choices[i] + at, v->text[id], n)) {
+            s->ch_alive[i] = 0;
+            continue;
+        }
+        any = true;
+        longer |= l > at + n;
+    }
+    s->ch_pos += n;
+    /* a refused token: only from logits with no finite value (the sampler's fallback) */
+    if (!any || n == 0) return PGD_FINISH_ERROR;
+    return longer ? 0 : PGD_FINISH_STOP;
+}
+
+/* The mask of s's next token in e->json_allow, when it has one: JSON (json_st) or choices,
+ * narrowed to allowed_token_ids, and without the stop tokens while output < min_tokens. */
+static bool build_mask(pgd_engine *e, seq *s) {
+    int32_t nv = e->model->cfg.n_vocab;
+    bool under_min = s->n_stop_ids > 0 && s->n_tokens - s->n_prompt < s->sampler.params.min_tokens;
+    if (!s->json && !s->choices && !s->allowed && !under_min) return false;
+    uint8_t *a = e->json_allow;
+    if (s->json) pgd_json_allowed(&s->json_st, &e->json_vocab, a);
+    else if (s->choices) choice_mask(e, s, a);
+    else memset(a, 1, (size_t)nv);
+    if (s->allowed)
+        for (int32_t i = 0; i < nv; i++) a[i] &= s->allowed[i];
+    if (under_min)
+        for (int32_t i = 0; i < s->n_stop_ids; i++) a[s->stop_ids[i]] = 0;
+    return true;
+}
+
 /* Moves s's JSON state over token id: STOP once the object is closed. A token the mask refused
  * can only come from logits with no finite value (the sampler's arg-max fallback): an error. */
 static pgd_finish_reason json_advance(pgd_engine *e, seq *s, int32_t id) {
@@ -1070,10 +1201,7 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
             break;
         }
         pgd_sampler_dist d;
-        if (s->json) {
-            pgd_json_allowed(&s->json_st, &e->json_vocab, e->json_allow);
-            s->sampler.allow = e->json_allow;
-        }
+        if (build_mask(e, s)) s->sampler.allow = e->json_allow;
         pgd_sampler_dist_compute(&s->sampler, lg, s->tokens, s->n_prompt, s->n_tokens, &d);
         s->sampler.allow = NULL;
         bool accepted = false;
@@ -1083,6 +1211,7 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
                                                             &accepted);
         why = emit_token(e, s, id, lg);
         if (s->json && !why) why = json_advance(e, s, id);
+        if (s->choices && !why) why = choice_advance(e, s, id);
         if (j == k) break;
         if (!accepted) break;
         e->stats.spec_accepted_per_pos[j]++;
@@ -1113,10 +1242,10 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
  * (they need the logits), no proposals to verify. */
 static bool device_sampleable(const pgd_engine *e, const seq *s) {
     const pgd_sampler_params *p = &s->sampler.params;
-    return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !s->json &&
-           (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
+    return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !s->json && !s->choices &&
+           !s->allowed && (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
            p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           (e->n_eog == 0 || s->n_tokens - s->n_prompt >= p->min_tokens);
+           ((e->n_eog == 0 && s->n_stop_ids == 0) || s->n_tokens - s->n_prompt >= p->min_tokens);
 }
 
 /* Fills the backend's sample rows for the step's sampleable sequences, each draw's u from the

@@ -700,6 +700,32 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
     return build_trie(v, max_len);
 }
 
+/* The first position of v->sorted whose text is not below r[0..n) in cmp_text's order. */
+static int32_t lower_bound(const pgd_json_vocab *v, const char *r, size_t n) {
+    int32_t lo = 0, hi = v->n_text;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2, id = v->sorted[mid];
+        size_t l = v->len[id];
+        int c = memcmp(v->text[id], r, l < n ? l : n);
+        if (c < 0 || (c == 0 && l < n)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+void pgd_json_vocab_allow_prefixes(const pgd_json_vocab *v, const char *r, size_t n,
+                                   uint8_t *allow) {
+    for (size_t l = 1; l <= n; l++) {
+        int32_t i = lower_bound(v, r, l);
+        /* no text starts with r[0..l): none starts with a longer prefix either */
+        if (i == v->n_text || v->len[v->sorted[i]] < l || memcmp(v->text[v->sorted[i]], r, l))
+            break;
+        for (; i < v->n_text && v->len[v->sorted[i]] == l &&
+               !memcmp(v->text[v->sorted[i]], r, l); i++)
+            allow[v->sorted[i]] = 1;
+    }
+}
+
 int pgd_json_vocab_build(pgd_json_vocab *v, const struct pgd_tokenizer *t, int32_t n_vocab) {
     memset(v, 0, sizeof *v);
     v->n = n_vocab;

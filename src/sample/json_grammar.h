@@ -188,6 +188,11 @@ struct pgd_tokenizer;
 /* All of v for a model of n_vocab ids (past the tokenizer's: nothing) with tokenizer t, which
  * must outlive v (text borrows from it); PGD_OK or PGD_ENOMEM. */
 int pgd_json_vocab_build(pgd_json_vocab *v, const struct pgd_tokenizer *t, int32_t n_vocab);
+/* allow[id] = 1 (the rest left as they are) for every text token whose text is a prefix of
+ * r[0..n), the empty text excepted: the tokens that can come next when the output must go on
+ * with r (vLLM's guided_choice). O(n log n_text). */
+void pgd_json_vocab_allow_prefixes(const pgd_json_vocab *v, const char *r, size_t n,
+                                   uint8_t *allow);
 /* Frees every array of v (text, len and eog included). */
 void pgd_json_vocab_free(pgd_json_vocab *v);
 

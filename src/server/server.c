@@ -496,7 +496,7 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     r->tool_format = r->chat && r->tools ? (int)s->tool_format : PGD_TOOLS_NONE;
     /* a constrained answer (JSON, a required call) has no thinking: the mask holds from its
      * first token, so a "</think>" could never close it; it is all content */
-    bool constrained = r->json_object || r->json_schema || r->tool_required;
+    bool constrained = r->json_object || r->json_schema || r->tool_required || r->n_choices;
     r->reasoning = !r->chat || !s->reasoning_format ? PGD_REASONING_NONE
                    : constrained                   ? PGD_REASONING_ABSENT
                                                    : (int)s->reasoning_format;
@@ -624,6 +624,16 @@ static void submit_all(server *s, req_ctx *c) {
             c->has_err = true;
             return;
         }
+        /* vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: as many as the
+         * context holds); an echo then shows those */
+        int32_t keep = r->truncate_prompt < 0 ? n_ctx - (r->max_tokens > 0 ? r->max_tokens : 1)
+                                              : r->truncate_prompt;
+        if (r->truncate_prompt && keep >= 1 && pr->n_ids > keep) {
+            memmove(pr->ids, pr->ids + (pr->n_ids - keep), (size_t)keep * sizeof *pr->ids);
+            pr->n_ids = keep;
+            free(pr->text);
+            pr->text = NULL;
+        }
         /* echo alone runs the prompt only (max_tokens 0: the engine generates nothing) */
         int32_t max_tokens = r->max_tokens > 0 || r->echo_only ? r->max_tokens
                                                                 : n_ctx - pr->n_ids;
@@ -654,6 +664,10 @@ static void submit_all(server *s, req_ctx *c) {
                                            ? r->logprobs
                                            : r->prompt_logprobs > 0 ? r->prompt_logprobs : 0,
                 .json_object = r->json_object, .json_schema = r->json_schema,
+                .stop_token_ids = r->stop_ids, .n_stop_token_ids = r->n_stop_ids,
+                .include_stop = r->include_stop, .render_special = r->render_special,
+                .allowed_token_ids = r->allowed_ids, .n_allowed_token_ids = r->n_allowed,
+                .choices = (const char *const *)r->choices, .n_choices = r->n_choices,
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
             };

@@ -1,0 +1,231 @@
+"""vLLM's request extensions (stop_token_ids, include_stop_str_in_output, skip_special_tokens,
+allowed_token_ids, truncate_prompt_tokens, guided_json, guided_choice, structured_outputs): each
+is honoured, checked against a reference -- the engine's own greedy ids from `pagoda generate`,
+the same request in its plain OpenAI form, the texts of the tokens allowed -- or refused by name
+with a 400 (regex and grammar constraints, bad_words, beam search), never ignored: a client
+written for vLLM must not get an unconstrained answer it did not ask for."""
+import json
+
+import pytest
+import requests
+
+import util
+from server_util import Server, sse_events, validate
+
+RANDOM_LLAMA = util.DATA / "models" / "llama-2-tiny-random.gguf"
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def smol(default_server):
+    return default_server
+
+
+@pytest.fixture(scope="module")
+def rnd():
+    s = Server(RANDOM_LLAMA)
+    s.start()
+    yield s
+    s.stop()
+
+
+def post(server, path, body):
+    return requests.post(server.url(path), json=body, timeout=300)
+
+
+def ok(server, path, body, schema=None):
+    r = post(server, path, body)
+    assert r.status_code == 200, r.text
+    validate(r.json(), schema or ("CreateChatCompletionResponse" if "messages" in body
+                                  else "CreateCompletionResponse"))
+    return r.json()
+
+
+def tokens(server, text):
+    return post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"]
+
+
+def detok(server, ids):
+    return post(server, "/detokenize", {"tokens": ids}).json()["prompt"]
+
+
+def greedy_ids(model, ids, n):
+    """The engine's own greedy continuation of ids (pagoda generate, unbatched)."""
+    p = util.run_pagoda("generate", "-m", model, "--ids", " ".join(map(str, ids)), "-n", n,
+                        "--temperature", "0", "--ignore-eos", "--print-ids")
+    return [int(x) for x in p.stdout.split()]
+
+
+def streamed_text(server, body):
+    r = requests.post(server.url("/v1/completions"), json=dict(body, stream=True), stream=True,
+                      timeout=300)
+    assert r.status_code == 200, r.text
+    text, finish = "", None
+    for ev in sse_events(r.iter_lines(decode_unicode=True)):
+        if ev == "[DONE]":
+            break
+        for c in ev["choices"]:
+            text += c["text"]
+            finish = c["finish_reason"] or finish
+    return text, finish
+
+
+def test_stop_token_ids(smol):
+    ids = tokens(smol, PROMPT)
+    ref = greedy_ids(util.DEFAULT_MODEL, ids, 12)
+    k = next(i for i in range(3, 12) if ref[i] not in ref[:i])  # a token not seen before it
+    base = {"prompt": ids, "max_tokens": 12, "temperature": 0, "stop_token_ids": [ref[k]]}
+    c = ok(smol, "/v1/completions", base)
+    # the output ends at the stop token, without its text, which counts as generated (vLLM)
+    assert c["choices"][0]["text"] == detok(smol, ref[:k])
+    assert c["choices"][0]["finish_reason"] == "stop"
+    assert c["usage"]["completion_tokens"] == k + 1
+    assert streamed_text(smol, base) == (detok(smol, ref[:k]), "stop")
+    # include_stop_str_in_output keeps its text
+    c = ok(smol, "/v1/completions", dict(base, include_stop_str_in_output=True))
+    assert c["choices"][0]["text"] == detok(smol, ref[:k + 1])
+    # while output < min_tokens the stop token cannot be sampled: the answer departs from ref
+    # at position k and runs past it
+    c = ok(smol, "/v1/completions", dict(base, min_tokens=k + 2))
+    assert c["usage"]["completion_tokens"] >= k + 2
+    assert not c["choices"][0]["text"].startswith(detok(smol, ref[:k + 1]))
+
+
+def test_include_stop_str_in_output(smol):
+    ids = tokens(smol, PROMPT)
+    full = detok(smol, greedy_ids(util.DEFAULT_MODEL, ids, 16))
+    stop = full.strip().split()[1]  # the answer's second word
+    at = full.index(stop)
+    base = {"prompt": ids, "max_tokens": 16, "temperature": 0, "stop": [stop]}
+    assert ok(smol, "/v1/completions", base)["choices"][0]["text"] == full[:at]
+    c = ok(smol, "/v1/completions", dict(base, include_stop_str_in_output=True))
+    assert c["choices"][0]["text"] == full[:at + len(stop)]
+    assert streamed_text(smol, dict(base, include_stop_str_in_output=True)) == \
+        (full[:at + len(stop)], "stop")
+
+
+def test_skip_special_tokens(smol):
+    """The end-of-turn token ends the answer; with skip_special_tokens false and
+    include_stop_str_in_output its text is part of it, as vLLM returns it."""
+    body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 64,
+            "temperature": 0}
+    plain = ok(smol, "/v1/chat/completions", body)["choices"][0]
+    assert plain["finish_reason"] == "stop"  # ended by <|im_end|>
+    c = ok(smol, "/v1/chat/completions",
+           dict(body, skip_special_tokens=False, include_stop_str_in_output=True))["choices"][0]
+    assert c["message"]["content"] == plain["message"]["content"] + "<|im_end|>"
+    c = ok(smol, "/v1/chat/completions", dict(body, skip_special_tokens=False))["choices"][0]
+    assert c["message"]["content"] == plain["message"]["content"]
+
+
+def test_allowed_token_ids(smol):
+    allowed = tokens(smol, " the of and a")
+    texts = {detok(smol, [t]) for t in allowed}
+    c = ok(smol, "/v1/completions", {"prompt": PROMPT, "max_tokens": 10, "temperature": 0.8,
+                                     "seed": 1, "logprobs": 0, "allowed_token_ids": allowed})
+    lp = c["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 10 and set(lp["tokens"]) <= texts, (lp["tokens"], texts)
+    # greedy among one token: that token every time
+    c = ok(smol, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                                     "allowed_token_ids": allowed[:1]})
+    assert c["choices"][0]["text"] == detok(smol, allowed[:1]) * 4
+
+
+@pytest.mark.parametrize("choices", [["yes", "no", "maybe not"], ["Pos", "Positive", "Neg"]])
+def test_guided_choice_sampled(rnd, choices):
+    """A random-weight model samples from all 32,000 tokens: constrained, every answer is one of
+    the choices (a choice that another continues, "Pos", included); unconstrained, none is."""
+    base = {"prompt": "Hello", "max_tokens": 16, "n": 8, "temperature": 1.0}
+    seen = set()
+    for seed in range(3):
+        c = ok(rnd, "/v1/completions", dict(base, seed=seed, guided_choice=choices))
+        for ch in c["choices"]:
+            assert ch["text"] in choices and ch["finish_reason"] == "stop", ch
+            seen.add(ch["text"])
+        free = ok(rnd, "/v1/completions", dict(base, seed=seed))
+        assert not any(ch["text"] in choices for ch in free["choices"])
+    assert len(seen) >= 2  # the choice is sampled, not fixed
+    text, finish = streamed_text(rnd, dict(base, n=1, seed=7, guided_choice=choices))
+    assert text in choices and finish == "stop"
+
+
+def test_guided_choice_cut_by_max_tokens(rnd):
+    long = "an answer much longer than one token " * 4
+    c = ok(rnd, "/v1/completions", {"prompt": "Hello", "max_tokens": 2,
+                                    "guided_choice": [long]})["choices"][0]
+    assert c["finish_reason"] == "length" and long.startswith(c["text"]) and c["text"]
+
+
+def test_structured_outputs_choice_chat(smol):
+    body = {"messages": [{"role": "user", "content": "Is the sky blue? Answer yes or no."}],
+            "max_tokens": 8, "temperature": 0}
+    for extra in ({"structured_outputs": {"choice": ["yes", "no"]}},
+                  {"guided_choice": ["yes", "no"]}):
+        c = ok(smol, "/v1/chat/completions", dict(body, **extra))["choices"][0]
+        assert c["message"]["content"] in ("yes", "no") and c["finish_reason"] == "stop", c
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_guided_json_is_response_format_json_schema(smol):
+    """guided_json (object or string) and structured_outputs.json hold the answer to the schema
+    exactly as response_format json_schema does: the same greedy text."""
+    body = {"messages": [{"role": "user", "content": "Describe a person as JSON."}],
+            "max_tokens": 64, "temperature": 0}
+    ref = ok(smol, "/v1/chat/completions", dict(body, response_format={
+        "type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}))
+    want = ref["choices"][0]["message"]["content"]
+    assert set(json.loads(want)) == {"name", "age"}
+    for extra in ({"guided_json": SCHEMA}, {"guided_json": json.dumps(SCHEMA)},
+                  {"structured_outputs": {"json": SCHEMA}}):
+        c = ok(smol, "/v1/chat/completions", dict(body, **extra))
+        assert c["choices"][0]["message"]["content"] == want, extra
+    ref = ok(smol, "/v1/chat/completions", dict(body, response_format={"type": "json_object"}))
+    c = ok(smol, "/v1/chat/completions", dict(body, structured_outputs={"json_object": True}))
+    assert c["choices"][0]["message"] == ref["choices"][0]["message"]
+
+
+def test_truncate_prompt_tokens(smol):
+    ids = tokens(smol, "One two three four five six seven eight nine ten. " + PROMPT)
+    base = {"max_tokens": 8, "temperature": 0}
+    want = ok(smol, "/v1/completions", dict(base, prompt=ids[-6:]))["choices"][0]["text"]
+    c = ok(smol, "/v1/completions", dict(base, prompt=ids, truncate_prompt_tokens=6))
+    assert c["usage"]["prompt_tokens"] == 6 and c["choices"][0]["text"] == want
+    # -1: as much as the context holds (all of this prompt)
+    c = ok(smol, "/v1/completions", dict(base, prompt=ids, truncate_prompt_tokens=-1))
+    assert c["usage"]["prompt_tokens"] == len(ids)
+    # echo shows the prompt that ran
+    c = ok(smol, "/v1/completions", dict(base, prompt=ids, truncate_prompt_tokens=6, echo=True))
+    assert c["choices"][0]["text"] == detok(smol, ids[-6:]) + want
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"guided_regex": "[a-z]+"}, "guided_regex"),
+    ({"guided_grammar": "root ::= \"a\""}, "guided_grammar"),
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ({"structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs"),
+    ({"bad_words": ["Paris"]}, "bad_words"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"length_penalty": 0.5}, "length_penalty"),
+    ({"guided_choice": ["a"], "guided_json": SCHEMA}, None),
+    ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, None),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": ["a", ""]}, "guided_choice"),
+    ({"guided_choice": "a"}, "guided_choice"),
+    ({"guided_json": "not a schema"}, "guided_json"),
+    ({"guided_json": {"type": "object", "pattern": "x"}}, "guided_json"),
+    ({"stop_token_ids": [49152]}, "stop_token_ids"),
+    ({"stop_token_ids": "2"}, "stop_token_ids"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+])
+def test_refused(smol, extra, param):
+    r = post(smol, "/v1/completions", dict({"prompt": PROMPT, "max_tokens": 4}, **extra))
+    assert r.status_code == 400, r.text
+    validate(r.json(), "ErrorResponse")
+    assert r.json()["error"]["param"] == param, r.json()
