@@ -117,6 +117,14 @@ typedef struct pgd_request_params {
        an end-of-generation token once it is one; needs a tokenizer; no speculation */
     const char *const *choices;
     int32_t n_choices;
+    /* a reasoning model's thinking before a constrained answer (JSON or choices), as vLLM
+       applies a grammar only once the reasoning has ended: the constraint holds from the token
+       after the one that completes this text ("</think>"); until then sampling is free */
+    const char *constrain_after;
+    /* with constrain_after, thinking the model may open or not (qwen3): the first token is
+       either the token whose text is exactly this ("<think>"), and the constraint then waits for
+       constrain_after, or one the constraint allows, and it holds from there */
+    const char *think_open;
 } pgd_request_params;
 
 #define PGD_MAX_CHOICES 256

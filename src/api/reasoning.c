@@ -23,7 +23,7 @@ static size_t partial_tag(const char *t, size_t n, const char *tag) {
 void pgd_reasoning_scan(pgd_reasoning_format f, const char *t, size_t n, bool done, size_t known,
                         pgd_reasoning_span *sp) {
     memset(sp, 0, sizeof *sp);
-    if (f == PGD_REASONING_NONE || f == PGD_REASONING_ABSENT) {
+    if (f == PGD_REASONING_NONE) {
         sp->content = true;
         return;
     }

@@ -20,9 +20,6 @@ typedef enum {
     PGD_REASONING_NONE = 0,
     PGD_REASONING_DEEPSEEK_R1,
     PGD_REASONING_QWEN3,
-    /* the server parses reasoning, but this answer has none (it is constrained from its first
-       token): all content, reasoning_content null */
-    PGD_REASONING_ABSENT,
 } pgd_reasoning_format;
 
 /* "none", "deepseek_r1" or "qwen3"; -1 for another name. */

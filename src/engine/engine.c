@@ -74,6 +74,11 @@ typedef struct seq {
     int32_t n_choices;
     uint8_t *ch_alive;        /* (n_choices) the choices the output is still a prefix of */
     size_t ch_pos;            /* bytes of output so far (each a prefix of the alive choices) */
+    /* constrain_after: the constraint (JSON, choices) waits for c_after while thinking */
+    enum { C_ON, C_THINKING, C_FIRST } c_wait; /* C_FIRST: think_tok or the constraint */
+    char *c_after;
+    size_t c_scan;            /* text before this was searched for c_after */
+    int32_t think_tok;        /* think_open's token, or -1 */
 } seq;
 
 typedef struct seq_list {
@@ -193,6 +198,7 @@ static void seq_free(seq *s) {
     free(s->ch_alive);
     free(s->stop_ids);
     free(s->allowed);
+    free(s->c_after);
     free(s->text);
     free(s);
 }
@@ -561,7 +567,8 @@ bool pgd_engine_has_tokenizer(const pgd_engine *e) { return e->model->tok != NUL
 
 /* s's copies of p's stop token ids, allowed token ids (as a mask) and choices: PGD_OK or
  * PGD_ENOMEM (what was copied is freed with s). */
-static int copy_constraints(seq *s, const pgd_request_params *p, int32_t nv) {
+static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) {
+    int32_t nv = e->model->cfg.n_vocab;
     s->include_stop = p->include_stop;
     if (p->n_stop_token_ids) {
         if (!(s->stop_ids = malloc((size_t)p->n_stop_token_ids * sizeof *s->stop_ids)))
@@ -572,6 +579,13 @@ static int copy_constraints(seq *s, const pgd_request_params *p, int32_t nv) {
     if (p->n_allowed_token_ids) {
         if (!(s->allowed = calloc((size_t)nv, 1))) return PGD_ENOMEM;
         for (int32_t i = 0; i < p->n_allowed_token_ids; i++) s->allowed[p->allowed_token_ids[i]] = 1;
+    }
+    if (p->constrain_after && *p->constrain_after && (s->json || p->n_choices)) {
+        if (!(s->c_after = strdup(p->constrain_after))) return PGD_ENOMEM;
+        s->c_wait = p->think_open ? C_FIRST : C_THINKING;
+        s->think_tok = p->think_open ? pgd_json_vocab_find(&e->json_vocab, p->think_open,
+                                                           strlen(p->think_open))
+                                     : -1;
     }
     if (p->n_choices) {
         s->choices = calloc((size_t)p->n_choices, sizeof *s->choices);
@@ -692,7 +706,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json && !p->n_choices &&
               !p->n_allowed_token_ids;
     s->json = json;
-    if (copy_constraints(s, p, nv)) {
+    if (copy_constraints(e, s, p)) {
         seq_free(s);
         return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
     }
@@ -1161,11 +1175,13 @@ static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id) {
 static bool build_mask(pgd_engine *e, seq *s) {
     int32_t nv = e->model->cfg.n_vocab;
     bool under_min = s->n_stop_ids > 0 && s->n_tokens - s->n_prompt < s->sampler.params.min_tokens;
-    if (!s->json && !s->choices && !s->allowed && !under_min) return false;
+    bool constrained = (s->json || s->choices) && s->c_wait != C_THINKING;
+    if (!constrained && !s->allowed && !under_min) return false;
     uint8_t *a = e->json_allow;
-    if (s->json) pgd_json_allowed(&s->json_st, &e->json_vocab, a);
-    else if (s->choices) choice_mask(e, s, a);
+    if (constrained && s->json) pgd_json_allowed(&s->json_st, &e->json_vocab, a);
+    else if (constrained) choice_mask(e, s, a);
     else memset(a, 1, (size_t)nv);
+    if (s->c_wait == C_FIRST && s->think_tok >= 0) a[s->think_tok] = 1;
     if (s->allowed)
         for (int32_t i = 0; i < nv; i++) a[i] &= s->allowed[i];
     if (under_min)
@@ -1181,6 +1197,24 @@ static pgd_finish_reason json_advance(pgd_engine *e, seq *s, int32_t id) {
         return PGD_FINISH_ERROR;
     }
     return pgd_json_complete(&s->json_st) ? PGD_FINISH_STOP : 0;
+}
+
+/* Moves s's constraint over token id: JSON or choices, once thinking (constrain_after) is over:
+ * a first think_open token starts it, the token that completes c_after ends it. */
+static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id) {
+    if (s->c_wait == C_FIRST) {
+        s->c_wait = id == s->think_tok ? C_THINKING : C_ON;
+        if (s->c_wait == C_THINKING) return 0;
+    }
+    if (s->c_wait == C_THINKING) {
+        size_t l = strlen(s->c_after), from = s->c_scan < s->text_len ? s->c_scan : s->text_len;
+        if (memmem(s->text + from, s->text_len - from, s->c_after, l)) s->c_wait = C_ON;
+        else if (s->text_len >= l) s->c_scan = s->text_len - l + 1; /* a match may straddle */
+        return 0;
+    }
+    if (s->json) return json_advance(e, s, id);
+    if (s->choices) return choice_advance(e, s, id);
+    return 0;
 }
 
 /* After the forward pass: samples the sequence's next token, or verifies its k proposals
@@ -1210,8 +1244,7 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
                                     : pgd_spec_verify_token(&s->sampler, &d, drafts[j], NULL,
                                                             &accepted);
         why = emit_token(e, s, id, lg);
-        if (s->json && !why) why = json_advance(e, s, id);
-        if (s->choices && !why) why = choice_advance(e, s, id);
+        if (!why) why = constraint_advance(e, s, id);
         if (j == k) break;
         if (!accepted) break;
         e->stats.spec_accepted_per_pos[j]++;

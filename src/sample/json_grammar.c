@@ -713,6 +713,13 @@ static int32_t lower_bound(const pgd_json_vocab *v, const char *r, size_t n) {
     return lo;
 }
 
+int32_t pgd_json_vocab_find(const pgd_json_vocab *v, const char *t, size_t n) {
+    int32_t i = lower_bound(v, t, n);
+    if (n == 0 || i == v->n_text) return -1;
+    int32_t id = v->sorted[i];
+    return v->len[id] == n && !memcmp(v->text[id], t, n) ? id : -1;
+}
+
 void pgd_json_vocab_allow_prefixes(const pgd_json_vocab *v, const char *r, size_t n,
                                    uint8_t *allow) {
     for (size_t l = 1; l <= n; l++) {

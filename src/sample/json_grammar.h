@@ -193,6 +193,8 @@ int pgd_json_vocab_build(pgd_json_vocab *v, const struct pgd_tokenizer *t, int32
  * with r (vLLM's guided_choice). O(n log n_text). */
 void pgd_json_vocab_allow_prefixes(const pgd_json_vocab *v, const char *r, size_t n,
                                    uint8_t *allow);
+/* The lowest id of a text token whose text is exactly t[0..n), or -1. */
+int32_t pgd_json_vocab_find(const pgd_json_vocab *v, const char *t, size_t n);
 /* Frees every array of v (text, len and eog included). */
 void pgd_json_vocab_free(pgd_json_vocab *v);
 

@@ -494,11 +494,9 @@ static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prom
  * required or named call is the answer, held to the call's schema between the format's tags. */
 static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     r->tool_format = r->chat && r->tools ? (int)s->tool_format : PGD_TOOLS_NONE;
-    /* a constrained answer (JSON, a required call) has no thinking: the mask holds from its
-     * first token, so a "</think>" could never close it; it is all content */
-    bool constrained = r->json_object || r->json_schema || r->tool_required || r->n_choices;
+    /* a constrained answer (JSON, choices, a required call) thinks first, as in vLLM: the
+     * engine holds the constraint from the end of the reasoning (constrain_after) */
     r->reasoning = !r->chat || !s->reasoning_format ? PGD_REASONING_NONE
-                   : constrained                   ? PGD_REASONING_ABSENT
                                                    : (int)s->reasoning_format;
     if (!r->tool_required) return 0;
     if (!s->tool_format) {
@@ -668,6 +666,9 @@ static void submit_all(server *s, req_ctx *c) {
                 .include_stop = r->include_stop, .render_special = r->render_special,
                 .allowed_token_ids = r->allowed_ids, .n_allowed_token_ids = r->n_allowed,
                 .choices = (const char *const *)r->choices, .n_choices = r->n_choices,
+                /* the reasoning formats' closing and (qwen3: optional) opening tags */
+                .constrain_after = r->reasoning ? "</think>" : NULL,
+                .think_open = r->reasoning == PGD_REASONING_QWEN3 ? "<think>" : NULL,
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
             };

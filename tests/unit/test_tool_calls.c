@@ -197,7 +197,6 @@ static void test_reasoning(void) {
     CHECK_EQ_INT(pgd_reasoning_format_of("none"), PGD_REASONING_NONE);
     CHECK_EQ_INT(pgd_reasoning_format_of("r1"), -1);
     scan_case(PGD_REASONING_NONE, "<think>a</think>b", true, "-", "<think>a</think>b");
-    scan_case(PGD_REASONING_ABSENT, "<think>a</think>b", true, "-", "<think>a</think>b");
     /* deepseek_r1: the template opened it */
     scan_case(r1, "abc</think>xyz", true, "abc", "xyz");
     scan_case(r1, "<think>abc</think>xyz", true, "abc", "xyz");
