@@ -117,7 +117,11 @@ typedef struct pgd_request_params {
        an end-of-generation token once it is one; needs a tokenizer; no speculation */
     const char *const *choices;
     int32_t n_choices;
-    /* a reasoning model's thinking before a constrained answer (JSON or choices), as vLLM
+    /* guided_regex: the output is a whole match of this pattern (src/sample/regex.h; compiled
+       per request), ending (STOP) when no byte can extend the match, or at an
+       end-of-generation token once it is one; needs a tokenizer; no speculation */
+    const char *regex;
+    /* a reasoning model's thinking before a constrained answer (JSON, choices or a regex), as vLLM
        applies a grammar only once the reasoning has ended: the constraint holds from the token
        after the one that completes this text ("</think>"); until then sampling is free */
     const char *constrain_after;

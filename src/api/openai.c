@@ -12,6 +12,7 @@
 #include "pagoda/pagoda.h"
 #include "api/tool_calls.h"
 #include "sample/json_grammar.h"
+#include "sample/regex.h"
 #include "tokenizer/unicode.h"
 #include "util/status.h"
 
@@ -426,6 +427,23 @@ fail:
     return -1;
 }
 
+/* guided_regex: a pattern regex.h compiles (checked here; the engine compiles its own). */
+static int set_regex(pgd_api_request *r, const cJSON *x, const char *what, pgd_api_error *err) {
+    if (!cJSON_IsString(x)) BAD(what, "'%s' must be a string", what);
+    pgd_regex re;
+    char msg[200];
+    int rc = pgd_regex_compile(x->valuestring, strlen(x->valuestring), &re, msg, sizeof msg);
+    pgd_regex_free(&re);
+    if (rc == PGD_ENOMEM) goto oom;
+    if (rc) BAD(what, "'%s': %s", what, msg);
+    if (!(r->regex = strdup(x->valuestring))) goto oom;
+    return 0;
+oom:
+    pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+fail:
+    return -1;
+}
+
 /* A JSON Schema given as an object or as a string holding one (vLLM takes both). */
 static int set_schema_value(pgd_api_request *r, const cJSON *x, const char *what,
                             pgd_api_error *err) {
@@ -475,39 +493,44 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     /* structured output: one kind at most */
     const cJSON *gj = cJSON_GetObjectItemCaseSensitive(o, "guided_json");
     const cJSON *gc = cJSON_GetObjectItemCaseSensitive(o, "guided_choice");
+    const cJSON *gr = cJSON_GetObjectItemCaseSensitive(o, "guided_regex");
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "structured_outputs");
     bool gc_set = gc && !cJSON_IsNull(gc); /* an empty list of choices is an error */
-    int kinds = r->json_object + !unset(gj) + gc_set;
-    const cJSON *sj = NULL, *sc = NULL, *y;
+    bool gr_set = gr && !cJSON_IsNull(gr); /* "" too: the empty answer */
+    int kinds = r->json_object + !unset(gj) + gc_set + gr_set;
+    const cJSON *sj = NULL, *sc = NULL, *sr = NULL, *y;
     if (!unset(so)) {
         if (!cJSON_IsObject(so)) BAD("structured_outputs", "'structured_outputs' must be an object");
         cJSON_ArrayForEach(y, so) {
             if (unset(y)) continue;
             if (!strcmp(y->string, "json")) sj = y;
             else if (!strcmp(y->string, "choice")) sc = y;
+            else if (!strcmp(y->string, "regex")) sr = y;
             else if (strcmp(y->string, "json_object"))
                 BAD("structured_outputs", "'structured_outputs.%s' is not supported (json, "
-                    "json_object and choice are)", y->string);
+                    "json_object, choice and regex are)", y->string);
             kinds++;
         }
     }
     if (kinds > 1)
         BAD(NULL, "ask for one kind of structured output: response_format, guided_json, "
-            "guided_choice or one key of structured_outputs");
+            "guided_choice, guided_regex or one key of structured_outputs");
     if (!unset(gj) && set_schema_value(r, gj, "guided_json", err)) return -1;
     if (sj && set_schema_value(r, sj, "structured_outputs.json", err)) return -1;
     if (so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "json_object")))
         r->json_object = true;
     if (gc_set && set_choices(r, gc, "guided_choice", err)) return -1;
     if (sc && set_choices(r, sc, "structured_outputs.choice", err)) return -1;
+    if (gr_set && set_regex(r, gr, "guided_regex", err)) return -1;
+    if (sr && set_regex(r, sr, "structured_outputs.regex", err)) return -1;
     if (r->json_object && r->min_tokens > 0)
         BAD("min_tokens", "'min_tokens' cannot be combined with JSON output, which ends when "
             "the object closes");
-    if ((r->json_object || r->n_choices) && r->tool_required)
+    if ((r->json_object || r->n_choices || r->regex) && r->tool_required)
         BAD("tool_choice", "a required tool call cannot be combined with structured output");
     /* vLLM's other extensions that change what is generated: refused where set */
     static const char *const refused[] = {
-        "guided_regex", "guided_grammar", "guided_whitespace_pattern", "bad_words",
+        "guided_grammar", "guided_whitespace_pattern", "bad_words",
         "use_beam_search", "logits_processors", "return_tokens_as_token_ids", "priority",
         "structural_tag", "vllm_xargs", "kv_transfer_params"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
@@ -751,6 +774,7 @@ void pgd_api_request_free(pgd_api_request *r) {
     free(r->allowed_ids);
     for (int i = 0; i < r->n_choices; i++) free(r->choices[i]);
     free(r->choices);
+    free(r->regex);
     memset(r, 0, sizeof *r);
 }
 

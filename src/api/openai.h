@@ -79,6 +79,7 @@ typedef struct pgd_api_request {
     bool render_special;           /* skip_special_tokens: false */
     int32_t truncate_prompt;       /* truncate_prompt_tokens: keep the prompt's last N tokens (0:
                                       all; -1: as many as the context holds) */
+    char *regex;                   /* guided_regex / structured_outputs.regex, or NULL */
     char **choices;                /* guided_choice / structured_outputs.choice (n_choices) */
     int32_t n_choices;
 } pgd_api_request;

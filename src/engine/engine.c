@@ -18,6 +18,7 @@
 #include "pagoda/pagoda.h"
 #include "engine/engine_internal.h"
 #include "sample/json_grammar.h"
+#include "sample/regex.h"
 #include "sample/sampler.h"
 #include "spec/spec.h"
 #include "util/clock.h"
@@ -74,6 +75,9 @@ typedef struct seq {
     int32_t n_choices;
     uint8_t *ch_alive;        /* (n_choices) the choices the output is still a prefix of */
     size_t ch_pos;            /* bytes of output so far (each a prefix of the alive choices) */
+    bool has_re;              /* guided_regex: re, in state re_q */
+    pgd_regex re;
+    int32_t re_q;
     /* constrain_after: the constraint (JSON, choices) waits for c_after while thinking */
     enum { C_ON, C_THINKING, C_FIRST } c_wait; /* C_FIRST: think_tok or the constraint */
     char *c_after;
@@ -199,6 +203,7 @@ static void seq_free(seq *s) {
     free(s->stop_ids);
     free(s->allowed);
     free(s->c_after);
+    pgd_regex_free(&s->re);
     free(s->text);
     free(s);
 }
@@ -580,7 +585,7 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
         if (!(s->allowed = calloc((size_t)nv, 1))) return PGD_ENOMEM;
         for (int32_t i = 0; i < p->n_allowed_token_ids; i++) s->allowed[p->allowed_token_ids[i]] = 1;
     }
-    if (p->constrain_after && *p->constrain_after && (s->json || p->n_choices)) {
+    if (p->constrain_after && *p->constrain_after && (s->json || p->n_choices || p->regex)) {
         if (!(s->c_after = strdup(p->constrain_after))) return PGD_ENOMEM;
         s->c_wait = p->think_open ? C_FIRST : C_THINKING;
         s->think_tok = p->think_open ? pgd_json_vocab_find(&e->json_vocab, p->think_open,
@@ -658,10 +663,12 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     }
     if (p->n_choices < 0 || p->n_choices > PGD_MAX_CHOICES)
         return fail(err, errlen, PGD_EINVAL, "%s", "too many choices");
-    if (p->n_choices && (!e->model->tok || json))
-        return fail(err, errlen, PGD_EINVAL, "%s", e->model->tok
-                        ? "choices cannot be combined with JSON output"
-                        : "choices need a tokenizer; the model has none (--load-format dummy)");
+    if ((p->n_choices || p->regex) && !e->model->tok)
+        return fail(err, errlen, PGD_EINVAL, "%s", "choices and regular expressions need a "
+                    "tokenizer; the model has none (--load-format dummy)");
+    if (json + (p->n_choices > 0) + (p->regex != NULL) > 1)
+        return fail(err, errlen, PGD_EINVAL, "%s", "one kind of structured output at a time "
+                    "(JSON, choices or a regular expression)");
     for (int32_t i = 0; i < p->n_choices; i++) {
         size_t l = p->choices[i] ? strlen(p->choices[i]) : 0;
         if (l == 0 || l > PGD_MAX_CHOICE_LEN)
@@ -704,11 +711,20 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
      * state after the ones before it) */
     s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json && !p->n_choices &&
-              !p->n_allowed_token_ids;
+              !p->n_allowed_token_ids && !p->regex;
     s->json = json;
     if (copy_constraints(e, s, p)) {
         seq_free(s);
         return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+    }
+    if (p->regex) {
+        char why[200];
+        int rc = pgd_regex_compile(p->regex, strlen(p->regex), &s->re, why, sizeof why);
+        if (rc) {
+            seq_free(s);
+            return fail(err, errlen, rc, "regular expression: %s", why);
+        }
+        s->has_re = true;
     }
     pgd_json_init(&s->json_st, true);
     if (p->json_schema) {
@@ -1175,12 +1191,20 @@ static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id) {
 static bool build_mask(pgd_engine *e, seq *s) {
     int32_t nv = e->model->cfg.n_vocab;
     bool under_min = s->n_stop_ids > 0 && s->n_tokens - s->n_prompt < s->sampler.params.min_tokens;
-    bool constrained = (s->json || s->choices) && s->c_wait != C_THINKING;
+    bool constrained = (s->json || s->choices || s->has_re) && s->c_wait != C_THINKING;
     if (!constrained && !s->allowed && !under_min) return false;
     uint8_t *a = e->json_allow;
-    if (constrained && s->json) pgd_json_allowed(&s->json_st, &e->json_vocab, a);
-    else if (constrained) choice_mask(e, s, a);
-    else memset(a, 1, (size_t)nv);
+    if (constrained && s->json) {
+        pgd_json_allowed(&s->json_st, &e->json_vocab, a);
+    } else if (constrained && s->has_re) {
+        pgd_json_vocab_walk_dfa(&e->json_vocab, s->re.next, s->re_q, a);
+        if (s->re.accept[s->re_q])
+            for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
+    } else if (constrained) {
+        choice_mask(e, s, a);
+    } else {
+        memset(a, 1, (size_t)nv);
+    }
     if (s->c_wait == C_FIRST && s->think_tok >= 0) a[s->think_tok] = 1;
     if (s->allowed)
         for (int32_t i = 0; i < nv; i++) a[i] &= s->allowed[i];
@@ -1214,6 +1238,16 @@ static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id) {
     }
     if (s->json) return json_advance(e, s, id);
     if (s->choices) return choice_advance(e, s, id);
+    if (s->has_re) {
+        /* an end-of-generation token only where the mask let it (a match); a refused token
+         * only from logits with no finite value (the sampler's fallback) */
+        const pgd_json_vocab *v = &e->json_vocab;
+        if (v->eog[id]) return PGD_FINISH_STOP;
+        int32_t q = v->len[id] ? pgd_regex_feed(&s->re, s->re_q, v->text[id], v->len[id]) : -1;
+        if (q < 0) return PGD_FINISH_ERROR;
+        s->re_q = q;
+        return s->re.accept[q] && !s->re.extend[q] ? PGD_FINISH_STOP : 0;
+    }
     return 0;
 }
 
@@ -1276,7 +1310,7 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
 static bool device_sampleable(const pgd_engine *e, const seq *s) {
     const pgd_sampler_params *p = &s->sampler.params;
     return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !s->json && !s->choices &&
-           !s->allowed && (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
+           !s->allowed && !s->has_re && (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
            p->presence_penalty == 0 && p->frequency_penalty == 0 &&
            ((e->n_eog == 0 && s->n_stop_ids == 0) || s->n_tokens - s->n_prompt >= p->min_tokens);
 }

@@ -696,7 +696,8 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
     }
     if (sort_texts(v) || sort_long_first(v)) return PGD_ENOMEM;
     v->stack = malloc((max_len + 1) * sizeof *v->stack);
-    if (!v->stack) return PGD_ENOMEM;
+    v->dfa_stack = malloc((max_len + 1) * sizeof *v->dfa_stack);
+    if (!v->stack || !v->dfa_stack) return PGD_ENOMEM;
     return build_trie(v, max_len);
 }
 
@@ -756,6 +757,7 @@ void pgd_json_vocab_free(pgd_json_vocab *v) {
     free(v->sorted);
     free(v->trie);
     free(v->stack);
+    free(v->dfa_stack);
     free(v->plain);
     free(v->nchar);
     free(v->long_first);
@@ -767,6 +769,26 @@ static bool token_ok(const pgd_json_state *st, const pgd_json_vocab *v, int32_t 
     pgd_json_state t;
     state_copy(&t, st);
     return pgd_json_feed(&t, v->text[id], v->len[id]);
+}
+
+int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const int32_t *next, int32_t q,
+                                uint8_t *allow) {
+    int32_t n_ok = 0, *ds = v->dfa_stack;
+    memset(allow, 0, (size_t)v->n);
+    ds[0] = q;
+    for (int32_t i = 0; i < v->n_trie;) {
+        const pgd_json_trie *nd = &v->trie[i];
+        int32_t t = next[(size_t)ds[nd->depth - 1] * 256 + nd->byte];
+        if (t < 0) {
+            i = nd->skip;
+            continue;
+        }
+        ds[nd->depth] = t;
+        for (int32_t k = 0; k < nd->n_tok; k++) allow[v->sorted[nd->tok + k]] = 1;
+        n_ok += nd->n_tok;
+        i++;
+    }
+    return n_ok;
 }
 
 int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *allow) {

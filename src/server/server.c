@@ -666,6 +666,7 @@ static void submit_all(server *s, req_ctx *c) {
                 .include_stop = r->include_stop, .render_special = r->render_special,
                 .allowed_token_ids = r->allowed_ids, .n_allowed_token_ids = r->n_allowed,
                 .choices = (const char *const *)r->choices, .n_choices = r->n_choices,
+                .regex = r->regex,
                 /* the reasoning formats' closing and (qwen3: optional) opening tags */
                 .constrain_after = r->reasoning ? "</think>" : NULL,
                 .think_open = r->reasoning == PGD_REASONING_QWEN3 ? "<think>" : NULL,

@@ -1,8 +1,9 @@
 """vLLM's request extensions (stop_token_ids, include_stop_str_in_output, skip_special_tokens,
-allowed_token_ids, truncate_prompt_tokens, guided_json, guided_choice, structured_outputs): each
+allowed_token_ids, truncate_prompt_tokens, guided_json, guided_choice, structured_outputs; the
+regular expressions have their own tests, test_regex.py): each
 is honoured, checked against a reference -- the engine's own greedy ids from `pagoda generate`,
 the same request in its plain OpenAI form, the texts of the tokens allowed -- or refused by name
-with a 400 (regex and grammar constraints, bad_words, beam search), never ignored: a client
+with a 400 (grammar constraints, bad_words, beam search), never ignored: a client
 written for vLLM must not get an unconstrained answer it did not ask for."""
 import json
 
@@ -203,9 +204,8 @@ def test_truncate_prompt_tokens(smol):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"guided_regex": "[a-z]+"}, "guided_regex"),
     ({"guided_grammar": "root ::= \"a\""}, "guided_grammar"),
-    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
     ({"structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs"),
     ({"bad_words": ["Paris"]}, "bad_words"),
     ({"use_beam_search": True}, "use_beam_search"),

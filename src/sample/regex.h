@@ -1,0 +1,40 @@
+/* Regular expressions for constrained output (vLLM's guided_regex / structured_outputs.regex):
+ * a pattern compiled, once per request, into a DFA over the bytes of UTF-8 text, so the engine
+ * can mask at every step the tokens whose bytes keep the output a prefix of a match.
+ *
+ * The whole output must match (Python's re.fullmatch, as vLLM's backends read a guided regex);
+ * a leading "^" and a trailing "$" are allowed and change nothing. Syntax: literals (any UTF-8
+ * text), ".", classes "[a-z0-9_]" / "[^...]" with ranges of any code points, the escapes \d \D
+ * \w \W \s \S (ASCII: [0-9], [A-Za-z0-9_], [ \t\n\r\f\v]), \n \t \r \f \v \0, \xHH, \uHHHH,
+ * \U00HHHHHH and escaped punctuation, groups "(...)" and "(?:...)", alternation "|", and the
+ * quantifiers * + ? {n} {n,} {n,m} (a lazy "?" after one changes nothing for a full match).
+ * Backreferences, lookaround, named groups, flags and possessive quantifiers are refused at
+ * compile time with a message, as is a pattern whose automaton grows past the limits below or
+ * that matches no string at all. "." and negated classes match any code point but the ones
+ * excluded (and, for ".", "\n"), never a surrogate: the text stays well-formed UTF-8. */
+#ifndef PGD_REGEX_H
+#define PGD_REGEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PGD_REGEX_MAX_LEN 4096      /* bytes of pattern */
+#define PGD_REGEX_MAX_NFA 20000     /* NFA states (counted repeats are expanded) */
+#define PGD_REGEX_MAX_DFA 2048      /* DFA states */
+
+typedef struct pgd_regex {
+    int32_t n_states;   /* DFA states; 0 is the start */
+    int32_t *next;      /* (n_states * 256) the state after a byte; -1: no match can follow */
+    uint8_t *accept;    /* (n_states) the bytes so far are a match */
+    uint8_t *extend;    /* (n_states) some byte leads on (to a state a match can follow) */
+} pgd_regex;
+
+/* Compiles pattern[0..len). PGD_OK, or PGD_EINVAL with the reason in msg (PGD_ENOMEM). */
+int pgd_regex_compile(const char *pattern, size_t len, pgd_regex *out, char *msg,
+                      size_t msg_len);
+void pgd_regex_free(pgd_regex *re);
+/* The state after bytes s[0..n) from state q, or -1 once no match can follow. */
+int32_t pgd_regex_feed(const pgd_regex *re, int32_t q, const char *s, size_t n);
+
+#endif
