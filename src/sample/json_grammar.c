@@ -1,5 +1,6 @@
 /* The JSON recognizer and token mask of json_grammar.h. */
 #include "sample/json_grammar.h"
+#include "sample/regex.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@ void pgd_json_init(pgd_json_state *st, bool object_only) {
     st->mode = J_VALUE;
     st->object_only = object_only;
     st->vnode = st->snode = st->nnode = -1;
+    st->sre = -1;
 }
 
 void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc) {
@@ -107,7 +109,10 @@ static void pop(pgd_json_state *st) {
 /* A string starts: a key, or a value of schema node (-1: any) whose lengths it keeps. */
 static void string_start(pgd_json_state *st, bool key, int node) {
     const pgd_json_node *vn = key ? NULL : node_at(st, node);
-    st->snode = vn && (vn->min_len > 0 || vn->max_len < INT32_MAX) ? (int16_t)node : -1;
+    st->snode = vn && (vn->min_len > 0 || vn->max_len < INT32_MAX || vn->pattern >= 0)
+                    ? (int16_t)node
+                    : -1;
+    st->sre = vn && vn->pattern >= 0 ? 0 : -1;
     st->slen = 0;
     st->mode = J_STRING;
     st->key = key;
@@ -340,19 +345,64 @@ static unsigned hex_val(unsigned char c) {
     return is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
 }
 
+/* A string with a pattern: its DFA over the decoded bytes b[0..n) (false: no match can follow;
+ * the state is then left as it was). */
+static bool re_feed(pgd_json_state *st, const unsigned char *b, int n) {
+    if (st->sre < 0) return true;
+    const pgd_json_node *nd = &st->sc->nodes[st->snode];
+    const pgd_regex *re = &st->sc->regex[nd->pattern];
+    int32_t q = st->sre;
+    for (int i = 0; i < n && q >= 0; i++) q = re->next[(size_t)q * 256 + b[i]];
+    if (q < 0) return false;
+    /* with minLength / maxLength: a match must still be able to end within them (slen counts
+     * the character being read; lmin and lmax the ones after it) */
+    if ((int64_t)st->slen + re->lmin[q] > nd->max_len ||
+        (!re->unbounded[q] && (int64_t)st->slen + re->lmax[q] < nd->min_len))
+        return false;
+    st->sre = q;
+    return true;
+}
+
+/* Under a pattern, some character among [lo, hi] and the control characters (the ones a \\u
+ * escape may write there: the others are written as themselves) keeps a match possible. An
+ * escape is taken only where one can end well, so the mask never leads to a dead end. */
+static bool re_any_control(const pgd_json_state *st, unsigned lo, unsigned hi) {
+    const pgd_regex *re = &st->sc->regex[st->sc->nodes[st->snode].pattern];
+    for (unsigned c = lo; c <= hi && c < 0x20; c++)
+        if (re->next[(size_t)st->sre * 256 + c] >= 0) return true;
+    return false;
+}
+
+/* Code point cp as UTF-8 into the DFA. */
+static bool re_feed_cp(pgd_json_state *st, uint32_t cp) {
+    unsigned char b[4];
+    int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    if (n == 1) b[0] = (unsigned char)cp;
+    else {
+        for (int i = n - 1; i > 0; i--, cp >>= 6) b[i] = (unsigned char)(0x80 | (cp & 0x3F));
+        b[0] = (unsigned char)((0xF00u >> n) | cp);
+    }
+    return re_feed(st, b, n);
+}
+
 /* The last digit of a \uXXXX escape: a high surrogate must be followed by a low one's escape,
  * and a low one must follow a high one (UTF-8 has no lone surrogates; strict parsers refuse
- * them). */
+ * them). The character goes to the pattern's DFA once whole. */
 static bool escape_end(pgd_json_state *st) {
     unsigned v = st->hexval;
     bool high = v >= 0xD800 && v <= 0xDBFF, low = v >= 0xDC00 && v <= 0xDFFF;
     if (st->surr) {
         st->surr = 0;
-        return low;
+        return low && re_feed_cp(st, 0x10000 + ((uint32_t)(st->hsurr - 0xD800) << 10) +
+                                         (v - 0xDC00));
     }
     if (low) return false;
     st->surr = high;
-    return true;
+    if (high) {
+        st->hsurr = (uint16_t)v;
+        return true;
+    }
+    return re_feed_cp(st, v);
 }
 
 static bool string_byte(pgd_json_state *st, unsigned char c) {
@@ -365,6 +415,8 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
     if (between && c == '"') {
         if (st->key) return key_end(st);
         if (st->snode >= 0 && st->slen < st->sc->nodes[st->snode].min_len) return false;
+        if (st->sre >= 0 && !st->sc->regex[st->sc->nodes[st->snode].pattern].accept[st->sre])
+            return false; /* the pattern is not matched whole */
         value_end(st);
         return true;
     }
@@ -374,7 +426,7 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
     }
     if (st->key && st->sc && container_node(st) >= 0 && !key_byte(st, c)) return false;
     if (st->need) { /* a continuation byte of a multi-byte character */
-        if (c < st->lo || c > st->hi) return false;
+        if (c < st->lo || c > st->hi || !re_feed(st, &c, 1)) return false;
         st->need--;
         st->lo = 0x80;
         st->hi = 0xBF;
@@ -383,22 +435,37 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
     if (st->hex) {
         if (!is_hex(c)) return false;
         st->hexval = (uint16_t)(st->hexval << 4 | hex_val(c));
-        return --st->hex ? true : escape_end(st);
+        st->hex--;
+        unsigned lo = (unsigned)st->hexval << (4 * st->hex), hi = lo | ((1u << (4 * st->hex)) - 1);
+        if (st->sre >= 0 && !re_any_control(st, lo, hi)) return false;
+        return st->hex ? true : escape_end(st);
     }
     if (st->phase == 1) { /* after a backslash */
         st->phase = 0;
         if (c == 'u') {
+            if (st->sre >= 0 && !re_any_control(st, 0, 0x1F)) return false;
             st->hex = 4;
             st->hexval = 0;
             return true;
         }
-        return !st->surr && c && strchr("\"\\/bfnrt", c) != NULL;
+        static const char esc[] = "\"\\/bfnrt", dec[] = "\"\\/\b\f\n\r\t";
+        const char *e = c ? strchr(esc, c) : NULL;
+        if (st->surr || !e) return false;
+        unsigned char d = (unsigned char)dec[e - esc];
+        return re_feed(st, &d, 1); /* the escaped character */
     }
     if (c == '\\') {
+        if (st->sre >= 0) { /* some escape must be able to go on */
+            const int32_t *nx = st->sc->regex[st->sc->nodes[st->snode].pattern].next +
+                                (size_t)st->sre * 256;
+            if (nx['"'] < 0 && nx['\\'] < 0 && nx['/'] < 0 && !re_any_control(st, 0, 0x1F))
+                return false;
+        }
         st->phase = 1;
         return true;
     }
     if (c < 0x20) return false; /* control characters must be escaped */
+    if (!re_feed(st, &c, 1)) return false;
     if (c < 0x80) return true;
     /* a lead byte; UTF-8's narrowed second-byte ranges exclude overlongs, surrogates and code
      * points past U+10FFFF */
@@ -798,7 +865,7 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
         return n_ok;
     }
     if (st->mode == J_STRING && !st->need && !st->hex && !st->phase && !st->surr &&
-        !(st->key && st->sc)) {
+        !(st->key && st->sc) && st->sre < 0) {
         /* inside a string, between characters: the tokens without a quote as precomputed (that
          * fit in a maxLength), those with one tried */
         int32_t room = st->snode >= 0 ? st->sc->nodes[st->snode].max_len - st->slen : INT32_MAX;

@@ -54,6 +54,7 @@ typedef struct pgd_json_node {
     int32_t items;          /* array: schema of the items (-1: any) */
     int32_t min_items, max_items;
     int32_t min_len, max_len; /* string: characters (code points), minLength / maxLength */
+    int32_t pattern;        /* string: its pattern, regex[pattern] (a whole match), or -1 */
     /* number or integer: minimum / maximum (exclusive ones folded in) as the integers allowed,
        within +-(10^15 - 1), and as given (for a fraction: -inf / inf when absent) */
     bool bounded;
@@ -77,6 +78,8 @@ typedef struct pgd_json_schema {
     uint32_t *enum_len;
     uint8_t *enum_num;      /* the value is a number (ends only at the byte after it) */
     int32_t n_enum, cap_enum;
+    struct pgd_regex *regex;/* (n_regex) compiled patterns */
+    int32_t n_regex;
     int32_t *var_node;      /* tagged unions' variants (their object nodes) */
     uint8_t *var_prop;      /* the tag's property index in each variant */
     int32_t n_var, cap_var;
@@ -106,8 +109,11 @@ typedef struct pgd_json_state {
     uint8_t nneg;         /* the number being read is negative */
     uint8_t nfrac;        /* its fraction's first digit: frac_ok's restrictions */
     int16_t nnode;        /* its node with bounds (-1: none) */
-    int16_t snode;        /* the string being read: its node with lengths (-1: none) */
+    int16_t snode;        /* the string being read: its node with lengths or a pattern (-1:
+                             none) */
     uint16_t slen;        /* its characters so far (saturating) */
+    int32_t sre;          /* its pattern's DFA state over the decoded text (-1: no pattern) */
+    uint16_t hsurr;       /* a high surrogate's escaped value, until its low one's */
     int64_t nval;         /* the number's integer digits so far, as a magnitude */
     uint8_t kmatch;       /* the key being read must be one of the object's properties */
     uint16_t pos;         /* bytes read of the key or enum value */

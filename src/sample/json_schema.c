@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "sample/json_grammar.h"
+#include "sample/regex.h"
 #include "tokenizer/unicode.h"
 #include "util/status.h"
 
@@ -16,6 +17,7 @@
 /* a budget on what a schema expands to ($refs are compiled where they are used), checked as it
  * grows: a 15 KB schema of nested $refs must not take seconds and gigabytes */
 #define MAX_NODES 4096
+#define MAX_PATTERNS 32 /* compiled 'pattern's per schema (each a DFA of up to 2 MiB) */
 #define MAX_PROPS 16384
 #define MAX_ENUM_BYTES (1 << 20)
 #define MAX_TEXT 65535 /* bytes of one property name or enum value (the recognizer's pos) */
@@ -140,7 +142,7 @@ static const char *const VALIDATION[] = {"type", "properties", "required", "addi
                                          "items", "minItems", "maxItems", "enum", "const",
                                          "anyOf", "oneOf", "$ref", "minLength", "maxLength",
                                          "minimum", "maximum", "exclusiveMinimum",
-                                         "exclusiveMaximum", NULL};
+                                         "exclusiveMaximum", "pattern", NULL};
 /* annotations: they describe, they do not constrain (format is an annotation by default in
  * JSON Schema 2020-12, as in Python's jsonschema) */
 static const char *const ANNOTATIONS[] = {"title", "description", "default", "examples", "format",
@@ -172,6 +174,7 @@ static int new_node(ctx *x, int32_t *out) {
     nd->additional = true;
     nd->addl = nd->items = -1;
     nd->max_items = nd->max_len = INT32_MAX;
+    nd->pattern = -1;
     *out = i;
     return PGD_OK;
 }
@@ -386,9 +389,32 @@ static int compile_array(ctx *x, const cJSON *j, int depth, int32_t node) {
                      &x->sc->nodes[node].max_items);
 }
 
+/* minLength / maxLength, and pattern: a regular expression (regex.h) the whole string must
+ * match, as vLLM's grammar backends read it (JSON Schema's own rule, a match anywhere in the
+ * string, lets more through: every answer held so is valid for it too). */
 static int compile_string(ctx *x, const cJSON *j, int32_t node) {
-    return get_range(x, j, "minLength", "maxLength", &x->sc->nodes[node].min_len,
-                     &x->sc->nodes[node].max_len);
+    int rc = get_range(x, j, "minLength", "maxLength", &x->sc->nodes[node].min_len,
+                       &x->sc->nodes[node].max_len);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "pattern");
+    if (rc || !p) return rc;
+    if (!cJSON_IsString(p)) return fail(x, "'pattern' must be a string");
+    pgd_json_schema *sc = x->sc;
+    if (sc->n_regex >= MAX_PATTERNS)
+        return fail(x, "more than %d 'pattern's ($refs count where they are used)",
+                    MAX_PATTERNS);
+    if (!sc->regex && !(sc->regex = calloc(MAX_PATTERNS, sizeof *sc->regex))) return PGD_ENOMEM;
+    char why[160];
+    rc = pgd_regex_compile(p->valuestring, strlen(p->valuestring), &sc->regex[sc->n_regex], why,
+                           sizeof why);
+    if (rc == PGD_ENOMEM) return rc;
+    if (rc) return fail(x, "'pattern' %.64s: %s", p->valuestring, why);
+    const pgd_regex *re = &sc->regex[sc->n_regex++];
+    pgd_json_node *nd = &sc->nodes[node];
+    nd->pattern = sc->n_regex - 1;
+    if (re->lmin[0] > nd->max_len || (!re->unbounded[0] && re->lmax[0] < nd->min_len))
+        return fail(x, "'pattern' %.64s matches no string of %d to %d characters",
+                    p->valuestring, nd->min_len, nd->max_len);
+    return PGD_OK;
 }
 
 /* The integers a bounded number's integer part can reach: at most 15 bytes with the sign. */
@@ -715,6 +741,8 @@ void pgd_json_schema_free(pgd_json_schema *sc) {
     free(sc->enum_text);
     free(sc->enum_len);
     free(sc->enum_num);
+    for (int32_t i = 0; i < sc->n_regex; i++) pgd_regex_free(&sc->regex[i]);
+    free(sc->regex);
     free(sc->var_node);
     free(sc->var_prop);
     free(sc->prefix);

@@ -723,38 +723,63 @@ static int32_t state_of(dfa *d, int32_t k) {
     return id;
 }
 
+static int char_cost(uint8_t b) { return (b & 0xC0) != 0x80; } /* a lead byte starts one */
+
+/* Reversed edges (one per state and byte class), grouped by target: src[cnt[t] .. cnt[t + 1])
+ * are the states with an edge into t, each with the byte class's representative byte. */
+typedef struct redges {
+    int32_t *cnt, *src;
+    uint8_t *byte;
+} redges;
+
+static int reverse_edges(const pgd_regex *re, const uint8_t *rep, int n_rep, redges *r) {
+    int32_t n = re->n_states;
+    size_t n_edges = 0;
+    r->cnt = calloc((size_t)n + 1, sizeof *r->cnt);
+    if (!r->cnt) return PGD_ENOMEM;
+    for (int32_t s = 0; s < n; s++)
+        for (int c = 0; c < n_rep; c++) {
+            int32_t t = re->next[(size_t)s * 256 + rep[c]];
+            if (t >= 0) r->cnt[t + 1]++, n_edges++;
+        }
+    for (int32_t t = 0; t < n; t++) r->cnt[t + 1] += r->cnt[t];
+    r->src = malloc((n_edges ? n_edges : 1) * sizeof *r->src);
+    r->byte = malloc(n_edges ? n_edges : 1);
+    if (!r->src || !r->byte) return PGD_ENOMEM;
+    for (int32_t s = 0; s < n; s++)
+        for (int c = 0; c < n_rep; c++) {
+            int32_t t = re->next[(size_t)s * 256 + rep[c]];
+            if (t < 0) continue;
+            r->byte[r->cnt[t]] = rep[c];
+            r->src[r->cnt[t]++] = s;
+        }
+    for (int32_t t = n; t > 0; t--) r->cnt[t] = r->cnt[t - 1]; /* back to starts */
+    r->cnt[0] = 0;
+    return PGD_OK;
+}
+
+static void redges_free(redges *r) {
+    free(r->cnt);
+    free(r->src);
+    free(r->byte);
+}
+
 /* States from which a match can be reached (BFS over reversed edges from the accepting ones);
  * every edge into another becomes -1. */
 static int prune(pgd_regex *re, const uint8_t *rep, int n_rep) {
     int32_t n = re->n_states;
-    int32_t *cnt = calloc((size_t)n + 1, sizeof *cnt), *src = NULL, *q = NULL;
+    redges r = {0};
+    int32_t *q = malloc((size_t)n * sizeof *q);
     uint8_t *live = calloc((size_t)n, 1);
     int rc = PGD_ENOMEM;
-    if (!cnt || !live) goto done;
-    size_t n_edges = 0;
-    for (int32_t s = 0; s < n; s++)
-        for (int c = 0; c < n_rep; c++) {
-            int32_t t = re->next[(size_t)s * 256 + rep[c]];
-            if (t >= 0) cnt[t + 1]++, n_edges++;
-        }
-    for (int32_t t = 0; t < n; t++) cnt[t + 1] += cnt[t];
-    src = malloc((n_edges ? n_edges : 1) * sizeof *src);
-    q = malloc((size_t)n * sizeof *q);
-    if (!src || !q) goto done;
-    for (int32_t s = 0; s < n; s++)
-        for (int c = 0; c < n_rep; c++) {
-            int32_t t = re->next[(size_t)s * 256 + rep[c]];
-            if (t >= 0) src[cnt[t]++] = s;
-        }
-    for (int32_t t = n; t > 0; t--) cnt[t] = cnt[t - 1]; /* back to starts */
-    cnt[0] = 0;
+    if (!q || !live || reverse_edges(re, rep, n_rep, &r)) goto done;
     int32_t qh = 0, qt = 0;
     for (int32_t s = 0; s < n; s++)
         if (re->accept[s]) live[s] = 1, q[qt++] = s;
     while (qh < qt) {
         int32_t t = q[qh++];
-        for (int32_t i = cnt[t]; i < cnt[t + 1]; i++)
-            if (!live[src[i]]) live[src[i]] = 1, q[qt++] = src[i];
+        for (int32_t i = r.cnt[t]; i < r.cnt[t + 1]; i++)
+            if (!live[r.src[i]]) live[r.src[i]] = 1, q[qt++] = r.src[i];
     }
     re->extend = calloc((size_t)n, 1);
     if (!re->extend) goto done;
@@ -766,10 +791,79 @@ static int prune(pgd_regex *re, const uint8_t *rep, int n_rep) {
         }
     rc = live[0] ? PGD_OK : PGD_EINVAL;
 done:
-    free(cnt);
-    free(src);
+    redges_free(&r);
     free(q);
     free(live);
+    return rc;
+}
+
+/* lmin (fewest characters to a match: a 0-1 BFS over reversed edges, a lead byte costing 1),
+ * unbounded and lmax (Kahn's order over the forward edges: a state whose successors all leave
+ * that order has a longest way, the rest reach a loop), after prune. */
+static int lengths(pgd_regex *re, const uint8_t *rep, int n_rep) {
+    int32_t n = re->n_states;
+    redges r = {0};
+    int32_t *dq = malloc((size_t)n * sizeof *dq), *outdeg = calloc((size_t)n, sizeof *outdeg);
+    uint32_t *dist = malloc((size_t)n * sizeof *dist);
+    re->lmin = malloc((size_t)n * sizeof *re->lmin);
+    re->lmax = calloc((size_t)n, sizeof *re->lmax);
+    re->unbounded = malloc((size_t)n);
+    int rc = PGD_ENOMEM;
+    if (!dq || !outdeg || !dist || !re->lmin || !re->lmax || !re->unbounded ||
+        reverse_edges(re, rep, n_rep, &r))
+        goto done;
+    /* shortest paths (costs 0 and 1) by a FIFO worklist in a ring of n, each state in it at
+     * most once at a time (the queue then never holds more than n) */
+    uint8_t *inq = calloc((size_t)n, 1);
+    if (!inq) goto done;
+    int32_t head = 0, len = 0;
+    for (int32_t s = 0; s < n; s++) {
+        dist[s] = re->accept[s] ? 0 : UINT32_MAX;
+        if (re->accept[s]) dq[(head + len++) % n] = s, inq[s] = 1;
+    }
+    while (len > 0) {
+        int32_t t = dq[head];
+        head = (head + 1) % n;
+        len--;
+        inq[t] = 0;
+        for (int32_t i = r.cnt[t]; i < r.cnt[t + 1]; i++) {
+            uint32_t d = dist[t] + (uint32_t)char_cost(r.byte[i]);
+            int32_t s = r.src[i];
+            if (d >= dist[s]) continue;
+            dist[s] = d;
+            if (!inq[s]) dq[(head + len++) % n] = s, inq[s] = 1;
+        }
+    }
+    free(inq);
+    for (int32_t s = 0; s < n; s++) re->lmin[s] = (uint16_t)(dist[s] > 65535 ? 65535 : dist[s]);
+    /* Kahn: the states whose successors are all settled, last first */
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t i = r.cnt[t]; i < r.cnt[t + 1]; i++) outdeg[r.src[i]]++;
+    int32_t qt = 0;
+    for (int32_t s = 0; s < n; s++) {
+        re->unbounded[s] = 1;
+        if (!outdeg[s]) dq[qt++] = s;
+    }
+    for (int32_t qh = 0; qh < qt; qh++) {
+        int32_t s = dq[qh];
+        re->unbounded[s] = 0;
+        uint32_t best = 0; /* live: a match is reachable, so accept or a successor's way */
+        for (int b = 0; b < 256; b++) {
+            int32_t t = re->next[(size_t)s * 256 + b];
+            if (t < 0) continue;
+            uint32_t l = re->lmax[t] + (uint32_t)char_cost((uint8_t)b);
+            if (l > best) best = l;
+        }
+        re->lmax[s] = (uint16_t)(best > 65535 ? 65535 : best);
+        for (int32_t i = r.cnt[s]; i < r.cnt[s + 1]; i++)
+            if (--outdeg[r.src[i]] == 0) dq[qt++] = r.src[i];
+    }
+    rc = PGD_OK;
+done:
+    redges_free(&r);
+    free(dq);
+    free(outdeg);
+    free(dist);
     return rc;
 }
 
@@ -810,6 +904,7 @@ static int build_dfa(dfa *d, int32_t start) {
     int rc = prune(d->re, rep, n_rep);
     if (rc == PGD_ENOMEM) return oom(a->ps);
     if (rc) return perr(a->ps, "the pattern matches no string");
+    if (lengths(d->re, rep, n_rep)) return oom(a->ps);
     return 0;
 }
 
@@ -862,6 +957,9 @@ void pgd_regex_free(pgd_regex *re) {
     free(re->next);
     free(re->accept);
     free(re->extend);
+    free(re->lmin);
+    free(re->lmax);
+    free(re->unbounded);
     memset(re, 0, sizeof *re);
 }
 

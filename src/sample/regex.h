@@ -28,6 +28,11 @@ typedef struct pgd_regex {
     int32_t *next;      /* (n_states * 256) the state after a byte; -1: no match can follow */
     uint8_t *accept;    /* (n_states) the bytes so far are a match */
     uint8_t *extend;    /* (n_states) some byte leads on (to a state a match can follow) */
+    /* characters (UTF-8 lead bytes) from each state to a match, for minLength / maxLength:
+       the fewest (saturating at 65535); unbounded: as many as wanted (a loop can be reached),
+       else at most lmax */
+    uint16_t *lmin, *lmax;
+    uint8_t *unbounded;
 } pgd_regex;
 
 /* Compiles pattern[0..len). PGD_OK, or PGD_EINVAL with the reason in msg (PGD_ENOMEM). */

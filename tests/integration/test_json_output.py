@@ -361,6 +361,16 @@ SCHEMAS = {
         "tags": {"type": "array", "maxItems": 3,
                  "items": {"type": "string", "minLength": 1, "maxLength": 3}}},
         "required": ["name", "age", "price", "unit"], "additionalProperties": False},
+    # what Pydantic writes for Field(pattern=...) / constr(pattern=...): held as a whole match
+    # (the examples are the generator's values)
+    "patterns": {"type": "object", "properties": {
+        "date": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$",
+                 "examples": ["2024-01-31", "1999-12-01"]},
+        "code": {"type": "string", "pattern": r"[A-Z]{2}-\d+", "minLength": 5, "maxLength": 6,
+                 "examples": ["AB-12", "ZZ-999"]},
+        "word": {"type": ["string", "null"], "pattern": r"[a-zé\"\\\n]+", "maxLength": 8,
+                 "examples": ["é", 'a"b', "x\\y\nz"]}},
+        "required": ["date", "code"], "additionalProperties": False},
 }
 
 
@@ -439,6 +449,8 @@ def gen_instance(rng, s, root, depth=0):
         lo, hi = s.get("minItems", 0), s.get("maxItems", 4)
         return [gen_instance(rng, s.get("items", True), root, depth + 1)
                 for _ in range(rng.randint(lo, min(hi, lo + 3)))]
+    if t == "string" and "pattern" in s:
+        return rng.choice(s["examples"])
     if t == "string":
         v = rand_str(rng)
         lo, hi = s.get("minLength", 0), s.get("maxLength", 10**9)
@@ -627,7 +639,41 @@ def test_schema_refuses_invalid_documents(name, tmp_path):
     assert "complete" not in got, list(zip(docs + stricter, got))
 
 
-@pytest.mark.parametrize("name", ["scalars", "refs", "prefixes", "tagged", "bounds"])
+@pytest.mark.parametrize("lo,hi", [(0, None), (2, 3), (3, None), (0, 1)])
+def test_schema_pattern_is_a_whole_match(tmp_path, lo, hi):
+    """A string with a pattern is complete exactly when Python's regex (ASCII \\d \\w \\s)
+    matches its decoded text whole, in the form Pagoda writes under a pattern: characters as
+    themselves, \\" \\\\ \\n ... and \\u00XX for control characters (json.dumps with
+    ensure_ascii writes others as \\uXXXX: refused, the mask never takes them); every prefix of
+    such a document is a prefix. With minLength / maxLength (characters) as well, only the
+    matches within them are complete."""
+    import regex
+    pat = r"(\d{2}|é+|\"[^\"]*\"|😀\n|\x01)x?"
+    v = {"type": "string", "pattern": pat, "minLength": lo}
+    if hi is not None:
+        v["maxLength"] = hi
+    schema = {"type": "object", "properties": {"v": v}, "required": ["v"],
+              "additionalProperties": False}
+    texts = ["12", "12x", "1", "123", "éé", "éx", "e", '"a b"', '"a"x', '""', '"', "😀\n",
+             "😀", "😀\nx", "", "x", "é\"", "12\n", "\x01", "\x01x", "\x02"]
+    docs, want = [], []
+    for t in texts:
+        for ascii_ in (False, True):
+            whole = bool(regex.fullmatch(pat, t, flags=regex.ASCII)) and (t.isascii() or
+                                                                           not ascii_) and \
+                lo <= len(t) <= (hi if hi is not None else 10**9)
+            b = json.dumps({"v": t}, ensure_ascii=ascii_, separators=(",", ":")).encode()
+            docs.append(b)
+            want.append("complete" if whole else "reject")
+            if whole:
+                docs += [b[:k] for k in range(1, len(b))]
+                want += ["prefix"] * (len(b) - 1)
+    got = tool_schema(schema, docs, tmp_path)
+    bad = [(d, g, w) for d, g, w in zip(docs, got, want) if g != w]
+    assert not bad, bad[:6]
+
+
+@pytest.mark.parametrize("name", ["scalars", "refs", "prefixes", "tagged", "bounds", "patterns"])
 def test_schema_mask_equals_its_definition(name, tmp_path):
     schema = SCHEMAS[name]
     path = tmp_path / "schema.json"
@@ -694,7 +740,12 @@ def test_real_model_follows_a_schema(smol):
 
 
 @pytest.mark.parametrize("schema,needle", [
-    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}, "'pattern'"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "a(?=b)"}}},
+     "'pattern' a(?=b): only (...) and (?:...) groups"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}},
+     "'pattern' must be a string"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "[^\\x00-\\U0010FFFF]"}}},
+     "matches no string"),
     ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}},
      "'multipleOf'"),
     ({"type": "object", "properties": {"a": {"type": "number", "minimum": 0.2, "maximum": 0.8}}},
@@ -908,8 +959,9 @@ def test_auto_without_a_call_keeps_the_text(qwen_rnd):
 @pytest.mark.parametrize("tools,choice,param,needle", [
     ([TOOL_W], {"type": "function", "function": {"name": "nope"}}, "tool_choice", "not in"),
     ([{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}}}],
-     "required", "tools", "'pattern'"),
+        "type": "object", "properties": {"a": {"type": "string", "format": "date",
+                                               "contentEncoding": "base64"}}}}}],
+     "required", "tools", "'contentEncoding'"),
     (None, "required", "tool_choice", "no 'tools'"),
 ])
 def test_refused_tool_choices(qwen_rnd, tools, choice, param, needle):
