@@ -506,6 +506,8 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
             if (!strcmp(y->string, "json")) sj = y;
             else if (!strcmp(y->string, "choice")) sc = y;
             else if (!strcmp(y->string, "regex")) sr = y;
+            else if (!strcmp(y->string, "json_object") && !cJSON_IsBool(y))
+                BAD("structured_outputs", "'structured_outputs.json_object' must be a boolean");
             else if (strcmp(y->string, "json_object"))
                 BAD("structured_outputs", "'structured_outputs.%s' is not supported (json, "
                     "json_object, choice and regex are)", y->string);
@@ -523,9 +525,9 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     if (sc && set_choices(r, sc, "structured_outputs.choice", err)) return -1;
     if (gr_set && set_regex(r, gr, "guided_regex", err)) return -1;
     if (sr && set_regex(r, sr, "structured_outputs.regex", err)) return -1;
-    if (r->json_object && r->min_tokens > 0)
-        BAD("min_tokens", "'min_tokens' cannot be combined with JSON output, which ends when "
-            "the object closes");
+    if ((r->json_object || r->n_choices || r->regex) && r->min_tokens > 0)
+        BAD("min_tokens", "'min_tokens' cannot be combined with structured output, which ends "
+            "where it is whole");
     if ((r->json_object || r->n_choices || r->regex) && r->tool_required)
         BAD("tool_choice", "a required tool call cannot be combined with structured output");
     /* vLLM's other extensions that change what is generated: refused where set */

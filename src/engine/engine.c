@@ -72,6 +72,7 @@ typedef struct seq {
     bool include_stop;        /* include_stop_str_in_output */
     uint8_t *allowed;         /* (n_vocab) allowed_token_ids as a mask, or NULL */
     char **choices;           /* (n_choices) guided_choice, or NULL */
+    size_t *ch_len;           /* (n_choices) their lengths */
     int32_t n_choices;
     uint8_t *ch_alive;        /* (n_choices) the choices the output is still a prefix of */
     size_t ch_pos;            /* bytes of output so far (each a prefix of the alive choices) */
@@ -199,6 +200,7 @@ static void seq_free(seq *s) {
     for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
     for (int i = 0; i < s->n_choices; i++) free(s->choices[i]);
     free(s->choices);
+    free(s->ch_len);
     free(s->ch_alive);
     free(s->stop_ids);
     free(s->allowed);
@@ -594,11 +596,14 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
     }
     if (p->n_choices) {
         s->choices = calloc((size_t)p->n_choices, sizeof *s->choices);
+        s->ch_len = malloc((size_t)p->n_choices * sizeof *s->ch_len);
         s->ch_alive = malloc((size_t)p->n_choices);
-        if (!s->choices || !s->ch_alive) return PGD_ENOMEM;
+        if (!s->choices || !s->ch_len || !s->ch_alive) return PGD_ENOMEM;
         memset(s->ch_alive, 1, (size_t)p->n_choices);
-        for (; s->n_choices < p->n_choices; s->n_choices++)
+        for (; s->n_choices < p->n_choices; s->n_choices++) {
             if (!(s->choices[s->n_choices] = strdup(p->choices[s->n_choices]))) return PGD_ENOMEM;
+            s->ch_len[s->n_choices] = strlen(p->choices[s->n_choices]);
+        }
     }
     return PGD_OK;
 }
@@ -642,9 +647,9 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     if (json && !e->model->tok)
         return fail(err, errlen, PGD_EUNSUPPORTED, "%s", "JSON output needs a tokenizer; "
                     "the model has none (--load-format dummy)");
-    if (json && p->min_tokens > 0)
-        return fail(err, errlen, PGD_EINVAL, "%s", "min_tokens cannot be combined with JSON "
-                    "output, which ends when the object closes");
+    if ((json || p->n_choices || p->regex) && p->min_tokens > 0)
+        return fail(err, errlen, PGD_EINVAL, "%s", "min_tokens cannot be combined with "
+                    "structured output (JSON, choices, a regex), which ends where it is whole");
     for (int32_t i = 0; i < p->n_stop; i++) {
         size_t l = p->stop[i] ? strlen(p->stop[i]) : 0;
         if (l == 0 || l > MAX_STOP_LEN)
@@ -1035,10 +1040,12 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
     ev->token = id;
     ev->text_len = 0;
     ev->text_offset = (int32_t)s->text_len;
-    if (!e->model->tok) /* no tokenizer: ids only, no text and no end-of-generation token */
+    if (!e->model->tok) { /* no tokenizer: ids only, no text and no end-of-generation token */
+        if (in_ids(s->stop_ids, s->n_stop_ids, id)) return PGD_FINISH_STOP;
         return s->n_tokens - s->n_prompt >= s->max_tokens || s->n_tokens >= e->n_ctx
                    ? PGD_FINISH_LENGTH
                    : 0;
+    }
     /* an end-of-generation or stop token ends it without its text (vLLM's rule; with
      * include_stop its text stays, as vLLM keeps it then) */
     pgd_finish_reason why = (!s->ignore_eos && pgd_tokenizer_is_eog(e->model->tok, id)) ||
@@ -1155,7 +1162,7 @@ static void choice_mask(pgd_engine *e, const seq *s, uint8_t *allow) {
     memset(allow, 0, (size_t)e->model->cfg.n_vocab);
     for (int32_t i = 0; i < s->n_choices; i++) {
         if (!s->ch_alive[i]) continue;
-        size_t l = strlen(s->choices[i]);
+        size_t l = s->ch_len[i];
         if (l > s->ch_pos)
             pgd_json_vocab_allow_prefixes(&e->json_vocab, s->choices[i] + s->ch_pos,
                                           l - s->ch_pos, allow);
@@ -1172,7 +1179,7 @@ static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id) {
     size_t n = v->len[id], at = s->ch_pos;
     bool any = false, longer = false;
     for (int32_t i = 0; i < s->n_choices; i++) {
-        size_t l = strlen(s->choices[i]);
+        size_t l = s->ch_len[i];
         if (!s->ch_alive[i] || l < at + n || memcmp(s->choices[i] + at, v->text[id], n)) {
             s->ch_alive[i] = 0;
             continue;
@@ -1197,7 +1204,7 @@ static bool build_mask(pgd_engine *e, seq *s) {
     if (constrained && s->json) {
         pgd_json_allowed(&s->json_st, &e->json_vocab, a);
     } else if (constrained && s->has_re) {
-        pgd_json_vocab_walk_dfa(&e->json_vocab, s->re.next, s->re_q, a);
+        pgd_json_vocab_walk_dfa(&e->json_vocab, &s->re, s->re_q, a);
         if (s->re.accept[s->re_q])
             for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
     } else if (constrained) {
@@ -1269,7 +1276,8 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
             break;
         }
         pgd_sampler_dist d;
-        if (build_mask(e, s)) s->sampler.allow = e->json_allow;
+        bool masked = build_mask(e, s);
+        if (masked) s->sampler.allow = e->json_allow;
         pgd_sampler_dist_compute(&s->sampler, lg, s->tokens, s->n_prompt, s->n_tokens, &d);
         s->sampler.allow = NULL;
         bool accepted = false;
@@ -1277,6 +1285,13 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
                    : e->spec_broken ? (accepted = true, drafts[j])
                                     : pgd_spec_verify_token(&s->sampler, &d, drafts[j], NULL,
                                                             &accepted);
+        /* a masked token: the masks left none with a finite logit (allowed_token_ids outside
+         * what the JSON or the choices allow, or non-finite logits) and the sampler fell back
+         * on the arg-max */
+        if (masked && !e->json_allow[id]) {
+            why = PGD_FINISH_ERROR;
+            break;
+        }
         why = emit_token(e, s, id, lg);
         if (!why) why = constraint_advance(e, s, id);
         if (j == k) break;
@@ -1454,8 +1469,10 @@ int pgd_engine_step(pgd_engine *e) {
         if (why) {
             pthread_mutex_unlock(&e->out_mu);
             finish_seq(e, s, why,
-                       why == PGD_FINISH_ERROR ? "no token the model scored continues the JSON "
-                                                 "output (non-finite logits)"
+                       why == PGD_FINISH_ERROR ? "no token is left that the constraints allow "
+                                                 "and the model scores (allowed_token_ids "
+                                                 "outside the structured output's, or "
+                                                 "non-finite logits)"
                                                : NULL);
             pthread_mutex_lock(&e->out_mu);
         }

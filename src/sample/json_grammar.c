@@ -352,7 +352,7 @@ static bool re_feed(pgd_json_state *st, const unsigned char *b, int n) {
     const pgd_json_node *nd = &st->sc->nodes[st->snode];
     const pgd_regex *re = &st->sc->regex[nd->pattern];
     int32_t q = st->sre;
-    for (int i = 0; i < n && q >= 0; i++) q = re->next[(size_t)q * 256 + b[i]];
+    for (int i = 0; i < n && q >= 0; i++) q = pgd_regex_next(re, q, b[i]);
     if (q < 0) return false;
     /* with minLength / maxLength: a match must still be able to end within them (slen counts
      * the character being read; lmin and lmax the ones after it) */
@@ -369,7 +369,7 @@ static bool re_feed(pgd_json_state *st, const unsigned char *b, int n) {
 static bool re_any_control(const pgd_json_state *st, unsigned lo, unsigned hi) {
     const pgd_regex *re = &st->sc->regex[st->sc->nodes[st->snode].pattern];
     for (unsigned c = lo; c <= hi && c < 0x20; c++)
-        if (re->next[(size_t)st->sre * 256 + c] >= 0) return true;
+        if (pgd_regex_next(re, st->sre, (uint8_t)c) >= 0) return true;
     return false;
 }
 
@@ -456,9 +456,9 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
     }
     if (c == '\\') {
         if (st->sre >= 0) { /* some escape must be able to go on */
-            const int32_t *nx = st->sc->regex[st->sc->nodes[st->snode].pattern].next +
-                                (size_t)st->sre * 256;
-            if (nx['"'] < 0 && nx['\\'] < 0 && nx['/'] < 0 && !re_any_control(st, 0, 0x1F))
+            const pgd_regex *re = &st->sc->regex[st->sc->nodes[st->snode].pattern];
+            if (pgd_regex_next(re, st->sre, '"') < 0 && pgd_regex_next(re, st->sre, '\\') < 0 &&
+                pgd_regex_next(re, st->sre, '/') < 0 && !re_any_control(st, 0, 0x1F))
                 return false;
         }
         st->phase = 1;
@@ -739,8 +739,9 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
     v->plain = calloc((size_t)(n ? n : 1), 1);
     v->nchar = calloc((size_t)(n ? n : 1), sizeof *v->nchar);
     v->quoted = malloc((size_t)(n ? n : 1) * sizeof *v->quoted);
-    if (!v->sorted || !v->plain || !v->nchar || !v->quoted) return PGD_ENOMEM;
-    v->n_text = v->n_plain = v->n_quoted = 0;
+    v->escaped = malloc((size_t)(n ? n : 1) * sizeof *v->escaped);
+    if (!v->sorted || !v->plain || !v->nchar || !v->quoted || !v->escaped) return PGD_ENOMEM;
+    v->n_text = v->n_plain = v->n_quoted = v->n_escaped = 0;
     pgd_json_state in_str;
     pgd_json_init(&in_str, false);
     string_start(&in_str, false, -1);
@@ -759,12 +760,14 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
             v->plain[id] = 1;
             v->nchar[id] = t.slen;
             v->n_plain++;
+            if (memchr(v->text[id], '\\', v->len[id])) v->escaped[v->n_escaped++] = id;
         }
     }
     if (sort_texts(v) || sort_long_first(v)) return PGD_ENOMEM;
     v->stack = malloc((max_len + 1) * sizeof *v->stack);
     v->dfa_stack = malloc((max_len + 1) * sizeof *v->dfa_stack);
-    if (!v->stack || !v->dfa_stack) return PGD_ENOMEM;
+    v->char_stack = malloc((max_len + 1) * sizeof *v->char_stack);
+    if (!v->stack || !v->dfa_stack || !v->char_stack) return PGD_ENOMEM;
     return build_trie(v, max_len);
 }
 
@@ -825,6 +828,8 @@ void pgd_json_vocab_free(pgd_json_vocab *v) {
     free(v->trie);
     free(v->stack);
     free(v->dfa_stack);
+    free(v->char_stack);
+    free(v->escaped);
     free(v->plain);
     free(v->nchar);
     free(v->long_first);
@@ -838,14 +843,14 @@ static bool token_ok(const pgd_json_state *st, const pgd_json_vocab *v, int32_t 
     return pgd_json_feed(&t, v->text[id], v->len[id]);
 }
 
-int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const int32_t *next, int32_t q,
+int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const pgd_regex *re, int32_t q,
                                 uint8_t *allow) {
     int32_t n_ok = 0, *ds = v->dfa_stack;
     memset(allow, 0, (size_t)v->n);
     ds[0] = q;
     for (int32_t i = 0; i < v->n_trie;) {
         const pgd_json_trie *nd = &v->trie[i];
-        int32_t t = next[(size_t)ds[nd->depth - 1] * 256 + nd->byte];
+        int32_t t = pgd_regex_next(re, ds[nd->depth - 1], nd->byte);
         if (t < 0) {
             i = nd->skip;
             continue;
@@ -858,6 +863,43 @@ int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const int32_t *next, int32_t 
     return n_ok;
 }
 
+/* Inside a string held to a pattern, between characters: the trie walked with the pattern's DFA
+ * and the character count, as string_byte would take each byte (a subtree is cut where the DFA
+ * refuses, or no match can end within minLength/maxLength); a quote, a backslash or a control
+ * byte ends a path: the few tokens with one are tried whole. */
+static int32_t pattern_string_mask(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *allow) {
+    const pgd_json_node *sn = &st->sc->nodes[st->snode];
+    const pgd_regex *re = &st->sc->regex[sn->pattern];
+    int32_t n_ok = 0, *ds = v->dfa_stack, *cs = v->char_stack;
+    memset(allow, 0, (size_t)v->n);
+    ds[0] = st->sre;
+    cs[0] = st->slen;
+    for (int32_t i = 0; i < v->n_trie;) {
+        const pgd_json_trie *nd = &v->trie[i];
+        uint8_t b = nd->byte;
+        int32_t t = b == '"' || b == '\\' || b < 0x20 ? -1 : pgd_regex_next(re, ds[nd->depth - 1], b);
+        int32_t c = cs[nd->depth - 1] + ((b & 0xC0) != 0x80);
+        if (t < 0 || (int64_t)c + re->lmin[t] > sn->max_len ||
+            (!re->unbounded[t] && (int64_t)c + re->lmax[t] < sn->min_len)) {
+            i = nd->skip;
+            continue;
+        }
+        ds[nd->depth] = t;
+        cs[nd->depth] = c;
+        for (int32_t k = 0; k < nd->n_tok; k++) allow[v->sorted[nd->tok + k]] = 1;
+        n_ok += nd->n_tok;
+        i++;
+    }
+    for (int32_t i = 0; i < v->n_quoted + v->n_escaped; i++) {
+        int32_t id = i < v->n_quoted ? v->quoted[i] : v->escaped[i - v->n_quoted];
+        if (!allow[id] && token_ok(st, v, id)) {
+            allow[id] = 1;
+            n_ok++;
+        }
+    }
+    return n_ok;
+}
+
 int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *allow) {
     int32_t n_ok = 0;
     if (pgd_json_complete(st)) {
@@ -865,7 +907,10 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
         return n_ok;
     }
     if (st->mode == J_STRING && !st->need && !st->hex && !st->phase && !st->surr &&
-        !(st->key && st->sc) && st->sre < 0) {
+        st->sre >= 0)
+        return pattern_string_mask(st, v, allow);
+    if (st->mode == J_STRING && !st->need && !st->hex && !st->phase && !st->surr &&
+        !(st->key && st->sc)) {
         /* inside a string, between characters: the tokens without a quote as precomputed (that
          * fit in a maxLength), those with one tried */
         int32_t room = st->snode >= 0 ? st->sc->nodes[st->snode].max_len - st->slen : INT32_MAX;

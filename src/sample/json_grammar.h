@@ -181,12 +181,15 @@ typedef struct pgd_json_vocab {
     int32_t n_trie;
     pgd_json_state *stack;/* (max_len + 1) the walk's states by depth (scratch) */
     int32_t *dfa_stack;   /* (max_len + 1) the same for pgd_json_vocab_walk_dfa */
+    int32_t *char_stack;  /* (max_len + 1) characters so far by depth (a pattern's string) */
     uint8_t *plain;       /* (n) 1: no quote, accepted inside any string */
     uint16_t *nchar;      /* (n) a plain token's characters (for maxLength) */
     int32_t *long_first;  /* (n_plain) the plain tokens, most characters first */
     int32_t n_plain;
     int32_t *quoted;     /* (n_quoted) the text tokens with a quote */
     int32_t n_quoted;
+    int32_t *escaped;    /* (n_escaped) the plain tokens with a backslash */
+    int32_t n_escaped;
 } pgd_json_vocab;
 
 /* Builds the index from n, text, len and eog; PGD_OK or PGD_ENOMEM. */
@@ -200,10 +203,10 @@ int pgd_json_vocab_build(pgd_json_vocab *v, const struct pgd_tokenizer *t, int32
  * with r (vLLM's guided_choice). O(n log n_text). */
 void pgd_json_vocab_allow_prefixes(const pgd_json_vocab *v, const char *r, size_t n,
                                    uint8_t *allow);
-/* allow[0..v->n) = 1 for the text tokens whose bytes a DFA (next: 256 entries per state, -1 for
- * no way on) takes from state q through states other than -1, else 0; returns how many. The trie
- * is walked, a refused byte skipping its whole subtree (regex.h). Uses v's scratch. */
-int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const int32_t *next, int32_t q,
+/* allow[0..v->n) = 1 for the text tokens whose bytes regex re's DFA (regex.h) takes from state
+ * q without reaching -1, else 0; returns how many. The trie is walked, a refused byte skipping
+ * its whole subtree. Uses v's scratch. */
+int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const struct pgd_regex *re, int32_t q,
                                 uint8_t *allow);
 /* The lowest id of a text token whose text is exactly t[0..n), or -1. */
 int32_t pgd_json_vocab_find(const pgd_json_vocab *v, const char *t, size_t n);

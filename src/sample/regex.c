@@ -604,19 +604,28 @@ static frag emit(nfa *a, int32_t ni) {
             patch(a, f.out, x.start);
             f.out = x.out;
         }
-        int32_t opt = nd.max < 0 ? 1 : nd.max - nd.min;
-        for (int32_t i = 0; i < opt && !a->ps->rc; i++) {
+        if (nd.max < 0) { /* a star: loop back */
+            frag x = emit(a, nd.a);
+            int32_t sp = nadd(a, (nstate){.kind = S_SPLIT, .out = x.start, .out1 = -1});
+            if (sp < 0) return f;
+            patch(a, f.out, sp);
+            patch(a, x.out, sp);
+            f.out = sp * 2 + 1;
+            return f;
+        }
+        /* max - min optional copies nested, (x(x(x)?)?)?, rather than x?x?x?: the same
+         * language, but after k copies the NFA is at one place, not at any of k (so the DFA's
+         * sets stay small: [^\n]{0,200} compiles 80x faster) */
+        int32_t exits = -1;
+        for (int32_t i = 0; i < nd.max - nd.min && !a->ps->rc; i++) {
             frag x = emit(a, nd.a);
             int32_t sp = nadd(a, (nstate){.kind = S_SPLIT, .out = x.start, .out1 = -1});
             if (sp < 0) break;
             patch(a, f.out, sp);
-            if (nd.max < 0) {
-                patch(a, x.out, sp); /* loop back */
-                f.out = sp * 2 + 1;
-            } else {
-                f.out = append(a, x.out, sp * 2 + 1);
-            }
+            exits = append(a, exits, sp * 2 + 1);
+            f.out = x.out;
         }
+        f.out = append(a, exits, f.out);
         return f;
     }
     }
@@ -689,12 +698,13 @@ static int32_t state_of(dfa *d, int32_t k) {
             return id;
     }
     pgd_regex *re = d->re;
-    if (re->n_states >= PGD_REGEX_MAX_DFA)
-        return perr(d->a->ps, "the pattern is too complex (its DFA passes %d states)",
-                    PGD_REGEX_MAX_DFA);
+    if (re->n_states >= PGD_REGEX_MAX_DFA ||
+        (int64_t)(re->n_states + 1) * re->n_cls > PGD_REGEX_MAX_TABLE)
+        return perr(d->a->ps, "the pattern is too complex (its DFA passes %d states or %d "
+                    "transitions)", PGD_REGEX_MAX_DFA, PGD_REGEX_MAX_TABLE);
     if (re->n_states == d->cap_states) {
         int32_t nc = d->cap_states ? d->cap_states * 2 : 64;
-        int32_t *nx = realloc(re->next, (size_t)nc * 256 * sizeof *nx);
+        int32_t *nx = realloc(re->next, (size_t)nc * (size_t)re->n_cls * sizeof *nx);
         if (nx) re->next = nx;
         uint8_t *ac = nx ? realloc(re->accept, (size_t)nc) : NULL;
         if (ac) re->accept = ac;
@@ -732,14 +742,15 @@ typedef struct redges {
     uint8_t *byte;
 } redges;
 
-static int reverse_edges(const pgd_regex *re, const uint8_t *rep, int n_rep, redges *r) {
+static int reverse_edges(const pgd_regex *re, const uint8_t *rep, redges *r) {
+    int n_rep = re->n_cls;
     int32_t n = re->n_states;
     size_t n_edges = 0;
     r->cnt = calloc((size_t)n + 1, sizeof *r->cnt);
     if (!r->cnt) return PGD_ENOMEM;
     for (int32_t s = 0; s < n; s++)
         for (int c = 0; c < n_rep; c++) {
-            int32_t t = re->next[(size_t)s * 256 + rep[c]];
+            int32_t t = re->next[(size_t)s * n_rep + c];
             if (t >= 0) r->cnt[t + 1]++, n_edges++;
         }
     for (int32_t t = 0; t < n; t++) r->cnt[t + 1] += r->cnt[t];
@@ -748,7 +759,7 @@ static int reverse_edges(const pgd_regex *re, const uint8_t *rep, int n_rep, red
     if (!r->src || !r->byte) return PGD_ENOMEM;
     for (int32_t s = 0; s < n; s++)
         for (int c = 0; c < n_rep; c++) {
-            int32_t t = re->next[(size_t)s * 256 + rep[c]];
+            int32_t t = re->next[(size_t)s * n_rep + c];
             if (t < 0) continue;
             r->byte[r->cnt[t]] = rep[c];
             r->src[r->cnt[t]++] = s;
@@ -766,13 +777,13 @@ static void redges_free(redges *r) {
 
 /* States from which a match can be reached (BFS over reversed edges from the accepting ones);
  * every edge into another becomes -1. */
-static int prune(pgd_regex *re, const uint8_t *rep, int n_rep) {
+static int prune(pgd_regex *re, const uint8_t *rep) {
     int32_t n = re->n_states;
     redges r = {0};
     int32_t *q = malloc((size_t)n * sizeof *q);
     uint8_t *live = calloc((size_t)n, 1);
     int rc = PGD_ENOMEM;
-    if (!q || !live || reverse_edges(re, rep, n_rep, &r)) goto done;
+    if (!q || !live || reverse_edges(re, rep, &r)) goto done;
     int32_t qh = 0, qt = 0;
     for (int32_t s = 0; s < n; s++)
         if (re->accept[s]) live[s] = 1, q[qt++] = s;
@@ -784,8 +795,8 @@ static int prune(pgd_regex *re, const uint8_t *rep, int n_rep) {
     re->extend = calloc((size_t)n, 1);
     if (!re->extend) goto done;
     for (int32_t s = 0; s < n; s++)
-        for (int b = 0; b < 256; b++) {
-            int32_t *t = &re->next[(size_t)s * 256 + b];
+        for (int c = 0; c < re->n_cls; c++) {
+            int32_t *t = &re->next[(size_t)s * re->n_cls + c];
             if (*t >= 0 && !live[*t]) *t = -1;
             if (*t >= 0) re->extend[s] = 1;
         }
@@ -800,7 +811,7 @@ done:
 /* lmin (fewest characters to a match: a 0-1 BFS over reversed edges, a lead byte costing 1),
  * unbounded and lmax (Kahn's order over the forward edges: a state whose successors all leave
  * that order has a longest way, the rest reach a loop), after prune. */
-static int lengths(pgd_regex *re, const uint8_t *rep, int n_rep) {
+static int lengths(pgd_regex *re, const uint8_t *rep) {
     int32_t n = re->n_states;
     redges r = {0};
     int32_t *dq = malloc((size_t)n * sizeof *dq), *outdeg = calloc((size_t)n, sizeof *outdeg);
@@ -810,7 +821,7 @@ static int lengths(pgd_regex *re, const uint8_t *rep, int n_rep) {
     re->unbounded = malloc((size_t)n);
     int rc = PGD_ENOMEM;
     if (!dq || !outdeg || !dist || !re->lmin || !re->lmax || !re->unbounded ||
-        reverse_edges(re, rep, n_rep, &r))
+        reverse_edges(re, rep, &r))
         goto done;
     /* shortest paths (costs 0 and 1) by a FIFO worklist in a ring of n, each state in it at
      * most once at a time (the queue then never holds more than n) */
@@ -848,10 +859,10 @@ static int lengths(pgd_regex *re, const uint8_t *rep, int n_rep) {
         int32_t s = dq[qh];
         re->unbounded[s] = 0;
         uint32_t best = 0; /* live: a match is reachable, so accept or a successor's way */
-        for (int b = 0; b < 256; b++) {
-            int32_t t = re->next[(size_t)s * 256 + b];
+        for (int c = 0; c < re->n_cls; c++) {
+            int32_t t = re->next[(size_t)s * re->n_cls + c];
             if (t < 0) continue;
-            uint32_t l = re->lmax[t] + (uint32_t)char_cost((uint8_t)b);
+            uint32_t l = re->lmax[t] + (uint32_t)char_cost(rep[c]);
             if (l > best) best = l;
         }
         re->lmax[s] = (uint16_t)(best > 65535 ? 65535 : best);
@@ -881,11 +892,12 @@ static int build_dfa(dfa *d, int32_t start) {
         if (b == 0 || cut[b]) rep[n_rep++] = (uint8_t)b;
         cls_of[b] = (uint8_t)(n_rep - 1);
     }
+    memcpy(d->re->cls, cls_of, sizeof cls_of);
+    d->re->n_cls = n_rep;
     int32_t k = closure(d, &start, 1);
     if (state_of(d, k) < 0) return -1;
     int32_t *starts = malloc((size_t)a->n * sizeof *starts);
     if (!starts) return oom(a->ps);
-    int32_t trans[256];
     for (int32_t s = 0; s < d->re->n_states && !a->ps->rc; s++) {
         for (int c = 0; c < n_rep && !a->ps->rc; c++) {
             int32_t ns = 0, off = d->off[s], len = d->len[s];
@@ -895,16 +907,16 @@ static int build_dfa(dfa *d, int32_t start) {
                     starts[ns++] = st->out;
             }
             int32_t kk = ns ? closure(d, starts, ns) : 0;
-            trans[c] = kk ? state_of(d, kk) : -1;
+            int32_t t = kk ? state_of(d, kk) : -1;
+            d->re->next[(size_t)s * n_rep + c] = t; /* (state_of may move next: index again) */
         }
-        for (int b = 0; b < 256; b++) d->re->next[(size_t)s * 256 + b] = trans[cls_of[b]];
     }
     free(starts);
     if (a->ps->rc) return -1;
-    int rc = prune(d->re, rep, n_rep);
+    int rc = prune(d->re, rep);
     if (rc == PGD_ENOMEM) return oom(a->ps);
     if (rc) return perr(a->ps, "the pattern matches no string");
-    if (lengths(d->re, rep, n_rep)) return oom(a->ps);
+    if (lengths(d->re, rep)) return oom(a->ps);
     return 0;
 }
 
@@ -964,6 +976,6 @@ void pgd_regex_free(pgd_regex *re) {
 }
 
 int32_t pgd_regex_feed(const pgd_regex *re, int32_t q, const char *s, size_t n) {
-    for (size_t i = 0; i < n && q >= 0; i++) q = re->next[(size_t)q * 256 + (uint8_t)s[i]];
+    for (size_t i = 0; i < n && q >= 0; i++) q = pgd_regex_next(re, q, (uint8_t)s[i]);
     return q;
 }

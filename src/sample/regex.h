@@ -21,11 +21,15 @@
 
 #define PGD_REGEX_MAX_LEN 4096      /* bytes of pattern */
 #define PGD_REGEX_MAX_NFA 20000     /* NFA states (counted repeats are expanded) */
-#define PGD_REGEX_MAX_DFA 2048      /* DFA states */
+#define PGD_REGEX_MAX_DFA 16384     /* DFA states */
+#define PGD_REGEX_MAX_TABLE (1 << 20) /* DFA states x byte classes (4 MiB of transitions) */
 
 typedef struct pgd_regex {
     int32_t n_states;   /* DFA states; 0 is the start */
-    int32_t *next;      /* (n_states * 256) the state after a byte; -1: no match can follow */
+    uint8_t cls[256];   /* each byte's class: bytes the pattern never tells apart share one */
+    int32_t n_cls;
+    int32_t *next;      /* (n_states * n_cls) the state after a byte of a class; -1: no match
+                           can follow (pgd_regex_next) */
     uint8_t *accept;    /* (n_states) the bytes so far are a match */
     uint8_t *extend;    /* (n_states) some byte leads on (to a state a match can follow) */
     /* characters (UTF-8 lead bytes) from each state to a match, for minLength / maxLength:
@@ -39,6 +43,10 @@ typedef struct pgd_regex {
 int pgd_regex_compile(const char *pattern, size_t len, pgd_regex *out, char *msg,
                       size_t msg_len);
 void pgd_regex_free(pgd_regex *re);
+/* The state after byte b from state q (>= 0), or -1. */
+static inline int32_t pgd_regex_next(const pgd_regex *re, int32_t q, uint8_t b) {
+    return re->next[(size_t)q * (size_t)re->n_cls + re->cls[b]];
+}
 /* The state after bytes s[0..n) from state q, or -1 once no match can follow. */
 int32_t pgd_regex_feed(const pgd_regex *re, int32_t q, const char *s, size_t n);
 

@@ -585,6 +585,17 @@ static void submit_all(server *s, req_ctx *c) {
         c->has_err = true;
         return;
     }
+    /* vLLM's truncate_prompt_tokens: each prompt's last N tokens (-1: the context's length, the
+     * prompt plus max_tokens still checked against it below); an echo then shows those */
+    int32_t keep = r->truncate_prompt < 0 ? n_ctx : r->truncate_prompt;
+    for (int p = 0; r->truncate_prompt && p < r->n_prompts; p++) {
+        pgd_api_prompt *pr = &r->prompts[p];
+        if (pr->n_ids <= keep) continue;
+        memmove(pr->ids, pr->ids + (pr->n_ids - keep), (size_t)keep * sizeof *pr->ids);
+        pr->n_ids = keep;
+        free(pr->text);
+        pr->text = NULL;
+    }
     /* a 200-byte request must not ask for gigabytes of answer (64 prompts x n=16 x 65,536
      * tokens with 20 logprobs each). Chat without max_tokens ("up to the context") is bounded
      * by n x the context already, and is not counted. Scored prompt tokens (echo with logprobs,
@@ -621,16 +632,6 @@ static void submit_all(server *s, req_ctx *c) {
                               "the prompt is empty");
             c->has_err = true;
             return;
-        }
-        /* vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: as many as the
-         * context holds); an echo then shows those */
-        int32_t keep = r->truncate_prompt < 0 ? n_ctx - (r->max_tokens > 0 ? r->max_tokens : 1)
-                                              : r->truncate_prompt;
-        if (r->truncate_prompt && keep >= 1 && pr->n_ids > keep) {
-            memmove(pr->ids, pr->ids + (pr->n_ids - keep), (size_t)keep * sizeof *pr->ids);
-            pr->n_ids = keep;
-            free(pr->text);
-            pr->text = NULL;
         }
         /* echo alone runs the prompt only (max_tokens 0: the engine generates nothing) */
         int32_t max_tokens = r->max_tokens > 0 || r->echo_only ? r->max_tokens

@@ -355,12 +355,15 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     int32_t nv = (int32_t)toks->arr_n;
 
     pgd_tok_pre pre = PGD_PRE_NONE;
+    bool smaug = false; /* llama.cpp's smaug-bpe: the Llama 3 regex without ignore_merges */
     if (model == PGD_TOKM_BPE) {
         pre = PGD_PRE_GPT2;
         if (pgd_gguf_get_str(g, "tokenizer.ggml.pre", &pre_s) == 0) {
             if (pgd_str_eq(pre_s, "smollm")) pre = PGD_PRE_SMOLLM;
             else if (pgd_str_eq(pre_s, "llama-bpe") || pgd_str_eq(pre_s, "llama3"))
                 pre = PGD_PRE_LLAMA3;
+            else if (pgd_str_eq(pre_s, "smaug-bpe")) /* SmolLM3: Llama 3's split, all merges */
+                pre = PGD_PRE_LLAMA3, smaug = true;
             else if (pgd_str_eq(pre_s, "qwen2")) pre = PGD_PRE_QWEN2;
             else if (pgd_str_eq(pre_s, "gpt-2") || pgd_str_eq(pre_s, "default")) pre = PGD_PRE_GPT2;
             else
@@ -406,7 +409,7 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     if (rc) goto fail;
     t->pre = pre;
     t->nfc = pre == PGD_PRE_QWEN2;
-    t->ignore_merges = pre == PGD_PRE_LLAMA3;
+    t->ignore_merges = pre == PGD_PRE_LLAMA3 && !smaug;
     t->spm_by_score = true;
     bool b;
     t->add_space_prefix = model == PGD_TOKM_SPM;

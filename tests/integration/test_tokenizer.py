@@ -77,6 +77,7 @@ def build_bytelevel(path, kind):
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tok = Tokenizer(models.BPE(vocab, pairs, ignore_merges=(kind == "llama3")))
+    kind = "llama3" if kind == "smaug" else kind  # the same split, every merge applied
     if kind == "smollm2":
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
@@ -116,11 +117,28 @@ VOCABS = {
     "smollm2": (lambda: util.DEFAULT_MODEL, lambda p: build_bytelevel(p, "smollm2")),
     "llama3": (lambda: VOCAB / "ggml-vocab-llama-bpe.gguf", lambda p: build_bytelevel(p, "llama3")),
     "qwen2": (lambda: VOCAB / "ggml-vocab-qwen2.gguf", lambda p: build_bytelevel(p, "qwen2")),
+    # SmolLM3's GGUF files say tokenizer.ggml.pre "smaug-bpe": the Llama 3 vocabulary retagged
+    "smaug": (lambda: smaug_vocab(), lambda p: build_bytelevel(p, "smaug")),
     "llama-spm": (lambda: VOCAB / "ggml-vocab-llama-spm.gguf", build_spm),
 }
 
 
 @functools.lru_cache(maxsize=None)
+def smaug_vocab():
+    """ggml-vocab-llama-bpe.gguf with tokenizer.ggml.pre = "smaug-bpe" (made once, cached)."""
+    import subprocess
+    import sys
+    out = util.CACHE / "vocab-smaug-bpe.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tool = Path(sys.executable).with_name("gguf-new-metadata")
+        tmp = out.with_suffix(".tmp")
+        subprocess.run([str(tool), str(VOCAB / "ggml-vocab-llama-bpe.gguf"), str(tmp),
+                        "--pre-tokenizer", "smaug-bpe"], check=True, capture_output=True)
+        tmp.rename(out)
+    return out
+
+
 def hf_tokenizer(name):
     """The HF reference of VOCABS[name], built once per session (tens of seconds for 128k)."""
     return VOCABS[name][1](VOCABS[name][0]())

@@ -216,16 +216,32 @@ def test_truncate_prompt_tokens(smol):
     ({"guided_choice": ["a", ""]}, "guided_choice"),
     ({"guided_choice": "a"}, "guided_choice"),
     ({"guided_json": "not a schema"}, "guided_json"),
-    ({"guided_json": {"type": "object", "pattern": "x"}}, "guided_json"),
+    ({"guided_json": {"type": "object", "allOf": [{"type": "object"}]}}, "guided_json"),
     ({"stop_token_ids": [49152]}, "stop_token_ids"),
     ({"stop_token_ids": "2"}, "stop_token_ids"),
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+    ({"structured_outputs": {"json_object": 5}}, "structured_outputs"),
+    ({"guided_choice": ["a", "b"], "min_tokens": 2}, "min_tokens"),
+    ({"guided_regex": "a+", "min_tokens": 2}, "min_tokens"),
 ])
 def test_refused(smol, extra, param):
     r = post(smol, "/v1/completions", dict({"prompt": PROMPT, "max_tokens": 4}, **extra))
     assert r.status_code == 400, r.text
     validate(r.json(), "ErrorResponse")
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_contradictory_masks_are_an_error(smol):
+    """allowed_token_ids that JSON output or the choices cannot use leave no token: the request
+    fails (an error object naming the constraints), not a "stop" with an empty or invalid
+    answer (an audit found the sampler's fallback token taken as end-of-generation)."""
+    allowed = tokens(smol, " the of")
+    for extra in ({"response_format": {"type": "json_object"}}, {"guided_choice": ["yes"]}):
+        r = post(smol, "/v1/completions", dict({"prompt": PROMPT, "max_tokens": 4,
+                                               "allowed_token_ids": allowed}, **extra))
+        assert r.status_code == 500, r.text
+        validate(r.json(), "ErrorResponse")
+        assert "constraints" in r.json()["error"]["message"], r.json()

@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
             continue;
         }
         if (q < 0) continue;
-        int32_t n_ok = pgd_json_vocab_walk_dfa(&v, re.next, q, allow), count = 0;
+        int32_t n_ok = pgd_json_vocab_walk_dfa(&v, &re, q, allow), count = 0;
         for (int32_t id = 0; id < v.n; id++) {
             bool want = !v.eog[id] && v.len[id] > 0 &&
                         pgd_regex_feed(&re, q, v.text[id], v.len[id]) >= 0;
