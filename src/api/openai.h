@@ -111,6 +111,9 @@ typedef struct pgd_api_choice {
     cJSON *logprobs;               /* built incrementally when requested, or NULL */
     int32_t n_prompt, n_cached;
     size_t emitted;                /* streaming with tool_format: bytes of text sent as content */
+    size_t t_known;                /* ... bytes of the content searched without a call opener */
+    bool t_opened;                 /* ... a call has begun: t_safe is final */
+    size_t t_safe;
     size_t r_emitted;              /* streaming with reasoning: bytes of text sent as such */
     size_t r_known;                /* ... bytes scanned without a "</think>" */
     bool r_final;                  /* ... the content has started: r_span is final */

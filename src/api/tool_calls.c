@@ -156,7 +156,7 @@ cJSON *pgd_tool_calls_parse(pgd_tool_format f, const char *text, size_t len, con
     return calls;
 }
 
-size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t len,
+size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t len, size_t known,
                                   bool *opened) {
     *opened = false;
     if (f == PGD_TOOLS_LLAMA3) { /* calls come first: hold the start until it tells */
@@ -169,10 +169,12 @@ size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t le
     }
     const char *opener = opener_of(f);
     if (!opener) return len;
-    const char *o = find(text, len, opener);
+    size_t k = strlen(opener), safe = len;
+    size_t from = known > len ? len : known; /* an opener may straddle what was seen */
+    from = from > k - 1 ? from - (k - 1) : 0;
+    const char *o = find(text + from, len - from, opener);
     *opened = o != NULL;
     if (o) return trim_end(text, (size_t)(o - text));
-    size_t k = strlen(opener), safe = len;
     for (size_t h = k - 1; h > 0; h--) /* the longest ending that starts the opener */
         if (h <= len && !memcmp(text + len - h, opener, h)) {
             safe = len - h;

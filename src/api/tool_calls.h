@@ -51,8 +51,10 @@ cJSON *pgd_tool_calls_parse(pgd_tool_format f, const char *text, size_t len, con
 
 /* Streaming: how many bytes of text[0..len) may be sent as content now -- up to the first call,
  * and short of an ending that could still become one ("<tool_c"; for llama3_json, all of it
- * while the start could be a call). *opened: a call has begun. */
-size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t len,
+ * while the start could be a call). *opened: a call has begun. known: bytes of the same text an
+ * earlier call saw without an opener (0: none), so a stream's calls search only what is new; once
+ * one says opened, its answer is final (the caller keeps it). */
+size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t len, size_t known,
                                   bool *opened);
 
 /* The JSON Schema (compact JSON, malloc'd) of {"name": ..., "arguments": ...} for the function

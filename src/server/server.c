@@ -324,9 +324,16 @@ static void stream_chat_text(req_ctx *c, int i, const pgd_event *ev, const char 
     size_t base = sp.c_off, n = ch->text_len - base, safe = n; /* the content: t[base..] */
     if (ch->emitted < base) ch->emitted = base;
     if (c->api.tool_format) {
-        bool opened;
-        safe = pgd_tool_calls_stream_safe((pgd_tool_format)c->api.tool_format, t + base, n,
-                                          &opened);
+        bool opened = ch->t_opened;
+        if (opened) {
+            safe = ch->t_safe;
+        } else {
+            safe = pgd_tool_calls_stream_safe((pgd_tool_format)c->api.tool_format, t + base, n,
+                                              ch->t_known, &opened);
+            ch->t_known = n;
+            ch->t_opened = opened;
+            ch->t_safe = safe;
+        }
         if (*fin) {
             safe = n; /* all of it is content, unless it holds calls */
             if (opened) *calls = pgd_api_choice_tool_calls(&c->api, c->id, i, t + base, n, &safe,

@@ -64,7 +64,7 @@ static void test_parse(void) {
 }
 
 static size_t safe(const char *t, bool *opened) {
-    return pgd_tool_calls_stream_safe(PGD_TOOLS_HERMES, t, strlen(t), opened);
+    return pgd_tool_calls_stream_safe(PGD_TOOLS_HERMES, t, strlen(t), 0, opened);
 }
 
 static void test_stream_safe(void) {
@@ -80,6 +80,21 @@ static void test_stream_safe(void) {
     CHECK_EQ_INT(safe("Ok.\n", &opened), 3);
     CHECK_EQ_INT(safe("ab<tool_call>{", &opened), 2);
     CHECK(opened);
+    /* a stream's calls, each told what the last one saw: the same answers as a whole scan of
+     * each prefix, up to the first that opens (an opener split across the pieces included) */
+    static const char *const texts[] = {"Sure. \n\n<tool_call>\n{\"a\"", "x<tool_cal<tool_call>",
+                                        "no call at all, just text <tool_c"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        size_t len = strlen(texts[i]), known = 0;
+        for (size_t n = 0; n <= len; n++) {
+            bool o1, o2;
+            size_t a = pgd_tool_calls_stream_safe(PGD_TOOLS_HERMES, texts[i], n, known, &o1);
+            size_t b = pgd_tool_calls_stream_safe(PGD_TOOLS_HERMES, texts[i], n, 0, &o2);
+            CHECK(a == b && o1 == o2);
+            known = n;
+            if (o1) break;
+        }
+    }
 }
 
 static void test_schema(void) {
@@ -156,7 +171,7 @@ static void test_llama3(void) {
         {"<|python_tag|>", 0, true}, {"Hello", 5, false}, {"<|x", 3, false}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t n = pgd_tool_calls_stream_safe(PGD_TOOLS_LLAMA3, cases[i].t, strlen(cases[i].t),
-                                              &opened);
+                                              0, &opened);
         CHECK(n == cases[i].safe && opened == cases[i].opened);
     }
     /* the chat templates ask for these formats */
@@ -257,7 +272,7 @@ static void test_mistral(void) {
         {"Hi [TOOL_", 2, false}, {"Hi [TOOL_CALLS][", 2, true}, {"Hi [x", 5, false}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t n = pgd_tool_calls_stream_safe(PGD_TOOLS_MISTRAL, cases[i].t, strlen(cases[i].t),
-                                              &opened);
+                                              0, &opened);
         CHECK(n == cases[i].safe && opened == cases[i].opened);
     }
     CHECK(!strcmp(pgd_tool_call_prefix(PGD_TOOLS_MISTRAL), "[TOOL_CALLS]["));
