@@ -172,6 +172,10 @@ typedef struct pgd_event {
        spec_draft_tokens / spec_accepted_tokens stats; aborted requests included) */
     int32_t n_spec_draft_tokens, n_spec_accepted;
     double queue_seconds;            /* FINISH: from submission to first scheduling */
+    /* FINISH with STOP: what stopped it (vLLM's stop_reason): stop string number stop_string
+       of the request's, or stop token stop_token (one of stop_token_ids); -1 and -1 for an
+       end-of-generation token or a constraint completed */
+    int32_t stop_string, stop_token;
     char error[160];                 /* FINISH with PGD_FINISH_ERROR */
 } pgd_event;
 

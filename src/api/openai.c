@@ -782,6 +782,17 @@ void pgd_api_request_free(pgd_api_request *r) {
 
 /* ---- responses ---- */
 
+/* vLLM's stop_reason beside a finish_reason: the stop string or stop token id that ended the
+ * choice, null for anything else (an end-of-generation token, max_tokens, a constraint). */
+static void add_stop_reason(cJSON *ch, const pgd_api_request *r, const pgd_api_choice *c) {
+    if (c && c->stop_string >= 0 && c->stop_string < r->n_stop)
+        cJSON_AddStringToObject(ch, "stop_reason", r->stop[c->stop_string]);
+    else if (c && c->stop_token >= 0)
+        cJSON_AddNumberToObject(ch, "stop_reason", c->stop_token);
+    else
+        cJSON_AddNullToObject(ch, "stop_reason");
+}
+
 static cJSON *string_n(const char *s, size_t n) {
     char *c = malloc(n + 1);
     if (!c) return cJSON_CreateString("");
@@ -843,6 +854,7 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
             cJSON_AddNullToObject(ch, "logprobs");
         }
         cJSON_AddStringToObject(ch, "finish_reason", finish);
+        add_stop_reason(ch, r, c);
         if (c->prompt_logprobs && !r->chat) { /* vLLM: per choice; chat: once, at the top */
             cJSON_AddItemToObject(ch, "prompt_logprobs", c->prompt_logprobs);
             c->prompt_logprobs = NULL;
@@ -886,7 +898,7 @@ static cJSON *chunk_base(const pgd_api_request *r, const char *id, long created,
 char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
                         const char *model, int index, const char *text, size_t text_len,
                         const char *reasoning, size_t reasoning_len, bool role_first,
-                        const char *finish, cJSON *logprobs) {
+                        const char *finish, const pgd_api_choice *fin_choice, cJSON *logprobs) {
     cJSON *o = chunk_base(r, id, created, model);
     cJSON *arr = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", index);
@@ -904,6 +916,7 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
     else cJSON_AddNullToObject(ch, "logprobs");
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
+    if (finish) add_stop_reason(ch, r, fin_choice);
     cJSON_AddItemToArray(arr, ch);
     /* chat chunks carry "usage": null until the last one, as OpenAI sends them; the completion
      * chunk's schema (CreateCompletionResponse) has a non-nullable usage, so it is left out */
@@ -929,7 +942,7 @@ cJSON *pgd_api_choice_tool_calls(const pgd_api_request *r, const char *id, int i
 
 char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,
                                    const char *model, int index, cJSON *calls,
-                                   const char *finish) {
+                                   const char *finish, const pgd_api_choice *fin_choice) {
     cJSON *o = chunk_base(r, id, created, model);
     cJSON *arr = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", index);
@@ -941,6 +954,7 @@ char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, lon
     cJSON_AddNullToObject(ch, "logprobs");
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
+    if (finish) add_stop_reason(ch, r, fin_choice);
     cJSON_AddItemToArray(arr, ch);
     if (r->include_usage) cJSON_AddNullToObject(o, "usage");
     return sse(o);

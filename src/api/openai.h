@@ -122,6 +122,7 @@ typedef struct pgd_api_choice {
     cJSON *prompt_logprobs;        /* prompt_logprobs: [null, {id: {logprob, rank,
                                       decoded_token}}, ...] as vLLM writes it, or NULL */
     bool echo_pending;             /* streaming echo with logprobs: sent with the prompt's scores */
+    int32_t stop_string, stop_token; /* what stopped it (the FINISH event's), -1: nothing named */
 } pgd_api_choice;
 
 /* Appends one token's logprobs to *lp (created on first use) in the request's format:
@@ -150,7 +151,7 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
 char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
                         const char *model, int index, const char *text, size_t text_len,
                         const char *reasoning, size_t reasoning_len, bool role_first,
-                        const char *finish, cJSON *logprobs);
+                        const char *finish, const pgd_api_choice *fin_choice, cJSON *logprobs);
 /* A chat choice's tool calls when the request parses them (tool_format): the calls of
  * text[0..len) (parallel_tool_calls false: the first only), their ids from the response id and
  * the choice index, *content_len the bytes of content before them, and *finish "tool_calls"
@@ -162,7 +163,7 @@ cJSON *pgd_api_choice_tool_calls(const pgd_api_request *r, const char *id, int i
  * each gets its "index"). */
 char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,
                                    const char *model, int index, cJSON *calls,
-                                   const char *finish);
+                                   const char *finish, const pgd_api_choice *fin_choice);
 char *pgd_api_usage_chunk_sse(const pgd_api_request *r, const char *id, long created,
                               const char *model, int32_t prompt_tokens,
                               int32_t completion_tokens);

@@ -73,6 +73,7 @@ typedef struct seq {
     uint8_t *allowed;         /* (n_vocab) allowed_token_ids as a mask, or NULL */
     char **choices;           /* (n_choices) guided_choice, or NULL */
     size_t *ch_len;           /* (n_choices) their lengths */
+    int32_t stop_str, stop_tok; /* what stopped it (FINISH's stop_string / stop_token), or -1 */
     int32_t n_choices;
     uint8_t *ch_alive;        /* (n_choices) the choices the output is still a prefix of */
     size_t ch_pos;            /* bytes of output so far (each a prefix of the alive choices) */
@@ -262,6 +263,8 @@ static void emit_finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char
         ev->n_spec_draft_tokens = s->n_spec_draft;
         ev->n_spec_accepted = s->n_spec_accepted;
         ev->queue_seconds = s->admitted_once ? s->queue_seconds : pgd_now_s() - s->t_submit;
+        ev->stop_string = why == PGD_FINISH_STOP ? s->stop_str : -1;
+        ev->stop_token = why == PGD_FINISH_STOP ? s->stop_tok : -1;
         size_t rest = s->text_len > s->emitted ? s->text_len - s->emitted : 0;
         rest = utf8_cut(s->text + s->emitted, rest, PGD_EVENT_TEXT_MAX);
         if (rest) memcpy(ev->text, s->text + s->emitted, rest);
@@ -769,6 +772,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     s->detok.first = e->model->tok && p->n_prompt == 1 &&
                      p->prompt[0] == pgd_tokenizer_bos(e->model->tok);
     s->logit_row = -1;
+    s->stop_str = s->stop_tok = -1;
     pthread_mutex_lock(&e->in_mu);
     if (e->cfg.max_waiting > 0 && e->n_pending >= e->cfg.max_waiting) {
         pthread_mutex_unlock(&e->in_mu);
@@ -1041,17 +1045,19 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
     ev->text_len = 0;
     ev->text_offset = (int32_t)s->text_len;
     if (!e->model->tok) { /* no tokenizer: ids only, no text and no end-of-generation token */
-        if (in_ids(s->stop_ids, s->n_stop_ids, id)) return PGD_FINISH_STOP;
+        if (in_ids(s->stop_ids, s->n_stop_ids, id)) {
+            s->stop_tok = id;
+            return PGD_FINISH_STOP;
+        }
         return s->n_tokens - s->n_prompt >= s->max_tokens || s->n_tokens >= e->n_ctx
                    ? PGD_FINISH_LENGTH
                    : 0;
     }
     /* an end-of-generation or stop token ends it without its text (vLLM's rule; with
      * include_stop its text stays, as vLLM keeps it then) */
-    pgd_finish_reason why = (!s->ignore_eos && pgd_tokenizer_is_eog(e->model->tok, id)) ||
-                                    in_ids(s->stop_ids, s->n_stop_ids, id)
-                                ? PGD_FINISH_STOP
-                                : 0;
+    bool eog = !s->ignore_eos && pgd_tokenizer_is_eog(e->model->tok, id);
+    if (!eog && in_ids(s->stop_ids, s->n_stop_ids, id)) s->stop_tok = id;
+    pgd_finish_reason why = eog || s->stop_tok >= 0 ? PGD_FINISH_STOP : 0;
     if (why && !s->include_stop) return why;
     if (text_reserve(s, pgd_detok_cap(e->model->tok)) == 0) {
         int nb = pgd_detok_push(&s->detok, id, s->text + s->text_len, s->text_cap - s->text_len);
@@ -1066,6 +1072,7 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
         char *hit = memmem(s->text + from, s->text_len - from, s->stop[i], l);
         if (hit) {
             s->text_len = (size_t)(hit - s->text) + (s->include_stop ? l : 0);
+            s->stop_str = i;
             why = PGD_FINISH_STOP;
         }
     }

@@ -286,7 +286,7 @@ static void flush_echo(server *s, req_ctx *c, int i) {
     ch->echo_pending = false;
     char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
                                 ch->text ? ch->text : "", c->echo_len[i], NULL, 0, false, NULL,
-                                ch->logprobs);
+                                NULL, ch->logprobs);
     ch->logprobs = NULL; /* the frame owned it */
     if (f) out_append(c, f, strlen(f));
     free(f);
@@ -357,6 +357,10 @@ static void handle_event(server *s, const pgd_event *ev) {
         if (c->api.prompt_logprobs >= 0) add_prompt_logprobs(s, c, ch, ev);
         return;
     }
+    if (ev->type == PGD_EVENT_FINISH) { /* before the last chunk is written */
+        ch->stop_string = ev->stop_string;
+        ch->stop_token = ev->stop_token;
+    }
     double t = pgd_now_s();
     if (ev->type == PGD_EVENT_TOKEN) {
         if (c->t_first == 0) {
@@ -386,14 +390,14 @@ static void handle_event(server *s, const pgd_event *ev) {
         if (text_len || rlen || lp || (fin && !calls) || !c->role_sent[i]) {
             char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, text,
                                         text_len, rtext, rlen, c->api.chat && !c->role_sent[i],
-                                        calls ? NULL : fin, lp);
+                                        calls ? NULL : fin, ch, lp);
             c->role_sent[i] = true;
             if (f) out_append(c, f, strlen(f));
             free(f);
         }
         if (calls) {
             char *f = pgd_api_tool_calls_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
-                                                   calls, fin);
+                                                   calls, fin, ch);
             if (f) out_append(c, f, strlen(f));
             free(f);
         }
@@ -622,6 +626,8 @@ static void submit_all(server *s, req_ctx *c) {
     }
     c->n_choices = r->n_prompts * r->n;
     c->choices = calloc((size_t)c->n_choices, sizeof *c->choices);
+    for (int i = 0; c->choices && i < c->n_choices; i++)
+        c->choices[i].stop_string = c->choices[i].stop_token = -1;
     c->engine_ids = calloc((size_t)c->n_choices, sizeof *c->engine_ids);
     c->submitted = calloc((size_t)c->n_choices, sizeof *c->submitted);
     c->role_sent = calloc((size_t)c->n_choices, sizeof *c->role_sent);
@@ -738,7 +744,7 @@ static void after_work_cb(uv_work_t *w, int status) {
                 if (c->echo_len[i] && !c->choices[i].echo_pending) {
                     char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
                                                 c->choices[i].text, c->echo_len[i], NULL, 0,
-                                                false, NULL, NULL);
+                                                false, NULL, NULL, NULL);
                     if (f) out_append(c, f, strlen(f));
                     free(f);
                 }

@@ -57,17 +57,22 @@ def greedy_ids(model, ids, n):
     return [int(x) for x in p.stdout.split()]
 
 
-def streamed_text(server, body):
+def streamed_text(server, body, stop_reason=None):
     r = requests.post(server.url("/v1/completions"), json=dict(body, stream=True), stream=True,
                       timeout=300)
     assert r.status_code == 200, r.text
-    text, finish = "", None
+    text, finish, reason = "", None, []
     for ev in sse_events(r.iter_lines(decode_unicode=True)):
         if ev == "[DONE]":
             break
+        if ev["choices"] and ev["choices"][0]["finish_reason"]:  # (the schema's is not null)
+            validate(ev, "CreateCompletionResponse")
         for c in ev["choices"]:
             text += c["text"]
             finish = c["finish_reason"] or finish
+            if c["finish_reason"]:
+                reason.append(c["stop_reason"])
+    assert reason == [stop_reason], reason  # once, in the last chunk
     return text, finish
 
 
@@ -81,7 +86,8 @@ def test_stop_token_ids(smol):
     assert c["choices"][0]["text"] == detok(smol, ref[:k])
     assert c["choices"][0]["finish_reason"] == "stop"
     assert c["usage"]["completion_tokens"] == k + 1
-    assert streamed_text(smol, base) == (detok(smol, ref[:k]), "stop")
+    assert c["choices"][0]["stop_reason"] == ref[k]  # vLLM's: the stop token's id
+    assert streamed_text(smol, base, ref[k]) == (detok(smol, ref[:k]), "stop")
     # include_stop_str_in_output keeps its text
     c = ok(smol, "/v1/completions", dict(base, include_stop_str_in_output=True))
     assert c["choices"][0]["text"] == detok(smol, ref[:k + 1])
@@ -97,12 +103,16 @@ def test_include_stop_str_in_output(smol):
     full = detok(smol, greedy_ids(util.DEFAULT_MODEL, ids, 16))
     stop = full.strip().split()[1]  # the answer's second word
     at = full.index(stop)
-    base = {"prompt": ids, "max_tokens": 16, "temperature": 0, "stop": [stop]}
-    assert ok(smol, "/v1/completions", base)["choices"][0]["text"] == full[:at]
+    base = {"prompt": ids, "max_tokens": 16, "temperature": 0, "stop": ["zzz", stop]}
+    c = ok(smol, "/v1/completions", base)["choices"][0]
+    assert c["text"] == full[:at] and c["stop_reason"] == stop  # vLLM's: the string matched
     c = ok(smol, "/v1/completions", dict(base, include_stop_str_in_output=True))
     assert c["choices"][0]["text"] == full[:at + len(stop)]
-    assert streamed_text(smol, dict(base, include_stop_str_in_output=True)) == \
+    assert streamed_text(smol, dict(base, include_stop_str_in_output=True), stop) == \
         (full[:at + len(stop)], "stop")
+    # ended by max_tokens, or by the end-of-generation token: null
+    c = ok(smol, "/v1/completions", dict(base, stop=None, max_tokens=3))["choices"][0]
+    assert c["finish_reason"] == "length" and c["stop_reason"] is None
 
 
 def test_skip_special_tokens(smol):
@@ -112,6 +122,7 @@ def test_skip_special_tokens(smol):
             "temperature": 0}
     plain = ok(smol, "/v1/chat/completions", body)["choices"][0]
     assert plain["finish_reason"] == "stop"  # ended by <|im_end|>
+    assert plain["stop_reason"] is None
     c = ok(smol, "/v1/chat/completions",
            dict(body, skip_special_tokens=False, include_stop_str_in_output=True))["choices"][0]
     assert c["message"]["content"] == plain["message"]["content"] + "<|im_end|>"
