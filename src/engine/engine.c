@@ -28,6 +28,7 @@ _Static_assert(PGD_SPEC_MAX_K == PGD_SPEC_MAX_TOKENS, "one limit on proposals");
 #define MAX_STOP 16
 #define MAX_STOP_IDS 64     /* stop token ids per request */
 #define MAX_STOP_LEN 64
+#define RE_MEMO 4           /* DFA states whose masks a regex request keeps */
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
 
@@ -80,6 +81,10 @@ typedef struct seq {
     bool has_re;              /* guided_regex: re, in state re_q */
     pgd_regex re;
     int32_t re_q;
+    /* the masks of the last RE_MEMO DFA states seen (a pattern like [a-z ]+ stays in a few, and
+     * its mask walks most of the vocabulary): (n_vocab) each, allocated with the request */
+    uint8_t *re_memo[RE_MEMO];
+    int32_t re_memo_q[RE_MEMO], re_memo_next;
     /* constrain_after: the constraint (JSON, choices) waits for c_after while thinking */
     enum { C_ON, C_THINKING, C_FIRST } c_wait; /* C_FIRST: think_tok or the constraint */
     char *c_after;
@@ -207,6 +212,7 @@ static void seq_free(seq *s) {
     free(s->allowed);
     free(s->c_after);
     pgd_regex_free(&s->re);
+    for (int i = 0; i < RE_MEMO; i++) free(s->re_memo[i]);
     free(s->text);
     free(s);
 }
@@ -733,6 +739,13 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
             return fail(err, errlen, rc, "regular expression: %s", why);
         }
         s->has_re = true;
+        for (int i = 0; i < RE_MEMO; i++) {
+            s->re_memo_q[i] = -1;
+            if (!(s->re_memo[i] = malloc((size_t)nv))) {
+                seq_free(s);
+                return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+            }
+        }
     }
     pgd_json_init(&s->json_st, true);
     if (p->json_schema) {
@@ -1029,13 +1042,13 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
     return used;
 }
 
-/* Appends the text of token id and decides whether s is finished. */
 static bool in_ids(const int32_t *ids, int32_t n, int32_t id) {
     for (int32_t i = 0; i < n; i++)
         if (ids[i] == id) return true;
     return false;
 }
 
+/* Appends the text of token id and decides whether s is finished. */
 static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_event *ev) {
     s->tokens[s->n_tokens++] = id;
     ev->type = PGD_EVENT_TOKEN;
@@ -1211,9 +1224,19 @@ static bool build_mask(pgd_engine *e, seq *s) {
     if (constrained && s->json) {
         pgd_json_allowed(&s->json_st, &e->json_vocab, a);
     } else if (constrained && s->has_re) {
-        pgd_json_vocab_walk_dfa(&e->json_vocab, &s->re, s->re_q, a);
-        if (s->re.accept[s->re_q])
-            for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
+        int m = 0;
+        while (m < RE_MEMO && s->re_memo_q[m] != s->re_q) m++;
+        if (m < RE_MEMO) {
+            memcpy(a, s->re_memo[m], (size_t)nv);
+        } else {
+            pgd_json_vocab_walk_dfa(&e->json_vocab, &s->re, s->re_q, a);
+            if (s->re.accept[s->re_q])
+                for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
+            m = s->re_memo_next;
+            s->re_memo_next = (m + 1) % RE_MEMO;
+            memcpy(s->re_memo[m], a, (size_t)nv);
+            s->re_memo_q[m] = s->re_q;
+        }
     } else if (constrained) {
         choice_mask(e, s, a);
     } else {
