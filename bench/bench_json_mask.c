@@ -12,19 +12,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "sample/json_grammar.h"
 #include "tokenizer/tokenizer.h"
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -77,11 +67,11 @@ int main(int argc, char **argv) {
         if (!pgd_json_feed(&st, docs[d], strlen(docs[d]))) return 1;
         int32_t k = 0;
         for (int r = 0; r < reps; r++) {
-            double t0 = now_us();
+            double t0 = bench_now_us();
             k = pgd_json_allowed(&st, &v, allow);
-            us[r] = now_us() - t0;
+            us[r] = bench_now_us() - t0;
         }
-        qsort(us, (size_t)reps, sizeof *us, cmp_d);
+        qsort(us, (size_t)reps, sizeof *us, bench_cmp_d);
         char label[64];
         snprintf(label, sizeof label, "'%s'", docs[d]);
         printf("%-48s %10.1f %9.1f%%\n", label, us[reps / 2], 100.0 * k / n);

@@ -13,25 +13,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "sample/json_grammar.h"
 #include "sample/regex.h"
 #include "tokenizer/tokenizer.h"
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *us, int reps) {
-    qsort(us, (size_t)reps, sizeof *us, cmp_d);
-    return us[reps / 2];
-}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -67,16 +52,16 @@ int main(int argc, char **argv) {
         pgd_regex re;
         char msg[200];
         for (int r = 0; r < reps; r++) {
-            double t0 = now_us();
+            double t0 = bench_now_us();
             if (pgd_regex_compile(cases[c].pattern, strlen(cases[c].pattern), &re, msg,
                                   sizeof msg)) {
                 fprintf(stderr, "%s: %s\n", cases[c].pattern, msg);
                 return 1;
             }
-            us[r] = now_us() - t0;
+            us[r] = bench_now_us() - t0;
             if (r + 1 < reps) pgd_regex_free(&re);
         }
-        printf("%-42s %8.1f %6d |", cases[c].pattern, median(us, reps), re.n_states);
+        printf("%-42s %8.1f %6d |", cases[c].pattern, bench_median(us, reps), re.n_states);
         for (int k = 0; k < 3; k++) {
             const char *p = cases[c].prefixes[k];
             int32_t q = pgd_regex_feed(&re, 0, p, strlen(p));
@@ -86,11 +71,11 @@ int main(int argc, char **argv) {
             }
             int32_t n_ok = 0;
             for (int r = 0; r < reps; r++) {
-                double t0 = now_us();
+                double t0 = bench_now_us();
                 n_ok = pgd_json_vocab_walk_dfa(&v, &re, q, allow);
-                us[r] = now_us() - t0;
+                us[r] = bench_now_us() - t0;
             }
-            printf(" \"%s\": %.1f (%.1f%%)", p, median(us, reps), 100.0 * n_ok / n);
+            printf(" \"%s\": %.1f (%.1f%%)", p, bench_median(us, reps), 100.0 * n_ok / n);
         }
         printf("\n");
         pgd_regex_free(&re);
@@ -118,11 +103,11 @@ int main(int argc, char **argv) {
         if (!pgd_json_feed(&st, doc, strlen(doc))) return 1;
         int32_t n_ok = 0;
         for (int r = 0; r < reps; r++) {
-            double t0 = now_us();
+            double t0 = bench_now_us();
             n_ok = pgd_json_allowed(&st, &v, allow);
-            us[r] = now_us() - t0;
+            us[r] = bench_now_us() - t0;
         }
-        printf("JSON, %-34s at %s: %.1f us (%.1f%%)\n", names[s], doc, median(us, reps),
+        printf("JSON, %-34s at %s: %.1f us (%.1f%%)\n", names[s], doc, bench_median(us, reps),
                100.0 * n_ok / n);
         pgd_json_schema_free(&sc);
     }

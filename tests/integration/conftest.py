@@ -29,6 +29,17 @@ def default_server(default_model):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def random_server():
+    """`pagoda serve` on the tiny random-weight Llama 2 (the real 32k vocabulary), one per test
+    module: sampled answers that wander over the whole vocabulary."""
+    from server_util import Server
+    s = Server(util.DATA / "models" / "llama-2-tiny-random.gguf")
+    s.start()
+    yield s
+    s.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_models():
     """Builds (once per script version, cached) the tiny random Llama / Llama-3-rope / Qwen2

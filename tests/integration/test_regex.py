@@ -150,15 +150,11 @@ def test_mask_matches_definition(vocab):
 # ---- 3. the server ----
 
 @pytest.fixture(scope="module")
-def rnd():
-    s = Server(RANDOM_LLAMA)
-    s.start()
-    yield s
-    s.stop()
+def rnd(random_server):
+    return random_server
 
 
-def post(server, path, body, **kw):
-    return requests.post(server.url(path), json=body, timeout=300, **kw)
+post = util.post
 
 
 @pytest.mark.parametrize("pattern", [r"\d{3}-[A-Z]{2}", r"(ab|cd)+e", r"[a-zé]{2,6}!"])

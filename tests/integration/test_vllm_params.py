@@ -23,15 +23,11 @@ def smol(default_server):
 
 
 @pytest.fixture(scope="module")
-def rnd():
-    s = Server(RANDOM_LLAMA)
-    s.start()
-    yield s
-    s.stop()
+def rnd(random_server):
+    return random_server
 
 
-def post(server, path, body):
-    return requests.post(server.url(path), json=body, timeout=300)
+post = util.post
 
 
 def ok(server, path, body, schema=None):

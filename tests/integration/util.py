@@ -36,3 +36,9 @@ def model_with_template(tmp_path_factory, template, model=None):
                     str(out), "--chat-template-file", str(DATA / "chat-templates" / template)],
                    check=True, capture_output=True)
     return out
+
+
+def post(server, path, body, **kw):
+    """POST body as JSON to a test server (server_util.Server)."""
+    import requests
+    return requests.post(server.url(path), json=body, timeout=300, **kw)
