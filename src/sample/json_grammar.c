@@ -347,29 +347,40 @@ static unsigned hex_val(unsigned char c) {
 
 /* A string with a pattern: its DFA over the decoded bytes b[0..n) (false: no match can follow;
  * the state is then left as it was). */
+/* With minLength / maxLength: from DFA state q, after chars characters (the one being read
+ * included), a match can still end within them (lmin and lmax count the ones after it). */
+static bool re_len_ok(const pgd_regex *re, const pgd_json_node *nd, int64_t chars, int32_t q) {
+    if (re->lens) /* exact: some match length falls in the window */
+        return pgd_regex_len_in(re, q, nd->min_len - chars, nd->max_len - chars);
+    return chars + re->lmin[q] <= nd->max_len &&
+           (re->unbounded[q] || chars + re->lmax[q] >= nd->min_len);
+}
+
 static bool re_feed(pgd_json_state *st, const unsigned char *b, int n) {
     if (st->sre < 0) return true;
     const pgd_json_node *nd = &st->sc->nodes[st->snode];
     const pgd_regex *re = &st->sc->regex[nd->pattern];
     int32_t q = st->sre;
     for (int i = 0; i < n && q >= 0; i++) q = pgd_regex_next(re, q, b[i]);
-    if (q < 0) return false;
-    /* with minLength / maxLength: a match must still be able to end within them (slen counts
-     * the character being read; lmin and lmax the ones after it) */
-    if ((int64_t)st->slen + re->lmin[q] > nd->max_len ||
-        (!re->unbounded[q] && (int64_t)st->slen + re->lmax[q] < nd->min_len))
-        return false;
+    if (q < 0 || !re_len_ok(re, nd, st->slen, q)) return false;
     st->sre = q;
     return true;
+}
+
+/* Under a pattern: the single-byte character c can be the one being read (an escape's). */
+static bool re_char_ok(const pgd_json_state *st, unsigned c) {
+    const pgd_json_node *nd = &st->sc->nodes[st->snode];
+    const pgd_regex *re = &st->sc->regex[nd->pattern];
+    int32_t q = pgd_regex_next(re, st->sre, (uint8_t)c);
+    return q >= 0 && re_len_ok(re, nd, st->slen, q);
 }
 
 /* Under a pattern, some character among [lo, hi] and the control characters (the ones a \\u
  * escape may write there: the others are written as themselves) keeps a match possible. An
  * escape is taken only where one can end well, so the mask never leads to a dead end. */
 static bool re_any_control(const pgd_json_state *st, unsigned lo, unsigned hi) {
-    const pgd_regex *re = &st->sc->regex[st->sc->nodes[st->snode].pattern];
     for (unsigned c = lo; c <= hi && c < 0x20; c++)
-        if (pgd_regex_next(re, st->sre, (uint8_t)c) >= 0) return true;
+        if (re_char_ok(st, c)) return true;
     return false;
 }
 
@@ -455,12 +466,9 @@ static bool string_byte(pgd_json_state *st, unsigned char c) {
         return re_feed(st, &d, 1); /* the escaped character */
     }
     if (c == '\\') {
-        if (st->sre >= 0) { /* some escape must be able to go on */
-            const pgd_regex *re = &st->sc->regex[st->sc->nodes[st->snode].pattern];
-            if (pgd_regex_next(re, st->sre, '"') < 0 && pgd_regex_next(re, st->sre, '\\') < 0 &&
-                pgd_regex_next(re, st->sre, '/') < 0 && !re_any_control(st, 0, 0x1F))
-                return false;
-        }
+        if (st->sre >= 0 && !re_char_ok(st, '"') && !re_char_ok(st, '\\') &&
+            !re_char_ok(st, '/') && !re_any_control(st, 0, 0x1F))
+            return false; /* no escape could go on */
         st->phase = 1;
         return true;
     }
@@ -879,8 +887,7 @@ static int32_t pattern_string_mask(const pgd_json_state *st, pgd_json_vocab *v, 
         uint8_t b = nd->byte;
         int32_t t = b == '"' || b == '\\' || b < 0x20 ? -1 : pgd_regex_next(re, ds[nd->depth - 1], b);
         int32_t c = cs[nd->depth - 1] + ((b & 0xC0) != 0x80);
-        if (t < 0 || (int64_t)c + re->lmin[t] > sn->max_len ||
-            (!re->unbounded[t] && (int64_t)c + re->lmax[t] < sn->min_len)) {
+        if (t < 0 || !re_len_ok(re, sn, c, t)) {
             i = nd->skip;
             continue;
         }

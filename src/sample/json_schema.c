@@ -127,6 +127,7 @@ typedef struct ctx {
     const cJSON *refs[MAX_REF_DEPTH]; /* the $ref targets being compiled (recursion check) */
     int n_refs;
     size_t enum_bytes;
+    int64_t re_work;       /* the patterns' DFA building so far: one budget for the schema */
 } ctx;
 
 static int fail(ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -389,6 +390,14 @@ static int compile_array(ctx *x, const cJSON *j, int depth, int32_t node) {
                      &x->sc->nodes[node].max_items);
 }
 
+/* Bytes of s's first max bytes or fewer that end between characters. */
+static int utf8_prefix(const char *s, int max) {
+    int n = (int)strnlen(s, (size_t)max);
+    if (n == max)
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+    return n;
+}
+
 /* minLength / maxLength, and pattern: a regular expression (regex.h) the whole string must
  * match, as vLLM's grammar backends read it (JSON Schema's own rule, a match anywhere in the
  * string, lets more through: every answer held so is valid for it too). */
@@ -407,12 +416,23 @@ static int compile_string(ctx *x, const cJSON *j, int32_t node) {
     rc = pgd_regex_compile(p->valuestring, strlen(p->valuestring), &sc->regex[sc->n_regex], why,
                            sizeof why);
     if (rc == PGD_ENOMEM) return rc;
-    if (rc) return fail(x, "'pattern' %.64s: %s", p->valuestring, why);
+    int shown = utf8_prefix(p->valuestring, 64); /* the pattern, cut between characters */
+    if (rc) return fail(x, "'pattern' %.*s: %s", shown, p->valuestring, why);
     const pgd_regex *re = &sc->regex[sc->n_regex++];
     pgd_json_node *nd = &sc->nodes[node];
     nd->pattern = sc->n_regex - 1;
-    if (re->lmin[0] > nd->max_len || (!re->unbounded[0] && re->lmax[0] < nd->min_len))
-        return fail(x, "'pattern' %.64s matches no string of %d to %d characters",
+    if ((x->re_work += re->work) > PGD_REGEX_MAX_WORK)
+        return fail(x, "the schema's patterns are too complex together (their DFAs take too "
+                       "long to build)");
+    /* with a maxLength, the exact lengths each state can still take (else the fewest and most
+     * are exact on their own) */
+    if (nd->max_len < INT32_MAX) {
+        rc = pgd_regex_length_sets(&sc->regex[nd->pattern], nd->max_len);
+        if (rc == PGD_ENOMEM) return rc;
+    }
+    if (re->lens ? !pgd_regex_len_in(re, 0, nd->min_len, nd->max_len)
+                 : re->lmin[0] > nd->max_len || (!re->unbounded[0] && re->lmax[0] < nd->min_len))
+        return fail(x, "'pattern' %.*s matches no string of %d to %d characters", shown,
                     p->valuestring, nd->min_len, nd->max_len);
     return PGD_OK;
 }

@@ -647,6 +647,7 @@ typedef struct dfa {
     uint32_t ht_size;
     pgd_regex *re;
     int32_t cap_states;
+    int64_t work;          /* NFA states visited, sorted and compared so far (the budget) */
 } dfa;
 
 static uint32_t hash_set(const int32_t *s, int32_t n) {
@@ -685,6 +686,9 @@ static int32_t closure(dfa *d, const int32_t *starts, int32_t n) {
             }
     }
     qsort(d->tmp, (size_t)k, sizeof *d->tmp, cmp_i32);
+    int lg = 1;
+    while ((1 << lg) < k) lg++;
+    d->work += n + (int64_t)k * lg;
     return k;
 }
 
@@ -730,6 +734,7 @@ static int32_t state_of(dfa *d, int32_t k) {
     re->accept[id] = 0;
     for (int32_t i = 0; i < k; i++) re->accept[id] |= d->a->s[d->tmp[i]].kind == S_MATCH;
     d->table[h] = id;
+    d->work += k;
     return id;
 }
 
@@ -896,22 +901,47 @@ static int build_dfa(dfa *d, int32_t start) {
     d->re->n_cls = n_rep;
     int32_t k = closure(d, &start, 1);
     if (state_of(d, k) < 0) return -1;
-    int32_t *starts = malloc((size_t)a->n * sizeof *starts);
-    if (!starts) return oom(a->ps);
+    /* each state's transitions in one pass over its set: every byte state's target goes to the
+     * bucket of each class its range covers (bucket c: items[at[c] .. at[c + 1])) */
+    int32_t *at = malloc((size_t)(n_rep + 1) * sizeof *at), *items = NULL;
+    size_t cap_items = 0;
+    if (!at) return oom(a->ps);
     for (int32_t s = 0; s < d->re->n_states && !a->ps->rc; s++) {
-        for (int c = 0; c < n_rep && !a->ps->rc; c++) {
-            int32_t ns = 0, off = d->off[s], len = d->len[s];
-            for (int32_t i = 0; i < len; i++) {
-                const nstate *st = &a->s[d->pool[off + i]];
-                if (st->kind == S_BYTE && st->lo <= rep[c] && rep[c] <= st->hi)
-                    starts[ns++] = st->out;
+        int32_t off = d->off[s], len = d->len[s];
+        memset(at, 0, (size_t)(n_rep + 1) * sizeof *at);
+        size_t total = 0;
+        for (int32_t i = 0; i < len; i++) {
+            const nstate *st = &a->s[d->pool[off + i]];
+            if (st->kind != S_BYTE || st->lo > st->hi) continue;
+            for (int c = cls_of[st->lo]; c <= cls_of[st->hi]; c++) at[c + 1]++, total++;
+        }
+        d->work += len + (int64_t)total;
+        if (total > cap_items) {
+            int32_t *ni = realloc(items, total * 2 * sizeof *ni);
+            if (!ni) {
+                oom(a->ps);
+                break;
             }
-            int32_t kk = ns ? closure(d, starts, ns) : 0;
+            items = ni;
+            cap_items = total * 2;
+        }
+        for (int c = 0; c < n_rep; c++) at[c + 1] += at[c];
+        for (int32_t i = 0; i < len; i++) { /* at[c] moves to the end of bucket c */
+            const nstate *st = &a->s[d->pool[off + i]];
+            if (st->kind != S_BYTE || st->lo > st->hi) continue;
+            for (int c = cls_of[st->lo]; c <= cls_of[st->hi]; c++) items[at[c]++] = st->out;
+        }
+        for (int c = 0; c < n_rep && !a->ps->rc; c++) {
+            int32_t b0 = c ? at[c - 1] : 0, ns = at[c] - b0;
+            int32_t kk = ns ? closure(d, items + b0, ns) : 0;
             int32_t t = kk ? state_of(d, kk) : -1;
             d->re->next[(size_t)s * n_rep + c] = t; /* (state_of may move next: index again) */
         }
+        if (d->work > PGD_REGEX_MAX_WORK)
+            perr(a->ps, "the pattern is too complex (its DFA takes too long to build)");
     }
-    free(starts);
+    free(at);
+    free(items);
     if (a->ps->rc) return -1;
     int rc = prune(d->re, rep);
     if (rc == PGD_ENOMEM) return oom(a->ps);
@@ -948,6 +978,7 @@ int pgd_regex_compile(const char *pattern, size_t len, pgd_regex *out, char *msg
             else {
                 memset(d.table, 0xFF, d.ht_size * sizeof *d.table);
                 build_dfa(&d, f.start);
+                out->work = d.work;
             }
         }
     }
@@ -965,6 +996,71 @@ int pgd_regex_compile(const char *pattern, size_t len, pgd_regex *out, char *msg
     return ps.rc;
 }
 
+int pgd_regex_length_sets(pgd_regex *re, int32_t cap) {
+    int32_t n = re->n_states, w = cap / 64 + 1;
+    uint8_t rep[256];
+    for (int b = 255; b >= 0; b--) rep[re->cls[b]] = (uint8_t)b; /* each class's first byte */
+    redges r = {0};
+    uint64_t *lens = calloc((size_t)n * (size_t)w, sizeof *lens);
+    int32_t *q = malloc((size_t)n * sizeof *q);
+    uint8_t *inq = calloc((size_t)n, 1);
+    int rc = PGD_ENOMEM;
+    if (!lens || !q || !inq || reverse_edges(re, rep, &r)) goto done;
+    if ((int64_t)r.cnt[n] * (cap + 1) * w > PGD_REGEX_MAX_WORK) { /* edges x lengths x words */
+        rc = PGD_ERANGE;
+        goto done;
+    }
+    /* a worklist: a state whose set grew passes it on, shifted by the edge's cost, to the
+     * states with an edge into it (sets only grow, so it ends) */
+    int32_t head = 0, len = 0;
+    for (int32_t s = 0; s < n; s++)
+        if (re->accept[s]) lens[(size_t)s * w] = 1, q[(head + len++) % n] = s, inq[s] = 1;
+    while (len > 0) {
+        int32_t t = q[head];
+        head = (head + 1) % n;
+        len--;
+        inq[t] = 0;
+        const uint64_t *lt = lens + (size_t)t * w;
+        for (int32_t i = r.cnt[t]; i < r.cnt[t + 1]; i++) {
+            int32_t s = r.src[i];
+            uint64_t *ls = lens + (size_t)s * w, grew = 0;
+            int shift = char_cost(r.byte[i]);
+            for (int32_t k = 0; k < w; k++) {
+                uint64_t v = shift ? lt[k] << 1 | (k ? lt[k - 1] >> 63 : 0) : lt[k];
+                if (k == w - 1 && (cap + 1) % 64) v &= (1ull << ((cap + 1) % 64)) - 1;
+                grew |= v & ~ls[k];
+                ls[k] |= v;
+            }
+            if (grew && !inq[s]) q[(head + len++) % n] = s, inq[s] = 1;
+        }
+    }
+    re->lens = lens;
+    re->len_words = w;
+    re->len_cap = cap;
+    lens = NULL;
+    rc = PGD_OK;
+done:
+    redges_free(&r);
+    free(lens);
+    free(q);
+    free(inq);
+    return rc;
+}
+
+bool pgd_regex_len_in(const pgd_regex *re, int32_t q, int64_t lo, int64_t hi) {
+    if (lo < 0) lo = 0;
+    if (hi > re->len_cap) hi = re->len_cap;
+    const uint64_t *l = re->lens + (size_t)q * (size_t)re->len_words;
+    for (int64_t k = lo; k <= hi; k++) {
+        if (!(k & 63) && k + 63 <= hi && !l[k >> 6]) {
+            k += 63; /* a whole empty word */
+            continue;
+        }
+        if (l[k >> 6] >> (k & 63) & 1) return true;
+    }
+    return false;
+}
+
 void pgd_regex_free(pgd_regex *re) {
     free(re->next);
     free(re->accept);
@@ -972,6 +1068,7 @@ void pgd_regex_free(pgd_regex *re) {
     free(re->lmin);
     free(re->lmax);
     free(re->unbounded);
+    free(re->lens);
     memset(re, 0, sizeof *re);
 }
 

@@ -23,6 +23,7 @@
 #define PGD_REGEX_MAX_NFA 20000     /* NFA states (counted repeats are expanded) */
 #define PGD_REGEX_MAX_DFA 16384     /* DFA states */
 #define PGD_REGEX_MAX_TABLE (1 << 20) /* DFA states x byte classes (4 MiB of transitions) */
+#define PGD_REGEX_MAX_WORK 20000000   /* NFA states visited building the DFA (tens of ms) */
 
 typedef struct pgd_regex {
     int32_t n_states;   /* DFA states; 0 is the start */
@@ -37,12 +38,24 @@ typedef struct pgd_regex {
        else at most lmax */
     uint16_t *lmin, *lmax;
     uint8_t *unbounded;
+    int64_t work;       /* what building it cost, in PGD_REGEX_MAX_WORK's units */
+    /* after pgd_regex_length_sets (else NULL): bit k of lens[q * len_words ..] is set when a
+       match can be reached from q in exactly k more characters, for k <= len_cap */
+    uint64_t *lens;
+    int32_t len_words, len_cap;
 } pgd_regex;
 
 /* Compiles pattern[0..len). PGD_OK, or PGD_EINVAL with the reason in msg (PGD_ENOMEM). */
 int pgd_regex_compile(const char *pattern, size_t len, pgd_regex *out, char *msg,
                       size_t msg_len);
 void pgd_regex_free(pgd_regex *re);
+/* Computes re->lens up to cap characters (maxLength), so that a length window is checked
+ * exactly even where the match lengths have gaps ((ab)+ takes 2, 4, 6...). PGD_OK; PGD_ERANGE
+ * past the work budget (lens stays NULL: callers fall back on lmin/lmax); PGD_ENOMEM. */
+int pgd_regex_length_sets(pgd_regex *re, int32_t cap);
+/* Whether a match can be reached from q in k more characters for some k in [lo, hi] (with
+ * lens; hi <= len_cap). */
+bool pgd_regex_len_in(const pgd_regex *re, int32_t q, int64_t lo, int64_t hi);
 /* The state after byte b from state q (>= 0), or -1. */
 static inline int32_t pgd_regex_next(const pgd_regex *re, int32_t q, uint8_t b) {
     return re->next[(size_t)q * (size_t)re->n_cls + re->cls[b]];

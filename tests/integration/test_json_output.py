@@ -669,6 +669,46 @@ def test_schema_pattern_is_a_whole_match(tmp_path, lo, hi):
     assert not bad, bad[:6]
 
 
+@pytest.mark.parametrize("pattern,lo,hi,prefixes", [
+    # match lengths with a gap (2, 5) around the window: "aaa" must be refused, or it strands
+    ("a{2}|a{5}", 2, 4, ['{"s":"', '{"s":"a', '{"s":"aa']),
+    # an escape must leave room: after "abcd" no "\\n" + letter fits in 5 characters
+    ("^[a-z]+(\\n[a-z]+)*$", 0, 5, ['{"s":"', '{"s":"abc', '{"s":"abc\\', '{"s":"abcd']),
+    ("\\x01|ab", 2, None, ['{"s":"', '{"s":"a']),
+])
+def test_schema_pattern_lengths_never_strand(pattern, lo, hi, prefixes, tmp_path):
+    """With minLength/maxLength beside a pattern, every prefix the recognizer takes has a token
+    to go on with (the mask of each is not empty: an audit found empty ones), and the prefixes
+    that could not end well are refused on their last byte."""
+    v = {"type": "string", "pattern": pattern, "minLength": lo}
+    if hi is not None:
+        v["maxLength"] = hi
+    schema = {"type": "object", "properties": {"s": v}, "required": ["s"],
+              "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    docs = [p.encode() for p in prefixes] + [b'{"s":"aaa', b'{"s":"abcd\\', b'{"s":"\\u0001"']
+    got = tool_schema(schema, docs, tmp_path)
+    ok = [d for d, g in zip(docs, got) if g == "prefix"]
+    assert set(ok) >= {p.encode() for p in prefixes}, list(zip(docs, got))
+    assert b'{"s":"aaa' not in ok or pattern != "a{2}|a{5}"
+    assert b'{"s":"abcd\\' not in ok
+    inp = "".join(f"o {b.hex()}\n" for b in ok)
+    p = subprocess.run([str(TOOL), "mask", str(VOCABS[0]), str(path)], input=inp,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    counts = [int(x) for x in p.stdout.split()]
+    assert len(counts) == len(ok) and min(counts) >= 1, list(zip(ok, counts))
+
+
+def test_schema_pattern_without_a_fitting_length_is_refused(tmp_path):
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps({"type": "object", "properties": {"s": {
+        "type": "string", "pattern": "(ab){1,3}", "minLength": 3, "maxLength": 3}}}))
+    p = subprocess.run([str(TOOL), "schema", str(path)], input="", capture_output=True, text=True)
+    assert p.returncode == 3 and "matches no string of 3 to 3 characters" in p.stdout, p.stdout
+
+
 @pytest.mark.parametrize("name", ["scalars", "refs", "prefixes", "tagged", "bounds", "patterns"])
 def test_schema_mask_equals_its_definition(name, tmp_path):
     schema = SCHEMAS[name]
