@@ -59,6 +59,9 @@ typedef struct pgd_api_request {
                                       this pgd_tool_format (0: none) */
     int reasoning;                 /* set by the server: chat answers' reasoning is returned
                                       apart, in this pgd_reasoning_format (0: none) */
+    int prompt_think;              /* set by the server: the rendered chat prompt ends with
+                                      "<think>" (1: the template opened the thinking), with
+                                      "</think>" (2: it closed it), or neither (0) */
     bool parallel_tool_calls;      /* false: an answer returns its first call only */
     char *tool_name;               /* owned, or NULL */
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;

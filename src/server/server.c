@@ -538,8 +538,17 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
 
 /* A chat request's prompt: its messages rendered by the chat template, then tokenized (without
  * BOS unless add_bos: the template writes the BOS text itself where the model wants it). */
+/* The prompt ends with tag, but for whitespace after it. */
+static bool think_tag_at_end(const char *prompt, const char *tag) {
+    size_t n = strlen(prompt), l = strlen(tag);
+    while (n && strchr(" \t\r\n", prompt[n - 1])) n--;
+    return n >= l && !memcmp(prompt + n - l, tag, l);
+}
+
+/* The chat request's prompt, rendered and tokenized into pr; *think (may be NULL): whether it
+ * ends by opening (1) or closing (2) the thinking, or neither (0). */
 static int chat_prompt(server *s, const pgd_api_request *r, bool add_bos, pgd_api_prompt *pr,
-                       pgd_api_error *e) {
+                       int *think, pgd_api_error *e) {
     char *prompt = NULL, msg[512];
     pgd_chat_opts co = {.add_generation_prompt = r->add_generation_prompt,
                         .continue_final = r->continue_final_message, .kwargs = r->template_kwargs};
@@ -548,7 +557,12 @@ static int chat_prompt(server *s, const pgd_api_request *r, bool add_bos, pgd_ap
     if (rc) {
         pgd_api_error_set(e, 400, "invalid_request_error", "messages", NULL,
                           "the chat template failed: %s", msg);
-    } else if ((rc = tokenize_into(s, prompt, add_bos, pr))) {
+    } else if (think) {
+        *think = think_tag_at_end(prompt, "<think>")    ? 1
+                 : think_tag_at_end(prompt, "</think>") ? 2
+                                                         : 0;
+    }
+    if (!rc && (rc = tokenize_into(s, prompt, add_bos, pr))) {
         pgd_api_error_set(e, 500, "server_error", NULL, NULL, "tokenization failed");
     }
     free(prompt);
@@ -567,7 +581,8 @@ static void work_cb(uv_work_t *w) {
             return;
         }
         r->n_prompts = 1;
-        if (chat_prompt(s, r, false, &r->prompts[0], &c->err)) c->has_err = true;
+        if (chat_prompt(s, r, false, &r->prompts[0], &r->prompt_think, &c->err))
+            c->has_err = true;
         return;
     }
     for (int i = 0; i < r->n_prompts; i++) {
@@ -681,9 +696,13 @@ static void submit_all(server *s, req_ctx *c) {
                 .allowed_token_ids = r->allowed_ids, .n_allowed_token_ids = r->n_allowed,
                 .choices = (const char *const *)r->choices, .n_choices = r->n_choices,
                 .regex = r->regex,
-                /* the reasoning formats' closing and (qwen3: optional) opening tags */
-                .constrain_after = r->reasoning ? "</think>" : NULL,
-                .think_open = r->reasoning == PGD_REASONING_QWEN3 ? "<think>" : NULL,
+                /* a constrained answer thinks first: the prompt may have opened the thinking
+                 * or closed it already; else deepseek_r1 thinks from the start and under qwen3
+                 * the model may open it with its first token */
+                .constrain_after = r->reasoning && r->prompt_think != 2 ? "</think>" : NULL,
+                .think_open = r->reasoning == PGD_REASONING_QWEN3 && !r->prompt_think
+                                  ? "<think>"
+                                  : NULL,
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
             };
@@ -816,7 +835,7 @@ static int tokenize_chat(server *s, req_ctx *c, bool add_bos, cJSON **out, pgd_a
     }
     if (pgd_api_parse(c->body, c->body_len, true, &s->limits, &r, e)) return -1;
     pgd_api_prompt pr = {0};
-    int rc = chat_prompt(s, &r, add_bos, &pr, e);
+    int rc = chat_prompt(s, &r, add_bos, &pr, NULL, e);
     if (!rc) *out = tokens_json(s, &pr);
     free(pr.ids);
     pgd_api_request_free(&r);

@@ -163,3 +163,20 @@ def test_qwen3_answer_constrained_from_the_start_without_a_think_token(tmp_path_
         for m in chat(s, 0, **ask(0, bias), **as_json(), max_tokens=400):
             assert m["reasoning_content"] is None, m
             assert json.loads(m["content"])["a"] == TAGGED["properties"]["a"]["const"], m
+
+
+def test_prompt_that_closes_the_thinking_constrains_from_the_start(tmp_path_factory):
+    """A template that closes the thinking itself (SmolLM3's with enable_thinking false ends the
+    prompt with "<think>\\n\\n</think>\\n"): under deepseek_r1, which otherwise thinks from the
+    start, a JSON answer is held from its first token (an audit found it waiting for a
+    "</think>" that never comes, the answer left free). With no "</think>" in the answer,
+    deepseek_r1 returns it all as reasoning, as vLLM's parser does."""
+    model = util.model_with_template(tmp_path_factory, "HuggingFaceTB-SmolLM3-3B.jinja")
+    schema = {"type": "object", "properties": {"a": {"const": "ok"}}, "required": ["a"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    with Server(model, "--reasoning-parser", "deepseek_r1") as s:
+        for m in chat(s, 0, chat_template_kwargs={"enable_thinking": False},
+                      response_format=fmt, max_tokens=100):
+            whole = (m["reasoning_content"] or "") + (m["content"] or "")
+            assert json.loads(whole) == {"a": "ok"}, m
