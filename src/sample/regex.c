@@ -1047,20 +1047,6 @@ done:
     return rc;
 }
 
-bool pgd_regex_len_in(const pgd_regex *re, int32_t q, int64_t lo, int64_t hi) {
-    if (lo < 0) lo = 0;
-    if (hi > re->len_cap) hi = re->len_cap;
-    const uint64_t *l = re->lens + (size_t)q * (size_t)re->len_words;
-    for (int64_t k = lo; k <= hi; k++) {
-        if (!(k & 63) && k + 63 <= hi && !l[k >> 6]) {
-            k += 63; /* a whole empty word */
-            continue;
-        }
-        if (l[k >> 6] >> (k & 63) & 1) return true;
-    }
-    return false;
-}
-
 void pgd_regex_free(pgd_regex *re) {
     free(re->next);
     free(re->accept);

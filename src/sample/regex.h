@@ -54,8 +54,20 @@ void pgd_regex_free(pgd_regex *re);
  * past the work budget (lens stays NULL: callers fall back on lmin/lmax); PGD_ENOMEM. */
 int pgd_regex_length_sets(pgd_regex *re, int32_t cap);
 /* Whether a match can be reached from q in k more characters for some k in [lo, hi] (with
- * lens; hi <= len_cap). */
-bool pgd_regex_len_in(const pgd_regex *re, int32_t q, int64_t lo, int64_t hi);
+ * lens). Inline: the JSON mask asks it at every trie node of a string with a pattern. */
+static inline bool pgd_regex_len_in(const pgd_regex *re, int32_t q, int64_t lo, int64_t hi) {
+    if (lo < 0) lo = 0;
+    if (hi > re->len_cap) hi = re->len_cap;
+    if (lo > hi) return false;
+    const uint64_t *l = re->lens + (size_t)q * (size_t)re->len_words;
+    for (int64_t w = lo >> 6; w <= hi >> 6; w++) { /* the window's bits, a word at a time */
+        uint64_t m = ~0ull;
+        if (w == lo >> 6) m &= ~0ull << (lo & 63);
+        if (w == hi >> 6 && (hi & 63) != 63) m &= (1ull << ((hi & 63) + 1)) - 1;
+        if (l[w] & m) return true;
+    }
+    return false;
+}
 /* The state after byte b from state q (>= 0), or -1. */
 static inline int32_t pgd_regex_next(const pgd_regex *re, int32_t q, uint8_t b) {
     return re->next[(size_t)q * (size_t)re->n_cls + re->cls[b]];
