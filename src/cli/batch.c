@@ -36,6 +36,9 @@ typedef struct pending {
     float *bias;
     char *stop[16];
     char *json_schema;    /* response_format json_schema's schema, compact JSON */
+    char **choices;       /* guided_choice (p.n_choices) */
+    char *regex;          /* guided_regex */
+    int32_t *stop_ids;    /* stop_token_ids (p.n_stop_token_ids) */
     int line;
 } pending;
 
@@ -90,6 +93,53 @@ static void set_error(result *r, const char *msg) {
     free(r->error);
     r->error = strdup(msg);
     r->done = true;
+}
+
+/* vLLM's guided_choice, guided_regex and stop_token_ids (the engine checks what they hold). */
+static int parse_vllm_fields(const cJSON *j, pending *pd, char *msg, size_t ml) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, "guided_choice"), *y;
+    if (x && !cJSON_IsNull(x)) {
+        int n = cJSON_IsArray(x) ? cJSON_GetArraySize(x) : 0;
+        if (n < 1 || !(pd->choices = calloc((size_t)n, sizeof *pd->choices))) {
+            snprintf(msg, ml, n < 1 ? "\"guided_choice\" must be an array of strings"
+                                    : "out of memory");
+            return -1;
+        }
+        cJSON_ArrayForEach(y, x) {
+            if (!cJSON_IsString(y) || !(pd->choices[pd->p.n_choices++] = strdup(y->valuestring))) {
+                snprintf(msg, ml, "\"guided_choice\" must be an array of strings");
+                return -1;
+            }
+        }
+        pd->p.choices = (const char *const *)pd->choices;
+    }
+    x = cJSON_GetObjectItemCaseSensitive(j, "guided_regex");
+    if (x && !cJSON_IsNull(x)) {
+        if (!cJSON_IsString(x) || !(pd->regex = strdup(x->valuestring))) {
+            snprintf(msg, ml, "\"guided_regex\" must be a string");
+            return -1;
+        }
+        pd->p.regex = pd->regex;
+    }
+    x = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids");
+    if (x && !cJSON_IsNull(x)) {
+        int n = cJSON_IsArray(x) ? cJSON_GetArraySize(x) : -1;
+        if (n < 0 || !(pd->stop_ids = malloc((size_t)(n ? n : 1) * sizeof *pd->stop_ids))) {
+            snprintf(msg, ml, n < 0 ? "\"stop_token_ids\" must be an array of token ids"
+                                    : "out of memory");
+            return -1;
+        }
+        cJSON_ArrayForEach(y, x) {
+            if (!cJSON_IsNumber(y) || y->valuedouble < 0 || y->valuedouble > INT32_MAX ||
+                y->valuedouble != (double)(int32_t)y->valuedouble) {
+                snprintf(msg, ml, "\"stop_token_ids\" must be an array of token ids");
+                return -1;
+            }
+            pd->stop_ids[pd->p.n_stop_token_ids++] = (int32_t)y->valuedouble;
+        }
+        pd->p.stop_token_ids = pd->stop_ids;
+    }
+    return 0;
 }
 
 /* Parses one request line into p (prompt tokenized with the engine's tokenizer). */
@@ -259,7 +309,7 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
             return -1;
         }
     pd->p.stop = (const char *const *)pd->stop;
-    return 0;
+    return parse_vllm_fields(j, pd, msg, ml);
 }
 
 static void append(result *r, const pgd_event *ev) {
@@ -592,6 +642,10 @@ done:
         free(pend[i].bias);
         for (int k = 0; k < pend[i].p.n_stop; k++) free(pend[i].stop[k]);
         free(pend[i].json_schema);
+        for (int32_t k = 0; k < pend[i].p.n_choices; k++) free(pend[i].choices[k]);
+        free(pend[i].choices);
+        free(pend[i].regex);
+        free(pend[i].stop_ids);
     }
     if (trace) fclose(trace);
     free(res);

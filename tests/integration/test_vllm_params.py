@@ -252,3 +252,34 @@ def test_contradictory_masks_are_an_error(smol):
         assert r.status_code == 500, r.text
         validate(r.json(), "ErrorResponse")
         assert "constraints" in r.json()["error"]["message"], r.json()
+
+
+def test_batch_lines_take_choices_regex_and_stop_ids(tmp_path):
+    """`pagoda batch` input lines take guided_choice, guided_regex and stop_token_ids too (an
+    offline classification run): the random model's sampled answers are choices or whole
+    matches, and a bad regex is that line's error while the others run."""
+    import regex
+    from test_engine import run_pagoda
+    model = util.DATA / "models" / "llama-2-tiny-random.gguf"
+    labels = ["positive", "negative", "neutral"]
+    reqs = [{"id": i, "prompt": "Review %d:" % i, "max_tokens": 12, "temperature": 1.0,
+             "seed": i, "guided_choice": labels} for i in range(6)]
+    reqs += [{"id": 10 + i, "prompt": "Code:", "max_tokens": 8, "temperature": 1.0, "seed": i,
+              "guided_regex": "[A-Z]{2}-\\d{3}"} for i in range(4)]
+    greedy = {"prompt": "x", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    reqs += [{"id": 20, "prompt": "x", "guided_regex": "a(?=b)"}, dict(greedy, id=21)]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    run_pagoda("batch", "-m", model, "--input", inp, "--output", out, "--no-progress")
+    res = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert all(res[i]["text"] in labels for i in range(6)), [res[i] for i in range(6)]
+    assert all(regex.fullmatch("[A-Z]{2}-\\d{3}", res[10 + i]["text"]) for i in range(4))
+    assert "regular expression" in res[20]["error"]["message"], res[20]
+    # the same greedy line with its third token as a stop token: the first two, then stop
+    ids = res[21]["token_ids"]
+    k = next(i for i in range(2, 8) if ids[i] not in ids[:i])
+    inp.write_text(json.dumps(dict(greedy, id=22, stop_token_ids=[ids[k]])) + "\n")
+    run_pagoda("batch", "-m", model, "--input", inp, "--output", out, "--no-progress")
+    r = json.loads(out.read_text())
+    assert r["token_ids"][:k] == ids[:k] and r["finish_reason"] == "stop", (r, ids)
+    assert len(r["token_ids"]) == k + 1
