@@ -463,7 +463,8 @@ static int set_schema_value(pgd_api_request *r, const cJSON *x, const char *what
 
 /* A key that is null, absent, false, 0, "" or [] (vLLM's "not set"). */
 static bool unset(const cJSON *x) {
-    return !x || cJSON_IsNull(x) || cJSON_IsFalse(x) || (cJSON_IsNumber(x) && x->valuedouble == 0) ||
+    return !x || cJSON_IsNull(x) || cJSON_IsFalse(x) ||
+           (cJSON_IsNumber(x) && x->valuedouble == 0) ||
            (cJSON_IsString(x) && !x->valuestring[0]) ||
            (cJSON_IsArray(x) && cJSON_GetArraySize(x) == 0);
 }
@@ -500,7 +501,8 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     int kinds = r->json_object + !unset(gj) + gc_set + gr_set;
     const cJSON *sj = NULL, *sc = NULL, *sr = NULL, *y;
     if (!unset(so)) {
-        if (!cJSON_IsObject(so)) BAD("structured_outputs", "'structured_outputs' must be an object");
+        if (!cJSON_IsObject(so))
+            BAD("structured_outputs", "'structured_outputs' must be an object");
         cJSON_ArrayForEach(y, so) {
             if (unset(y)) continue;
             if (!strcmp(y->string, "json")) sj = y;

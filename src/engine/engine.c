@@ -594,7 +594,8 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
     }
     if (p->n_allowed_token_ids) {
         if (!(s->allowed = calloc((size_t)nv, 1))) return PGD_ENOMEM;
-        for (int32_t i = 0; i < p->n_allowed_token_ids; i++) s->allowed[p->allowed_token_ids[i]] = 1;
+        for (int32_t i = 0; i < p->n_allowed_token_ids; i++)
+            s->allowed[p->allowed_token_ids[i]] = 1;
     }
     if (p->constrain_after && *p->constrain_after && (s->json || p->n_choices || p->regex)) {
         if (!(s->c_after = strdup(p->constrain_after))) return PGD_ENOMEM;
@@ -1355,7 +1356,8 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
 static bool device_sampleable(const pgd_engine *e, const seq *s) {
     const pgd_sampler_params *p = &s->sampler.params;
     return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !s->json && !s->choices &&
-           !s->allowed && !s->has_re && (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
+           !s->allowed && !s->has_re &&
+           (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
            p->presence_penalty == 0 && p->frequency_penalty == 0 &&
            ((e->n_eog == 0 && s->n_stop_ids == 0) || s->n_tokens - s->n_prompt >= p->min_tokens);
 }

@@ -885,7 +885,8 @@ static int32_t pattern_string_mask(const pgd_json_state *st, pgd_json_vocab *v, 
     for (int32_t i = 0; i < v->n_trie;) {
         const pgd_json_trie *nd = &v->trie[i];
         uint8_t b = nd->byte;
-        int32_t t = b == '"' || b == '\\' || b < 0x20 ? -1 : pgd_regex_next(re, ds[nd->depth - 1], b);
+        int32_t t = b == '"' || b == '\\' || b < 0x20 ? -1
+                                                      : pgd_regex_next(re, ds[nd->depth - 1], b);
         int32_t c = cs[nd->depth - 1] + ((b & 0xC0) != 0x80);
         if (t < 0 || !re_len_ok(re, sn, c, t)) {
             i = nd->skip;
