@@ -1352,8 +1352,7 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
 
 /* Whether s's next token can be sampled on the backend: its chain is temperature, top-k, top-p
  * and min-p alone -- no processor that reads the history, the bias or a mask (JSON, choices, a
- * regex, allowed ids), no logprobs
- * (they need the logits), no proposals to verify. */
+ * regex, allowed ids), no logprobs (they need the logits), no proposals to verify. */
 static bool device_sampleable(const pgd_engine *e, const seq *s) {
     const pgd_sampler_params *p = &s->sampler.params;
     return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !s->json && !s->choices &&
