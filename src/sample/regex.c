@@ -1001,15 +1001,20 @@ int pgd_regex_length_sets(pgd_regex *re, int32_t cap) {
     uint8_t rep[256];
     for (int b = 255; b >= 0; b--) rep[re->cls[b]] = (uint8_t)b; /* each class's first byte */
     redges r = {0};
-    uint64_t *lens = calloc((size_t)n * (size_t)w, sizeof *lens);
-    int32_t *q = malloc((size_t)n * sizeof *q);
-    uint8_t *inq = calloc((size_t)n, 1);
+    uint64_t *lens = NULL;
+    int32_t *q = NULL;
+    uint8_t *inq = NULL;
     int rc = PGD_ENOMEM;
-    if (!lens || !q || !inq || reverse_edges(re, rep, &r)) goto done;
-    if ((int64_t)r.cnt[n] * (cap + 1) * w > PGD_REGEX_MAX_WORK) { /* edges x lengths x words */
+    if (reverse_edges(re, rep, &r)) goto done;
+    /* the budget first (edges x lengths x words, as a double: it can pass 2^63), then the sets */
+    if ((double)r.cnt[n] * ((double)cap + 1) * (double)w > PGD_REGEX_MAX_WORK) {
         rc = PGD_ERANGE;
         goto done;
     }
+    lens = calloc((size_t)n * (size_t)w, sizeof *lens);
+    q = malloc((size_t)n * sizeof *q);
+    inq = calloc((size_t)n, 1);
+    if (!lens || !q || !inq) goto done;
     /* a worklist: a state whose set grew passes it on, shifted by the edge's cost, to the
      * states with an edge into it (sets only grow, so it ends) */
     int32_t head = 0, len = 0;
