@@ -121,6 +121,10 @@ typedef struct pgd_request_params {
        per request), ending (STOP) when no byte can extend the match, or at an
        end-of-generation token once it is one; needs a tokenizer; no speculation */
     const char *regex;
+    /* with regex: its DFA compiled already (pgd_regex_compile of src/sample/regex.h), which the
+       engine copies instead of compiling the pattern again (a server compiles once per request,
+       off its I/O thread, for all its choices); NULL: the engine compiles regex */
+    const struct pgd_regex *regex_dfa;
     /* a reasoning model's thinking before a constrained answer (JSON, choices or a regex), as vLLM
        applies a grammar only once the reasoning has ended: the constraint holds from the token
        after the one that completes this text ("</think>"); until then sampling is free */

@@ -427,21 +427,38 @@ fail:
     return -1;
 }
 
-/* guided_regex: a pattern regex.h compiles (checked here; the engine compiles its own). */
+/* guided_regex: the pattern, compiled later (pgd_api_compile_regex: building a DFA can take
+ * tens of milliseconds, not for the thread that parses). */
 static int set_regex(pgd_api_request *r, const cJSON *x, const char *what, pgd_api_error *err) {
     if (!cJSON_IsString(x)) BAD(what, "'%s' must be a string", what);
-    pgd_regex re;
-    char msg[200];
-    int rc = pgd_regex_compile(x->valuestring, strlen(x->valuestring), &re, msg, sizeof msg);
-    pgd_regex_free(&re);
-    if (rc == PGD_ENOMEM) goto oom;
-    if (rc) BAD(what, "'%s': %s", what, msg);
-    if (!(r->regex = strdup(x->valuestring))) goto oom;
+    if (strlen(x->valuestring) > PGD_REGEX_MAX_LEN)
+        BAD(what, "'%s' is longer than %d bytes", what, PGD_REGEX_MAX_LEN);
+    if (!(r->regex = strdup(x->valuestring))) {
+        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    r->regex_param = what;
     return 0;
-oom:
-    pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
 fail:
     return -1;
+}
+
+int pgd_api_compile_regex(pgd_api_request *r, pgd_api_error *err) {
+    if (!r->regex || r->regex_dfa) return 0;
+    char msg[200];
+    pgd_regex *re = malloc(sizeof *re);
+    int rc = re ? pgd_regex_compile(r->regex, strlen(r->regex), re, msg, sizeof msg) : PGD_ENOMEM;
+    if (rc) {
+        free(re);
+        if (rc == PGD_ENOMEM)
+            pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        else
+            pgd_api_error_set(err, 400, "invalid_request_error", r->regex_param, NULL,
+                              "'%s': %s", r->regex_param, msg);
+        return -1;
+    }
+    r->regex_dfa = re;
+    return 0;
 }
 
 /* A JSON Schema given as an object or as a string holding one (vLLM takes both). */
@@ -779,6 +796,8 @@ void pgd_api_request_free(pgd_api_request *r) {
     for (int i = 0; i < r->n_choices; i++) free(r->choices[i]);
     free(r->choices);
     free(r->regex);
+    if (r->regex_dfa) pgd_regex_free(r->regex_dfa);
+    free(r->regex_dfa);
     memset(r, 0, sizeof *r);
 }
 

@@ -83,6 +83,8 @@ typedef struct pgd_api_request {
     int32_t truncate_prompt;       /* truncate_prompt_tokens: keep the prompt's last N tokens (0:
                                       all; -1: as many as the context holds) */
     char *regex;                   /* guided_regex / structured_outputs.regex, or NULL */
+    const char *regex_param;       /* the parameter that gave it (for a 400 on its pattern) */
+    struct pgd_regex *regex_dfa;   /* owned: compiled by the server off its I/O thread */
     char **choices;                /* guided_choice / structured_outputs.choice (n_choices) */
     int32_t n_choices;
 } pgd_api_request;
@@ -92,6 +94,10 @@ typedef struct pgd_api_request {
 int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits *lim,
                   pgd_api_request *out, pgd_api_error *err);
 void pgd_api_request_free(pgd_api_request *r);
+/* Compiles r->regex (if any) into r->regex_dfa, once for all the request's choices; a pattern
+ * regex.h refuses is a 400 naming its parameter. 0, or -1 with err. Slow for complex patterns
+ * (the work budget bounds it): call it off the I/O thread. */
+int pgd_api_compile_regex(pgd_api_request *r, pgd_api_error *err);
 /* 0 when body[0..len) may be parsed: well-formed UTF-8 (no overlongs, surrogates, code points
  * past U+10FFFF), as every POST route's body must be, and no "\u0000" escape (cJSON's strings
  * end at a NUL, so the text after it would be dropped without a word). Else -1 with a 400 in

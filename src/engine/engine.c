@@ -733,8 +733,10 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
     }
     if (p->regex) {
-        char why[200];
-        int rc = pgd_regex_compile(p->regex, strlen(p->regex), &s->re, why, sizeof why);
+        char why[200] = "out of memory";
+        int rc = p->regex_dfa
+                     ? pgd_regex_copy(&s->re, p->regex_dfa)
+                     : pgd_regex_compile(p->regex, strlen(p->regex), &s->re, why, sizeof why);
         if (rc) {
             seq_free(s);
             return fail(err, errlen, rc, "regular expression: %s", why);

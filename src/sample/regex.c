@@ -1052,6 +1052,33 @@ done:
     return rc;
 }
 
+static void *dup_bytes(const void *p, size_t n, bool *ok) {
+    if (!p) return NULL;
+    void *d = malloc(n ? n : 1);
+    if (!d) {
+        *ok = false;
+        return NULL;
+    }
+    memcpy(d, p, n);
+    return d;
+}
+
+int pgd_regex_copy(pgd_regex *dst, const pgd_regex *src) {
+    size_t n = (size_t)src->n_states;
+    bool ok = true;
+    *dst = *src;
+    dst->next = dup_bytes(src->next, n * (size_t)src->n_cls * sizeof *src->next, &ok);
+    dst->accept = dup_bytes(src->accept, n, &ok);
+    dst->extend = dup_bytes(src->extend, n, &ok);
+    dst->lmin = dup_bytes(src->lmin, n * sizeof *src->lmin, &ok);
+    dst->lmax = dup_bytes(src->lmax, n * sizeof *src->lmax, &ok);
+    dst->unbounded = dup_bytes(src->unbounded, n, &ok);
+    dst->lens = dup_bytes(src->lens, n * (size_t)src->len_words * sizeof *src->lens, &ok);
+    if (ok) return PGD_OK;
+    pgd_regex_free(dst);
+    return PGD_ENOMEM;
+}
+
 void pgd_regex_free(pgd_regex *re) {
     free(re->next);
     free(re->accept);

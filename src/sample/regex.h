@@ -49,6 +49,8 @@ typedef struct pgd_regex {
 int pgd_regex_compile(const char *pattern, size_t len, pgd_regex *out, char *msg,
                       size_t msg_len);
 void pgd_regex_free(pgd_regex *re);
+/* A deep copy of src into dst: PGD_OK or PGD_ENOMEM (dst then empty). */
+int pgd_regex_copy(pgd_regex *dst, const pgd_regex *src);
 /* Computes re->lens up to cap characters (maxLength), so that a length window is checked
  * exactly even where the match lengths have gaps ((ab)+ takes 2, 4, 6...). PGD_OK; PGD_ERANGE
  * past the work budget (lens stays NULL: callers fall back on lmin/lmax); PGD_ENOMEM. */

@@ -573,6 +573,10 @@ static void work_cb(uv_work_t *w) {
     req_ctx *c = w->data;
     server *s = c->s;
     pgd_api_request *r = &c->api;
+    if (pgd_api_compile_regex(r, &c->err)) { /* here, not on the I/O thread */
+        c->has_err = true;
+        return;
+    }
     if (r->chat) {
         r->prompts = calloc(1, sizeof *r->prompts);
         if (!r->prompts) {
@@ -695,7 +699,7 @@ static void submit_all(server *s, req_ctx *c) {
                 .include_stop = r->include_stop, .render_special = r->render_special,
                 .allowed_token_ids = r->allowed_ids, .n_allowed_token_ids = r->n_allowed,
                 .choices = (const char *const *)r->choices, .n_choices = r->n_choices,
-                .regex = r->regex,
+                .regex = r->regex, .regex_dfa = r->regex_dfa,
                 /* a constrained answer thinks first: the prompt may have opened the thinking
                  * or closed it already; else deepseek_r1 thinks from the start and under qwen3
                  * the model may open it with its first token */
