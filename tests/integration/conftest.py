@@ -40,6 +40,18 @@ def random_server():
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def smol(default_server):
+    """The default model's server, by its short name."""
+    return default_server
+
+
+@pytest.fixture(scope="module")
+def rnd(random_server):
+    """The random model's server, by its short name."""
+    return random_server
+
+
 @pytest.fixture(scope="session")
 def tiny_models():
     """Builds (once per script version, cached) the tiny random Llama / Llama-3-rope / Qwen2

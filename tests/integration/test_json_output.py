@@ -197,16 +197,6 @@ def test_mask_equals_its_definition(vocab):
 JSON_FMT = {"type": "json_object"}
 
 
-@pytest.fixture(scope="module")
-def smol(default_server):
-    return default_server
-
-
-@pytest.fixture(scope="module")
-def rnd(random_server):
-    return random_server
-
-
 post = util.post
 
 

@@ -153,11 +153,6 @@ def test_mask_matches_definition(vocab):
 
 # ---- 3. the server ----
 
-@pytest.fixture(scope="module")
-def rnd(random_server):
-    return random_server
-
-
 post = util.post
 
 

@@ -17,16 +17,6 @@ RANDOM_LLAMA = util.DATA / "models" / "llama-2-tiny-random.gguf"
 PROMPT = "The capital of France is"
 
 
-@pytest.fixture(scope="module")
-def smol(default_server):
-    return default_server
-
-
-@pytest.fixture(scope="module")
-def rnd(random_server):
-    return random_server
-
-
 post = util.post
 
 
