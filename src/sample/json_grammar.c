@@ -1,6 +1,7 @@
 /* The JSON recognizer and token mask of json_grammar.h. */
 #include "sample/json_grammar.h"
 #include "sample/regex.h"
+#include "tokenizer/unicode.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -386,14 +387,9 @@ static bool re_any_control(const pgd_json_state *st, unsigned lo, unsigned hi) {
 
 /* Code point cp as UTF-8 into the DFA. */
 static bool re_feed_cp(pgd_json_state *st, uint32_t cp) {
-    unsigned char b[4];
-    int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-    if (n == 1) b[0] = (unsigned char)cp;
-    else {
-        for (int i = n - 1; i > 0; i--, cp >>= 6) b[i] = (unsigned char)(0x80 | (cp & 0x3F));
-        b[0] = (unsigned char)((0xF00u >> n) | cp);
-    }
-    return re_feed(st, b, n);
+    char b[4];
+    int n = pgd__utf8_encode(cp, b);
+    return re_feed(st, (const unsigned char *)b, n);
 }
 
 /* The last digit of a \uXXXX escape: a high surrogate must be followed by a low one's escape,

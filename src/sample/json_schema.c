@@ -390,14 +390,6 @@ static int compile_array(ctx *x, const cJSON *j, int depth, int32_t node) {
                      &x->sc->nodes[node].max_items);
 }
 
-/* Bytes of s's first max bytes or fewer that end between characters. */
-static int utf8_prefix(const char *s, int max) {
-    int n = (int)strnlen(s, (size_t)max);
-    if (n == max)
-        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
-    return n;
-}
-
 /* minLength / maxLength, and pattern: a regular expression (regex.h) the whole string must
  * match, as vLLM's grammar backends read it (JSON Schema's own rule, a match anywhere in the
  * string, lets more through: every answer held so is valid for it too). */
@@ -416,7 +408,8 @@ static int compile_string(ctx *x, const cJSON *j, int32_t node) {
     rc = pgd_regex_compile(p->valuestring, strlen(p->valuestring), &sc->regex[sc->n_regex], why,
                            sizeof why);
     if (rc == PGD_ENOMEM) return rc;
-    int shown = utf8_prefix(p->valuestring, 64); /* the pattern, cut between characters */
+    size_t cut = strnlen(p->valuestring, 64); /* the pattern, cut between characters */
+    int shown = (int)(cut - pgd__utf8_incomplete_tail(p->valuestring, cut));
     if (rc) return fail(x, "'pattern' %.*s: %s", shown, p->valuestring, why);
     const pgd_regex *re = &sc->regex[sc->n_regex++];
     pgd_json_node *nd = &sc->nodes[node];

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokenizer/unicode.h"
 #include "util/status.h"
 
 #define MAX_CP 0x10FFFF
@@ -144,20 +145,9 @@ static bool at_end(const parser *ps) { return ps->p >= ps->end; }
 
 /* One UTF-8 character of the pattern, or -1 (malformed). */
 static int32_t utf8_char(parser *ps) {
-    const unsigned char *s = ps->p;
-    size_t left = (size_t)(ps->end - s);
-    uint32_t c = s[0];
-    int n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4
-                                                                                         : 0;
-    if (!n || (size_t)n > left) return perr(ps, "the pattern is not valid UTF-8");
-    if (n > 1) c &= 0x3F >> (n - 1);
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return perr(ps, "the pattern is not valid UTF-8");
-        c = c << 6 | (s[i] & 0x3F);
-    }
-    static const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < min[n] || c > MAX_CP || (c >= 0xD800 && c <= 0xDFFF))
-        return perr(ps, "the pattern is not valid UTF-8");
+    uint32_t c;
+    int n = pgd__utf8_decode(ps->p, (size_t)(ps->end - ps->p), &c);
+    if (c & PGD_UNI_INVALID) return perr(ps, "the pattern is not valid UTF-8");
     ps->p += n;
     return (int32_t)c;
 }
@@ -485,21 +475,6 @@ static void add_seq(nfa *a, frag *f, const uint8_t *lo, const uint8_t *hi, int n
     if (sp >= 0) f->start = sp;
 }
 
-static int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
-
-static void utf8_encode(uint32_t c, uint8_t *b) {
-    int n = utf8_len(c);
-    if (n == 1) {
-        b[0] = (uint8_t)c;
-        return;
-    }
-    for (int i = n - 1; i > 0; i--) {
-        b[i] = (uint8_t)(0x80 | (c & 0x3F));
-        c >>= 6;
-    }
-    b[0] = (uint8_t)((0xF00u >> n) | c);
-}
-
 /* The code points lo..hi as byte-range sequences (split until each position's bytes range
  * freely: the standard UTF-8 range decomposition). */
 static void add_cp_range(nfa *a, frag *f, uint32_t lo, uint32_t hi) {
@@ -510,7 +485,8 @@ static void add_cp_range(nfa *a, frag *f, uint32_t lo, uint32_t hi) {
             add_cp_range(a, f, bound[i] + 1, hi);
             return;
         }
-    int n = utf8_len(lo);
+    char bl[4], bh[4];
+    int n = pgd__utf8_encode(lo, bl);
     for (int i = 1; i < n; i++) {
         uint32_t m = (1u << (6 * i)) - 1;
         if ((lo & ~m) != (hi & ~m)) {
@@ -526,10 +502,8 @@ static void add_cp_range(nfa *a, frag *f, uint32_t lo, uint32_t hi) {
             }
         }
     }
-    uint8_t bl[4], bh[4];
-    utf8_encode(lo, bl);
-    utf8_encode(hi, bh);
-    add_seq(a, f, bl, bh, n);
+    pgd__utf8_encode(hi, bh);
+    add_seq(a, f, (const uint8_t *)bl, (const uint8_t *)bh, n);
 }
 
 /* The left spine of a CAT or ALT chain (nested to the left as the parser builds them), in order:
