@@ -1242,11 +1242,12 @@ static bool build_mask(pgd_engine *e, seq *s) {
         }
     } else if (constrained) {
         choice_mask(e, s, a);
-    } else {
-        memset(a, 1, (size_t)nv);
+    } else { /* allowed_token_ids alone (or the stop tokens under min_tokens) */
+        if (s->allowed) memcpy(a, s->allowed, (size_t)nv);
+        else memset(a, 1, (size_t)nv);
     }
     if (s->c_wait == C_FIRST && s->think_tok >= 0) a[s->think_tok] = 1;
-    if (s->allowed)
+    if (s->allowed && constrained)
         for (int32_t i = 0; i < nv; i++) a[i] &= s->allowed[i];
     if (under_min)
         for (int32_t i = 0; i < s->n_stop_ids; i++) a[s->stop_ids[i]] = 0;
