@@ -17,23 +17,13 @@
 #include "tokenizer/tokenizer.h"
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: bench_json_mask MODEL_OR_VOCAB.gguf [REPS]\n");
-        return 2;
-    }
-    int reps = argc > 2 ? atoi(argv[2]) : 51;
-    if (reps < 1 || reps > 10000) reps = 51;
     pgd_tokenizer *t;
-    pgd_err err = {{0}};
-    if (pgd_tokenizer_load_path(argv[1], &t, &err)) {
-        fprintf(stderr, "bench_json_mask: %s\n", err.msg);
-        return 1;
-    }
-    int32_t n = pgd_tokenizer_n_vocab(t);
     pgd_json_vocab v;
-    uint8_t *allow = malloc((size_t)n);
-    double *us = malloc((size_t)reps * sizeof *us);
-    if (!allow || !us || pgd_json_vocab_build(&v, t, n)) return 1;
+    uint8_t *allow;
+    double *us;
+    int reps, rc = bench_mask_setup("bench_json_mask", argc, argv, &t, &v, &allow, &us, &reps);
+    if (rc) return rc;
+    int32_t n = v.n;
     /* the states: the document so far (free, then under the schema) */
     static const char *const docs[] = {"", "{", "{\"name", "{\"name\"", "{\"name\": ",
                                        "{\"name\": \"Fel", "{\"age\": 1", "{\"a\": [1, 2",
