@@ -507,8 +507,7 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     r->tool_format = r->chat && r->tools ? (int)s->tool_format : PGD_TOOLS_NONE;
     /* a constrained answer (JSON, choices, a required call) thinks first, as in vLLM: the
      * engine holds the constraint from the end of the reasoning (constrain_after) */
-    r->reasoning = !r->chat || !s->reasoning_format ? PGD_REASONING_NONE
-                                                   : (int)s->reasoning_format;
+    r->reasoning = r->chat ? (int)s->reasoning_format : PGD_REASONING_NONE;
     if (!r->tool_required) return 0;
     if (!s->tool_format) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL,
@@ -536,8 +535,6 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     return 0;
 }
 
-/* A chat request's prompt: its messages rendered by the chat template, then tokenized (without
- * BOS unless add_bos: the template writes the BOS text itself where the model wants it). */
 /* The prompt ends with tag, but for whitespace after it. */
 static bool think_tag_at_end(const char *prompt, const char *tag) {
     size_t n = strlen(prompt), l = strlen(tag);
@@ -545,8 +542,10 @@ static bool think_tag_at_end(const char *prompt, const char *tag) {
     return n >= l && !memcmp(prompt + n - l, tag, l);
 }
 
-/* The chat request's prompt, rendered and tokenized into pr; *think (may be NULL): whether it
- * ends by opening (1) or closing (2) the thinking, or neither (0). */
+/* A chat request's prompt: its messages rendered by the chat template, then tokenized into pr
+ * (without BOS unless add_bos: the template writes the BOS text itself where the model wants
+ * it); *think (may be NULL): whether it ends by opening (1) or closing (2) the thinking, or
+ * neither (0). */
 static int chat_prompt(server *s, const pgd_api_request *r, bool add_bos, pgd_api_prompt *pr,
                        int *think, pgd_api_error *e) {
     char *prompt = NULL, msg[512];
