@@ -30,6 +30,7 @@ typedef enum {
     PGD_OP_ADD,          /* x += y */
     PGD_OP_GATHER_ROWS,  /* dst[i] = src[rows[i]] */
     PGD_OP_COPY_BLOCK,   /* KV block copy (copy-on-write) */
+    PGD_OP_MOE,          /* mixture-of-experts FFN: routing, the chosen experts, their sum */
     PGD_OP_COUNT
 } pgd_op;
 
@@ -65,6 +66,21 @@ typedef struct pgd_rope_params {
     int32_t head_dim;
     const float *inv_freq; /* host (head_dim / 2): 1 / (theta^(2i/d) * freq_factor[i]) */
 } pgd_rope_params;
+
+/* One mixture-of-experts FFN layer as the moe op sees it (Mixtral, Qwen3-MoE). */
+typedef struct pgd_moe {
+    int32_t n_expert, n_used;    /* experts, and how many of them each token runs */
+    int32_t ffn_dim;             /* FFN columns of each expert (this rank's) */
+    bool norm;                   /* the chosen experts' probabilities rescaled to sum to 1 */
+    const pgd_weight *gate, *up; /* (n_expert) matrices of (ffn_dim, dim) */
+    const pgd_weight *down;      /* (n_expert) matrices of (dim, ffn_dim) */
+} pgd_moe;
+
+/* Floats of scratch the moe op takes for n_rows rows of dim elements (backend memory). */
+static inline size_t pgd_moe_work_floats(int32_t n_rows, int32_t dim, const pgd_moe *e) {
+    return (size_t)n_rows * (2 * (size_t)dim + 2 * (size_t)e->ffn_dim + 4 * (size_t)e->n_used) +
+           2 * (size_t)e->n_expert + 17;
+}
 
 typedef struct pgd_backend pgd_backend;
 
@@ -115,6 +131,13 @@ typedef struct pgd_backend_ops {
     void (*attention)(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
                       int n_head, int n_kv_head, int head_dim, const pgd_step *s);
     void (*silu_gate)(pgd_backend *be, float *g, const float *u, size_t n);
+    /* Mixture of experts: row t of x (n_rows, dim) runs the e->n_used experts whose
+     * softmax(router[t]) (router: (n_rows, n_expert) logits) is largest, ties to the lower
+     * index, each weighted by that probability (rescaled when e->norm); out[t] = the sum, over
+     * the chosen experts in increasing index, of p * down(silu(gate x) * up x). work holds
+     * pgd_moe_work_floats(n_rows, dim, e) floats. NULL where supports(PGD_OP_MOE) says no. */
+    void (*moe)(pgd_backend *be, const pgd_moe *e, const float *x, const float *router,
+                float *out, float *work, int n_rows, int dim);
     void (*add)(pgd_backend *be, float *x, const float *y, size_t n);
     /* dst (n, dim) = src rows s->logit_rows[0..n) */
     void (*gather_rows)(pgd_backend *be, const float *src, float *dst, int dim, const pgd_step *s);

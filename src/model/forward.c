@@ -96,10 +96,11 @@ void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t 
 /* PAGODA_PROFILE=1: wall time per op of the layer program, summed over every step and printed
  * by pgd_fwd_free (CPU backend only: a device backend's ops return before their work is done). */
 enum { PR_EMBED, PR_NORM, PR_Q, PR_K, PR_V, PR_ROPE_KV, PR_ATTN, PR_O, PR_GATE, PR_UP, PR_ACT,
-       PR_DOWN, PR_REDUCE, PR_HEAD, PR_N };
+       PR_DOWN, PR_ROUTER, PR_MOE, PR_REDUCE, PR_HEAD, PR_N };
 static const char *const pr_name[PR_N] = {
     "embed", "rms_norm", "matmul q", "matmul k", "matmul v", "rope+kv store", "attention",
-    "matmul o", "matmul gate", "matmul up", "silu*up", "matmul down", "all-reduce", "lm head"};
+    "matmul o", "matmul gate", "matmul up", "silu*up", "matmul down", "matmul router", "experts",
+    "all-reduce", "lm head"};
 
 typedef struct pgd_fwd_rank {
     struct pgd_fwd *f;
@@ -110,6 +111,8 @@ typedef struct pgd_fwd_rank {
     float *q;                /* (max_tokens, n_head * head_dim) of this rank */
     float *k, *v;            /* (max_tokens, n_kv_head * head_dim) of this rank */
     float *hb, *hb2;         /* (max_tokens, ffn_dim) of this rank */
+    float *router;           /* (max_tokens, n_expert): router logits (MoE models) */
+    float *moe_work;         /* the moe op's scratch for max_tokens rows */
     float *logits;           /* (max_logits, n_vocab of this rank); == f->logits when shared */
     pthread_t thread;
     bool started;
@@ -243,6 +246,10 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
                 size_t bb = pgd_cpu_matmul_act_row_bytes(lw[i]);
                 if (bb > act) act = bb;
             }
+            for (int i = 0; l->experts && i < 3 * l->moe.n_expert; i++) {
+                size_t bb = pgd_cpu_matmul_act_row_bytes(&l->experts[i]);
+                if (bb > act) act = bb;
+            }
         }
         if ((rc = r->be.ops->init(&r->be, max_tokens, act, sh->n_head, sh->n_kv_head,
                                   c->head_dim, err)))
@@ -259,6 +266,11 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
         r->v = balloc(be, B * kv_dim, sizeof(float), &ok);
         r->hb = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
         r->hb2 = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
+        if (c->n_expert) {
+            r->router = balloc(be, B * (size_t)c->n_expert, sizeof(float), &ok);
+            r->moe_work = balloc(be, pgd_moe_work_floats((int32_t)B, c->dim, &sh->layers[0].moe),
+                                 sizeof(float), &ok);
+        }
         if (f->n_ranks == 1 && be->ops->host_memory) r->logits = f->logits;
         else r->logits = balloc(be, (size_t)max_logits * (size_t)sh->n_vocab, sizeof(float), &ok);
         if (!ok) goto nomem;
@@ -323,8 +335,8 @@ void pgd_fwd_free(pgd_fwd *f) {
         pgd_backend *be = &r->be;
         if (r->prof) prof_print(r);
         if (!be->ops) continue;
-        float *bufs[] = {r->x, r->xb, r->xb2, r->q, r->k, r->v, r->hb, r->hb2,
-                         r->logits != f->logits ? r->logits : NULL};
+        float *bufs[] = {r->x, r->xb, r->xb2, r->q, r->k, r->v, r->hb, r->hb2, r->router,
+                         r->moe_work, r->logits != f->logits ? r->logits : NULL};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->ops->mem_free(be, bufs[i]);
         if (be->impl) be->ops->free(be);
@@ -432,10 +444,15 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
         TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
         if (rc) return rc;
         TIMED(r, PR_NORM, o->add_rms_norm(be, r->x, r->xb2, fn, r->xb, n, dim, c->rms_eps));
-        TIMED(r, PR_GATE, o->matmul(be, &l->w_gate, r->xb, r->hb, n));
-        TIMED(r, PR_UP, o->matmul(be, &l->w_up, r->xb, r->hb2, n));
-        TIMED(r, PR_ACT, o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
-        TIMED(r, PR_DOWN, o->matmul(be, &l->w_down, r->hb, r->xb2, n));
+        if (l->moe.n_expert) {
+            TIMED(r, PR_ROUTER, o->matmul(be, &l->w_router, r->xb, r->router, n));
+            TIMED(r, PR_MOE, o->moe(be, &l->moe, r->xb, r->router, r->xb2, r->moe_work, n, dim));
+        } else {
+            TIMED(r, PR_GATE, o->matmul(be, &l->w_gate, r->xb, r->hb, n));
+            TIMED(r, PR_UP, o->matmul(be, &l->w_up, r->xb, r->hb2, n));
+            TIMED(r, PR_ACT, o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
+            TIMED(r, PR_DOWN, o->matmul(be, &l->w_down, r->hb, r->xb2, n));
+        }
         TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
         if (rc) return rc;
     }

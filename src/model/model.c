@@ -74,22 +74,10 @@ static void tensor_name(const pgd_model *m, char *buf, size_t cap, int il, const
     else snprintf(buf, cap, "model.layers.%d.%s", il, hf_name);
 }
 
-static int load_weight(pgd_model *m, int il, const char *gname, const char *hname, int64_t n_in,
-                       int64_t n_out, bool optional, bool weights_f32, pgd_weight *w, pgd_err *err) {
-    char name[256];
-    tensor_name(m, name, sizeof name, il, gname, hname);
-    src_tensor t;
-    if (!find_src(m, name, &t)) {
-        if (optional) {
-            memset(w, 0, sizeof *w);
-            return PGD_OK;
-        }
-        return pgd_err_set(err, PGD_EFORMAT, "%s: missing tensor '%s'", m->path, name);
-    }
-    if ((int64_t)t.ne[0] != n_in || (int64_t)t.ne[1] != n_out || t.ne[2] != 1 || t.ne[3] != 1)
-        return pgd_err_set(err, PGD_EFORMAT, "%s: tensor '%s' has shape [%" PRIu64 ", %" PRIu64
-                           "], expected [%" PRId64 ", %" PRId64 "]", m->path, name, t.ne[1],
-                           t.ne[0], n_out, n_in);
+/* The weight of n_out rows of n_in in t, the tensor `name` (its shape checked by the caller). */
+static int weight_from(pgd_model *m, const char *name, const src_tensor *tp, int64_t n_in,
+                       int64_t n_out, bool weights_f32, pgd_weight *w, pgd_err *err) {
+    src_tensor t = *tp;
     if (!pgd_cpu_type_supported(t.type))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: tensor '%s' has type %s, which the CPU "
                            "backend does not support", m->path, name, pgd_type_name(t.type));
@@ -115,6 +103,95 @@ static int load_weight(pgd_model *m, int il, const char *gname, const char *hnam
         memcpy(c, t.data, t.nbytes);
         w->data = c;
     }
+    return PGD_OK;
+}
+
+static int load_weight(pgd_model *m, int il, const char *gname, const char *hname, int64_t n_in,
+                       int64_t n_out, bool optional, bool weights_f32, pgd_weight *w, pgd_err *err) {
+    char name[256];
+    tensor_name(m, name, sizeof name, il, gname, hname);
+    src_tensor t;
+    if (!find_src(m, name, &t)) {
+        if (optional) {
+            memset(w, 0, sizeof *w);
+            return PGD_OK;
+        }
+        return pgd_err_set(err, PGD_EFORMAT, "%s: missing tensor '%s'", m->path, name);
+    }
+    if ((int64_t)t.ne[0] != n_in || (int64_t)t.ne[1] != n_out || t.ne[2] != 1 || t.ne[3] != 1)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: tensor '%s' has shape [%" PRIu64 ", %" PRIu64
+                           "], expected [%" PRId64 ", %" PRId64 "]", m->path, name, t.ne[1],
+                           t.ne[0], n_out, n_in);
+    return weight_from(m, name, &t, n_in, n_out, weights_f32, w, err);
+}
+
+/* The moe op's view of experts ex (gate, up, down matrices) of ffn_dim columns each. */
+static pgd_moe experts_moe(const pgd_model_config *c, const pgd_weight *ex, int32_t ffn_dim) {
+    const int32_t E = c->n_expert;
+    return (pgd_moe){.n_expert = E, .n_used = c->n_expert_used, .ffn_dim = ffn_dim,
+                     .norm = c->moe_norm, .gate = ex, .up = ex + E, .down = ex + 2 * E};
+}
+
+/* The router and experts of MoE layer il. A GGUF file stacks each kind of expert matrix in one
+ * 3-D tensor (ffn_gate_exps, ...: [n_in, n_out, n_expert]), each expert a view of its slice;
+ * a Hugging Face checkpoint names every expert's matrices (Mixtral: block_sparse_moe.experts.E.w1
+ * (gate), w3 (up), w2 (down); Qwen3-MoE: mlp.experts.E.gate_proj, up_proj, down_proj). */
+static int load_experts(pgd_model *m, int il, bool f32, pgd_layer *l, pgd_err *err) {
+    const pgd_model_config *c = &m->cfg;
+    const int32_t E = c->n_expert, F = c->moe_ffn_dim;
+    bool gguf = m->gguf.n_tensors != 0;
+    char name[256];
+    tensor_name(m, name, sizeof name, il, "", "block_sparse_moe.gate.weight");
+    src_tensor t;
+    bool mixtral = !gguf && find_src(m, name, &t);
+    pgd_weight *ex = calloc(3 * (size_t)E, sizeof *ex);
+    int rc = own(m, ex, err);
+    if (rc) return rc;
+    if ((rc = load_weight(m, il, "ffn_gate_inp.weight",
+                          mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight", c->dim, E,
+                          false, f32, &l->w_router, err)))
+        return rc;
+    struct { const char *g, *h, *hm; int64_t in, out; } parts[3] = {
+        {"ffn_gate_exps.weight", "mlp.experts.%d.gate_proj.weight",
+         "block_sparse_moe.experts.%d.w1.weight", c->dim, F},
+        {"ffn_up_exps.weight", "mlp.experts.%d.up_proj.weight",
+         "block_sparse_moe.experts.%d.w3.weight", c->dim, F},
+        {"ffn_down_exps.weight", "mlp.experts.%d.down_proj.weight",
+         "block_sparse_moe.experts.%d.w2.weight", F, c->dim},
+    };
+    for (int p = 0; p < 3; p++) {
+        pgd_weight *w = ex + (size_t)p * E;
+        if (!gguf) {
+            for (int e = 0; e < E; e++) {
+                char hn[128];
+                snprintf(hn, sizeof hn, mixtral ? parts[p].hm : parts[p].h, e);
+                if ((rc = load_weight(m, il, "", hn, parts[p].in, parts[p].out, false, f32, &w[e],
+                                      err)))
+                    return rc;
+            }
+            continue;
+        }
+        tensor_name(m, name, sizeof name, il, parts[p].g, "");
+        if (!find_src(m, name, &t))
+            return pgd_err_set(err, PGD_EFORMAT, "%s: missing tensor '%s'", m->path, name);
+        if ((int64_t)t.ne[0] != parts[p].in || (int64_t)t.ne[1] != parts[p].out ||
+            (int64_t)t.ne[2] != E || t.ne[3] != 1)
+            return pgd_err_set(err, PGD_EFORMAT, "%s: tensor '%s' has shape [%" PRIu64 ", %"
+                               PRIu64 ", %" PRIu64 "], expected [%d, %" PRId64 ", %" PRId64 "]",
+                               m->path, name, t.ne[2], t.ne[1], t.ne[0], E, parts[p].out,
+                               parts[p].in);
+        size_t bytes = pgd_type_row_bytes(t.type, t.ne[0]) * (size_t)parts[p].out;
+        for (int e = 0; e < E; e++) {
+            src_tensor te = t;
+            te.ne[2] = 1;
+            te.data = (const char *)t.data + (size_t)e * bytes;
+            te.nbytes = bytes;
+            if ((rc = weight_from(m, name, &te, parts[p].in, parts[p].out, f32, &w[e], err)))
+                return rc;
+        }
+    }
+    l->experts = ex;
+    l->moe = experts_moe(c, ex, F);
     return PGD_OK;
 }
 
@@ -169,6 +246,11 @@ static int check_config(pgd_model *m, pgd_err *err) {
         return pgd_err_set(err, PGD_EFORMAT, "%s: odd head dimension %d", m->path, c->head_dim);
     if (!(c->rms_eps > 0) || !(c->rope_theta > 0))
         return pgd_err_set(err, PGD_EFORMAT, "%s: invalid norm epsilon or rope theta", m->path);
+    if (c->n_expert && (c->n_expert > 1024 || c->n_expert_used < 1 ||
+                        c->n_expert_used > c->n_expert || c->moe_ffn_dim <= 0 ||
+                        c->moe_ffn_dim > (1 << 22)))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid experts (%d of %d, %d wide)", m->path,
+                           c->n_expert_used, c->n_expert, c->moe_ffn_dim);
     return PGD_OK;
 }
 
@@ -198,13 +280,14 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     } else if (pgd_str_eq(arch, "smollm3")) {
         m->cfg.arch = PGD_ARCH_SMOLLM3;
         m->cfg.rope_mode = PGD_ROPE_NORM;
-    } else if (pgd_str_eq(arch, "qwen2") || pgd_str_eq(arch, "qwen3")) {
+    } else if (pgd_str_eq(arch, "qwen2") || pgd_str_eq(arch, "qwen3") ||
+               pgd_str_eq(arch, "qwen3moe")) {
         m->cfg.arch = pgd_str_eq(arch, "qwen2") ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
         m->cfg.rope_mode = PGD_ROPE_NEOX;
     } else {
         pgd_name_buf nb;
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported architecture '%s' (llama, "
-                           "mistral, qwen2, qwen3 and smollm3 are)", m->path,
+                           "mistral, qwen2, qwen3, qwen3moe and smollm3 are)", m->path,
                            pgd_str_safe(arch, &nb));
     }
     snprintf(a, sizeof a, "%.*s", (int)arch.len, arch.ptr);
@@ -217,6 +300,9 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
         {"context_length", &m->cfg.n_ctx, true},
         {"attention.key_length", &m->cfg.head_dim, false},
         {"vocab_size", &m->cfg.n_vocab, false},
+        {"expert_count", &m->cfg.n_expert, false},
+        {"expert_used_count", &m->cfg.n_expert_used, false},
+        {"expert_feed_forward_length", &m->cfg.moe_ffn_dim, false},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         char key[128];
@@ -232,6 +318,16 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     if (!m->cfg.n_kv_head) m->cfg.n_kv_head = m->cfg.n_head;
     if (!m->cfg.head_dim && m->cfg.n_head) m->cfg.head_dim = m->cfg.dim / m->cfg.n_head;
     char key[128];
+    if (pgd_str_eq(arch, "qwen3moe") && !m->cfg.n_expert)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: missing metadata %s.expert_count", m->path, a);
+    if (m->cfg.n_expert) {
+        /* Mixtral's experts (llama files) are as wide as feed_forward_length says; llama.cpp
+         * rescales the chosen experts' weights for llama and qwen3moe unless told otherwise. */
+        if (!m->cfg.moe_ffn_dim) m->cfg.moe_ffn_dim = m->cfg.ffn_dim;
+        m->cfg.moe_norm = true;
+        snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+        pgd_gguf_get_bool(g, key, &m->cfg.moe_norm);
+    }
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     if (pgd_gguf_get_f32(g, key, &m->cfg.rms_eps))
         return pgd_err_set(err, PGD_EFORMAT, "%s: missing metadata %s", m->path, key);
@@ -330,6 +426,34 @@ static int smollm3_no_rope(pgd_model *m, const cJSON *c, const char *path, pgd_e
     return PGD_OK;
 }
 
+/* Experts of a Mixtral or Qwen3-MoE config.json. Mixtral's are intermediate_size wide and always
+ * rescaled; Qwen3-MoE's are moe_intermediate_size wide, rescaled when norm_topk_prob, and every
+ * layer has them unless mlp_only_layers or decoder_sparse_step say otherwise (which Pagoda
+ * refuses: no released checkpoint uses them). transformers 5 writes num_local_experts where
+ * Qwen3-MoE's own configs say num_experts. */
+static int hf_moe_config(pgd_model *m, const cJSON *c, bool mixtral, const char *path,
+                         pgd_err *err) {
+    pgd_model_config *mc = &m->cfg;
+    int32_t step = 1;
+    if (json_int(c, "num_local_experts", 0, &mc->n_expert) ||
+        (!mc->n_expert && json_int(c, "num_experts", 0, &mc->n_expert)) ||
+        json_int(c, "num_experts_per_tok", 0, &mc->n_expert_used) ||
+        json_int(c, mixtral ? "intermediate_size" : "moe_intermediate_size", 0,
+                 &mc->moe_ffn_dim) ||
+        json_int(c, "decoder_sparse_step", 1, &step))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: an expert count or size is not a non-negative "
+                           "integer", path);
+    const cJSON *ntp = cJSON_GetObjectItemCaseSensitive(c, "norm_topk_prob");
+    mc->moe_norm = mixtral || cJSON_IsTrue(ntp);
+    const cJSON *dense = cJSON_GetObjectItemCaseSensitive(c, "mlp_only_layers");
+    if (step != 1 || (cJSON_IsArray(dense) && cJSON_GetArraySize(dense) > 0))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: dense layers among the expert layers "
+                           "(mlp_only_layers, decoder_sparse_step) are not supported", path);
+    if (!mc->n_expert)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: no experts (num_experts)", path);
+    return PGD_OK;
+}
+
 /* Reads the model configuration from a Hugging Face config.json file (any name). */
 static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     char *txt;
@@ -347,11 +471,13 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         m->cfg.arch = PGD_ARCH_LLAMA;
     } else if (!strcmp(type, "smollm3")) {
         m->cfg.arch = PGD_ARCH_SMOLLM3;
-    } else if (!strcmp(type, "qwen2") || !strcmp(type, "qwen3")) {
+    } else if (!strcmp(type, "qwen2") || !strcmp(type, "qwen3") || !strcmp(type, "qwen3_moe")) {
         m->cfg.arch = !strcmp(type, "qwen2") ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
+    } else if (!strcmp(type, "mixtral")) {
+        m->cfg.arch = PGD_ARCH_LLAMA;
     } else {
         rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported model_type '%.64s' (llama, "
-                         "mistral, qwen2, qwen3 and smollm3 are)", path, type);
+                         "mistral, mixtral, qwen2, qwen3, qwen3_moe and smollm3 are)", path, type);
         goto done;
     }
     /* q/k/v biases (Qwen2, attention_bias) are loaded when the checkpoint has them */
@@ -370,6 +496,10 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     m->cfg.n_head = heads;
     m->cfg.n_kv_head = kv;
     m->cfg.head_dim = hd;
+    if (!strcmp(type, "mixtral") || !strcmp(type, "qwen3_moe")) {
+        rc = hf_moe_config(m, c, !strcmp(type, "mixtral"), path, err);
+        if (rc) goto done;
+    }
     int32_t sw = 0;
     /* Qwen2/Qwen3/SmolLM3 configs name a window they do not use unless use_sliding_window. */
     const cJSON *usw = cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window");
@@ -439,10 +569,13 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
             {"ffn_up.weight", "mlp.up_proj.weight", c->dim, c->ffn_dim, &l->w_up},
             {"ffn_down.weight", "mlp.down_proj.weight", c->ffn_dim, c->dim, &l->w_down},
         };
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        /* an MoE layer has experts in place of the last three */
+        size_t n_ws = c->n_expert ? 4 : sizeof ws / sizeof ws[0];
+        for (size_t i = 0; i < n_ws; i++)
             if ((rc = load_weight(m, il, ws[i].g, ws[i].h, ws[i].in, ws[i].out, false, f32, ws[i].w,
                                   err)))
                 return rc;
+        if (c->n_expert && (rc = load_experts(m, il, f32, l, err))) return rc;
         struct { const char *g, *h; int64_t n; bool opt; const float **dst; } vs[] = {
             {"attn_norm.weight", "input_layernorm.weight", c->dim, false, &l->attn_norm},
             {"ffn_norm.weight", "post_attention_layernorm.weight", c->dim, false, &l->ffn_norm},
@@ -564,6 +697,28 @@ static int shard_vec(pgd_model *m, pgd_shard *sh, const float *v, int64_t off, i
     return rc;
 }
 
+/* A rank's experts: the router whole, each expert's FFN columns [moe_lo, moe_lo + moe_dim) as
+ * a dense FFN's (gate and up by rows, down by columns). */
+static int shard_experts(pgd_model *m, pgd_shard *sh, const pgd_layer *l, pgd_layer *d,
+                         pgd_err *err) {
+    const int64_t E = l->moe.n_expert, dim = m->cfg.dim;
+    pgd_weight *ex = calloc(3 * (size_t)E, sizeof *ex);
+    int rc = own(m, ex, err);
+    if (rc || (rc = shard_weight(m, sh, &l->w_router, 0, E, 0, dim, &d->w_router, err)))
+        return rc;
+    for (int64_t e = 0; e < E; e++)
+        if ((rc = shard_weight(m, sh, &l->moe.gate[e], sh->moe_lo, sh->moe_dim, 0, dim, &ex[e],
+                               err)) ||
+            (rc = shard_weight(m, sh, &l->moe.up[e], sh->moe_lo, sh->moe_dim, 0, dim, &ex[E + e],
+                               err)) ||
+            (rc = shard_weight(m, sh, &l->moe.down[e], 0, dim, sh->moe_lo, sh->moe_dim,
+                               &ex[2 * E + e], err)))
+            return rc;
+    d->experts = ex;
+    d->moe = experts_moe(&m->cfg, ex, sh->moe_dim);
+    return PGD_OK;
+}
+
 static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     int hd = c->head_dim, rc;
@@ -572,11 +727,18 @@ static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_e
     sh->n_kv_head = c->n_kv_head / n_ranks;
     /* FFN columns are split in whole quantization blocks of down_proj when they divide evenly. */
     int64_t unit = pgd_type_block_elems(m->layers[0].w_down.type);
-    if (unit < 1 || c->ffn_dim % unit) unit = 1;
+    if (unit < 1 || c->ffn_dim % unit || c->ffn_dim / unit < n_ranks) unit = 1;
     long lo, hi;
     pgd_split_range(c->ffn_dim / unit, rank, n_ranks, &lo, &hi);
     sh->ffn_lo = (int32_t)(lo * unit);
     sh->ffn_dim = (int32_t)((hi - lo) * unit);
+    if (c->n_expert) { /* each expert's columns alike */
+        unit = pgd_type_block_elems(m->layers[0].experts[2 * c->n_expert].type);
+        if (unit < 1 || c->moe_ffn_dim % unit || c->moe_ffn_dim / unit < n_ranks) unit = 1;
+        pgd_split_range(c->moe_ffn_dim / unit, rank, n_ranks, &lo, &hi);
+        sh->moe_lo = (int32_t)(lo * unit);
+        sh->moe_dim = (int32_t)((hi - lo) * unit);
+    }
     pgd_split_range(c->n_vocab, rank, n_ranks, &lo, &hi);
     sh->vocab_lo = (int32_t)lo;
     sh->n_vocab = (int32_t)(hi - lo);
@@ -608,12 +770,13 @@ static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_e
             (rc = shard_weight(m, sh, &l->wk, k0, nk, 0, c->dim, &d->wk, err)) ||
             (rc = shard_weight(m, sh, &l->wv, k0, nk, 0, c->dim, &d->wv, err)) ||
             (rc = shard_weight(m, sh, &l->wo, 0, c->dim, q0, nq, &d->wo, err)) ||
-            (rc = shard_weight(m, sh, &l->w_gate, sh->ffn_lo, sh->ffn_dim, 0, c->dim, &d->w_gate,
-                               err)) ||
-            (rc = shard_weight(m, sh, &l->w_up, sh->ffn_lo, sh->ffn_dim, 0, c->dim, &d->w_up,
-                               err)) ||
-            (rc = shard_weight(m, sh, &l->w_down, 0, c->dim, sh->ffn_lo, sh->ffn_dim, &d->w_down,
-                               err)) ||
+            (!l->moe.n_expert &&
+             ((rc = shard_weight(m, sh, &l->w_gate, sh->ffn_lo, sh->ffn_dim, 0, c->dim,
+                                 &d->w_gate, err)) ||
+              (rc = shard_weight(m, sh, &l->w_up, sh->ffn_lo, sh->ffn_dim, 0, c->dim, &d->w_up,
+                                 err)) ||
+              (rc = shard_weight(m, sh, &l->w_down, 0, c->dim, sh->ffn_lo, sh->ffn_dim,
+                                 &d->w_down, err)))) ||
             (rc = shard_vec(m, sh, l->attn_norm, 0, c->dim, &d->attn_norm, err)) ||
             (rc = shard_vec(m, sh, l->ffn_norm, 0, c->dim, &d->ffn_norm, err)) ||
             (rc = shard_vec(m, sh, l->bq, q0, nq, &d->bq, err)) ||
@@ -623,6 +786,7 @@ static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_e
             (rc = shard_vec(m, sh, l->k_norm, 0, hd, &d->k_norm, err)))
             return rc;
         d->no_rope = l->no_rope;
+        if (l->moe.n_expert && (rc = shard_experts(m, sh, l, d, err))) return rc;
     }
     return PGD_OK;
 }
@@ -652,9 +816,9 @@ static bool thp_enabled(void) {
 
 static void weights_to_hugepages(pgd_model *m) {
     const pgd_model_config *c = &m->cfg;
-    pgd_weight *ws[2 + PGD_LAYER_N_MATRICES * 1024];
-    size_t n = 0;
-    if (c->n_layer > 1024) return; /* no such model; the weights then stay in the file */
+    size_t n = 0, per_layer = PGD_LAYER_N_MATRICES + 1 + 3 * (size_t)c->n_expert;
+    pgd_weight **ws = malloc((2 + (size_t)c->n_layer * per_layer) * sizeof *ws);
+    if (!ws) return; /* the weights then stay in the file */
     ws[n++] = &m->tok_embd;
     if (m->output.data && m->output.data != m->tok_embd.data) ws[n++] = &m->output;
     for (int il = 0; il < c->n_layer; il++) {
@@ -662,13 +826,18 @@ static void weights_to_hugepages(pgd_model *m) {
         pgd_weight *lw[] = PGD_LAYER_MATRICES(l);
         for (size_t i = 0; i < PGD_LAYER_N_MATRICES; i++)
             if (lw[i]->data) ws[n++] = lw[i];
+        if (l->w_router.data) ws[n++] = &l->w_router;
+        for (int i = 0; l->experts && i < 3 * l->moe.n_expert; i++) ws[n++] = &l->experts[i];
     }
     const size_t huge = (size_t)2 << 20;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) total += (ws[i]->row_bytes * (size_t)ws[i]->n_out + 63) / 64 * 64;
     size_t cap = total + huge;
     unsigned char *raw = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return;
+    if (raw == MAP_FAILED) {
+        free(ws);
+        return;
+    }
     unsigned char *base = (unsigned char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
     (void)madvise(base, total, MADV_HUGEPAGE); /* a hint: without it the copy still works */
     size_t off = 0;
@@ -687,6 +856,7 @@ static void weights_to_hugepages(pgd_model *m) {
         ws[i]->data = base + off;
         off += (bytes + 63) / 64 * 64;
     }
+    free(ws);
     m->hp_map = raw;
     m->hp_bytes = cap;
     /* Pages of the file mapping that held the matrices are no longer ours to keep resident (a
@@ -729,8 +899,11 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
         return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d does not divide the %d "
                            "attention heads and %d KV heads of %s", tp, c->n_head, c->n_kv_head,
                            m->path);
-    if (c->ffn_dim < tp || c->n_vocab < tp)
+    if (c->ffn_dim < tp || c->n_vocab < tp || (c->n_expert && c->moe_ffn_dim < tp))
         return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d: model too small", tp);
+    if (c->n_expert && !ops->supports(PGD_OP_MOE, PGD_TYPE_F32))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: mixture-of-experts models run on the CPU "
+                           "backend only (--device cpu), not on %s", m->path, ops->name);
     if (ops == &pgd_cpu_backend_ops && tp == 1 && !o.weights_f32 &&
         o.load_format != PGD_LOAD_DUMMY && thp_enabled())
         weights_to_hugepages(m);
@@ -771,7 +944,9 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_kv_head * c->head_dim;
     int64_t big = (int64_t)c->n_vocab * c->dim, f = (int64_t)c->ffn_dim * c->dim;
+    int64_t fe = (int64_t)(c->moe_ffn_dim > c->n_expert ? c->moe_ffn_dim : c->n_expert) * c->dim;
     if (f > big) big = f;
+    if (fe > big) big = fe;
     if (q_dim * c->dim > big) big = q_dim * c->dim;
     uint16_t *buf = malloc((size_t)big * sizeof *buf);
     int n_ones = c->dim > c->head_dim ? c->dim : c->head_dim;
@@ -803,6 +978,20 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         l->attn_norm = l->ffn_norm = ones;
         if (c->arch == PGD_ARCH_QWEN3) l->q_norm = l->k_norm = ones;
         l->no_rope = c->no_rope && c->no_rope[il];
+        if (!c->n_expert) continue;
+        const int32_t E = c->n_expert;
+        memset(&l->w_gate, 0, sizeof l->w_gate);
+        memset(&l->w_up, 0, sizeof l->w_up);
+        memset(&l->w_down, 0, sizeof l->w_down);
+        l->experts = calloc(3 * (size_t)E, sizeof *l->experts);
+        if ((rc = own(m, l->experts, err))) return rc;
+        DW(l->w_router, c->dim, E);
+        for (int e = 0; e < E; e++) {
+            DW(l->experts[e], c->dim, c->moe_ffn_dim);
+            DW(l->experts[E + e], c->dim, c->moe_ffn_dim);
+            DW(l->experts[2 * E + e], c->moe_ffn_dim, c->dim);
+        }
+        l->moe = experts_moe(c, l->experts, c->moe_ffn_dim);
     }
 #undef DW
     return PGD_OK;

@@ -31,6 +31,11 @@ typedef struct pgd_model_config {
     bool *no_rope;            /* (n_layer) or NULL; owned: the layers that apply no RoPE */
     int32_t bos_id;           /* config.json's bos_token_id, -1 if none: the BOS of a model
                                  loaded without a tokenizer (--load-format dummy) */
+    /* Mixture of experts (Mixtral, Qwen3-MoE; n_expert 0: every FFN is dense): each token runs
+     * n_expert_used of n_expert experts of moe_ffn_dim columns, weighted by the router's
+     * softmax, rescaled to sum to 1 when moe_norm. */
+    int32_t n_expert, n_expert_used, moe_ffn_dim;
+    bool moe_norm;
 } pgd_model_config;
 
 
@@ -45,6 +50,12 @@ typedef struct pgd_layer {
     const float *ffn_norm;            /* (dim) */
     pgd_weight w_gate, w_up;          /* (ffn_dim, dim) */
     pgd_weight w_down;                /* (dim, ffn_dim) */
+    /* A mixture-of-experts layer (moe.n_expert > 0) has these instead of w_gate/w_up/w_down
+     * (left empty): the router and, in `experts` (owned by the model), every expert's gate
+     * matrices, then their up, then their down matrices, which moe's arrays point into. */
+    pgd_weight w_router;              /* (n_expert, dim) */
+    pgd_weight *experts;              /* (3 * n_expert) */
+    pgd_moe moe;
 } pgd_layer;
 
 /* The matrices of layer pointer L, as an initializer: `pgd_weight *w[] = PGD_LAYER_MATRICES(l);`
@@ -66,6 +77,7 @@ typedef struct pgd_shard {
     int32_t rank;
     int32_t n_head, n_kv_head;        /* this rank's heads: [rank * n_head, (rank+1) * n_head) */
     int32_t ffn_lo, ffn_dim;          /* FFN columns [ffn_lo, ffn_lo + ffn_dim) */
+    int32_t moe_lo, moe_dim;          /* each expert's FFN columns [moe_lo, moe_lo + moe_dim) */
     int32_t vocab_lo, n_vocab;        /* vocab rows [vocab_lo, vocab_lo + n_vocab) */
     pgd_weight tok_embd;              /* (n_vocab, dim) */
     pgd_weight output;                /* (n_vocab, dim) */

@@ -75,15 +75,35 @@ SPECS = {
                                 pad_token_id=None, hidden_act="silu", no_rope_layers=[1, 1, 1, 0],
                                 no_rope_layer_interval=4, use_sliding_window=False,
                                 sliding_window=None)),
+    # Mixtral: Llama attention, every FFN a mixture of 4 experts (intermediate_size wide), 2 per
+    # token, their router weights rescaled to sum to 1. llama.cpp writes it as a llama GGUF with
+    # expert_count and the experts stacked in ffn_{gate,up,down}_exps.
+    "mixtral": dict(arch="mixtral", gguf_arch="llama", vocab="ggml-vocab-llama-spm.gguf",
+                    config=dict(COMMON, vocab_size=32000, head_dim=16, rope_theta=1000000.0,
+                                rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                                eos_token_id=2, hidden_act="silu", sliding_window=None,
+                                num_local_experts=4, num_experts_per_tok=2)),
+    # Qwen3-MoE: Qwen3 attention (QK-norm, head_dim 32), 8 experts of 32 columns, 2 per token,
+    # norm_topk_prob as Qwen3-30B-A3B has it; the config keys as its config.json writes them.
+    "qwen3moe": dict(arch="qwen3_moe", gguf_arch="qwen3moe", vocab="ggml-vocab-qwen2.gguf",
+                     config=dict(COMMON, vocab_size=151936, head_dim=32, rope_theta=1000000.0,
+                                 rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                 bos_token_id=151643, eos_token_id=151645, hidden_act="silu",
+                                 use_sliding_window=False, sliding_window=None,
+                                 max_window_layers=2, num_experts=8, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, norm_topk_prob=True,
+                                 decoder_sparse_step=1, mlp_only_layers=[])),
 }
 
 # arch -> (transformers config class, model class) names, looked up in transformers
 HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-              "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM")}
+              "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+              "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+              "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
 # Architectures llama.cpp's converter writes with the Q/K rows permuted (LlamaModel subclasses).
-PERMUTED = ("llama", "smollm3")
+PERMUTED = ("llama", "smollm3", "mixtral")
 
 GGUF_TYPES = ("F32", "F16", "Q8_0")
 
@@ -121,7 +141,9 @@ def hf_config(name, spec):
                    attention_bias=arch == "qwen2", **cfg)
     if arch == "qwen2":
         on_disk.pop("attention_bias")  # Qwen2 always has q/k/v biases; the key is llama's
-    elif arch != "qwen3":
+    elif arch in ("qwen3", "qwen3_moe", "mixtral"):
+        on_disk.pop("attention_bias")  # not in these configs
+    else:
         on_disk.update(mlp_bias=False, pretraining_tp=1)
     return cls(**cfg), on_disk
 
@@ -197,12 +219,53 @@ HF_TO_GGUF = {
 }
 
 
+def hub_layout(sd, arch):
+    """transformers 5 keeps a layer's experts stacked (mlp.experts.gate_up_proj: (E, 2F, dim),
+    gate rows first; mlp.experts.down_proj: (E, dim, F)); released checkpoints name each expert's
+    matrices, as save_pretrained writes them back: Qwen3-MoE mlp.experts.<e>.gate_proj/up_proj/
+    down_proj, Mixtral block_sparse_moe.gate and block_sparse_moe.experts.<e>.w1 (gate), w3 (up),
+    w2 (down)."""
+    names = (("block_sparse_moe.experts.{}.w1", "block_sparse_moe.experts.{}.w3",
+              "block_sparse_moe.experts.{}.w2") if arch == "mixtral" else
+             ("mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "mlp.experts.{}.down_proj"))
+    out = {}
+    for k, v in sd.items():
+        base, _, rest = k.partition(".mlp.")
+        if rest == "experts.gate_up_proj":
+            f = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{base}.{names[0].format(e)}.weight"] = v[e, :f].contiguous()
+                out[f"{base}.{names[1].format(e)}.weight"] = v[e, f:].contiguous()
+        elif rest == "experts.down_proj":
+            for e in range(v.shape[0]):
+                out[f"{base}.{names[2].format(e)}.weight"] = v[e].contiguous()
+        elif rest == "gate.weight" and arch == "mixtral":
+            out[f"{base}.block_sparse_moe.gate.weight"] = v
+        else:
+            out[k] = v
+    return out
+
+
 def gguf_tensors(sd, arch, cfg):
-    """Yields (gguf name, float32 array in HF [out, in] order) like convert_hf_to_gguf.py."""
+    """Yields (gguf name, float32 array in HF [out, in] order) like convert_hf_to_gguf.py.
+    Experts stay stacked, as llama.cpp stores them: ffn_gate_exps/ffn_up_exps (E, F, dim) and
+    ffn_down_exps (E, dim, F); the router is ffn_gate_inp."""
     if arch == "llama" and cfg.get("rope_scaling", {}).get("rope_type") == "llama3":
         yield "rope_freqs.weight", llama3_rope_factors(cfg)
     for name, t in sd.items():
         a = t.detach().to(torch.float32).numpy()
+        base, _, rest = name.partition(".mlp.")
+        if rest in ("experts.gate_up_proj", "experts.down_proj", "gate.weight"):
+            il = base.split(".")[2]
+            if rest == "experts.gate_up_proj":
+                f = a.shape[1] // 2
+                yield f"blk.{il}.ffn_gate_exps.weight", np.ascontiguousarray(a[:, :f])
+                yield f"blk.{il}.ffn_up_exps.weight", np.ascontiguousarray(a[:, f:])
+            elif rest == "experts.down_proj":
+                yield f"blk.{il}.ffn_down_exps.weight", a
+            else:
+                yield f"blk.{il}.ffn_gate_inp.weight", a
+            continue
         if name == "model.embed_tokens.weight":
             yield "token_embd.weight", a
         elif name == "model.norm.weight":
@@ -221,8 +284,9 @@ def gguf_tensors(sd, arch, cfg):
             yield f"blk.{il}.{HF_TO_GGUF[module]}.{kind}", a
 
 
-def write_gguf(path, arch, cfg, sd, vocab_kv, qtype_name):
+def write_gguf(path, spec, sd, vocab_kv, qtype_name):
     import gguf
+    arch, cfg = spec.get("gguf_arch", spec["arch"]), spec["config"]
     ftype = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
              "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype_name]
     wtype = gguf.GGMLQuantizationType[qtype_name]
@@ -241,19 +305,25 @@ def write_gguf(path, arch, cfg, sd, vocab_kv, qtype_name):
     if "head_dim" in cfg:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
+    if "num_experts_per_tok" in cfg:  # Mixtral's and Qwen3-MoE's set_gguf_parameters
+        w.add_expert_count(cfg.get("num_local_experts", cfg.get("num_experts")))
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_file_type(ftype)
     # LlamaModel.set_gguf_parameters (and SmolLM3Model, its subclass) adds these two; Qwen2Model
     # (and Qwen3Model) does not (a real Qwen2 GGUF has
     # neither key: n_vocab comes from the token list, the rope dimension from n_embd / n_head).
-    if arch in PERMUTED:
+    if spec["arch"] in PERMUTED:
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))
     copy_tokenizer_kv(w, vocab_kv)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    for name, a in gguf_tensors(sd, arch, cfg):
-        # prepare_tensors: 1-D tensors and norms stay F32; everything else takes the file type.
-        qt = gguf.GGMLQuantizationType.F32 if (a.ndim <= 1 or name.endswith("_norm.weight")) else wtype
+    for name, a in gguf_tensors(sd, spec["arch"], cfg):
+        # prepare_tensors: 1-D tensors, norms and routers stay F32; the rest takes the file type.
+        keep = a.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight"))
+        qt = gguf.GGMLQuantizationType.F32 if keep else wtype
         data = gguf.quants.quantize(a, qt)
         w.add_tensor(name, data, raw_dtype=qt)
     w.write_header_to_file()
@@ -439,7 +509,8 @@ def build_one(out, name, spec, vocab_cache):
     sd = {k: v.contiguous() for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)  # as save_pretrained writes a tied checkpoint
-    save_file(sd, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    save_file(hub_layout(sd, spec["arch"]), str(hf / "model.safetensors"),
+              metadata={"format": "pt"})
     (hf / "config.json").write_text(json.dumps(on_disk, indent=2) + "\n")
 
     vocab_kv = vocab_cache.get(spec["vocab"]) or read_gguf_kv(VOCAB_DIR / spec["vocab"])
@@ -457,7 +528,7 @@ def build_one(out, name, spec, vocab_cache):
 
     for t in GGUF_TYPES:
         tmp = out / f"{name}.{t}.gguf.tmp"
-        write_gguf(tmp, spec["arch"], spec["config"], sd, vocab_kv, t)
+        write_gguf(tmp, spec, sd, vocab_kv, t)
         tmp.rename(out / f"{name}.{t}.gguf")
     final = out / name
     shutil.rmtree(final, ignore_errors=True)

@@ -1,5 +1,5 @@
 """Pagoda's forward pass against transformers on tiny random Llama, Llama-3-rope, Qwen2, Qwen3
-(QK-norm) and SmolLM3 (NoPE layers) models.
+(QK-norm), SmolLM3 (NoPE layers), Mixtral and Qwen3-MoE (mixtures of experts) models.
 
 Every model is read in each form Pagoda loads (HF safetensors directory, GGUF F32 / F16 / Q8_0)
 and compared with transformers on the same token ids: teacher-forced logits over a 64-token
@@ -17,7 +17,7 @@ import util  # noqa: E402
 
 torch.set_num_threads(2)
 
-MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3")
+MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3moe")
 N_PROMPT = 64
 N_GEN = 64
 
@@ -82,19 +82,23 @@ class Refs:
         self.f32 = AutoModelForCausalLM.from_pretrained(m["hf_dir"], dtype=torch.float32).eval()
         self.config = AutoConfig.from_pretrained(m["hf_dir"])
         sd = self.f32.state_dict()
+
+        def rounded(k, v):  # what the GGUF files keep in F32: 1-D tensors, the MoE routers
+            return v.ndim >= 2 and not k.endswith("mlp.gate.weight")
         # The F16 GGUF keeps 1-D tensors (norms, biases) in F32; round the rest, as the file does.
-        self.f16 = self._with({k: (v.half().float() if v.ndim >= 2 else v) for k, v in sd.items()})
+        self.f16 = self._with({k: (v.half().float() if rounded(k, v) else v) for k, v in sd.items()})
         # transformers dequantizes the Q8_0 GGUF itself. The result is cached: reading GGUF
         # metadata with the gguf package takes seconds for these vocabularies. The GGUF
         # carries no rope_scaling (llama3 rope lives in rope_freqs.weight, which transformers
         # ignores), so the weights go into a model built from the HF config.
         cache = Path(m["hf_dir"]).parent / "refs" / f"{name}.Q8_0.dequantized.safetensors"
-        if m["arch"] in ("qwen3", "smollm3"):
-            # transformers reads no smollm3 GGUF, and reads qwen3 ones without their key_length
-            # (it builds 128-wide heads): round the weights as the file does instead (Q8_0 rounds
-            # each row's blocks of 32, so it commutes with the converter's Q/K row permutation),
-            # norms and 1-D tensors kept F32
-            self.q8 = self._with({k: (q8_0_round(v) if v.ndim >= 2 else v) for k, v in sd.items()})
+        if m["arch"] in ("qwen3", "smollm3", "mixtral", "qwen3_moe"):
+            # transformers reads no smollm3 GGUF, reads qwen3 ones without their key_length
+            # (it builds 128-wide heads), and these MoE files not as llama.cpp writes them: round
+            # the weights as the file does instead (Q8_0 rounds each row's blocks of 32, so it
+            # commutes with the converter's Q/K row permutation and with stacking the experts),
+            # norms, 1-D tensors and routers kept F32
+            self.q8 = self._with({k: (q8_0_round(v) if rounded(k, v) else v) for k, v in sd.items()})
             return
         if not cache.exists():
             d, f = m["gguf_Q8_0"].rsplit("/", 1)
@@ -220,7 +224,8 @@ def test_greedy(pagoda_bin, tiny_models, refs, name, fmt, tmp_path):
 @pytest.mark.parametrize("name", MODELS)
 def test_greedy_tensor_parallel(pagoda_bin, tiny_models, refs, name):
     """Tensor parallel over the CPU's in-process communicator, two ranks (two heads and one KV
-    head each; Qwen3's QK-norm gains go to both, SmolLM3's NoPE layer is one on both): the F32
+    head each; Qwen3's QK-norm gains go to both, SmolLM3's NoPE layer is one on both, every
+    expert's FFN columns are split in two and the router is whole on both): the F32
     file's greedy continuation is still transformers' own, token for token."""
     r = refs(name)
     ids = prompt_ids(name, r.config.vocab_size)

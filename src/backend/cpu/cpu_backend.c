@@ -996,6 +996,70 @@ static void cpu_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
     par_for(be, silu_range, &c, (long)n, 8, 64);
 }
 
+/* ---- mixture of experts ------------------------------------------------------------------ */
+
+/* Routing, then one expert at a time: its rows gathered, the three products on the pool, the
+ * weighted results added into their rows. A row's sum runs over its experts in increasing index
+ * whatever else is in the step, and each product is batch invariant (pgd_cpu_matmul), so the op
+ * is too. */
+static void cpu_moe(pgd_backend *be, const pgd_moe *e, const float *x, const float *router,
+                    float *out, float *work, int n, int dim) {
+    const int E = e->n_expert, K = e->n_used, F = e->ffn_dim;
+    const size_t D = (size_t)dim, nk = (size_t)n * (size_t)K;
+    float *xe = work, *ye = xe + (size_t)n * D, *g = ye + (size_t)n * D;
+    float *u = g + (size_t)n * (size_t)F, *sw = u + (size_t)n * (size_t)F, *lw = sw + nk;
+    int32_t *sel = (int32_t *)(lw + nk);   /* (n, K) chosen experts of each row */
+    int32_t *rows = sel + nk;              /* (n * K) rows grouped by expert, each group in order */
+    int32_t *start = rows + nk;            /* (E + 1) where each expert's group starts */
+    int32_t *fill = start + E + 1;         /* (E) the next free place of each group */
+    memset(start, 0, (size_t)(E + 1) * sizeof *start);
+    for (int t = 0; t < n; t++) {
+        const float *l = router + (size_t)t * (size_t)E;
+        int32_t *st = sel + (size_t)t * K;
+        float *pw = sw + (size_t)t * K, mx = l[0], sum = 0.0f, chosen = 0.0f;
+        for (int i = 1; i < E; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < E; i++) sum += expf(l[i] - mx);
+        for (int j = 0; j < K; j++) { /* the j-th largest logit not taken yet, lowest index */
+            int best = -1;
+            for (int i = 0; i < E; i++) {
+                bool taken = false;
+                for (int q = 0; q < j && !taken; q++) taken = st[q] == i;
+                if (!taken && (best < 0 || l[i] > l[best])) best = i;
+            }
+            st[j] = best;
+            pw[j] = expf(l[best] - mx) / sum;
+            chosen += pw[j];
+            start[best + 1]++;
+        }
+        if (e->norm)
+            for (int j = 0; j < K; j++) pw[j] /= chosen;
+    }
+    for (int i = 0; i < E; i++) start[i + 1] += start[i];
+    memcpy(fill, start, (size_t)E * sizeof *fill);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < K; j++) {
+            int32_t at = fill[sel[(size_t)t * K + j]]++;
+            rows[at] = t;
+            lw[at] = sw[(size_t)t * K + j];
+        }
+    memset(out, 0, (size_t)n * D * sizeof *out);
+    for (int i = 0; i < E; i++) {
+        int m = start[i + 1] - start[i];
+        if (!m) continue;
+        const int32_t *r = rows + start[i];
+        for (int k = 0; k < m; k++) memcpy(xe + (size_t)k * D, x + (size_t)r[k] * D, D * sizeof *xe);
+        cpu_matmul(be, &e->gate[i], xe, g, m);
+        cpu_matmul(be, &e->up[i], xe, u, m);
+        cpu_silu_gate(be, g, u, (size_t)m * (size_t)F);
+        cpu_matmul(be, &e->down[i], g, ye, m);
+        for (int k = 0; k < m; k++) {
+            float *o = out + (size_t)r[k] * D, p = lw[start[i] + k];
+            const float *y = ye + (size_t)k * D;
+            for (size_t c = 0; c < D; c++) o[c] += p * y[c];
+        }
+    }
+}
+
 static void cpu_gather_rows(pgd_backend *be, const float *src, float *dst, int dim,
                             const pgd_step *s) {
     for (int i = 0; i < s->n_logits; i++)
@@ -1041,6 +1105,7 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
     .rope_kv_store = cpu_rope_kv_store,
     .attention = cpu_attention,
     .silu_gate = cpu_silu_gate,
+    .moe = cpu_moe,
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .copy_block = cpu_copy_block,

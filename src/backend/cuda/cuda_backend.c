@@ -153,6 +153,7 @@ static void drop_graphs(cuda_state *st) {
 }
 
 static bool cuda_supports(pgd_op op, pgd_type t) {
+    if (op == PGD_OP_MOE) return false; /* mixture-of-experts models run on the CPU backend */
     if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED)
         return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 ||
                t == PGD_TYPE_Q8_0 || t == PGD_TYPE_Q4_0 || t == PGD_TYPE_Q4_1;
