@@ -4,6 +4,7 @@
  * hardware roofline. */
 #include <immintrin.h>
 #include <sys/mman.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,8 +255,21 @@ static double probe_flops(pgd_pool *pool) {
 
 typedef struct model_cost {
     double layer_params, head_params; /* multiply-adds per token: layers, LM head */
-    double layer_bytes, head_bytes;   /* weight bytes read per forward call */
+    double layer_bytes, head_bytes;   /* weight bytes read per forward call, but experts' */
+    /* Mixture of experts: the bytes of one expert of every layer, and the experts of a layer a
+     * step of B tokens reads: E (1 - (1 - K/E)^B) when each token's K of E are drawn at random
+     * (K for one token; the router of a real model is not uniform, so this is an estimate). */
+    double expert_bytes;
+    int32_t n_expert, n_used;
 } model_cost;
+
+/* Weight bytes a forward step of b tokens reads. */
+static double step_bytes(const model_cost *c, long b) {
+    double bytes = c->layer_bytes + c->head_bytes;
+    if (!c->n_expert) return bytes;
+    double e = c->n_expert, miss = pow(1.0 - (double)c->n_used / e, (double)b);
+    return bytes + e * (1.0 - miss) * c->expert_bytes;
+}
 
 static void add_weight(const pgd_weight *w, double *params, double *bytes) {
     *params += (double)w->n_in * (double)w->n_out;
@@ -269,6 +283,14 @@ static model_cost cost_of(const pgd_model *m) {
         const pgd_weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
                                   &l->w_down};
         for (int i = 0; i < 7; i++) add_weight(ws[i], &c.layer_params, &c.layer_bytes);
+        if (!l->moe.n_expert) continue;
+        add_weight(&l->w_router, &c.layer_params, &c.layer_bytes);
+        double params = 0, bytes = 0; /* every expert of the layer */
+        for (int i = 0; i < 3 * l->moe.n_expert; i++) add_weight(&l->experts[i], &params, &bytes);
+        c.layer_params += params * l->moe.n_used / l->moe.n_expert;
+        c.expert_bytes += bytes / l->moe.n_expert;
+        c.n_expert = l->moe.n_expert;
+        c.n_used = l->moe.n_used;
     }
     add_weight(&m->output, &c.head_params, &c.head_bytes);
     return c;
@@ -296,8 +318,7 @@ static void set_roofline(result *r, double bw, double peak) {
  * together BATCH_STEPS times from position 0, every step one token per sequence with its
  * logits, as the engine's decode steps run. Fills one result per batch size. */
 static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *o, long max_b,
-                          const model_cost *mc, double step_bytes, result *res, int *n_res,
-                          double *times) {
+                          const model_cost *mc, result *res, int *n_res, double *times) {
     pgd_err err = {{0}};
     const int32_t per_seq = (BATCH_STEPS + BATCH_BLOCK - 1) / BATCH_BLOCK;
     pgd_kv_cache kv;
@@ -347,9 +368,10 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
             times[r] = pgd_now_s() - t;
         }
         double t = median(times, (int)o->reps) / BATCH_STEPS;
-        /* A step reads the weights once and computes every sequence's logits. */
+        /* A step reads the weights once (an MoE model: the experts its tokens chose) and
+         * computes every sequence's logits. */
         res[(*n_res)++] = (result){
-            .test = "batch", .tokens = b, .tps = (double)b / t, .bytes = step_bytes,
+            .test = "batch", .tokens = b, .tps = (double)b / t, .bytes = step_bytes(mc, b),
             .flops = 2.0 * (mc->layer_params + mc->head_params) * (double)b};
     }
     rc = 0;
@@ -434,7 +456,7 @@ int pgd_cli_bench(int argc, char **argv) {
         peak = probe_flops(pool);
     }
     model_cost mc = cost_of(m);
-    double step_bytes = mc.layer_bytes + mc.head_bytes;
+    double tg_bytes = step_bytes(&mc, 1);
     times = calloc((size_t)o.reps, sizeof *times);
     result res[2 + MAX_BATCHES];
     int n_res = 0;
@@ -482,14 +504,14 @@ int pgd_cli_bench(int argc, char **argv) {
         }
         double t = median(times, (int)o.reps);
         res[n_res++] = (result){.test = "tg", .tokens = o.n_gen, .tps = (double)o.n_gen / t,
-                                .bytes = (double)o.n_gen * (step_bytes + depth_bytes),
+                                .bytes = (double)o.n_gen * (tg_bytes + depth_bytes),
                                 .depth = o.depth};
     }
     long max_b = 0;
     for (int bi = 0; bi < o.n_batches; bi++)
         if (o.batches[bi] > max_b) max_b = o.batches[bi];
     if (max_b > 0 &&
-        batched_decode(m, pool, &o, max_b, &mc, step_bytes, res, &n_res, times) != 0)
+        batched_decode(m, pool, &o, max_b, &mc, res, &n_res, times) != 0)
         goto done;
     /* The CPU's probes again after the tests: other tenants of a shared machine take bandwidth
      * and cores at moments, and the roofline is the machine's best reading of either. */
@@ -512,7 +534,7 @@ int pgd_cli_bench(int argc, char **argv) {
                "\"device\":\"%s\",\"kv_type\":\"%s\",\"bandwidth_gbs\":%.3f,\"peak_gflops\":%.3f,"
                "\"bandwidth_gbs_before_after\":[%.3f,%.3f],"
                "\"peak_gflops_before_after\":[%.3f,%.3f],\"results\":[",
-               m->path, wtype, htype, params, step_bytes, o.threads, o.reps, gpu ? "cuda" : "cpu",
+               m->path, wtype, htype, params, tg_bytes, o.threads, o.reps, gpu ? "cuda" : "cpu",
                pgd_type_name(o.kv_type), bw / 1e9, peak / 1e9, bw0 / 1e9, bw1 / 1e9, peak0 / 1e9,
                peak1 / 1e9);
         for (int i = 0; i < n_res; i++)
@@ -524,7 +546,7 @@ int pgd_cli_bench(int argc, char **argv) {
         printf("]}\n");
     } else {
         printf("model: %s (%s weights, %s head, %.1fM params, %.1f MB read per step; %s K/V)\n",
-               m->path, wtype, htype, params / 1e6, step_bytes / 1e6, pgd_type_name(o.kv_type));
+               m->path, wtype, htype, params / 1e6, tg_bytes / 1e6, pgd_type_name(o.kv_type));
         if (gpu)
             printf("machine: GPU 0, copy bandwidth %.1f GB/s (read + write), BF16 GEMM peak %.1f "
                    "TFLOP/s (cuBLASLt, 8192^3)\n",
