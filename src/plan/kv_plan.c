@@ -131,6 +131,9 @@ static int load_gguf(const char *path, pgd_kv_plan_model *m, pgd_err *err) {
         {"attention.key_length", &m->head_dim, false},
         {"context_length", &m->n_ctx, false},
         {"vocab_size", &m->n_vocab, false},
+        {"expert_count", &m->n_expert, false},
+        {"expert_used_count", &m->n_expert_used, false},
+        {"expert_feed_forward_length", &m->moe_ffn_dim, false},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         uint32_t v;
@@ -146,6 +149,7 @@ static int load_gguf(const char *path, pgd_kv_plan_model *m, pgd_err *err) {
     }
     if (!m->n_kv_head) m->n_kv_head = m->n_head;
     if (!m->head_dim && m->n_head) m->head_dim = m->dim / m->n_head;
+    if (m->n_expert && !m->moe_ffn_dim) m->moe_ffn_dim = m->ffn_dim; /* Mixtral */
     const pgd_gguf_tensor *emb = pgd_gguf_find_tensor(&g, "token_embd.weight");
     if (!m->n_vocab) {
         const pgd_gguf_kv *toks = pgd_gguf_find(&g, "tokenizer.ggml.tokens");
@@ -231,6 +235,18 @@ static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) 
         cJSON_Delete(c);
         return rc;
     }
+    /* Experts: Mixtral's num_local_experts of intermediate_size, Qwen3-MoE's num_experts (or
+     * num_local_experts, as transformers 5 writes it) of moe_intermediate_size. */
+    if (cJSON_GetObjectItemCaseSensitive(src, "num_experts_per_tok") &&
+        (json_i64(src, "num_local_experts", 0, &m->n_expert) ||
+         (!m->n_expert && json_i64(src, "num_experts", 0, &m->n_expert)) ||
+         json_i64(src, "num_experts_per_tok", 0, &m->n_expert_used) ||
+         json_i64(src, "moe_intermediate_size", m->ffn_dim, &m->moe_ffn_dim))) {
+        rc = pgd_err_set(err, PGD_EFORMAT, "%s: an expert count or size is not a non-negative "
+                         "integer", path);
+        cJSON_Delete(c);
+        return rc;
+    }
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings");
     if (!tie) tie = cJSON_GetObjectItemCaseSensitive(src, "tie_word_embeddings");
     m->tied_embeddings = cJSON_IsTrue(tie);
@@ -282,6 +298,12 @@ static int check_model(const pgd_kv_plan_model *m, pgd_err *err) {
         if (f[i].v <= 0 || f[i].v > f[i].hi)
             return pgd_err_set(err, PGD_EINVAL, "%s: %s %lld out of range [1, %lld]", m->name,
                                f[i].name, (long long)f[i].v, (long long)f[i].hi);
+    if (m->n_expert && (m->n_expert > 1024 || m->n_expert_used < 1 ||
+                        m->n_expert_used > m->n_expert || m->moe_ffn_dim < 1 ||
+                        m->moe_ffn_dim > (1 << 22)))
+        return pgd_err_set(err, PGD_EINVAL, "%s: invalid experts (%lld of %lld, %lld wide)",
+                           m->name, (long long)m->n_expert_used, (long long)m->n_expert,
+                           (long long)m->moe_ffn_dim);
     if (m->n_head % m->n_kv_head)
         return pgd_err_set(err, PGD_EINVAL,
                            "%s: %lld attention heads are not a multiple of %lld "
@@ -290,12 +312,23 @@ static int check_model(const pgd_kv_plan_model *m, pgd_err *err) {
     return 0;
 }
 
+/* Weight bytes one GPU reads in a decode step of B sequences: an MoE model's layers read every
+ * expert some sequence chose, E (1 - (1 - K/E)^B) of them when the K of E are drawn at random
+ * (a real router is not uniform: an estimate). */
+static double streamed_bytes(const pgd_kv_plan *p, double B) {
+    const pgd_kv_plan_model *m = &p->in.model;
+    if (!m->n_expert) return p->streamed_bytes_per_gpu;
+    double e = (double)m->n_expert, k = (double)m->n_expert_used;
+    return p->streamed_bytes_per_gpu + (e * (1.0 - pow(1.0 - k / e, B)) - k) *
+                                           p->expert_bytes_per_gpu;
+}
+
 /* Step time of one decode step of B sequences at context c on one GPU of a replica: the larger
  * of streaming (weight shard + KV) at HBM bandwidth and the FLOPs at peak. */
 static double step_seconds(const pgd_kv_plan *p, double B, double c, bool *compute_bound) {
     const pgd_kv_plan_model *m = &p->in.model;
     int32_t tp = p->in.hw.tp;
-    double bytes = p->streamed_bytes_per_gpu + B * c * p->kv_bytes_per_token_per_gpu;
+    double bytes = streamed_bytes(p, B) + B * c * p->kv_bytes_per_token_per_gpu;
     double norms = (double)(2 * m->n_layer * m->dim + m->dim);
     double flops =
         B * (2.0 * ((double)p->n_params_streamed - norms) / tp +
@@ -313,7 +346,7 @@ static double ops_per_byte(const pgd_kv_plan *p, double B, double c) {
     double flops =
         B * (2.0 * ((double)p->n_params_streamed - norms) / tp +
              4.0 * (double)m->n_layer * (double)(m->n_head / tp) * (double)m->head_dim * c);
-    return flops / (p->streamed_bytes_per_gpu + B * c * p->kv_bytes_per_token_per_gpu);
+    return flops / (streamed_bytes(p, B) + B * c * p->kv_bytes_per_token_per_gpu);
 }
 
 int pgd_kv_plan_compute(const pgd_kv_plan_input *in, pgd_kv_plan *p, pgd_err *err) {
@@ -362,12 +395,17 @@ int pgd_kv_plan_compute(const pgd_kv_plan_input *in, pgd_kv_plan *p, pgd_err *er
     int64_t q_dim = m->n_head * m->head_dim, kv_dim = m->n_kv_head * m->head_dim;
     int64_t attn =
         2 * m->dim * q_dim + 2 * m->dim * kv_dim + (m->attn_bias ? q_dim + 2 * kv_dim : 0);
-    int64_t per_layer = attn + 3 * m->dim * m->ffn_dim + 2 * m->dim;
+    /* An MoE layer's FFN: a router and n_expert SwiGLU experts, n_expert_used of them read. */
+    p->n_params_expert = m->n_expert ? m->n_layer * 3 * m->dim * m->moe_ffn_dim : 0;
+    int64_t ffn = m->n_expert ? m->dim * m->n_expert : 3 * m->dim * m->ffn_dim;
+    int64_t per_layer = attn + ffn + 2 * m->dim;
     int64_t embed = m->n_vocab * m->dim;
     int64_t norms = 2 * m->dim * m->n_layer + m->dim; /* replicated on every GPU under TP */
-    p->n_params = m->n_layer * per_layer + embed + (m->tied_embeddings ? 0 : embed) + m->dim;
+    p->n_params = m->n_layer * per_layer + embed + (m->tied_embeddings ? 0 : embed) + m->dim +
+                  m->n_expert * p->n_params_expert;
     /* Decode gathers B rows of an untied input embedding; everything else is read whole. */
-    p->n_params_streamed = p->n_params - (m->tied_embeddings ? 0 : embed);
+    p->n_params_streamed = p->n_params - (m->tied_embeddings ? 0 : embed) -
+                           (m->n_expert - m->n_expert_used) * p->n_params_expert;
     int32_t tp = hw->tp;
     double bpp = p->weight_bytes_per_param;
     p->weight_bytes_total = (double)p->n_params * bpp;
@@ -375,6 +413,7 @@ int pgd_kv_plan_compute(const pgd_kv_plan_input *in, pgd_kv_plan *p, pgd_err *er
      * VocabParallelEmbedding); norms replicated. */
     p->weight_bytes_per_gpu = ((double)(p->n_params - norms) / tp + (double)norms) * bpp;
     p->streamed_bytes_per_gpu = ((double)(p->n_params_streamed - norms) / tp + (double)norms) * bpp;
+    p->expert_bytes_per_gpu = (double)p->n_params_expert / tp * bpp;
 
     p->kv_bytes_per_token =
         2.0 * (double)(m->n_layer * m->n_kv_head * m->head_dim) * p->kv_bytes_per_elem;
@@ -439,6 +478,10 @@ int pgd_kv_plan_to_json(const pgd_kv_plan *p, char **json_out, pgd_err *err) {
     cJSON_AddBoolToObject(mo, "tie_word_embeddings", m->tied_embeddings);
     cJSON_AddNumberToObject(mo, "max_position_embeddings", (double)m->n_ctx);
     cJSON_AddNumberToObject(mo, "num_parameters", (double)p->n_params);
+    cJSON_AddNumberToObject(mo, "num_active_parameters", (double)p->n_params_streamed);
+    cJSON_AddNumberToObject(mo, "num_experts", (double)m->n_expert);
+    cJSON_AddNumberToObject(mo, "num_experts_per_tok", (double)m->n_expert_used);
+    cJSON_AddNumberToObject(mo, "moe_intermediate_size", (double)m->moe_ffn_dim);
     cJSON *ho = cJSON_AddObjectToObject(o, "hardware");
     cJSON_AddStringToObject(ho, "gpu", hw->name[0] ? hw->name : "custom");
     cJSON_AddNumberToObject(ho, "memory_bytes_per_gpu", hw->mem_bytes);
@@ -523,6 +566,10 @@ void pgd_kv_plan_print(const pgd_kv_plan *p, FILE *f) {
             (long long)m->n_kv_head, (long long)m->head_dim, (long long)m->ffn_dim,
             (long long)m->n_vocab, m->tied_embeddings ? " (tied)" : "", (double)p->n_params / 1e9,
             (long long)m->n_ctx);
+    if (m->n_expert)
+        fprintf(f, "experts     %lld per layer of FFN %lld, %lld per token: %.3f B active "
+                "parameters\n", (long long)m->n_expert, (long long)m->moe_ffn_dim,
+                (long long)m->n_expert_used, (double)p->n_params_streamed / 1e9);
     fprintf(f, "hardware    %d x %s: ", hw->n_gpus, hw->name[0] ? hw->name : "custom GPU");
     if (p->in.kv_budget_bytes > 0)
         fprintf(f, "KV budget given directly");

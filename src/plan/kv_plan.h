@@ -29,6 +29,9 @@ typedef struct pgd_kv_plan_model {
     char name[128]; /* file or config base name, for the report */
     int64_t n_layer, dim, n_head, n_kv_head, head_dim, ffn_dim, n_vocab;
     int64_t n_ctx;                  /* max_position_embeddings / context_length; 0 if unknown */
+    /* Mixture of experts (Mixtral, Qwen3-MoE): each FFN is n_expert experts of moe_ffn_dim
+     * (plus a router), n_expert_used of them per token; n_expert 0: dense. */
+    int64_t n_expert, n_expert_used, moe_ffn_dim;
     bool tied_embeddings;           /* LM head shares the token-embedding table */
     bool attn_bias;                 /* Q/K/V biases (Qwen2) */
     double file_bytes_per_param;    /* > 0 when read from a GGUF: tensor bytes / tensor elements */
@@ -70,9 +73,13 @@ typedef struct pgd_kv_plan {
     pgd_kv_plan_input in; /* copy of the input, dtypes resolved */
     double weight_bytes_per_param, kv_bytes_per_elem;
     int64_t n_params;          /* all parameters */
-    int64_t n_params_streamed; /* read once per decode step: all but an untied input embedding */
+    int64_t n_params_streamed; /* read once per decode step of one sequence (its multiply-adds):
+                                  all but an untied input embedding and the unchosen experts */
+    int64_t n_params_expert;   /* one expert of every layer (MoE; 0 otherwise) */
     double weight_bytes_total, weight_bytes_per_gpu;
-    double streamed_bytes_per_gpu;     /* weight bytes each GPU reads per decode step */
+    double streamed_bytes_per_gpu;     /* weight bytes each GPU reads per decode step (of one
+                                          sequence: an MoE step of B reads more experts) */
+    double expert_bytes_per_gpu;       /* one expert of every layer, this GPU's share */
     double kv_bytes_per_token;         /* whole model: 2 * layers * KV heads * head dim * bytes */
     double kv_bytes_per_token_per_gpu; /* KV heads split over tp (replicated when tp > heads) */
     double kv_budget_bytes_per_gpu;    /* may be negative: the weights do not fit */

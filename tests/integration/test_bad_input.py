@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -303,3 +304,69 @@ def test_hf_qwen3_without_qk_norm(hf_dir):
     cfg["model_type"] = "qwen3"
     (hf_dir / "config.json").write_text(json.dumps(cfg))
     expect_error(hf_dir, "missing tensor 'model.layers.0.self_attn.q_norm.weight'")
+
+
+# ---- mixtures of experts (tiny Mixtral and Qwen3-MoE of make_tiny_models.py) ----
+
+def moe_dir(tmp_path, tiny_models, name):
+    dst = tmp_path / name
+    shutil.copytree(tiny_models[name]["hf"], dst)
+    return dst
+
+
+@pytest.mark.parametrize("update,want", [
+    (dict(num_experts_per_tok=9), "invalid experts (9 of 8"),
+    (dict(num_experts_per_tok=0), "invalid experts (0 of 8"),
+    (dict(num_experts=-1), "not a non-negative integer"),
+    (dict(mlp_only_layers=[0]), "mlp_only_layers"),
+    (dict(decoder_sparse_step=2), "decoder_sparse_step"),
+    (dict(num_experts=16), "tensor 'model.layers.0.mlp.gate.weight' has shape [8, 64], "
+                           "expected [16, 64]"),
+    (dict(moe_intermediate_size=64), "has shape"),
+])
+def test_hf_bad_experts(tmp_path, tiny_models, update, want):
+    """A Qwen3-MoE config whose experts do not match the checkpoint or cannot be run: one line
+    naming the file."""
+    d = moe_dir(tmp_path, tiny_models, "qwen3moe")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(update)
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_error(d, want)
+
+
+def test_hf_mixtral_missing_expert(tmp_path, tiny_models):
+    """One expert matrix gone from a Mixtral checkpoint: named."""
+    from safetensors.numpy import load_file, save_file
+    d = moe_dir(tmp_path, tiny_models, "mixtral")
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["model.layers.1.block_sparse_moe.experts.3.w2.weight"]
+    save_file(sd, str(d / "model.safetensors"))
+    expect_error(d, "missing tensor 'model.layers.1.block_sparse_moe.experts.3.w2.weight'")
+
+
+@pytest.mark.parametrize("key,value,want", [
+    ("qwen3moe.expert_used_count", 9, "invalid experts (9 of 8"),
+    ("qwen3moe.expert_count", 16, "tensor 'blk.0.ffn_gate_inp.weight' has shape [8, 64], "
+                                  "expected [16, 64]"),
+    # 0 reads as absent: the experts are then feed_forward_length (128) wide, as in Mixtral
+    ("qwen3moe.expert_feed_forward_length", 0, "tensor 'blk.0.ffn_gate_exps.weight' has shape "
+                                               "[8, 32, 64], expected [8, 128, 64]"),
+])
+def test_gguf_bad_experts(tmp_path, tiny_models, key, value, want):
+    """Expert metadata of a qwen3moe GGUF that disagrees with its tensors: one line."""
+    buf = bytearray(Path(tiny_models["qwen3moe"]["gguf_Q8_0"]).read_bytes())
+    kv, _, _ = walk_gguf(buf)
+    off, t = kv[key]
+    assert t == 4  # uint32
+    struct.pack_into("<I", buf, off, value)
+    expect_error(write(tmp_path, "moe.gguf", buf), want)
+
+
+def test_gguf_missing_expert_tensor(tmp_path, tiny_models):
+    buf = bytearray(Path(tiny_models["mixtral"]["gguf_F16"]).read_bytes())
+    _, tensors, _ = walk_gguf(buf)
+    name = "blk.1.ffn_down_exps.weight"
+    t = next(t for t in tensors if t["name"] == name)
+    o = t["name_off"] + 8
+    buf[o:o + len(name)] = b"blk.1.ffn_down_exps.weighx"
+    expect_error(write(tmp_path, "moe.gguf", buf), f"missing tensor '{name}'")
