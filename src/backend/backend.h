@@ -67,18 +67,23 @@ typedef struct pgd_rope_params {
     const float *inv_freq; /* host (head_dim / 2): 1 / (theta^(2i/d) * freq_factor[i]) */
 } pgd_rope_params;
 
-/* One mixture-of-experts FFN layer as the moe op sees it (Mixtral, Qwen3-MoE). */
+/* One mixture-of-experts FFN layer as the moe op sees it (Mixtral, Qwen2-MoE, Qwen3-MoE). */
 typedef struct pgd_moe {
     int32_t n_expert, n_used;    /* experts, and how many of them each token runs */
     int32_t ffn_dim;             /* FFN columns of each expert (this rank's) */
     bool norm;                   /* the chosen experts' probabilities rescaled to sum to 1 */
     const pgd_weight *gate, *up; /* (n_expert) matrices of (ffn_dim, dim) */
     const pgd_weight *down;      /* (n_expert) matrices of (dim, ffn_dim) */
+    /* Qwen2-MoE's shared expert, which every token runs, scaled by sigmoid(shared_inp . x);
+     * NULL gates: none. */
+    int32_t shared_ffn_dim;      /* its FFN columns (this rank's) */
+    const pgd_weight *shared_gate, *shared_up, *shared_down, *shared_inp; /* inp: (1, dim) */
 } pgd_moe;
 
 /* Floats of scratch the moe op takes for n_rows rows of dim elements (backend memory). */
 static inline size_t pgd_moe_work_floats(int32_t n_rows, int32_t dim, const pgd_moe *e) {
-    return (size_t)n_rows * (2 * (size_t)dim + 2 * (size_t)e->ffn_dim + 4 * (size_t)e->n_used) +
+    size_t f = (size_t)(e->ffn_dim > e->shared_ffn_dim ? e->ffn_dim : e->shared_ffn_dim);
+    return (size_t)n_rows * (2 * (size_t)dim + 2 * f + 4 * (size_t)e->n_used + 1) +
            2 * (size_t)e->n_expert + 17;
 }
 
@@ -134,7 +139,8 @@ typedef struct pgd_backend_ops {
     /* Mixture of experts: row t of x (n_rows, dim) runs the e->n_used experts whose
      * softmax(router[t]) (router: (n_rows, n_expert) logits) is largest, ties to the lower
      * index, each weighted by that probability (rescaled when e->norm); out[t] = the sum, over
-     * the chosen experts in increasing index, of p * down(silu(gate x) * up x). work holds
+     * the chosen experts in increasing index, of p * down(silu(gate x) * up x), plus, with a
+     * shared expert, sigmoid(shared_inp . x) times its own down(silu(gate x) * up x). work holds
      * pgd_moe_work_floats(n_rows, dim, e) floats. NULL where supports(PGD_OP_MOE) says no. */
     void (*moe)(pgd_backend *be, const pgd_moe *e, const float *x, const float *router,
                 float *out, float *work, int n_rows, int dim);

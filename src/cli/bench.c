@@ -285,6 +285,7 @@ static model_cost cost_of(const pgd_model *m) {
         for (int i = 0; i < 7; i++) add_weight(ws[i], &c.layer_params, &c.layer_bytes);
         if (!l->moe.n_expert) continue;
         add_weight(&l->w_router, &c.layer_params, &c.layer_bytes);
+        add_weight(&l->w_shared_inp, &c.layer_params, &c.layer_bytes);
         double params = 0, bytes = 0; /* every expert of the layer */
         for (int i = 0; i < 3 * l->moe.n_expert; i++) add_weight(&l->experts[i], &params, &bytes);
         c.layer_params += params * l->moe.n_used / l->moe.n_expert;

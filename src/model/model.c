@@ -125,6 +125,15 @@ static int load_weight(pgd_model *m, int il, const char *gname, const char *hnam
     return weight_from(m, name, &t, n_in, n_out, weights_f32, w, err);
 }
 
+/* Points moe at layer l's shared expert (its dense FFN matrices), of ffn_dim columns. */
+static void moe_add_shared(pgd_moe *moe, const pgd_layer *l, int32_t ffn_dim) {
+    moe->shared_ffn_dim = ffn_dim;
+    moe->shared_gate = &l->w_gate;
+    moe->shared_up = &l->w_up;
+    moe->shared_down = &l->w_down;
+    moe->shared_inp = &l->w_shared_inp;
+}
+
 /* The moe op's view of experts ex (gate, up, down matrices) of ffn_dim columns each. */
 static pgd_moe experts_moe(const pgd_model_config *c, const pgd_weight *ex, int32_t ffn_dim) {
     const int32_t E = c->n_expert;
@@ -192,6 +201,21 @@ static int load_experts(pgd_model *m, int il, bool f32, pgd_layer *l, pgd_err *e
     }
     l->experts = ex;
     l->moe = experts_moe(c, ex, F);
+    if (!c->moe_shared) return PGD_OK;
+    struct { const char *g, *h; int64_t in, out; pgd_weight *w; } sh[] = {
+        {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", c->dim, 1,
+         &l->w_shared_inp},
+        {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight", c->dim, c->ffn_dim,
+         &l->w_gate},
+        {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", c->dim, c->ffn_dim, &l->w_up},
+        {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", c->ffn_dim, c->dim,
+         &l->w_down},
+    };
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
+        if ((rc = load_weight(m, il, sh[i].g, sh[i].h, sh[i].in, sh[i].out, false, f32, sh[i].w,
+                              err)))
+            return rc;
+    moe_add_shared(&l->moe, l, c->ffn_dim);
     return PGD_OK;
 }
 
@@ -281,13 +305,14 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
         m->cfg.arch = PGD_ARCH_SMOLLM3;
         m->cfg.rope_mode = PGD_ROPE_NORM;
     } else if (pgd_str_eq(arch, "qwen2") || pgd_str_eq(arch, "qwen3") ||
-               pgd_str_eq(arch, "qwen3moe")) {
-        m->cfg.arch = pgd_str_eq(arch, "qwen2") ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
+               pgd_str_eq(arch, "qwen2moe") || pgd_str_eq(arch, "qwen3moe")) {
+        m->cfg.arch = pgd_str_eq(arch, "qwen2") || pgd_str_eq(arch, "qwen2moe") ? PGD_ARCH_QWEN2
+                                                                               : PGD_ARCH_QWEN3;
         m->cfg.rope_mode = PGD_ROPE_NEOX;
     } else {
         pgd_name_buf nb;
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported architecture '%s' (llama, "
-                           "mistral, qwen2, qwen3, qwen3moe and smollm3 are)", m->path,
+                           "mistral, qwen2, qwen2moe, qwen3, qwen3moe and smollm3 are)", m->path,
                            pgd_str_safe(arch, &nb));
     }
     snprintf(a, sizeof a, "%.*s", (int)arch.len, arch.ptr);
@@ -318,13 +343,21 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     if (!m->cfg.n_kv_head) m->cfg.n_kv_head = m->cfg.n_head;
     if (!m->cfg.head_dim && m->cfg.n_head) m->cfg.head_dim = m->cfg.dim / m->cfg.n_head;
     char key[128];
-    if (pgd_str_eq(arch, "qwen3moe") && !m->cfg.n_expert)
+    bool qwen2moe = pgd_str_eq(arch, "qwen2moe");
+    if ((qwen2moe || pgd_str_eq(arch, "qwen3moe")) && !m->cfg.n_expert)
         return pgd_err_set(err, PGD_EFORMAT, "%s: missing metadata %s.expert_count", m->path, a);
     if (m->cfg.n_expert) {
         /* Mixtral's experts (llama files) are as wide as feed_forward_length says; llama.cpp
-         * rescales the chosen experts' weights for llama and qwen3moe unless told otherwise. */
+         * rescales the chosen experts' weights for llama and qwen3moe unless told otherwise,
+         * not for qwen2moe, whose shared expert is expert_shared_feed_forward_length wide. */
         if (!m->cfg.moe_ffn_dim) m->cfg.moe_ffn_dim = m->cfg.ffn_dim;
-        m->cfg.moe_norm = true;
+        m->cfg.moe_norm = !qwen2moe;
+        snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", a);
+        uint32_t v;
+        if (qwen2moe && !pgd_gguf_get_u32(g, key, &v) && v > 0 && v <= INT32_MAX) {
+            m->cfg.moe_shared = true;
+            m->cfg.ffn_dim = (int32_t)v;
+        }
         snprintf(key, sizeof key, "%s.expert_weights_norm", a);
         pgd_gguf_get_bool(g, key, &m->cfg.moe_norm);
     }
@@ -426,11 +459,12 @@ static int smollm3_no_rope(pgd_model *m, const cJSON *c, const char *path, pgd_e
     return PGD_OK;
 }
 
-/* Experts of a Mixtral or Qwen3-MoE config.json. Mixtral's are intermediate_size wide and always
- * rescaled; Qwen3-MoE's are moe_intermediate_size wide, rescaled when norm_topk_prob, and every
- * layer has them unless mlp_only_layers or decoder_sparse_step say otherwise (which Pagoda
- * refuses: no released checkpoint uses them). transformers 5 writes num_local_experts where
- * Qwen3-MoE's own configs say num_experts. */
+/* Experts of a Mixtral, Qwen2-MoE or Qwen3-MoE config.json. Mixtral's are intermediate_size
+ * wide and always rescaled; Qwen's are moe_intermediate_size wide, rescaled when norm_topk_prob,
+ * and every layer has them unless mlp_only_layers or decoder_sparse_step say otherwise (which
+ * Pagoda refuses: no released checkpoint uses them); Qwen2-MoE adds a shared expert of
+ * shared_expert_intermediate_size, which then is the dense FFN width. transformers 5 writes
+ * num_local_experts where Qwen's own configs say num_experts. */
 static int hf_moe_config(pgd_model *m, const cJSON *c, bool mixtral, const char *path,
                          pgd_err *err) {
     pgd_model_config *mc = &m->cfg;
@@ -451,6 +485,13 @@ static int hf_moe_config(pgd_model *m, const cJSON *c, bool mixtral, const char 
                            "(mlp_only_layers, decoder_sparse_step) are not supported", path);
     if (!mc->n_expert)
         return pgd_err_set(err, PGD_EFORMAT, "%s: no experts (num_experts)", path);
+    int32_t shared = 0;
+    if (json_int(c, "shared_expert_intermediate_size", 0, &shared))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid shared_expert_intermediate_size", path);
+    if (shared > 0) {
+        mc->moe_shared = true;
+        mc->ffn_dim = shared;
+    }
     return PGD_OK;
 }
 
@@ -471,13 +512,15 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         m->cfg.arch = PGD_ARCH_LLAMA;
     } else if (!strcmp(type, "smollm3")) {
         m->cfg.arch = PGD_ARCH_SMOLLM3;
-    } else if (!strcmp(type, "qwen2") || !strcmp(type, "qwen3") || !strcmp(type, "qwen3_moe")) {
-        m->cfg.arch = !strcmp(type, "qwen2") ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
+    } else if (!strcmp(type, "qwen2") || !strcmp(type, "qwen3") || !strcmp(type, "qwen2_moe") ||
+               !strcmp(type, "qwen3_moe")) {
+        m->cfg.arch = !strncmp(type, "qwen2", 5) ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
     } else if (!strcmp(type, "mixtral")) {
         m->cfg.arch = PGD_ARCH_LLAMA;
     } else {
         rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported model_type '%.64s' (llama, "
-                         "mistral, mixtral, qwen2, qwen3, qwen3_moe and smollm3 are)", path, type);
+                         "mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe and smollm3 are)",
+                         path, type);
         goto done;
     }
     /* q/k/v biases (Qwen2, attention_bias) are loaded when the checkpoint has them */
@@ -496,7 +539,7 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     m->cfg.n_head = heads;
     m->cfg.n_kv_head = kv;
     m->cfg.head_dim = hd;
-    if (!strcmp(type, "mixtral") || !strcmp(type, "qwen3_moe")) {
+    if (!strcmp(type, "mixtral") || !strcmp(type, "qwen2_moe") || !strcmp(type, "qwen3_moe")) {
         rc = hf_moe_config(m, c, !strcmp(type, "mixtral"), path, err);
         if (rc) goto done;
     }
@@ -716,6 +759,10 @@ static int shard_experts(pgd_model *m, pgd_shard *sh, const pgd_layer *l, pgd_la
             return rc;
     d->experts = ex;
     d->moe = experts_moe(&m->cfg, ex, sh->moe_dim);
+    if (!l->moe.shared_gate) return PGD_OK;
+    if ((rc = shard_weight(m, sh, &l->w_shared_inp, 0, 1, 0, dim, &d->w_shared_inp, err)))
+        return rc;
+    moe_add_shared(&d->moe, d, sh->ffn_dim);
     return PGD_OK;
 }
 
@@ -770,7 +817,7 @@ static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_e
             (rc = shard_weight(m, sh, &l->wk, k0, nk, 0, c->dim, &d->wk, err)) ||
             (rc = shard_weight(m, sh, &l->wv, k0, nk, 0, c->dim, &d->wv, err)) ||
             (rc = shard_weight(m, sh, &l->wo, 0, c->dim, q0, nq, &d->wo, err)) ||
-            (!l->moe.n_expert &&
+            ((!l->moe.n_expert || l->moe.shared_gate) &&
              ((rc = shard_weight(m, sh, &l->w_gate, sh->ffn_lo, sh->ffn_dim, 0, c->dim,
                                  &d->w_gate, err)) ||
               (rc = shard_weight(m, sh, &l->w_up, sh->ffn_lo, sh->ffn_dim, 0, c->dim, &d->w_up,
@@ -816,7 +863,7 @@ static bool thp_enabled(void) {
 
 static void weights_to_hugepages(pgd_model *m) {
     const pgd_model_config *c = &m->cfg;
-    size_t n = 0, per_layer = PGD_LAYER_N_MATRICES + 1 + 3 * (size_t)c->n_expert;
+    size_t n = 0, per_layer = PGD_LAYER_N_MATRICES + 2 + 3 * (size_t)c->n_expert;
     pgd_weight **ws = malloc((2 + (size_t)c->n_layer * per_layer) * sizeof *ws);
     if (!ws) return; /* the weights then stay in the file */
     ws[n++] = &m->tok_embd;
@@ -827,6 +874,7 @@ static void weights_to_hugepages(pgd_model *m) {
         for (size_t i = 0; i < PGD_LAYER_N_MATRICES; i++)
             if (lw[i]->data) ws[n++] = lw[i];
         if (l->w_router.data) ws[n++] = &l->w_router;
+        if (l->w_shared_inp.data) ws[n++] = &l->w_shared_inp;
         for (int i = 0; l->experts && i < 3 * l->moe.n_expert; i++) ws[n++] = &l->experts[i];
     }
     const size_t huge = (size_t)2 << 20;
@@ -980,9 +1028,11 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         l->no_rope = c->no_rope && c->no_rope[il];
         if (!c->n_expert) continue;
         const int32_t E = c->n_expert;
-        memset(&l->w_gate, 0, sizeof l->w_gate);
-        memset(&l->w_up, 0, sizeof l->w_up);
-        memset(&l->w_down, 0, sizeof l->w_down);
+        if (!c->moe_shared) {
+            memset(&l->w_gate, 0, sizeof l->w_gate);
+            memset(&l->w_up, 0, sizeof l->w_up);
+            memset(&l->w_down, 0, sizeof l->w_down);
+        }
         l->experts = calloc(3 * (size_t)E, sizeof *l->experts);
         if ((rc = own(m, l->experts, err))) return rc;
         DW(l->w_router, c->dim, E);
@@ -992,6 +1042,10 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
             DW(l->experts[2 * E + e], c->moe_ffn_dim, c->dim);
         }
         l->moe = experts_moe(c, l->experts, c->moe_ffn_dim);
+        if (c->moe_shared) {
+            DW(l->w_shared_inp, c->dim, 1);
+            moe_add_shared(&l->moe, l, c->ffn_dim);
+        }
     }
 #undef DW
     return PGD_OK;

@@ -31,11 +31,12 @@ typedef struct pgd_model_config {
     bool *no_rope;            /* (n_layer) or NULL; owned: the layers that apply no RoPE */
     int32_t bos_id;           /* config.json's bos_token_id, -1 if none: the BOS of a model
                                  loaded without a tokenizer (--load-format dummy) */
-    /* Mixture of experts (Mixtral, Qwen3-MoE; n_expert 0: every FFN is dense): each token runs
-     * n_expert_used of n_expert experts of moe_ffn_dim columns, weighted by the router's
-     * softmax, rescaled to sum to 1 when moe_norm. */
+    /* Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; n_expert 0: every FFN is dense): each
+     * token runs n_expert_used of n_expert experts of moe_ffn_dim columns, weighted by the
+     * router's softmax, rescaled to sum to 1 when moe_norm; with moe_shared (Qwen2-MoE) also a
+     * shared expert of ffn_dim columns, scaled by a sigmoid gate. */
     int32_t n_expert, n_expert_used, moe_ffn_dim;
-    bool moe_norm;
+    bool moe_norm, moe_shared;
 } pgd_model_config;
 
 
@@ -51,9 +52,11 @@ typedef struct pgd_layer {
     pgd_weight w_gate, w_up;          /* (ffn_dim, dim) */
     pgd_weight w_down;                /* (dim, ffn_dim) */
     /* A mixture-of-experts layer (moe.n_expert > 0) has these instead of w_gate/w_up/w_down
-     * (left empty): the router and, in `experts` (owned by the model), every expert's gate
-     * matrices, then their up, then their down matrices, which moe's arrays point into. */
+     * (left empty but for a shared expert's matrices): the router and, in `experts` (owned by
+     * the model), every expert's gate matrices, then their up, then their down matrices, which
+     * moe's arrays point into. */
     pgd_weight w_router;              /* (n_expert, dim) */
+    pgd_weight w_shared_inp;          /* (1, dim): the shared expert's gate, or empty */
     pgd_weight *experts;              /* (3 * n_expert) */
     pgd_moe moe;
 } pgd_layer;

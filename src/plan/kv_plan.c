@@ -134,6 +134,7 @@ static int load_gguf(const char *path, pgd_kv_plan_model *m, pgd_err *err) {
         {"expert_count", &m->n_expert, false},
         {"expert_used_count", &m->n_expert_used, false},
         {"expert_feed_forward_length", &m->moe_ffn_dim, false},
+        {"expert_shared_feed_forward_length", &m->shared_ffn_dim, false},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         uint32_t v;
@@ -241,7 +242,8 @@ static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) 
         (json_i64(src, "num_local_experts", 0, &m->n_expert) ||
          (!m->n_expert && json_i64(src, "num_experts", 0, &m->n_expert)) ||
          json_i64(src, "num_experts_per_tok", 0, &m->n_expert_used) ||
-         json_i64(src, "moe_intermediate_size", m->ffn_dim, &m->moe_ffn_dim))) {
+         json_i64(src, "moe_intermediate_size", m->ffn_dim, &m->moe_ffn_dim) ||
+         json_i64(src, "shared_expert_intermediate_size", 0, &m->shared_ffn_dim))) {
         rc = pgd_err_set(err, PGD_EFORMAT, "%s: an expert count or size is not a non-negative "
                          "integer", path);
         cJSON_Delete(c);
@@ -253,7 +255,9 @@ static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) 
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(src, "model_type");
     const cJSON *ab = cJSON_GetObjectItemCaseSensitive(src, "attention_bias");
     m->attn_bias =
-        ab ? cJSON_IsTrue(ab) : (cJSON_IsString(mt) && !strcmp(mt->valuestring, "qwen2"));
+        ab ? cJSON_IsTrue(ab)
+           : (cJSON_IsString(mt) && (!strcmp(mt->valuestring, "qwen2") ||
+                                     !strcmp(mt->valuestring, "qwen2_moe")));
     const cJSON *td = cJSON_GetObjectItemCaseSensitive(c, "torch_dtype");
     if (!td) td = cJSON_GetObjectItemCaseSensitive(c, "dtype"); /* transformers 5 */
     if (!cJSON_IsString(td) || pgd_kv_plan_dtype_parse(td->valuestring, &m->config_dtype))
@@ -300,7 +304,7 @@ static int check_model(const pgd_kv_plan_model *m, pgd_err *err) {
                                f[i].name, (long long)f[i].v, (long long)f[i].hi);
     if (m->n_expert && (m->n_expert > 1024 || m->n_expert_used < 1 ||
                         m->n_expert_used > m->n_expert || m->moe_ffn_dim < 1 ||
-                        m->moe_ffn_dim > (1 << 22)))
+                        m->moe_ffn_dim > (1 << 22) || m->shared_ffn_dim > (1 << 22)))
         return pgd_err_set(err, PGD_EINVAL, "%s: invalid experts (%lld of %lld, %lld wide)",
                            m->name, (long long)m->n_expert_used, (long long)m->n_expert,
                            (long long)m->moe_ffn_dim);
@@ -398,6 +402,7 @@ int pgd_kv_plan_compute(const pgd_kv_plan_input *in, pgd_kv_plan *p, pgd_err *er
     /* An MoE layer's FFN: a router and n_expert SwiGLU experts, n_expert_used of them read. */
     p->n_params_expert = m->n_expert ? m->n_layer * 3 * m->dim * m->moe_ffn_dim : 0;
     int64_t ffn = m->n_expert ? m->dim * m->n_expert : 3 * m->dim * m->ffn_dim;
+    if (m->n_expert && m->shared_ffn_dim) ffn += 3 * m->dim * m->shared_ffn_dim + m->dim;
     int64_t per_layer = attn + ffn + 2 * m->dim;
     int64_t embed = m->n_vocab * m->dim;
     int64_t norms = 2 * m->dim * m->n_layer + m->dim; /* replicated on every GPU under TP */

@@ -32,6 +32,7 @@ typedef struct pgd_kv_plan_model {
     /* Mixture of experts (Mixtral, Qwen3-MoE): each FFN is n_expert experts of moe_ffn_dim
      * (plus a router), n_expert_used of them per token; n_expert 0: dense. */
     int64_t n_expert, n_expert_used, moe_ffn_dim;
+    int64_t shared_ffn_dim;         /* Qwen2-MoE's shared expert (every token runs it), or 0 */
     bool tied_embeddings;           /* LM head shares the token-embedding table */
     bool attn_bias;                 /* Q/K/V biases (Qwen2) */
     double file_bytes_per_param;    /* > 0 when read from a GGUF: tensor bytes / tensor elements */

@@ -93,6 +93,18 @@ SPECS = {
                                  max_window_layers=2, num_experts=8, num_experts_per_tok=2,
                                  moe_intermediate_size=32, norm_topk_prob=True,
                                  decoder_sparse_step=1, mlp_only_layers=[])),
+    # Qwen2-MoE: Qwen2 attention (q/k/v biases), 8 experts of 32 columns, 2 per token, their
+    # probabilities not rescaled (norm_topk_prob false, as Qwen1.5-MoE-A2.7B), and a shared
+    # expert of 64 columns behind a sigmoid gate.
+    "qwen2moe": dict(arch="qwen2_moe", gguf_arch="qwen2moe", vocab="ggml-vocab-qwen2.gguf",
+                     config=dict(COMMON, vocab_size=151936, rope_theta=1000000.0,
+                                 rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                 bos_token_id=151643, eos_token_id=151643, hidden_act="silu",
+                                 use_sliding_window=False, sliding_window=None,
+                                 max_window_layers=2, num_experts=8, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                 norm_topk_prob=False, decoder_sparse_step=1,
+                                 mlp_only_layers=[])),
 }
 
 # arch -> (transformers config class, model class) names, looked up in transformers
@@ -101,7 +113,8 @@ HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
               "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
               "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
-              "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+              "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+              "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM")}
 # Architectures llama.cpp's converter writes with the Q/K rows permuted (LlamaModel subclasses).
 PERMUTED = ("llama", "smollm3", "mixtral")
 
@@ -141,7 +154,7 @@ def hf_config(name, spec):
                    attention_bias=arch == "qwen2", **cfg)
     if arch == "qwen2":
         on_disk.pop("attention_bias")  # Qwen2 always has q/k/v biases; the key is llama's
-    elif arch in ("qwen3", "qwen3_moe", "mixtral"):
+    elif arch in ("qwen3", "qwen3_moe", "qwen2_moe", "mixtral"):
         on_disk.pop("attention_bias")  # not in these configs
     else:
         on_disk.update(mlp_bias=False, pretraining_tp=1)
@@ -215,7 +228,9 @@ HF_TO_GGUF = {
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
+    "self_attn.k_norm": "attn_k_norm", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 
 
@@ -310,6 +325,8 @@ def write_gguf(path, spec, sd, vocab_kv, qtype_name):
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in cfg:
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     w.add_file_type(ftype)
     # LlamaModel.set_gguf_parameters (and SmolLM3Model, its subclass) adds these two; Qwen2Model
     # (and Qwen3Model) does not (a real Qwen2 GGUF has
@@ -322,7 +339,8 @@ def write_gguf(path, spec, sd, vocab_kv, qtype_name):
 
     for name, a in gguf_tensors(sd, spec["arch"], cfg):
         # prepare_tensors: 1-D tensors, norms and routers stay F32; the rest takes the file type.
-        keep = a.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight"))
+        keep = a.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight",
+                                             "ffn_gate_inp_shexp.weight"))
         qt = gguf.GGMLQuantizationType.F32 if keep else wtype
         data = gguf.quants.quantize(a, qt)
         w.add_tensor(name, data, raw_dtype=qt)

@@ -370,3 +370,14 @@ def test_gguf_missing_expert_tensor(tmp_path, tiny_models):
     o = t["name_off"] + 8
     buf[o:o + len(name)] = b"blk.1.ffn_down_exps.weighx"
     expect_error(write(tmp_path, "moe.gguf", buf), f"missing tensor '{name}'")
+
+
+def test_gguf_qwen2moe_missing_shared_expert(tmp_path, tiny_models):
+    """A qwen2moe GGUF that says it has a shared expert but lacks one of its matrices: named."""
+    buf = bytearray(Path(tiny_models["qwen2moe"]["gguf_F32"]).read_bytes())
+    _, tensors, _ = walk_gguf(buf)
+    name = "blk.0.ffn_up_shexp.weight"
+    t = next(t for t in tensors if t["name"] == name)
+    o = t["name_off"] + 8
+    buf[o:o + len(name)] = b"blk.0.ffn_up_shexp.weighx"
+    expect_error(write(tmp_path, "moe.gguf", buf), f"missing tensor '{name}'")

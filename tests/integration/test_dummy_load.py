@@ -56,13 +56,15 @@ def test_generate_options_folder_and_tensor_parallel():
 
 MOE_KEYS = {"qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                               norm_topk_prob=True),
-            "mixtral": dict(num_local_experts=4, num_experts_per_tok=2)}
+            "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+            "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                              shared_expert_intermediate_size=64)}
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "smollm3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3", "smollm3", "qwen3_moe", "mixtral", "qwen2_moe"])
 def test_dummy_architectures(arch, tmp_path):
     """The tiny config as Qwen3 (QK-norm gains of ones), SmolLM3 (a NoPE layer), Qwen3-MoE and
-    Mixtral (experts): dummy weights load and generate, the same ids with TP=2. (Their outputs
+    Mixtral, Qwen2-MoE (experts, a shared one): dummy weights load and generate, the same ids with TP=2. (Their outputs
     are checked against transformers in test_forward.py: dummy weights make near-flat logits
     that say little.)"""
     cfg = json.loads(TINY.read_text())
@@ -182,7 +184,7 @@ def test_model_configs_parse(cfg):
                      ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size")]:
         assert m[key] == want[ref], (key, m[key], want[ref])
     assert want["model_type"] in ("llama", "mistral", "qwen2", "qwen3", "smollm3", "mixtral",
-                                  "qwen3_moe")
+                                  "qwen2_moe", "qwen3_moe")
     experts = want.get("num_local_experts", want.get("num_experts", 0))
     assert m["num_experts"] == experts
     if experts:
@@ -191,9 +193,11 @@ def test_model_configs_parse(cfg):
                                                       want["intermediate_size"])
     # Parameter counts against the model cards: Qwen3-30B-A3B "30.5B in total and 3.3B
     # activated"; Mixtral 8x7B "46.7B total parameters but only uses 12.9B parameters per token"
-    # (mistral.ai/news/mixtral-of-experts). Active counts here leave out the input embedding
-    # (a decode step gathers rows of it), which the cards count.
-    card = {"Qwen3-30B-A3B": (30.5e9, 3.3e9), "Mixtral-8x7B": (46.7e9, 12.9e9)}.get(cfg.stem)
+    # (mistral.ai/news/mixtral-of-experts); Qwen1.5-MoE-A2.7B "14.3B parameters in total and
+    # 2.7B activated" (qwenlm.github.io/blog/qwen-moe). Active counts here leave out the input
+    # embedding (a decode step gathers rows of it), which the cards count.
+    card = {"Qwen3-30B-A3B": (30.5e9, 3.3e9), "Mixtral-8x7B": (46.7e9, 12.9e9),
+            "Qwen1.5-MoE-A2.7B": (14.3e9, 2.7e9)}.get(cfg.stem)
     if card:
         embed = want["vocab_size"] * want["hidden_size"]
         assert m["num_parameters"] == pytest.approx(card[0], rel=0.01)

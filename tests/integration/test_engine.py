@@ -158,9 +158,10 @@ def test_prefix_cache_prefills_only_the_suffix(long_model, tmp_path):
     assert [r["cached_tokens"] for r in on] == [0] + [hit] * 7
 
 
-@pytest.mark.parametrize("name,fmt", [("qwen3moe", "gguf_Q8_0"), ("mixtral", "gguf_F16")])
+@pytest.mark.parametrize("name,fmt", [("qwen3moe", "gguf_Q8_0"), ("mixtral", "gguf_F16"),
+                                      ("qwen2moe", "hf")])
 def test_mixture_of_experts_batched_equals_alone(tiny_models, tmp_path, name, fmt):
-    """A mixture-of-experts model (tiny random Qwen3-MoE and Mixtral, as llama.cpp lays them out)
+    """A mixture-of-experts model (tiny random Qwen3-MoE, Mixtral and Qwen2-MoE)
     through the batched engine: each step groups its tokens by expert, so a token's experts run
     with whatever other tokens chose them. Outputs must still equal each request run alone, with
     prefill chunks of 16 and 512 tokens and prefix caching on."""

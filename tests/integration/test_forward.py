@@ -1,5 +1,6 @@
 """Pagoda's forward pass against transformers on tiny random Llama, Llama-3-rope, Qwen2, Qwen3
-(QK-norm), SmolLM3 (NoPE layers), Mixtral and Qwen3-MoE (mixtures of experts) models.
+(QK-norm), SmolLM3 (NoPE layers), Mixtral, Qwen3-MoE and Qwen2-MoE (mixtures of experts, the
+last with a shared expert) models.
 
 Every model is read in each form Pagoda loads (HF safetensors directory, GGUF F32 / F16 / Q8_0)
 and compared with transformers on the same token ids: teacher-forced logits over a 64-token
@@ -17,7 +18,7 @@ import util  # noqa: E402
 
 torch.set_num_threads(2)
 
-MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3moe")
+MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3moe", "qwen2moe")
 N_PROMPT = 64
 N_GEN = 64
 
@@ -84,7 +85,7 @@ class Refs:
         sd = self.f32.state_dict()
 
         def rounded(k, v):  # what the GGUF files keep in F32: 1-D tensors, the MoE routers
-            return v.ndim >= 2 and not k.endswith("mlp.gate.weight")
+            return v.ndim >= 2 and not k.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))
         # The F16 GGUF keeps 1-D tensors (norms, biases) in F32; round the rest, as the file does.
         self.f16 = self._with({k: (v.half().float() if rounded(k, v) else v) for k, v in sd.items()})
         # transformers dequantizes the Q8_0 GGUF itself. The result is cached: reading GGUF
@@ -92,7 +93,7 @@ class Refs:
         # carries no rope_scaling (llama3 rope lives in rope_freqs.weight, which transformers
         # ignores), so the weights go into a model built from the HF config.
         cache = Path(m["hf_dir"]).parent / "refs" / f"{name}.Q8_0.dequantized.safetensors"
-        if m["arch"] in ("qwen3", "smollm3", "mixtral", "qwen3_moe"):
+        if m["arch"] in ("qwen3", "smollm3", "mixtral", "qwen3_moe", "qwen2_moe"):
             # transformers reads no smollm3 GGUF, reads qwen3 ones without their key_length
             # (it builds 128-wide heads), and these MoE files not as llama.cpp writes them: round
             # the weights as the file does instead (Q8_0 rounds each row's blocks of 32, so it

@@ -480,12 +480,38 @@ static void test_rope_kv_store(void) {
 
 /* ---- mixture of experts ---------------------------------------------------------------- */
 
+/* One SwiGLU expert in double precision: down(silu(gate x) * up x), element c. */
+static double expert_ref(const float *wg, const float *wu, const float *wd, const float *x,
+                         int D, int F, int c) {
+    double y = 0;
+    for (int f = 0; f < F; f++) {
+        double a = 0, b = 0;
+        for (int i = 0; i < D; i++) {
+            a += (double)wg[(size_t)f * D + i] * x[i];
+            b += (double)wu[(size_t)f * D + i] * x[i];
+        }
+        y += (double)wd[(size_t)c * F + f] * (a / (1 + exp(-a))) * b;
+    }
+    return y;
+}
+
 /* The moe op against a double-precision reference written from its definition (backend.h), with
- * a tied router row (the lower index must win) and both weightings, and its batch invariance:
+ * a tied router row (the lower index must win), both weightings and with or without a shared
+ * expert (Qwen2-MoE: sigmoid-gated, run by every token), and its batch invariance:
  * every row alone, inside the batch, on 1 and 2 threads, bit for bit. F32 experts of 16 inputs
  * (the backends' activation rows hold 64 bytes). */
 static void test_moe(void) {
-    enum { E = 6, D = 16, F = 16, R = 9 };
+    enum { E = 6, D = 16, F = 16, FS = 12, R = 9 };
+    float *sg = malloc(sizeof(float) * FS * D), *su = malloc(sizeof(float) * FS * D);
+    float *sd = malloc(sizeof(float) * D * FS), *si = malloc(sizeof(float) * D);
+    fill(sg, (size_t)FS * D, 0.5f);
+    fill(su, (size_t)FS * D, 0.5f);
+    fill(sd, (size_t)D * FS, 0.5f);
+    fill(si, D, 0.5f);
+    pgd_weight shg = {PGD_TYPE_F32, D, FS, D * sizeof(float), sg, false};
+    pgd_weight shu = {PGD_TYPE_F32, D, FS, D * sizeof(float), su, false};
+    pgd_weight shd = {PGD_TYPE_F32, FS, D, FS * sizeof(float), sd, false};
+    pgd_weight shi = {PGD_TYPE_F32, D, 1, D * sizeof(float), si, false};
     float *wg = malloc(sizeof(float) * E * F * D), *wu = malloc(sizeof(float) * E * F * D);
     float *wd = malloc(sizeof(float) * E * D * F), *x = malloc(sizeof(float) * R * D);
     float *lg = malloc(sizeof(float) * R * E), *oa = malloc(sizeof(float) * R * D);
@@ -505,7 +531,13 @@ static void test_moe(void) {
     }
     for (int k = 1; k <= 3; k++)
         for (int norm = 0; norm < 2; norm++) {
-            pgd_moe m = {E, k, F, norm, g, u, dn};
+            bool shared = k == 2;
+            pgd_moe m = {.n_expert = E, .n_used = k, .ffn_dim = F, .norm = norm, .gate = g,
+                         .up = u, .down = dn};
+            if (shared)
+                m = (pgd_moe){.n_expert = E, .n_used = k, .ffn_dim = F, .norm = norm, .gate = g,
+                              .up = u, .down = dn, .shared_ffn_dim = FS, .shared_gate = &shg,
+                              .shared_up = &shu, .shared_down = &shd, .shared_inp = &shi};
             float *work = malloc(pgd_moe_work_floats(R, D, &m) * sizeof(float));
             be2.ops->moe(&be2, &m, x, lg, oa, work, R, D);
             be1.ops->moe(&be1, &m, x, lg, ob, work, R, D);
@@ -532,21 +564,18 @@ static void test_moe(void) {
                     chosen += p[j];
                 }
                 if (t == 3) CHECK(sel[0] == 1 && (k < 2 || sel[1] == 4));
+                double gate = 0;
+                for (int i = 0; i < D; i++) gate += (double)si[i] * x[t * D + i];
                 for (int c = 0; c < D; c++) {
                     double want = 0;
                     for (int j = 0; j < k; j++) {
-                        int e = sel[j];
-                        double y = 0;
-                        for (int f = 0; f < F; f++) {
-                            double a = 0, b = 0;
-                            for (int i = 0; i < D; i++) {
-                                a += (double)wg[((size_t)e * F + f) * D + i] * x[t * D + i];
-                                b += (double)wu[((size_t)e * F + f) * D + i] * x[t * D + i];
-                            }
-                            y += (double)wd[((size_t)e * D + c) * F + f] * (a / (1 + exp(-a))) * b;
-                        }
+                        size_t e = (size_t)sel[j];
+                        double y = expert_ref(wg + e * F * D, wu + e * F * D, wd + e * D * F,
+                                              x + t * D, D, F, c);
                         want += (norm ? p[j] / chosen : p[j]) * y;
                     }
+                    if (shared)
+                        want += expert_ref(sg, su, sd, x + t * D, D, FS, c) / (1 + exp(-gate));
                     double d = fabs(oa[t * D + c] - want) / (1 + fabs(want));
                     if (d > worst) worst = d;
                 }
@@ -555,6 +584,7 @@ static void test_moe(void) {
             free(work);
         }
     free(wg), free(wu), free(wd), free(x), free(lg), free(oa), free(ob), free(oc);
+    free(sg), free(su), free(sd), free(si);
 }
 
 int main(void) {

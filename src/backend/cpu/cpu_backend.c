@@ -1006,12 +1006,14 @@ static void cpu_moe(pgd_backend *be, const pgd_moe *e, const float *x, const flo
                     float *out, float *work, int n, int dim) {
     const int E = e->n_expert, K = e->n_used, F = e->ffn_dim;
     const size_t D = (size_t)dim, nk = (size_t)n * (size_t)K;
+    const size_t FW = (size_t)(F > e->shared_ffn_dim ? F : e->shared_ffn_dim);
     float *xe = work, *ye = xe + (size_t)n * D, *g = ye + (size_t)n * D;
-    float *u = g + (size_t)n * (size_t)F, *sw = u + (size_t)n * (size_t)F, *lw = sw + nk;
+    float *u = g + (size_t)n * FW, *sw = u + (size_t)n * FW, *lw = sw + nk;
     int32_t *sel = (int32_t *)(lw + nk);   /* (n, K) chosen experts of each row */
     int32_t *rows = sel + nk;              /* (n * K) rows grouped by expert, each group in order */
     int32_t *start = rows + nk;            /* (E + 1) where each expert's group starts */
     int32_t *fill = start + E + 1;         /* (E) the next free place of each group */
+    float *sg = (float *)(fill + E);       /* (n) shared-expert gate logits */
     memset(start, 0, (size_t)(E + 1) * sizeof *start);
     for (int t = 0; t < n; t++) {
         const float *l = router + (size_t)t * (size_t)E;
@@ -1057,6 +1059,17 @@ static void cpu_moe(pgd_backend *be, const pgd_moe *e, const float *x, const flo
             const float *y = ye + (size_t)k * D;
             for (size_t c = 0; c < D; c++) o[c] += p * y[c];
         }
+    }
+    if (!e->shared_gate) return;
+    cpu_matmul(be, e->shared_inp, x, sg, n);
+    cpu_matmul(be, e->shared_gate, x, g, n);
+    cpu_matmul(be, e->shared_up, x, u, n);
+    cpu_silu_gate(be, g, u, (size_t)n * (size_t)e->shared_ffn_dim);
+    cpu_matmul(be, e->shared_down, g, ye, n);
+    for (int t = 0; t < n; t++) {
+        float *o = out + (size_t)t * D, p = 1.0f / (1.0f + expf(-sg[t]));
+        const float *y = ye + (size_t)t * D;
+        for (size_t c = 0; c < D; c++) o[c] += p * y[c];
     }
 }
 
