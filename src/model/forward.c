@@ -1,9 +1,10 @@
-/* The forward pass of the Llama family, Qwen2/Qwen3 and SmolLM3, written once against the backend
- * ops table (backend.h), over a flattened batch of tokens from several sequences with a paged KV
- * cache:
+/* The forward pass of the Llama family, Qwen2/Qwen3, SmolLM3 and their mixtures of experts
+ * (Mixtral, Qwen2-MoE, Qwen3-MoE), written once against the backend ops table (backend.h), over
+ * a flattened batch of tokens from several sequences with a paged KV cache:
  *   RMSNorm -> Q/K/V (+bias) (-> QK-norm) -> RoPE (not on NoPE layers) -> K/V into their slots
  *   -> paged attention -> O ->
- *   [all-reduce] -> residual + RMSNorm -> SwiGLU -> down -> [all-reduce] -> residual,
+ *   [all-reduce] -> residual + RMSNorm -> SwiGLU -> down (an MoE layer: router -> the moe op)
+ *   -> [all-reduce] -> residual,
  *   then the LM head for the rows that need logits ([gather of the vocab slices]).
  * Tensor parallel: one thread per rank runs this program on its shard (model.h, pgd_shard);
  * with one rank nothing is sharded and no collective runs.
@@ -264,9 +265,10 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
         r->q = balloc(be, B * q_dim, sizeof(float), &ok);
         r->k = balloc(be, B * kv_dim, sizeof(float), &ok);
         r->v = balloc(be, B * kv_dim, sizeof(float), &ok);
-        r->hb = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
-        r->hb2 = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
-        if (c->n_expert) {
+        if (!c->n_expert) { /* an MoE layer's FFNs run inside the moe op */
+            r->hb = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
+            r->hb2 = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
+        } else {
             r->router = balloc(be, B * (size_t)c->n_expert, sizeof(float), &ok);
             r->moe_work = balloc(be, pgd_moe_work_floats((int32_t)B, c->dim, &sh->layers[0].moe),
                                  sizeof(float), &ok);

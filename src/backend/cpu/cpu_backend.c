@@ -1049,7 +1049,8 @@ static void cpu_moe(pgd_backend *be, const pgd_moe *e, const float *x, const flo
         int m = start[i + 1] - start[i];
         if (!m) continue;
         const int32_t *r = rows + start[i];
-        for (int k = 0; k < m; k++) memcpy(xe + (size_t)k * D, x + (size_t)r[k] * D, D * sizeof *xe);
+        for (int k = 0; k < m; k++)
+            memcpy(xe + (size_t)k * D, x + (size_t)r[k] * D, D * sizeof *xe);
         cpu_matmul(be, &e->gate[i], xe, g, m);
         cpu_matmul(be, &e->up[i], xe, u, m);
         cpu_silu_gate(be, g, u, (size_t)m * (size_t)F);

@@ -595,6 +595,123 @@ static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, siz
     else p16_gemv_t(PGD_TYPE_Q8_0, P, x, y, K, lo, hi);
 }
 
+/* NT <= 4 tokens, NP panels (16 * NP rows; NP * NT <= 4: 8 independent FMA chains at most,
+ * enough to hide the FMA latency in 16 registers): p16_gemv_np's chains for each token, every
+ * weight converted once for all NT. A Q8_0 block's partial sums are folded into y at the
+ * block's end (the running sum goes through memory, exactly), so each row gets gemv's bits. */
+INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const uint8_t *p,
+                           size_t pb, const float *x, size_t K, float *y, size_t N) {
+    if (t == PGD_TYPE_F16) {
+        __m256 a[4][4][2];
+#pragma GCC unroll 4
+        for (int q = 0; q < NP; q++)
+#pragma GCC unroll 4
+            for (int u = 0; u < NT; u++) a[q][u][0] = a[q][u][1] = _mm256_setzero_ps();
+        for (size_t k = 0; k < K; k++) {
+#pragma GCC unroll 4
+            for (int q = 0; q < NP; q++) {
+                __m256 w0, w1;
+                p16_w_f16((const uint16_t *)(p + q * pb), k, &w0, &w1);
+#pragma GCC unroll 4
+                for (int u = 0; u < NT; u++) {
+                    __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + k);
+                    a[q][u][0] = _mm256_fmadd_ps(w0, b, a[q][u][0]);
+                    a[q][u][1] = _mm256_fmadd_ps(w1, b, a[q][u][1]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < NP; q++)
+#pragma GCC unroll 4
+            for (int u = 0; u < NT; u++) {
+                _mm256_storeu_ps(y + (size_t)u * N + 16 * q, a[q][u][0]);
+                _mm256_storeu_ps(y + (size_t)u * N + 16 * q + 8, a[q][u][1]);
+            }
+        return;
+    }
+    for (size_t blk = 0; blk < K / 32; blk++) {
+        __m256 sq[4][4][2];
+#pragma GCC unroll 4
+        for (int q = 0; q < NP; q++)
+#pragma GCC unroll 4
+            for (int u = 0; u < NT; u++) sq[q][u][0] = sq[q][u][1] = _mm256_setzero_ps();
+        for (int k = 0; k < 32; k++) {
+            if (k < (P16_Q8_BLOCK + 63) / 64)
+#pragma GCC unroll 4
+                for (int q = 0; q < NP; q++)
+                    _mm_prefetch((const char *)(p + q * pb + blk * P16_Q8_BLOCK + P16_PF_BYTES +
+                                                64 * (size_t)k),
+                                 _MM_HINT_T0);
+#pragma GCC unroll 4
+            for (int q = 0; q < NP; q++) {
+                __m256 w0, w1;
+                p16_w_q8(p + q * pb + blk * P16_Q8_BLOCK, k, &w0, &w1);
+#pragma GCC unroll 4
+                for (int u = 0; u < NT; u++) {
+                    __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + blk * 32 + (size_t)k);
+                    sq[q][u][0] = _mm256_fmadd_ps(w0, b, sq[q][u][0]);
+                    sq[q][u][1] = _mm256_fmadd_ps(w1, b, sq[q][u][1]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < NP; q++) {
+            __m256 d0, d1, z = _mm256_setzero_ps();
+            p16_d_q8(p + q * pb + blk * P16_Q8_BLOCK, &d0, &d1);
+#pragma GCC unroll 4
+            for (int u = 0; u < NT; u++) {
+                float *yu = y + (size_t)u * N + 16 * q;
+                _mm256_storeu_ps(yu, _mm256_fmadd_ps(d0, sq[q][u][0],
+                                                     blk ? _mm256_loadu_ps(yu) : z));
+                _mm256_storeu_ps(yu + 8, _mm256_fmadd_ps(d1, sq[q][u][1],
+                                                         blk ? _mm256_loadu_ps(yu + 8) : z));
+            }
+        }
+    }
+}
+
+#define P16_FEW_FN(T, NT, NP, NAME)                                                              \
+    static void NAME(const uint8_t *p, size_t pb, const float *x, size_t K, float *y,           \
+                     size_t N) {                                                                 \
+        p16_few_panels(T, NT, NP, p, pb, x, K, y, N);                                            \
+    }
+P16_FEW_FN(PGD_TYPE_F16, 1, 1, p16_few_f16_1) P16_FEW_FN(PGD_TYPE_F16, 2, 2, p16_few_f16_2)
+P16_FEW_FN(PGD_TYPE_F16, 2, 1, p16_few_f16_2s) P16_FEW_FN(PGD_TYPE_F16, 3, 1, p16_few_f16_3)
+P16_FEW_FN(PGD_TYPE_F16, 4, 1, p16_few_f16_4)
+P16_FEW_FN(PGD_TYPE_Q8_0, 1, 1, p16_few_q8_1) P16_FEW_FN(PGD_TYPE_Q8_0, 2, 2, p16_few_q8_2)
+P16_FEW_FN(PGD_TYPE_Q8_0, 2, 1, p16_few_q8_2s) P16_FEW_FN(PGD_TYPE_Q8_0, 3, 1, p16_few_q8_3)
+P16_FEW_FN(PGD_TYPE_Q8_0, 4, 1, p16_few_q8_4)
+typedef void (*p16_few_fn)(const uint8_t *, size_t, const float *, size_t, float *, size_t);
+/* [nt - 1]: the kernel for nt tokens over its panels per call ([4]: 2 tokens, one panel) */
+static const p16_few_fn p16_few_f16[5] = {p16_few_f16_1, p16_few_f16_2, p16_few_f16_3,
+                                           p16_few_f16_4, p16_few_f16_2s};
+static const p16_few_fn p16_few_q8[5] = {p16_few_q8_1, p16_few_q8_2, p16_few_q8_3, p16_few_q8_4,
+                                          p16_few_q8_2s};
+
+/* A few tokens (n <= P16_FEW_MAX; F16: P16_FEW_MAX_F16), rows [lo, hi) (multiples of 16):
+ * groups of up to 4 tokens stream the panels (two at a time for 2 tokens), converting each
+ * weight once per group. For so few tokens p16_gemm's conversion of every panel slice to F32 in
+ * memory costs more than its tiles save: a Q8_0 768 x 2,048 matrix took 4.1x gemv's time at 2
+ * tokens that way, 1.8x here. F16 panels convert cheaply, and past 3 tokens p16_gemm is as fast
+ * or faster (bench/RESULTS.md). */
+#define P16_FEW_MAX 8
+#define P16_FEW_MAX_F16 3
+static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
+                    int n, long lo, long hi) {
+    const size_t pb = p16_panel_bytes(t, K);
+    const p16_few_fn *fns = t == PGD_TYPE_F16 ? p16_few_f16 : p16_few_q8;
+    for (int t0 = 0; t0 < n; t0 += 4) {
+        int nt = n - t0 < 4 ? n - t0 : 4;
+        const float *xt = x + (size_t)t0 * K;
+        float *yt = y + (size_t)t0 * N;
+        long r = lo;
+        if (nt == 2)
+            for (; r + 32 <= hi; r += 32) fns[1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N);
+        for (; r < hi; r += 16)
+            fns[nt == 2 ? 4 : nt - 1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N);
+    }
+}
+
 /* n tokens, rows [lo, hi) (multiples of 16): token blocks, then panels, then K slices (each
  * converted to F32 once), then token tiles of up to 6. */
 static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
@@ -764,6 +881,9 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
 #ifdef PGD_F32ACT_SIMD
     if (w->panel16) {
         if (c->n == 1) p16_gemv(w->type, w->data, c->x, c->y, (size_t)w->n_in, lo, hi);
+        else if (c->n <= (w->type == PGD_TYPE_F16 ? P16_FEW_MAX_F16 : P16_FEW_MAX))
+            p16_few(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
+                    hi);
         else p16_gemm(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
                       hi);
         return;
