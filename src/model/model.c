@@ -143,8 +143,9 @@ static pgd_moe experts_moe(const pgd_model_config *c, const pgd_weight *ex, int3
 
 /* The router and experts of MoE layer il. A GGUF file stacks each kind of expert matrix in one
  * 3-D tensor (ffn_gate_exps, ...: [n_in, n_out, n_expert]), each expert a view of its slice;
- * a Hugging Face checkpoint names every expert's matrices (Mixtral: block_sparse_moe.experts.E.w1
- * (gate), w3 (up), w2 (down); Qwen3-MoE: mlp.experts.E.gate_proj, up_proj, down_proj). */
+ * Mixtral GGUFs converted before llama.cpp stacked them (early 2024) name each expert's
+ * (ffn_gate.E, ...), as a Hugging Face checkpoint does (Mixtral: block_sparse_moe.experts.E.w1
+ * (gate), w3 (up), w2 (down); Qwen: mlp.experts.E.gate_proj, up_proj, down_proj). */
 static int load_experts(pgd_model *m, int il, bool f32, pgd_layer *l, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     const int32_t E = c->n_expert, F = c->moe_ffn_dim;
@@ -160,29 +161,35 @@ static int load_experts(pgd_model *m, int il, bool f32, pgd_layer *l, pgd_err *e
                           mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight", c->dim, E,
                           false, f32, &l->w_router, err)))
         return rc;
-    struct { const char *g, *h, *hm; int64_t in, out; } parts[3] = {
-        {"ffn_gate_exps.weight", "mlp.experts.%d.gate_proj.weight",
+    struct { const char *g, *gs, *h, *hm; int64_t in, out; } parts[3] = {
+        {"ffn_gate_exps.weight", "ffn_gate.%d.weight", "mlp.experts.%d.gate_proj.weight",
          "block_sparse_moe.experts.%d.w1.weight", c->dim, F},
-        {"ffn_up_exps.weight", "mlp.experts.%d.up_proj.weight",
+        {"ffn_up_exps.weight", "ffn_up.%d.weight", "mlp.experts.%d.up_proj.weight",
          "block_sparse_moe.experts.%d.w3.weight", c->dim, F},
-        {"ffn_down_exps.weight", "mlp.experts.%d.down_proj.weight",
+        {"ffn_down_exps.weight", "ffn_down.%d.weight", "mlp.experts.%d.down_proj.weight",
          "block_sparse_moe.experts.%d.w2.weight", F, c->dim},
     };
     for (int p = 0; p < 3; p++) {
         pgd_weight *w = ex + (size_t)p * E;
-        if (!gguf) {
+        tensor_name(m, name, sizeof name, il, parts[p].g, "");
+        bool split = !gguf || !find_src(m, name, &t);
+        if (split) {
+            char sn[128];
+            snprintf(sn, sizeof sn, parts[p].gs, 0);
+            tensor_name(m, name, sizeof name, il, sn, "");
+            if (gguf && !find_src(m, name, &t)) /* neither form: name the stacked one */
+                return pgd_err_set(err, PGD_EFORMAT, "%s: missing tensor 'blk.%d.%s'", m->path,
+                                   il, parts[p].g);
             for (int e = 0; e < E; e++) {
-                char hn[128];
+                char gn[128], hn[128];
+                snprintf(gn, sizeof gn, parts[p].gs, e);
                 snprintf(hn, sizeof hn, mixtral ? parts[p].hm : parts[p].h, e);
-                if ((rc = load_weight(m, il, "", hn, parts[p].in, parts[p].out, false, f32, &w[e],
+                if ((rc = load_weight(m, il, gn, hn, parts[p].in, parts[p].out, false, f32, &w[e],
                                       err)))
                     return rc;
             }
             continue;
         }
-        tensor_name(m, name, sizeof name, il, parts[p].g, "");
-        if (!find_src(m, name, &t))
-            return pgd_err_set(err, PGD_EFORMAT, "%s: missing tensor '%s'", m->path, name);
         if ((int64_t)t.ne[0] != parts[p].in || (int64_t)t.ne[1] != parts[p].out ||
             (int64_t)t.ne[2] != E || t.ne[3] != 1)
             return pgd_err_set(err, PGD_EFORMAT, "%s: tensor '%s' has shape [%" PRIu64 ", %"

@@ -261,10 +261,19 @@ def hub_layout(sd, arch):
     return out
 
 
-def gguf_tensors(sd, arch, cfg):
+def gguf_tensors(sd, arch, cfg, split_experts=False):
     """Yields (gguf name, float32 array in HF [out, in] order) like convert_hf_to_gguf.py.
     Experts stay stacked, as llama.cpp stores them: ffn_gate_exps/ffn_up_exps (E, F, dim) and
-    ffn_down_exps (E, dim, F); the router is ffn_gate_inp."""
+    ffn_down_exps (E, dim, F); the router is ffn_gate_inp. split_experts: one tensor per
+    expert (ffn_gate.<e>, ffn_up.<e>, ffn_down.<e>), as Mixtral GGUFs were written before
+    llama.cpp stacked them."""
+    def experts(kind, a):
+        if not split_experts:
+            yield f"{kind}_exps.weight", np.ascontiguousarray(a)
+            return
+        for e in range(a.shape[0]):
+            yield f"{kind}.{e}.weight", np.ascontiguousarray(a[e])
+
     if arch == "llama" and cfg.get("rope_scaling", {}).get("rope_type") == "llama3":
         yield "rope_freqs.weight", llama3_rope_factors(cfg)
     for name, t in sd.items():
@@ -272,13 +281,13 @@ def gguf_tensors(sd, arch, cfg):
         base, _, rest = name.partition(".mlp.")
         if rest in ("experts.gate_up_proj", "experts.down_proj", "gate.weight"):
             il = base.split(".")[2]
-            if rest == "experts.gate_up_proj":
-                f = a.shape[1] // 2
-                yield f"blk.{il}.ffn_gate_exps.weight", np.ascontiguousarray(a[:, :f])
-                yield f"blk.{il}.ffn_up_exps.weight", np.ascontiguousarray(a[:, f:])
-            elif rest == "experts.down_proj":
-                yield f"blk.{il}.ffn_down_exps.weight", a
-            else:
+            parts = ([("ffn_gate", a[:, :a.shape[1] // 2]), ("ffn_up", a[:, a.shape[1] // 2:])]
+                     if rest == "experts.gate_up_proj" else
+                     [("ffn_down", a)] if rest == "experts.down_proj" else [])
+            for kind, part in parts:
+                for n, x in experts(kind, part):
+                    yield f"blk.{il}.{n}", x
+            if not parts:
                 yield f"blk.{il}.ffn_gate_inp.weight", a
             continue
         if name == "model.embed_tokens.weight":
@@ -299,7 +308,7 @@ def gguf_tensors(sd, arch, cfg):
             yield f"blk.{il}.{HF_TO_GGUF[module]}.{kind}", a
 
 
-def write_gguf(path, spec, sd, vocab_kv, qtype_name):
+def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False):
     import gguf
     arch, cfg = spec.get("gguf_arch", spec["arch"]), spec["config"]
     ftype = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
@@ -337,7 +346,7 @@ def write_gguf(path, spec, sd, vocab_kv, qtype_name):
     copy_tokenizer_kv(w, vocab_kv)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    for name, a in gguf_tensors(sd, spec["arch"], cfg):
+    for name, a in gguf_tensors(sd, spec["arch"], cfg, split_experts):
         # prepare_tensors: 1-D tensors, norms and routers stay F32; the rest takes the file type.
         keep = a.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight",
                                              "ffn_gate_inp_shexp.weight"))

@@ -232,3 +232,19 @@ def test_greedy_tensor_parallel(pagoda_bin, tiny_models, refs, name):
     ids = prompt_ids(name, r.config.vocab_size)
     got = pagoda_greedy(model_path(tiny_models[name], "F32"), ids, ["--tensor-parallel-size", "2"])
     assert got == r.greedy("F32", ids)
+
+
+def test_mixtral_split_experts_gguf(pagoda_bin, tiny_models, refs, tmp_path):
+    """Mixtral GGUFs converted before llama.cpp stacked the experts (early 2024) name each
+    expert's matrices (blk.N.ffn_gate.E.weight, ...): the same weights written that way give
+    the stacked file's logits bit for bit."""
+    import make_tiny_models as mt
+    spec = mt.SPECS["mixtral"]
+    sd = refs("mixtral").f32.state_dict()
+    path = tmp_path / "mixtral-split.F32.gguf"
+    mt.write_gguf(path, spec, sd, mt.read_gguf_kv(mt.VOCAB_DIR / spec["vocab"]), "F32",
+                  split_experts=True)
+    ids = prompt_ids("mixtral", spec["config"]["vocab_size"])
+    split = pagoda_logits(path, ids, [], tmp_path)
+    stacked = pagoda_logits(tiny_models["mixtral"]["gguf_F32"], ids, [], tmp_path)
+    assert np.array_equal(split, stacked)
