@@ -938,6 +938,7 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     if (finish) add_stop_reason(ch, r, fin_choice);
+    else cJSON_AddNullToObject(ch, "stop_reason"); /* as vLLM: null in every chunk before */
     cJSON_AddItemToArray(arr, ch);
     /* chat chunks carry "usage": null until the last one, as OpenAI sends them; the completion
      * chunk's schema (CreateCompletionResponse) has a non-nullable usage, so it is left out */
@@ -976,6 +977,7 @@ char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, lon
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     if (finish) add_stop_reason(ch, r, fin_choice);
+    else cJSON_AddNullToObject(ch, "stop_reason"); /* as vLLM: null in every chunk before */
     cJSON_AddItemToArray(arr, ch);
     if (r->include_usage) cJSON_AddNullToObject(o, "usage");
     return sse(o);
