@@ -98,6 +98,10 @@ typedef struct pgd_request_params {
     /* the same, held to this JSON Schema (the text of the schema object; compiled, not kept;
        OpenAI response_format json_schema): json_grammar.h says what it supports */
     const char *json_schema;
+    /* with json_schema: the schema compiled already (pgd_json_schema_compile of
+       src/sample/json_grammar.h), which the engine copies instead of compiling the text again (a
+       server compiles once per request, off its I/O thread); NULL: the engine compiles it */
+    const struct pgd_json_schema *json_schema_c;
     /* with json_schema: text the document must come right after / right before (a tool call's
        "<tool_call>\n" ... "\n</tool_call>"), or NULL */
     const char *json_prefix, *json_suffix;

@@ -297,16 +297,31 @@ static int set_schema(pgd_api_request *r, const cJSON *sch, const char *param, c
     r->json_object = true;
     if (!(r->json_schema = pgd_json_print_exact(sch)))
         BAD(param, "'%s' holds a number that is not finite", what);
-    char msg[200];
-    int rc = pgd_json_schema_check(r->json_schema, msg, sizeof msg);
-    if (rc == PGD_ENOMEM) {
-        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
-        return -1;
-    }
-    if (rc) BAD(param, "'%s': %s", what, msg);
+    r->schema_param = param; /* compiled later: pgd_api_compile_schema */
+    snprintf(r->schema_label, sizeof r->schema_label, "'%s'", what);
     return 0;
 fail:
     return -1;
+}
+
+int pgd_api_compile_schema(pgd_api_request *r, pgd_api_error *err) {
+    if (!r->json_schema || r->schema_c) return 0;
+    char msg[200];
+    pgd_json_schema *sc = calloc(1, sizeof *sc);
+    int rc = sc ? pgd_json_schema_compile(r->json_schema, strlen(r->json_schema), sc, msg,
+                                          sizeof msg)
+                : PGD_ENOMEM;
+    if (rc) {
+        free(sc);
+        if (rc == PGD_ENOMEM)
+            pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        else
+            pgd_api_error_set(err, 400, "invalid_request_error", r->schema_param, NULL, "%s: %s",
+                              r->schema_label, msg);
+        return -1;
+    }
+    r->schema_c = sc;
+    return 0;
 }
 
 /* response_format, best_of and tool_choice: each is honoured or refused, never ignored. */
@@ -798,6 +813,8 @@ void pgd_api_request_free(pgd_api_request *r) {
     free(r->regex);
     if (r->regex_dfa) pgd_regex_free(r->regex_dfa);
     free(r->regex_dfa);
+    if (r->schema_c) pgd_json_schema_free(r->schema_c);
+    free(r->schema_c);
     memset(r, 0, sizeof *r);
 }
 

@@ -54,6 +54,9 @@ typedef struct pgd_api_request {
     bool no_speculation;           /* "speculative": false opts out (as in `pagoda batch`) */
     bool json_object;              /* response_format json_object or json_schema */
     char *json_schema;             /* json_schema's schema as compact JSON (owned), or NULL */
+    const char *schema_param;      /* the parameter that gave it (for a 400 on it) */
+    char schema_label[96];         /* how a 400 names it: "'guided_json'", ... */
+    struct pgd_json_schema *schema_c; /* owned: compiled by the server off its I/O thread */
     bool tool_required;            /* tool_choice "required" or a named function (tool_name) */
     int tool_format;               /* set by the server: answers' tool calls are parsed out in
                                       this pgd_tool_format (0: none) */
@@ -98,6 +101,10 @@ void pgd_api_request_free(pgd_api_request *r);
  * regex.h refuses is a 400 naming its parameter. 0, or -1 with err. Slow for complex patterns
  * (the work budget bounds it): call it off the I/O thread. */
 int pgd_api_compile_regex(pgd_api_request *r, pgd_api_error *err);
+/* Compiles r->json_schema (if any) into r->schema_c, once for all the request's choices; a
+ * schema json_grammar.h refuses is a 400 naming its parameter. 0, or -1 with err. Up to ~0.1 s
+ * for a schema with complex patterns: call it off the I/O thread. */
+int pgd_api_compile_schema(pgd_api_request *r, pgd_api_error *err);
 /* 0 when body[0..len) may be parsed: well-formed UTF-8 (no overlongs, surrogates, code points
  * past U+10FFFF), as every POST route's body must be, and no "\u0000" escape (cJSON's strings
  * end at a NUL, so the text after it would be dropped without a word). Else -1 with a 400 in

@@ -753,8 +753,11 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     pgd_json_init(&s->json_st, true);
     if (p->json_schema) {
         char why[200];
-        int rc = pgd_json_schema_compile(p->json_schema, strlen(p->json_schema), &s->schema, why,
-                                         sizeof why);
+        int rc = p->json_schema_c
+                     ? pgd_json_schema_copy(&s->schema, p->json_schema_c)
+                     : pgd_json_schema_compile(p->json_schema, strlen(p->json_schema), &s->schema,
+                                               why, sizeof why);
+        if (rc == PGD_ENOMEM) snprintf(why, sizeof why, "out of memory");
         if (!rc && ((p->json_prefix && !(s->schema.prefix = strdup(p->json_prefix))) ||
                     (p->json_suffix && !(s->schema.suffix = strdup(p->json_suffix))))) {
             rc = PGD_ENOMEM;

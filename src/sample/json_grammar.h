@@ -148,6 +148,9 @@ void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc);
 int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, char *msg,
                             size_t msg_len);
 void pgd_json_schema_free(pgd_json_schema *sc);
+/* dst = a deep copy of src (without its prefix and suffix): one compile serves many sequences.
+ * PGD_OK or PGD_ENOMEM (dst then empty). */
+int pgd_json_schema_copy(pgd_json_schema *dst, const pgd_json_schema *src);
 /* Compiles text to check it, and frees the result: 0, or the status with msg. (The API layer
  * refuses a schema up front; the engine compiles its own copy per request.) */
 int pgd_json_schema_check(const char *text, char *msg, size_t msg_len);

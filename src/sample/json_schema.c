@@ -746,6 +746,51 @@ int pgd_json_schema_check(const char *text, char *msg, size_t msg_len) {
     return rc;
 }
 
+/* A malloc'd copy of n elements of size sz at src (NULL for none); false when out of memory. */
+static bool dup_array(void *dst, const void *src, size_t n, size_t sz) {
+    void *p = NULL;
+    if (src && n) {
+        if (!(p = malloc(n * sz))) return false;
+        memcpy(p, src, n * sz);
+    }
+    memcpy(dst, &p, sizeof p);
+    return true;
+}
+
+int pgd_json_schema_copy(pgd_json_schema *dst, const pgd_json_schema *src) {
+    memset(dst, 0, sizeof *dst);
+    pgd_json_schema c = *src;
+    c.prefix = c.suffix = NULL;
+    c.props = NULL;
+    c.enum_text = NULL;
+    c.regex = NULL;
+    c.n_props = c.n_enum = c.n_regex = 0; /* what pgd_json_schema_free may free so far */
+    c.cap_nodes = src->n_nodes;
+    c.cap_props = src->n_props;
+    c.cap_enum = src->n_enum;
+    c.cap_var = src->n_var;
+    bool ok = dup_array(&c.nodes, src->nodes, (size_t)src->n_nodes, sizeof *src->nodes) &&
+              dup_array(&c.enum_len, src->enum_len, (size_t)src->n_enum, sizeof *src->enum_len) &&
+              dup_array(&c.enum_num, src->enum_num, (size_t)src->n_enum, sizeof *src->enum_num) &&
+              dup_array(&c.var_node, src->var_node, (size_t)src->n_var, sizeof *src->var_node) &&
+              dup_array(&c.var_prop, src->var_prop, (size_t)src->n_var, sizeof *src->var_prop) &&
+              dup_array(&c.props, src->props, (size_t)src->n_props, sizeof *src->props);
+    for (int32_t i = 0; ok && i < src->n_props; i++) /* each name, counted once copied */
+        ok = (c.props[i].name = strdup(src->props[i].name)) != NULL && ++c.n_props;
+    if (ok && src->n_enum) ok = (c.enum_text = calloc((size_t)src->n_enum, sizeof(char *)));
+    for (int32_t i = 0; ok && i < src->n_enum; i++)
+        ok = (c.enum_text[i] = strdup(src->enum_text[i])) != NULL && ++c.n_enum;
+    if (ok && src->n_regex) ok = (c.regex = calloc((size_t)src->n_regex, sizeof *c.regex));
+    for (int32_t i = 0; ok && i < src->n_regex; i++)
+        ok = pgd_regex_copy(&c.regex[i], &src->regex[i]) == PGD_OK && ++c.n_regex;
+    if (!ok) {
+        pgd_json_schema_free(&c);
+        return PGD_ENOMEM;
+    }
+    *dst = c;
+    return PGD_OK;
+}
+
 void pgd_json_schema_free(pgd_json_schema *sc) {
     for (int32_t i = 0; i < sc->n_props; i++) free(sc->props[i].name);
     for (int32_t i = 0; i < sc->n_enum; i++) free(sc->enum_text[i]);

@@ -522,16 +522,10 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL, "%s", why);
         return -1;
     }
-    char msg[200];
-    int rc = pgd_json_schema_check(schema, msg, sizeof msg);
-    if (rc) {
-        free(schema);
-        pgd_api_error_set(e, rc == PGD_ENOMEM ? 500 : 400, "invalid_request_error", "tools",
-                          NULL, "the function's parameters: %s", msg);
-        return -1;
-    }
-    r->json_schema = schema;
+    r->json_schema = schema; /* compiled off the I/O thread (work_cb) */
     r->json_object = true;
+    r->schema_param = "tools";
+    snprintf(r->schema_label, sizeof r->schema_label, "the function's parameters");
     return 0;
 }
 
@@ -572,7 +566,8 @@ static void work_cb(uv_work_t *w) {
     req_ctx *c = w->data;
     server *s = c->s;
     pgd_api_request *r = &c->api;
-    if (pgd_api_compile_regex(r, &c->err)) { /* here, not on the I/O thread */
+    if (pgd_api_compile_regex(r, &c->err) || pgd_api_compile_schema(r, &c->err)) {
+        /* here, not on the I/O thread */
         c->has_err = true;
         return;
     }
@@ -694,6 +689,7 @@ static void submit_all(server *s, req_ctx *c) {
                                            ? r->logprobs
                                            : r->prompt_logprobs > 0 ? r->prompt_logprobs : 0,
                 .json_object = r->json_object, .json_schema = r->json_schema,
+                .json_schema_c = r->schema_c,
                 .stop_token_ids = r->stop_ids, .n_stop_token_ids = r->n_stop_ids,
                 .include_stop = r->include_stop, .render_special = r->render_special,
                 .allowed_token_ids = r->allowed_ids, .n_allowed_token_ids = r->n_allowed,
