@@ -102,6 +102,12 @@ typedef struct pgd_request_params {
        src/sample/json_grammar.h), which the engine copies instead of compiling the text again (a
        server compiles once per request, off its I/O thread); NULL: the engine compiles it */
     const struct pgd_json_schema *json_schema_c;
+    /* embeddings (max_tokens 0): the last prompt token's final hidden state (after the model's
+       final norm: last-token pooling), L2-normalized when embed_normalize, written into
+       embedding (pgd_engine_dim floats, the caller's, untouched by the engine after this
+       request's FINISH) before its FINISH event */
+    float *embedding;
+    bool embed_normalize;
     /* with json_schema: text the document must come right after / right before (a tool call's
        "<tool_call>\n" ... "\n</tool_call>"), or NULL */
     const char *json_prefix, *json_suffix;
@@ -212,6 +218,8 @@ void pgd_engine_free(pgd_engine *e);
 int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bos,
                         bool parse_special, int32_t *out, size_t cap, size_t *n_out);
 int32_t pgd_engine_n_ctx(const pgd_engine *e);
+/* The model's hidden size: the length of an embedding. */
+int32_t pgd_engine_dim(const pgd_engine *e);
 bool pgd_engine_add_bos(const pgd_engine *e);
 /* False for a model loaded without a tokenizer (--load-format dummy with no tokenizer.json):
  * then requests are token ids, events carry no text, no token ends a generation, and

@@ -119,13 +119,13 @@ static int get_bool(const cJSON *o, const char *key, bool *out, pgd_api_error *e
     return 0;
 }
 
-/* A token-id array prompt. */
-static int parse_ids(const cJSON *a, const pgd_api_limits *lim, pgd_api_prompt *p,
-                     pgd_api_error *err) {
+/* A token-id array prompt (of parameter key: "prompt", or an embedding's "input"). */
+static int parse_ids(const cJSON *a, const char *key, const pgd_api_limits *lim,
+                     pgd_api_prompt *p, pgd_api_error *err) {
     int n = cJSON_GetArraySize(a);
     if (n > lim->max_prompt_tokens) {
-        pgd_api_error_set(err, 400, "invalid_request_error", "prompt", "context_length_exceeded",
-                          "the prompt has %d tokens; at most %d are allowed", n,
+        pgd_api_error_set(err, 400, "invalid_request_error", key, "context_length_exceeded",
+                          "the %s has %d tokens; at most %d are allowed", key, n,
                           lim->max_prompt_tokens);
         return -1;
     }
@@ -137,8 +137,8 @@ static int parse_ids(const cJSON *a, const pgd_api_limits *lim, pgd_api_prompt *
     const cJSON *x;
     cJSON_ArrayForEach(x, a) {
         if (!is_int(x) || x->valuedouble < 0 || x->valuedouble >= lim->n_vocab) {
-            pgd_api_error_set(err, 400, "invalid_request_error", "prompt", NULL,
-                              "token ids in 'prompt' must be integers in [0, %d)", lim->n_vocab);
+            pgd_api_error_set(err, 400, "invalid_request_error", key, NULL,
+                              "token ids in '%s' must be integers in [0, %d)", key, lim->n_vocab);
             return -1;
         }
         p->ids[p->n_ids++] = (int32_t)x->valuedouble;
@@ -146,11 +146,11 @@ static int parse_ids(const cJSON *a, const pgd_api_limits *lim, pgd_api_prompt *
     return 0;
 }
 
-static int add_prompt(pgd_api_request *r, const cJSON *x, const pgd_api_limits *lim,
-                      pgd_api_error *err) {
+static int add_prompt(pgd_api_request *r, const cJSON *x, const char *key,
+                      const pgd_api_limits *lim, pgd_api_error *err) {
     if (r->n_prompts >= lim->max_prompts) {
-        pgd_api_error_set(err, 400, "invalid_request_error", "prompt", NULL,
-                          "at most %d prompts per request", lim->max_prompts);
+        pgd_api_error_set(err, 400, "invalid_request_error", key, NULL,
+                          "at most %d %ss per request", lim->max_prompts, key);
         return -1;
     }
     pgd_api_prompt *p = &r->prompts[r->n_prompts++];
@@ -163,10 +163,90 @@ static int add_prompt(pgd_api_request *r, const cJSON *x, const pgd_api_limits *
         }
         return 0;
     }
-    if (cJSON_IsArray(x)) return parse_ids(x, lim, p, err);
-    pgd_api_error_set(err, 400, "invalid_request_error", "prompt", NULL,
-                      "'prompt' must be a string, an array of strings, an array of token ids or "
-                      "an array of token-id arrays");
+    if (cJSON_IsArray(x)) return parse_ids(x, key, lim, p, err);
+    pgd_api_error_set(err, 400, "invalid_request_error", key, NULL,
+                      "'%s' must be a string, an array of strings, an array of token ids or an "
+                      "array of token-id arrays", key);
+    return -1;
+}
+
+/* The prompts of o's key ("prompt", or an embedding request's "input"): a string, an array of
+ * strings, an array of token ids or an array of token-id arrays; none empty. */
+static int parse_prompts(pgd_api_request *r, const cJSON *o, const char *key,
+                         const pgd_api_limits *lim, pgd_api_error *err) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, key), *x;
+    if (!p) BAD(key, "'%s' is required", key);
+    int n = cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 1;
+    r->prompts = calloc((size_t)(n > 0 ? n : 1), sizeof *r->prompts);
+    if (!r->prompts) {
+        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    const cJSON *first = cJSON_IsArray(p) ? cJSON_GetArrayItem(p, 0) : NULL;
+    if (cJSON_IsArray(p) && n == 0) BAD(key, "'%s' must not be an empty array", key);
+    if (cJSON_IsString(p) || (cJSON_IsArray(p) && cJSON_IsNumber(first))) {
+        if (add_prompt(r, p, key, lim, err)) return -1;
+    } else if (cJSON_IsArray(p)) {
+        cJSON_ArrayForEach(x, p) if (add_prompt(r, x, key, lim, err)) return -1;
+    } else {
+        BAD(key, "'%s' must be a string, an array of strings, an array of token ids or an array "
+            "of token-id arrays", key);
+    }
+    for (int i = 0; i < r->n_prompts; i++)
+        if ((r->prompts[i].text && !r->prompts[i].text[0]) ||
+            (!r->prompts[i].text && r->prompts[i].n_ids == 0))
+            BAD(key, "the %s must not be empty", key);
+    return 0;
+fail:
+    return -1;
+}
+
+int pgd_api_parse_embeddings(const char *body, size_t len, const pgd_api_limits *lim,
+                             int32_t dim, pgd_api_request *r, pgd_api_error *err) {
+    memset(r, 0, sizeof *r);
+    r->embed = true;
+    r->n = 1;
+    r->logprobs = r->prompt_logprobs = -1;
+    if (pgd_api_body_check(body, len, err)) return -1;
+    cJSON *o = pgd_api_json_parse(body, len);
+    if (!o) {
+        pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_json",
+                          "the request body is not valid JSON");
+        return -1;
+    }
+    if (!cJSON_IsObject(o)) BAD(NULL, "the request body must be a JSON object");
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("model", "'model' must be a string");
+    if (cJSON_IsString(x) && !(r->model = strdup(x->valuestring))) {
+        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        goto fail;
+    }
+    if (parse_prompts(r, o, "input", lim, err)) goto fail;
+    x = cJSON_GetObjectItemCaseSensitive(o, "encoding_format");
+    if (x && !cJSON_IsNull(x)) {
+        if (!cJSON_IsString(x) ||
+            (strcmp(x->valuestring, "float") && strcmp(x->valuestring, "base64")))
+            BAD("encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+        r->embed_base64 = !strcmp(x->valuestring, "base64");
+    }
+    x = cJSON_GetObjectItemCaseSensitive(o, "dimensions");
+    if (x && !cJSON_IsNull(x) && (!is_int(x) || x->valuedouble != dim))
+        BAD("dimensions", "'dimensions' must be %d: this model's embeddings cannot be shortened",
+            dim);
+    x = cJSON_GetObjectItemCaseSensitive(o, "user");
+    if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("user", "'user' must be a string");
+    static const char *const known[] = {"model", "input", "encoding_format", "dimensions", "user"};
+    cJSON_ArrayForEach(x, o) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++)
+            ok = !strcmp(x->string, known[i]);
+        if (!ok) BAD(x->string, "'%.64s' is not a parameter of /v1/embeddings", x->string);
+    }
+    cJSON_Delete(o);
+    return 0;
+fail:
+    cJSON_Delete(o);
+    pgd_api_request_free(r);
     return -1;
 }
 
@@ -643,25 +723,7 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     if (chat) {
         if (parse_messages(r, o, err)) goto fail;
     } else {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-        if (!p) BAD("prompt", "'prompt' is required");
-        int n = cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 1;
-        r->prompts = calloc((size_t)(n > 0 ? n : 1), sizeof *r->prompts);
-        if (!r->prompts) goto oom;
-        const cJSON *first = cJSON_IsArray(p) ? cJSON_GetArrayItem(p, 0) : NULL;
-        if (cJSON_IsArray(p) && n == 0) BAD("prompt", "'prompt' must not be an empty array");
-        if (cJSON_IsString(p) || (cJSON_IsArray(p) && cJSON_IsNumber(first))) {
-            if (add_prompt(r, p, lim, err)) goto fail;
-        } else if (cJSON_IsArray(p)) {
-            cJSON_ArrayForEach(x, p) if (add_prompt(r, x, lim, err)) goto fail;
-        } else {
-            BAD("prompt", "'prompt' must be a string, an array of strings, an array of token ids "
-                "or an array of token-id arrays");
-        }
-        for (int i = 0; i < r->n_prompts; i++)
-            if ((r->prompts[i].text && !r->prompts[i].text[0]) ||
-                (!r->prompts[i].text && r->prompts[i].n_ids == 0))
-                BAD("prompt", "the prompt must not be empty");
+        if (parse_prompts(r, o, "prompt", lim, err)) goto fail;
         const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(o, "suffix");
         if (sfx && !cJSON_IsNull(sfx) && !(cJSON_IsString(sfx) && !sfx->valuestring[0]))
             BAD("suffix", "'suffix' (fill-in-the-middle) is not supported by this model");
@@ -846,6 +908,59 @@ static void add_usage(cJSON *o, int32_t prompt, int32_t completion) {
     cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
     cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+}
+
+/* Base64 (RFC 4648, padded) of n bytes, malloc'd; NULL when out of memory. */
+static char *base64(const unsigned char *b, size_t n) {
+    static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *o = malloc((n + 2) / 3 * 4 + 1), *p = o;
+    if (!o) return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) |
+                     (i + 2 < n ? b[i + 2] : 0);
+        *p++ = a[v >> 18];
+        *p++ = a[(v >> 12) & 63];
+        *p++ = i + 1 < n ? a[(v >> 6) & 63] : '=';
+        *p++ = i + 2 < n ? a[v & 63] : '=';
+    }
+    *p = 0;
+    return o;
+}
+
+char *pgd_api_embeddings_json(const pgd_api_request *r, const char *model,
+                              const pgd_api_choice *choices, int n, int32_t dim,
+                              int32_t prompt_tokens) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    bool ok = o && data;
+    for (int i = 0; ok && i < n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        ok = e && cJSON_AddItemToArray(data, e);
+        if (!ok) break;
+        cJSON_AddStringToObject(e, "object", "embedding");
+        cJSON_AddNumberToObject(e, "index", i);
+        if (r->embed_base64) { /* the floats' bytes, little-endian (as x86 and OpenAI) */
+            char *b = base64((const unsigned char *)choices[i].embedding,
+                             (size_t)dim * sizeof(float));
+            ok = b && cJSON_AddStringToObject(e, "embedding", b);
+            free(b);
+            continue;
+        }
+        cJSON *v = cJSON_AddArrayToObject(e, "embedding");
+        for (int32_t k = 0; v && k < dim; k++)
+            cJSON_AddItemToArray(v, cJSON_CreateNumber(choices[i].embedding[k]));
+        ok = v != NULL;
+    }
+    if (ok) {
+        cJSON_AddStringToObject(o, "model", model);
+        cJSON *u = cJSON_AddObjectToObject(o, "usage");
+        cJSON_AddNumberToObject(u, "prompt_tokens", prompt_tokens);
+        cJSON_AddNumberToObject(u, "total_tokens", prompt_tokens);
+    }
+    char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
 }
 
 char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long created,

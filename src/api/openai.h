@@ -90,6 +90,8 @@ typedef struct pgd_api_request {
     struct pgd_regex *regex_dfa;   /* owned: compiled by the server off its I/O thread */
     char **choices;                /* guided_choice / structured_outputs.choice (n_choices) */
     int32_t n_choices;
+    bool embed;                    /* /v1/embeddings: prompts are its inputs */
+    bool embed_base64;             /* encoding_format "base64" */
 } pgd_api_request;
 
 /* Parses and validates a /v1/completions (chat=false) or /v1/chat/completions body. On failure
@@ -97,6 +99,12 @@ typedef struct pgd_api_request {
 int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits *lim,
                   pgd_api_request *out, pgd_api_error *err);
 void pgd_api_request_free(pgd_api_request *r);
+/* Parses a /v1/embeddings body into out (embed set, one prompt per input, max_tokens 0): input
+ * (a string, an array of strings, an array of token ids or an array of token-id arrays),
+ * model, encoding_format ("float" or "base64"), user; dimensions only equal to dim (the model's
+ * hidden size: no shortening). 0, or -1 with a 400 in err. */
+int pgd_api_parse_embeddings(const char *body, size_t len, const pgd_api_limits *lim,
+                             int32_t dim, pgd_api_request *out, pgd_api_error *err);
 /* Compiles r->regex (if any) into r->regex_dfa, once for all the request's choices; a pattern
  * regex.h refuses is a 400 naming its parameter. 0, or -1 with err. Slow for complex patterns
  * (the work budget bounds it): call it off the I/O thread. */
@@ -139,6 +147,7 @@ typedef struct pgd_api_choice {
                                       decoded_token}}, ...] as vLLM writes it, or NULL */
     bool echo_pending;             /* streaming echo with logprobs: sent with the prompt's scores */
     int32_t stop_string, stop_token; /* what stopped it (the FINISH event's), -1: nothing named */
+    float *embedding;              /* /v1/embeddings: this input's vector (owned), or NULL */
 } pgd_api_choice;
 
 /* Appends one token's logprobs to *lp (created on first use) in the request's format:
@@ -157,6 +166,11 @@ void pgd_api_prompt_logprobs_add(cJSON **lp, int32_t id, const char *tok, size_t
                                  const char *const *top_tok, const size_t *top_len,
                                  const float *top_lp);
 
+/* The response of an embeddings request: choices[i].embedding (dim floats) for input i, as
+ * numbers or base64 of little-endian float32. Malloc'd JSON, or NULL when out of memory. */
+char *pgd_api_embeddings_json(const pgd_api_request *r, const char *model,
+                              const pgd_api_choice *choices, int n, int32_t dim,
+                              int32_t prompt_tokens);
 /* Response bodies (malloc'd strings). */
 char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long created,
                               const char *model, pgd_api_choice *choices, int n_choices,

@@ -5,6 +5,7 @@
  * partially prefilled sequences, then waiting requests in arrival order while blocks, budget
  * and the sequence cap allow. The scheduler sees sequences and block counts, the runner builds
  * the flattened batch, the block manager (src/kv) sees only token and block ids. */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,9 @@ typedef struct seq {
      * p + 1 (their logits rows: lp_row.. lp_row + lp_n this step); lp_started: token 0's event
      * (no logprob) is out */
     bool prompt_lp, lp_started;
+    float *embed_out;         /* embeddings: where the last prompt token's hidden state goes */
+    bool embed_norm;
+    int32_t embed_row;        /* this step's row of it, or -1 */
     int32_t prompt_top;       /* alternatives per prompt token */
     int32_t lp_pos, lp_row, lp_n;
     bool spec;                /* speculative decoding on for this request */
@@ -138,6 +142,7 @@ struct pgd_engine {
         int32_t top_ids[PGD_MAX_TOP_LOGPROBS];
         float top_logprobs[PGD_MAX_TOP_LOGPROBS];
     } *lp_rows;                                 /* (max_logits) */
+    float *hidden;                              /* (max_logits, dim): embeddings' rows */
     int32_t *lp_todo;                           /* (max_logits) rows to score */
 
     /* inbox: submissions and aborts from other threads */
@@ -476,10 +481,12 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->b_sampled = malloc((size_t)e->max_logits * sizeof *e->b_sampled);
     e->lp_rows = malloc((size_t)e->max_logits * sizeof *e->lp_rows);
     e->lp_todo = malloc((size_t)e->max_logits * sizeof *e->lp_todo);
+    e->hidden = malloc((size_t)e->max_logits * (size_t)e->model->cfg.dim * sizeof *e->hidden);
     int32_t nv = e->model->cfg.n_vocab;
     e->eog = malloc((size_t)nv * sizeof *e->eog);
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_rows || !e->b_slot || !e->b_tables ||
-        !e->b_seqs || !e->b_sample || !e->b_sampled || !e->lp_rows || !e->lp_todo || !e->eog) {
+        !e->b_seqs || !e->b_sample || !e->b_sampled || !e->lp_rows || !e->lp_todo || !e->eog ||
+        !e->hidden) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
@@ -541,6 +548,7 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->b_sample);
     free(e->b_sampled);
     free(e->lp_rows);
+    free(e->hidden);
     free(e->lp_todo);
     pgd_sampler_scratch_free(&e->sample_scratch);
     free(e->eog);
@@ -572,6 +580,7 @@ int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bo
 }
 
 int32_t pgd_engine_n_ctx(const pgd_engine *e) { return e->n_ctx; }
+int32_t pgd_engine_dim(const pgd_engine *e) { return e->model->cfg.dim; }
 bool pgd_engine_add_bos(const pgd_engine *e) {
     const pgd_model *m = e->model;
     if (!m->tok) return m->cfg.bos_id >= 0 && m->cfg.bos_id < m->cfg.n_vocab;
@@ -626,6 +635,8 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         return fail(err, errlen, PGD_EINVAL, "%s", "the prompt is empty");
     if (p->max_tokens < 0)
         return fail(err, errlen, PGD_EINVAL, "%s", "max_tokens must not be negative");
+    if (p->embedding && p->max_tokens)
+        return fail(err, errlen, PGD_EINVAL, "%s", "an embedding request generates nothing");
     for (int32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= mc->n_vocab) {
             snprintf(msg, sizeof msg, "token id %d is outside the vocabulary (0..%d)",
@@ -722,6 +733,8 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     /* a zeroed params struct means no logprobs: -1 and 0 differ only for callers that ask */
     s->logprobs = p->logprobs;
     s->prompt_lp = p->prompt_logprobs;
+    s->embed_out = p->embedding;
+    s->embed_norm = p->embed_normalize;
     s->prompt_top = p->prompt_top_logprobs;
     /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
      * state after the ones before it) */
@@ -926,7 +939,8 @@ static int32_t propose(pgd_engine *e, seq *s, int32_t cap) {
 /* Logits rows a chunk of n tokens from s->n_computed needs: the last token's when the chunk
  * ends the sequence, plus one per prompt position still owing its next token's logprob. */
 static int32_t chunk_rows(const seq *s, int32_t n) {
-    int32_t c = s->n_computed, rows = c + n == s->n_tokens && s->max_tokens > 0;
+    int32_t c = s->n_computed;
+    int32_t rows = c + n == s->n_tokens && (s->max_tokens > 0 || s->embed_out);
     if (s->prompt_lp) {
         int32_t a = c > s->lp_pos ? c : s->lp_pos;
         int32_t b = c + n < s->n_prompt - 1 ? c + n : s->n_prompt - 1;
@@ -1418,6 +1432,17 @@ static void snapshot_stats(pgd_engine *e) {
     s->kv_fragmentation_perc = reserved ? 100.0 * (double)(reserved - filled) / (double)reserved : 0;
 }
 
+/* An embedding request's vector: its row of this step's hidden states, L2-normalized on request
+ * (in double: the norm of a few thousand floats). */
+static void write_embedding(pgd_engine *e, seq *s) {
+    const int32_t dim = e->model->cfg.dim;
+    const float *h = e->hidden + (size_t)s->embed_row * (size_t)dim;
+    double ss = 0;
+    for (int32_t i = 0; i < dim; i++) ss += (double)h[i] * h[i];
+    float scale = s->embed_norm && ss > 0 ? (float)(1.0 / sqrt(ss)) : 1.0f;
+    for (int32_t i = 0; i < dim; i++) s->embed_out[i] = h[i] * scale;
+}
+
 int pgd_engine_step(pgd_engine *e) {
     drain_inbox(e);
     int32_t ns = 0;
@@ -1437,6 +1462,7 @@ int pgd_engine_step(pgd_engine *e) {
 
     /* runner: flatten the batch */
     int32_t nt = 0, nl = 0, bs = e->cfg.block_size;
+    bool b_hidden = false;
     for (int32_t i = 0; i < ns; i++) {
         seq *s = e->b_seqs[i];
         e->b_tables[i] = s->kv.table;
@@ -1466,11 +1492,17 @@ int pgd_engine_step(pgd_engine *e) {
             s->logit_row = nl;
             e->b_rows[nl++] = nt - 1;
         }
+        s->embed_row = -1;
+        if (s->embed_out && s->n_computed + s->sched_n == s->n_tokens) {
+            s->embed_row = nl; /* (max_tokens is 0: no logit_row) */
+            e->b_rows[nl++] = nt - 1;
+            b_hidden = true;
+        }
     }
     PGD_ASSERT(nt == used && nl <= e->max_logits);
     pgd_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
                    .slot = e->b_slot, .block_tables = e->b_tables, .n_logits = nl,
-                   .logit_rows = e->b_rows};
+                   .logit_rows = e->b_rows, .hidden = b_hidden ? e->hidden : NULL};
     if (e->device_sampling && nl > 0) plan_device_sampling(e, ns, &b);
     int rc = pgd_model_forward(&e->fwd, &e->kv, &b);
     int32_t n_prefill = 0;
@@ -1494,6 +1526,7 @@ int pgd_engine_step(pgd_engine *e) {
         }
         s->n_computed += n;
         if (s->prompt_lp && (s->lp_n || !s->lp_started)) emit_prompt_logprobs(e, s);
+        if (s->embed_row >= 0) write_embedding(e, s);
         if (s->logit_row < 0) {
             pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
             if (s->max_tokens == 0 && s->n_computed == s->n_tokens) { /* the prompt only */

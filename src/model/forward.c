@@ -465,6 +465,10 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
     o->rms_norm(be, r->xb, sh->output_norm, r->xb2, b->n_logits, dim, c->rms_eps);
     TIMED(r, PR_HEAD, o->matmul(be, &sh->output, r->xb2, r->logits, b->n_logits));
     if ((rc = o->sync(be))) return rc;
+    size_t hidden_bytes = (size_t)b->n_logits * (size_t)dim * sizeof(float);
+    if (b->hidden && r->rank == 0 && /* x is whole on every rank */
+        (rc = o->download(be, b->hidden, r->xb2, hidden_bytes)))
+        return rc;
     if (f->n_ranks > 1) {
         rc = f->comm->ops->gather_cols(f->comm, r->rank, r->logits, b->n_logits, sh->n_vocab,
                                        sh->vocab_lo, r->rank == 0 ? f->logits : NULL,

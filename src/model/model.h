@@ -176,6 +176,9 @@ typedef struct pgd_batch {
     const pgd_sample_row *sample; /* (n_logits) */
     int32_t *sampled;             /* (n_logits) out */
     bool need_logits;
+    /* (n_logits, dim) host out, or NULL: each logit row's final hidden state (after the output
+       norm, the LM head's input): embeddings */
+    float *hidden;
 } pgd_batch;
 
 /* Scratch for pgd_model_forward, sized once for up to max_tokens tokens and max_logits logit

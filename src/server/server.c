@@ -42,7 +42,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 
-typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE } route;
+typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
 
 typedef struct server server;
@@ -141,6 +141,7 @@ static void ctx_unref(req_ctx *c) {
     if (c->api_parsed) pgd_api_request_free(&c->api);
     for (int i = 0; i < c->n_choices; i++) {
         free(c->choices[i].text);
+        free(c->choices[i].embedding);
         cJSON_Delete(c->choices[i].logprobs);
         cJSON_Delete(c->choices[i].prompt_logprobs);
     }
@@ -441,6 +442,15 @@ static void finish_request(server *s, req_ctx *c) {
         static const char done[] = "data: [DONE]\n\n";
         out_append(c, done, sizeof done - 1);
         c->stream_done = true;
+    } else if (!c->has_err && c->api.embed) {
+        c->resp = pgd_api_embeddings_json(&c->api, s->model_name, c->choices, c->n_choices,
+                                          pgd_engine_dim(s->engine), c->prompt_tokens);
+        if (!c->resp) {
+            pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
+            c->has_err = true;
+        }
+        c->status = 200;
+        c->ph = PH_RESPOND;
     } else if (!c->has_err) {
         c->resp = pgd_api_completion_json(&c->api, c->id, c->created, s->model_name, c->choices,
                                           c->n_choices, c->prompt_tokens, c->completion_tokens);
@@ -659,12 +669,13 @@ static void submit_all(server *s, req_ctx *c) {
             c->has_err = true;
             return;
         }
-        /* echo alone runs the prompt only (max_tokens 0: the engine generates nothing) */
-        int32_t max_tokens = r->max_tokens > 0 || r->echo_only ? r->max_tokens
-                                                                : n_ctx - pr->n_ids;
-        if (pr->n_ids + (int64_t)max_tokens > n_ctx || (max_tokens < 1 && !r->echo_only)) {
+        /* echo alone and embeddings run the prompt only (max_tokens 0: nothing generated) */
+        bool only = r->echo_only || r->embed;
+        int32_t max_tokens = r->max_tokens > 0 || only ? r->max_tokens : n_ctx - pr->n_ids;
+        if (pr->n_ids + (int64_t)max_tokens > n_ctx || (max_tokens < 1 && !only)) {
             pgd_api_error_set(&c->err, 400, "invalid_request_error",
-                              r->chat ? "messages" : "prompt", "context_length_exceeded",
+                              r->chat ? "messages" : r->embed ? "input" : "prompt",
+                              "context_length_exceeded",
                               "this model's maximum context length is %d tokens; the prompt has "
                               "%d tokens and max_tokens is %d", n_ctx, pr->n_ids,
                               r->max_tokens > 0 ? r->max_tokens : 0);
@@ -674,6 +685,14 @@ static void submit_all(server *s, req_ctx *c) {
         c->prompt_tokens += pr->n_ids;
         for (int k = 0; k < r->n; k++) {
             int i = p * r->n + k;
+            if (r->embed && !(c->choices[i].embedding =
+                                  calloc((size_t)pgd_engine_dim(s->engine), sizeof(float)))) {
+                for (int j = 0; j < i; j++) pgd_engine_abort(s->engine, c->engine_ids[j]);
+                pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
+                c->has_err = true;
+                c->n_choices = i;
+                return;
+            }
             pgd_request_params rp = {
                 .prompt = pr->ids, .n_prompt = pr->n_ids, .max_tokens = max_tokens,
                 .temperature = r->temperature, .top_p = r->top_p, .top_k = r->top_k,
@@ -704,6 +723,7 @@ static void submit_all(server *s, req_ctx *c) {
                                   : NULL,
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
+                .embedding = c->choices[i].embedding, .embed_normalize = true,
             };
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);
@@ -716,6 +736,8 @@ static void submit_all(server *s, req_ctx *c) {
                 else
                     pgd_api_error_set(&c->err, 400, "invalid_request_error", NULL, NULL, "%s", err);
                 c->has_err = true;
+                free(c->choices[i].embedding); /* (not freed with the choices that report) */
+                c->choices[i].embedding = NULL;
                 c->n_choices = i; /* only these will report back */
                 return;
             }
@@ -1030,6 +1052,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         struct { const char *path; bool post; int rt; } routes[] = {
             {"/v1/completions", true, R_COMPLETIONS}, {"/v1/chat/completions", true, R_CHAT},
             {"/tokenize", true, R_TOKENIZE},          {"/detokenize", true, R_DETOKENIZE},
+            {"/v1/embeddings", true, R_EMBED},
             {"/v1/models", false, -1},                {"/health", false, -2},
             {"/metrics", false, -3},                  {"/v1/kv_plan", false, -4},
         };
@@ -1160,8 +1183,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             }
             return MHD_YES;
         }
-        if (pgd_api_parse(c->body ? c->body : "", c->body_len, c->rt == R_CHAT, &s->limits,
-                          &c->api, &e))
+        if (c->rt == R_EMBED
+                ? pgd_api_parse_embeddings(c->body ? c->body : "", c->body_len, &s->limits,
+                                           pgd_engine_dim(s->engine), &c->api, &e)
+                : pgd_api_parse(c->body ? c->body : "", c->body_len, c->rt == R_CHAT,
+                                &s->limits, &c->api, &e))
             return send_error(c, conn, &e);
         c->api_parsed = true;
         if (c->api.model && strcmp(c->api.model, s->model_name)) {
@@ -1177,7 +1203,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             return send_error(c, conn, &e);
         }
         if (tool_options(s, &c->api, &e)) return send_error(c, conn, &e);
-        snprintf(c->id, sizeof c->id, "%s-%016" PRIx64, c->rt == R_CHAT ? "chatcmpl" : "cmpl",
+        snprintf(c->id, sizeof c->id, "%s-%016" PRIx64,
+                 c->rt == R_CHAT ? "chatcmpl" : c->rt == R_EMBED ? "embd" : "cmpl",
                  ((uint64_t)c->created << 24) ^ ++s->next_req);
         c->ph = PH_WORKING;
         c->refs++; /* held by the work item */
