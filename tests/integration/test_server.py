@@ -373,7 +373,7 @@ def test_readme_curl_examples(server):
     cmds = readme_curl_commands()
     paths = {re.search(r"localhost:8000(/\S*)", c).group(1) for c in cmds}
     assert {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize",
-            "/metrics"} <= paths, paths
+            "/metrics", "/v1/embeddings"} <= paths, paths
     assert any('"stream": true' in c for c in cmds)
     assert any("json_object" in c for c in cmds)
     for cmd in cmds:
@@ -406,6 +406,9 @@ def test_readme_curl_examples(server):
                 assert j["prompt"] == "Hello world"
             elif "/tokenize" in cmd:
                 assert j["tokens"] == [19556, 905]
+            elif "/v1/embeddings" in cmd:
+                validate(j, "CreateEmbeddingResponse")
+                assert len(j["data"]) == 2
             else:
                 assert j == {"status": "ok"}
 
