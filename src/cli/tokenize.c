@@ -16,7 +16,7 @@
 static int encode(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool special,
                   int32_t **ids, size_t *cap, size_t *n_out) {
     for (;;) {
-        int rc = pgd_tokenizer_encode(t, s, n, bos, special, *ids, *cap, n_out);
+        int rc = pgd_tokenizer_encode_special(t, s, n, bos, special, *ids, *cap, n_out);
         if (rc != PGD_ERANGE) return rc;
         int32_t *ni = realloc(*ids, sizeof(int32_t) * *n_out);
         if (!ni) return PGD_ENOMEM;
@@ -111,7 +111,7 @@ int pgd_cli_tokenize(int argc, char **argv) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         return 1;
     }
-    bool bos = !no_bos && pgd_tokenizer_add_bos(t), special = !no_special;
+    bool bos = !no_bos, special = !no_special; /* bos: the model's special tokens */
     char *buf = NULL;
     size_t len = 0, cap = 0, n = 0;
     int32_t *ids = NULL;

@@ -574,9 +574,8 @@ int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bo
         if (bos) out[0] = e->model->cfg.bos_id;
         return PGD_OK;
     }
-    return pgd_tokenizer_encode(e->model->tok, text, len,
-                                add_bos && pgd_tokenizer_add_bos(e->model->tok), parse_special,
-                                out, cap, n_out);
+    return pgd_tokenizer_encode_special(e->model->tok, text, len, add_bos, parse_special, out,
+                                        cap, n_out);
 }
 
 int32_t pgd_engine_n_ctx(const pgd_engine *e) { return e->n_ctx; }

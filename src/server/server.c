@@ -505,8 +505,7 @@ static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prom
     size_t len = strlen(text), cap = len + 8, n = 0;
     p->ids = malloc(cap * sizeof *p->ids);
     if (!p->ids) return PGD_ENOMEM;
-    int rc = pgd_tokenizer_encode(s->tok, text, len, add_bos && pgd_tokenizer_add_bos(s->tok),
-                                  true, p->ids, cap, &n);
+    int rc = pgd_tokenizer_encode_special(s->tok, text, len, add_bos, true, p->ids, cap, &n);
     p->n_ids = (int32_t)n;
     return rc;
 }

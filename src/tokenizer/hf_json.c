@@ -266,20 +266,28 @@ int pgd_tokenizer_load_hf(const char *path, const char *config_path, pgd_tokeniz
     if (rc) goto fail;
 
     /* BOS from the post-processor: TemplateProcessing whose single template starts with a
-     * special token (Llama 2 / 3 style) */
+     * special token (Llama 2 / 3 style); one after the text ($A) is appended (Qwen3-Embedding's
+     * end of text, on which its embeddings pool) */
     const cJSON *post = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
     const cJSON *posts =
         jtype(post, "Sequence") ? cJSON_GetObjectItemCaseSensitive(post, "processors") : NULL;
     for (int k = 0; k < (posts ? cJSON_GetArraySize(posts) : 1); k++) {
         const cJSON *pp = posts ? cJSON_GetArrayItem(posts, k) : post;
         if (!jtype(pp, "TemplateProcessing")) continue;
-        const cJSON *first = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(pp, "single"), 0);
+        const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single");
+        const cJSON *first = cJSON_GetArrayItem(single, 0);
         const cJSON *st = cJSON_GetObjectItemCaseSensitive(first, "SpecialToken");
         const char *id = jstr(st, "id");
         if (id) {
             t->bos = pgd__tok_lookup(t, id, strlen(id));
             t->add_bos = t->bos >= 0;
         }
+        int n_single = cJSON_GetArraySize(single);
+        const cJSON *last = cJSON_GetArrayItem(single, n_single - 1);
+        id = jstr(cJSON_GetObjectItemCaseSensitive(last, "SpecialToken"), "id");
+        if (n_single >= 2 && id && cJSON_GetObjectItemCaseSensitive(
+                                       cJSON_GetArrayItem(single, n_single - 2), "Sequence"))
+            t->append_id = pgd__tok_lookup(t, id, strlen(id));
     }
     if (config_path) {
         rc = parse_file(config_path, &cfg, err);

@@ -81,6 +81,9 @@ struct pgd_tokenizer {
 
     int32_t bos, eos, eot, unk;
     bool add_bos;
+    /* a special token the tokenizer appends to a text it adds special tokens to (HF
+       TemplateProcessing [$A, X], as Qwen3-Embedding's; GGUF add_eos_token: EOS), or -1 */
+    int32_t append_id;
     bool *eog;            /* (n_vocab) end-of-generation flags */
     char *chat_template;  /* NUL-terminated or NULL */
 };

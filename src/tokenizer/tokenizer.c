@@ -119,7 +119,7 @@ int pgd__tok_create(pgd_tokenizer **out, int32_t n_vocab, const pgd_str *texts,
     if (!t) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", name);
     t->model = model;
     t->n_vocab = n_vocab;
-    t->bos = t->eos = t->eot = t->unk = -1;
+    t->bos = t->eos = t->eot = t->unk = t->append_id = -1;
     size_t total = 0;
     for (int32_t i = 0; i < n_vocab; i++) total += texts[i].len + 1;
     if (total > UINT32_MAX) {
@@ -315,6 +315,7 @@ int pgd__tok_finish(pgd_tokenizer *t, const char *name, pgd_err *err) {
     if (t->eot >= 0 && t->eot < nv) t->eog[t->eot] = true;
     if (t->bos >= nv) t->bos = -1;
     if (t->eos >= nv) t->eos = -1;
+    if (t->append_id >= nv) t->append_id = -1;
     if (t->add_bos && t->bos < 0) t->add_bos = false;
     return 0;
 }
@@ -450,6 +451,7 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     if (t->eot >= nv) t->eot = -1;
     t->add_bos = model == PGD_TOKM_SPM;
     if (pgd_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) == 0) t->add_bos = b;
+    if (pgd_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &b) == 0 && b) t->append_id = t->eos;
     pgd_str tmpl;
     if (pgd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0) {
         t->chat_template = malloc(tmpl.len + 1);
@@ -553,8 +555,25 @@ static int encode_fragment(const pgd_tokenizer *t, const char *s, size_t n, pgd_
     return rc;
 }
 
+static int encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
+                  int32_t append, bool parse_special, int32_t *out, size_t cap, size_t *n_out);
+
 int pgd_tokenizer_encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
                          bool parse_special, int32_t *out, size_t cap, size_t *n_out) {
+    return encode(t, text, len, add_bos, -1, parse_special, out, cap, n_out);
+}
+
+int pgd_tokenizer_encode_special(const pgd_tokenizer *t, const char *text, size_t len,
+                                 bool add_special, bool parse_special, int32_t *out, size_t cap,
+                                 size_t *n_out) {
+    return encode(t, text, len, add_special && t->add_bos, add_special ? t->append_id : -1,
+                  parse_special, out, cap, n_out);
+}
+
+int32_t pgd_tokenizer_append_id(const pgd_tokenizer *t) { return t->append_id; }
+
+static int encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
+                  int32_t append, bool parse_special, int32_t *out, size_t cap, size_t *n_out) {
     pgd_tok_out o = {out, out ? cap : 0, 0};
     encode_state st = {{0}, {0}, {0}};
     int rc = 0;
@@ -583,6 +602,7 @@ int pgd_tokenizer_encode(const pgd_tokenizer *t, const char *text, size_t len, b
         frag = pos;
     }
     rc = encode_fragment(t, text + frag, len - frag, &o, &st);
+    if (!rc && append >= 0) pgd__tok_emit(&o, append);
 done:
     free(st.pre_sc.buf);
     free(st.bpe_sc.buf);

@@ -123,3 +123,37 @@ def test_openai_sdk(server):
     for got, d in zip(r.data, want["data"]):
         assert got.embedding == pytest.approx(d["embedding"], abs=0, rel=1e-7)
     assert r.usage.prompt_tokens == want["usage"]["prompt_tokens"]
+
+
+def test_tokenizer_appends_end_of_text(tiny_models, tmp_path, reference):
+    """Qwen3-Embedding's tokenizer.json appends <|endoftext|> to every text (a TemplateProcessing
+    post-processor: [$A, <|endoftext|>]) and its embeddings pool on that token. The same
+    post-processor on the tiny Qwen3: Pagoda's ids are HF tokenizers' (add_special_tokens), and
+    the embedding is transformers' at the appended token."""
+    import json
+    import shutil
+    from tokenizers import Tokenizer
+    d = tmp_path / "qwen3-eot"
+    shutil.copytree(tiny_models["qwen3"]["hf"], d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    eot = "<|endoftext|>"
+    eot_id = next(t["id"] for t in tj["added_tokens"] if t["content"] == eot)
+    tj["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": eot, "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {eot: {"id": eot, "ids": [eot_id], "tokens": [eot]}}}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    text = "What is the capital of China?"
+    want = Tokenizer.from_file(str(d / "tokenizer.json")).encode(text).ids
+    assert want[-1] == eot_id
+    s = Server(d)
+    s.start()
+    try:
+        got = requests.post(s.url("/tokenize"), json={"prompt": text}, timeout=60).json()["tokens"]
+        assert got == want
+        e = np.array(post(s, {"input": text})["data"][0]["embedding"])
+        assert np.abs(e - reference(want)).max() < 1e-5
+    finally:
+        s.stop()

@@ -314,3 +314,21 @@ def test_hf_directory(name, pagoda_bin, tmp_path, capsys):
     compare(name + " tokenizer.json", texts, pagoda_encode(tmp_path, texts, special=True), ref)
     with capsys.disabled():
         print(f"\n[tokenizer] {name} tokenizer.json: {len(texts)} strings id-for-id")
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_gguf_add_eos_token(pagoda_bin, tmp_path, flag):
+    """tokenizer.ggml.add_eos_token (llama.cpp's; set for embedding models that pool on the end
+    of text): EOS is appended to a text encoded with special tokens, and only then."""
+    from test_bad_input import walk_gguf
+    buf = bytearray((util.DATA / "vocab" / "ggml-vocab-llama-spm.gguf").read_bytes())
+    kv, _, _ = walk_gguf(buf)
+    off, t = kv["tokenizer.ggml.add_eos_token"]
+    assert t == 7 and buf[off] == 0  # a bool, false in the file
+    buf[off] = int(flag)
+    path = tmp_path / "vocab.gguf"
+    path.write_bytes(bytes(buf))
+    ids = [int(x) for x in util.run_pagoda("tokenize", "-m", path, "Hello world").stdout.split()]
+    plain = [int(x) for x in
+             util.run_pagoda("tokenize", "-m", path, "--no-bos", "Hello world").stdout.split()]
+    assert ids[0] == 1 and (ids[-1] == 2) == flag and ids[1:len(ids) - flag] == plain
