@@ -27,6 +27,7 @@ typedef struct result {
     bool done;
     int32_t logprobs;     /* alternatives asked for; -1: no "logprobs" in the output */
     cJSON *lp;            /* the "logprobs" array being built */
+    float *embedding;     /* an "input" line's vector (pgd_engine_dim floats), or NULL */
 } result;
 
 typedef struct pending {
@@ -52,6 +53,8 @@ static void usage_batch(FILE *f) {
             "  \"min_tokens\": N, \"logprobs\": N (0..20), \"speculative\": false (opt out),\n"
             "  \"response_format\": {\"type\": \"json_object\"} or {\"type\": \"json_schema\",\n"
             "  \"json_schema\": {\"schema\": {...}}} (output: one JSON object, of that schema)}\n"
+            "  or, for an embedding, {\"id\": ..., \"input\": \"...\" or [token ids]} (output:\n"
+            "  {\"id\", \"embedding\", \"prompt_tokens\"}, as /v1/embeddings computes it)\n"
             "Each output line (input order): {\"id\", \"text\", \"token_ids\", \"finish_reason\",\n"
             "  \"prompt_tokens\", \"completion_tokens\", \"cached_tokens\"[, \"logprobs\"]} or\n"
             "  {\"id\", \"error\"}; \"logprobs\": [{\"token\", \"logprob\", \"top_logprobs\":\n"
@@ -151,6 +154,11 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
     cJSON *x;
     if ((x = cJSON_GetObjectItemCaseSensitive(j, "id"))) r->id = cJSON_Duplicate(x, true);
     cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    bool embed = !pr && (pr = cJSON_GetObjectItemCaseSensitive(j, "input")) != NULL;
+    if (embed && !(r->embedding = calloc((size_t)pgd_engine_dim(e), sizeof(float)))) {
+        snprintf(msg, ml, "out of memory");
+        return -1;
+    }
     if (cJSON_IsString(pr)) {
         size_t len = strlen(pr->valuestring), cap = len + 8, n = 0;
         pd->prompt = malloc(cap * sizeof *pd->prompt);
@@ -210,7 +218,9 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
         }
         *nums[i].dst = x->valuedouble;
     }
-    pd->p.max_tokens = (int32_t)mt;
+    pd->p.max_tokens = embed ? 0 : (int32_t)mt; /* an embedding runs the input only */
+    pd->p.embedding = r->embedding;
+    pd->p.embed_normalize = true;
     pd->p.temperature = (float)temp;
     pd->p.top_p = (float)tp;
     pd->p.top_k = (int32_t)tk;
@@ -569,6 +579,11 @@ int pgd_cli_batch(int argc, char **argv) {
         if (r->error) {
             cJSON *eo = cJSON_AddObjectToObject(o, "error");
             cJSON_AddStringToObject(eo, "message", r->error);
+        } else if (r->embedding) {
+            cJSON *v = cJSON_AddArrayToObject(o, "embedding");
+            for (int32_t k = 0; v && k < pgd_engine_dim(e); k++)
+                cJSON_AddItemToArray(v, cJSON_CreateNumber(r->embedding[k]));
+            cJSON_AddNumberToObject(o, "prompt_tokens", r->n_prompt);
         } else {
             cJSON_AddStringToObject(o, "text", r->text ? r->text : "");
             cJSON *ids = cJSON_AddArrayToObject(o, "token_ids");
@@ -633,6 +648,7 @@ done:
         cJSON_Delete(res[i].id);
         free(res[i].error);
         free(res[i].text);
+        free(res[i].embedding);
         free(res[i].ids);
         cJSON_Delete(res[i].lp);
     }

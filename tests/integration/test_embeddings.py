@@ -157,3 +157,22 @@ def test_tokenizer_appends_end_of_text(tiny_models, tmp_path, reference):
         assert np.abs(e - reference(want)).max() < 1e-5
     finally:
         s.stop()
+
+
+def test_batch_lines(server, model_dir, tmp_path):
+    """`pagoda batch` lines with "input" are embeddings (an offline run), beside completions:
+    the same vectors as the server's."""
+    import json
+    import util
+    lines = [{"id": "a", "input": IDS[0]}, {"id": "b", "prompt": IDS[1], "max_tokens": 3,
+                                            "temperature": 0},
+             {"id": "c", "input": "some text"}]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    util.run_pagoda("batch", "-m", model_dir, "--input", inp, "--output", out, "--no-progress",
+                    "-t", "2")
+    a, b, c = [json.loads(x) for x in out.read_text().splitlines()]
+    want = post(server, {"input": [IDS[0], "some text"]})["data"]
+    assert a["embedding"] == want[0]["embedding"] and a["prompt_tokens"] == len(IDS[0])
+    assert c["embedding"] == want[1]["embedding"]
+    assert len(b["token_ids"]) == 3 and "embedding" not in b
