@@ -959,8 +959,9 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     if (c->n_expert && !ops->supports(PGD_OP_MOE, PGD_TYPE_F32))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: mixture-of-experts models run on the CPU "
                            "backend only (--device cpu), not on %s", m->path, ops->name);
-    if (ops == &pgd_cpu_backend_ops && tp == 1 && !o.weights_f32 &&
-        o.load_format != PGD_LOAD_DUMMY && thp_enabled())
+    /* (a dummy model's weights all view one buffer, which the caches would serve: the copy
+     * gives each its own bytes, so CPU benchmarks read as much memory as a real model) */
+    if (ops == &pgd_cpu_backend_ops && tp == 1 && !o.weights_f32 && thp_enabled())
         weights_to_hugepages(m);
     m->shards = calloc((size_t)tp, sizeof *m->shards);
     if (!m->shards) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
