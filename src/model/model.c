@@ -356,15 +356,15 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     if (m->cfg.n_expert) {
         /* Mixtral's experts (llama files) are as wide as feed_forward_length says; llama.cpp
          * rescales the chosen experts' weights for llama and qwen3moe unless told otherwise,
-         * not for qwen2moe, whose shared expert is expert_shared_feed_forward_length wide. */
+         * not for qwen2moe, whose shared expert is expert_shared_feed_forward_length wide
+         * (feed_forward_length without that key, as llama.cpp reads it). */
         if (!m->cfg.moe_ffn_dim) m->cfg.moe_ffn_dim = m->cfg.ffn_dim;
         m->cfg.moe_norm = !qwen2moe;
+        m->cfg.moe_shared = qwen2moe;
         snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", a);
         uint32_t v;
-        if (qwen2moe && !pgd_gguf_get_u32(g, key, &v) && v > 0 && v <= INT32_MAX) {
-            m->cfg.moe_shared = true;
+        if (qwen2moe && !pgd_gguf_get_u32(g, key, &v) && v > 0 && v <= INT32_MAX)
             m->cfg.ffn_dim = (int32_t)v;
-        }
         snprintf(key, sizeof key, "%s.expert_weights_norm", a);
         pgd_gguf_get_bool(g, key, &m->cfg.moe_norm);
     }

@@ -998,6 +998,11 @@ static void cpu_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
 
 /* ---- mixture of experts ------------------------------------------------------------------ */
 
+/* o[0..n) += p * y[0..n) */
+static void add_scaled(float *o, const float *y, float p, size_t n) {
+    for (size_t c = 0; c < n; c++) o[c] += p * y[c];
+}
+
 /* Routing, then one expert at a time: its rows gathered, the three products on the pool, the
  * weighted results added into their rows. A row's sum runs over its experts in increasing index
  * whatever else is in the step, and each product is batch invariant (pgd_cpu_matmul), so the op
@@ -1055,11 +1060,8 @@ static void cpu_moe(pgd_backend *be, const pgd_moe *e, const float *x, const flo
         cpu_matmul(be, &e->up[i], xe, u, m);
         cpu_silu_gate(be, g, u, (size_t)m * (size_t)F);
         cpu_matmul(be, &e->down[i], g, ye, m);
-        for (int k = 0; k < m; k++) {
-            float *o = out + (size_t)r[k] * D, p = lw[start[i] + k];
-            const float *y = ye + (size_t)k * D;
-            for (size_t c = 0; c < D; c++) o[c] += p * y[c];
-        }
+        for (int k = 0; k < m; k++)
+            add_scaled(out + (size_t)r[k] * D, ye + (size_t)k * D, lw[start[i] + k], D);
     }
     if (!e->shared_gate) return;
     cpu_matmul(be, e->shared_inp, x, sg, n);
@@ -1067,11 +1069,8 @@ static void cpu_moe(pgd_backend *be, const pgd_moe *e, const float *x, const flo
     cpu_matmul(be, e->shared_up, x, u, n);
     cpu_silu_gate(be, g, u, (size_t)n * (size_t)e->shared_ffn_dim);
     cpu_matmul(be, e->shared_down, g, ye, n);
-    for (int t = 0; t < n; t++) {
-        float *o = out + (size_t)t * D, p = 1.0f / (1.0f + expf(-sg[t]));
-        const float *y = ye + (size_t)t * D;
-        for (size_t c = 0; c < D; c++) o[c] += p * y[c];
-    }
+    for (int t = 0; t < n; t++)
+        add_scaled(out + (size_t)t * D, ye + (size_t)t * D, 1.0f / (1.0f + expf(-sg[t])), D);
 }
 
 static void cpu_gather_rows(pgd_backend *be, const float *src, float *dst, int dim,
