@@ -186,6 +186,21 @@ if [ -n "$P" ]; then
         head -c 300 /tmp/pgd-stories.txt >>"$res"
     fi
     if [ -n "$P" ]; then
+        # /v1/embeddings' path (the final hidden state downloaded with the logits): `pagoda batch`
+        # input lines on CUDA against the CPU's vectors (unit-norm; 1e-2 is ~3x what the two
+        # backends' different summation orders cost on SmolLM2's logits)
+        printf '%s\n' '{"id": 1, "input": "The capital of France is Paris."}' \
+            '{"id": 2, "input": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}' >/tmp/pgd-embed.jsonl
+        for dev in cpu cuda; do
+            timeout 120 $P batch -m "$smol" --device $dev --input /tmp/pgd-embed.jsonl \
+                --output /tmp/pgd-embed.$dev.jsonl --no-progress 2>>"$res" || true
+        done
+        cmp_embed='import json, sys
+a, b = ([json.loads(l)["embedding"] for l in open(f)] for f in sys.argv[1:])
+d = max(abs(x - y) for u, v in zip(a, b) for x, y in zip(u, v))
+print(f"{d:.2e}", "ok" if d < 1e-2 and len(a) == len(b) == 2 else "DIFFER")'
+        log "embeddings CUDA vs CPU, max |diff|: $($py -c "$cmp_embed" /tmp/pgd-embed.cpu.jsonl \
+            /tmp/pgd-embed.cuda.jsonl 2>&1 | tail -1)"
         step "pagoda bench --device cuda, $smol" 120 \
             $P bench -m "$smol" --device cuda -p 128 -n 64 -r 2 --batch 1,16,64 --json
     fi
