@@ -201,18 +201,15 @@ fail:
     return -1;
 }
 
-int pgd_api_parse_embeddings(const char *body, size_t len, const pgd_api_limits *lim,
-                             int32_t dim, pgd_api_request *r, pgd_api_error *err) {
-    memset(r, 0, sizeof *r);
-    r->embed = true;
-    r->n = 1;
-    r->logprobs = r->prompt_logprobs = -1;
-    if (pgd_api_body_check(body, len, err)) return -1;
+/* A request body as a JSON object (checked: UTF-8, no NUL escapes), its "model" in r->model;
+ * NULL with err set. */
+static cJSON *parse_body(const char *body, size_t len, pgd_api_request *r, pgd_api_error *err) {
+    if (pgd_api_body_check(body, len, err)) return NULL;
     cJSON *o = pgd_api_json_parse(body, len);
     if (!o) {
         pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_json",
                           "the request body is not valid JSON");
-        return -1;
+        return NULL;
     }
     if (!cJSON_IsObject(o)) BAD(NULL, "the request body must be a JSON object");
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "model");
@@ -221,6 +218,21 @@ int pgd_api_parse_embeddings(const char *body, size_t len, const pgd_api_limits 
         pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+int pgd_api_parse_embeddings(const char *body, size_t len, const pgd_api_limits *lim,
+                             int32_t dim, pgd_api_request *r, pgd_api_error *err) {
+    memset(r, 0, sizeof *r);
+    r->embed = true;
+    r->n = 1;
+    r->logprobs = r->prompt_logprobs = -1;
+    cJSON *o = parse_body(body, len, r, err);
+    if (!o) return -1;
+    const cJSON *x;
     if (parse_prompts(r, o, "input", lim, err)) goto fail;
     x = cJSON_GetObjectItemCaseSensitive(o, "encoding_format");
     if (x && !cJSON_IsNull(x)) {
@@ -708,17 +720,9 @@ int pgd_api_parse(const char *body, size_t len, bool chat, const pgd_api_limits 
     r->top_p = 1.0f;
     r->max_tokens = chat ? 0 : 16;
     r->add_generation_prompt = true;
-    if (pgd_api_body_check(body, len, err)) return -1;
-    cJSON *o = pgd_api_json_parse(body, len);
-    if (!o) {
-        pgd_api_error_set(err, 400, "invalid_request_error", NULL, "invalid_json",
-                          "the request body is not valid JSON");
-        return -1;
-    }
-    if (!cJSON_IsObject(o)) BAD(NULL, "the request body must be a JSON object");
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "model");
-    if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("model", "'model' must be a string");
-    if (cJSON_IsString(x) && !(r->model = strdup(x->valuestring))) goto oom;
+    cJSON *o = parse_body(body, len, r, err);
+    if (!o) return -1;
+    const cJSON *x;
 
     if (chat) {
         if (parse_messages(r, o, err)) goto fail;

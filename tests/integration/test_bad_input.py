@@ -171,11 +171,16 @@ def test_fifo_as_model_file(tmp_path):
     expect_error(fifo, "not a regular file")
 
 
+def rename_tensor(buf, name, new):
+    """Renames tensor name of the GGUF bytes buf to new (the same length), in place."""
+    assert len(new) == len(name)
+    _, tensors, _ = walk_gguf(buf)
+    o = next(t for t in tensors if t["name"] == name)["name_off"] + 8
+    buf[o:o + len(name)] = new.encode()
+
+
 def test_missing_tensor(tmp_path, stories_bytes):
-    _, tensors, _ = walk_gguf(stories_bytes)
-    t = next(t for t in tensors if t["name"] == "blk.0.attn_q.weight")
-    o = t["name_off"] + 8
-    stories_bytes[o:o + len("blk.0.attn_q.weight")] = b"blk.0.attn_x.weight"
+    rename_tensor(stories_bytes, "blk.0.attn_q.weight", "blk.0.attn_x.weight")
     expect_error(write(tmp_path, "missing.gguf", stories_bytes), "missing tensor 'blk.0.attn_q.weight'")
 
 
@@ -364,20 +369,14 @@ def test_gguf_bad_experts(tmp_path, tiny_models, key, value, want):
 
 def test_gguf_missing_expert_tensor(tmp_path, tiny_models):
     buf = bytearray(Path(tiny_models["mixtral"]["gguf_F16"]).read_bytes())
-    _, tensors, _ = walk_gguf(buf)
     name = "blk.1.ffn_down_exps.weight"
-    t = next(t for t in tensors if t["name"] == name)
-    o = t["name_off"] + 8
-    buf[o:o + len(name)] = b"blk.1.ffn_down_exps.weighx"
+    rename_tensor(buf, name, "blk.1.ffn_down_exps.weighx")
     expect_error(write(tmp_path, "moe.gguf", buf), f"missing tensor '{name}'")
 
 
 def test_gguf_qwen2moe_missing_shared_expert(tmp_path, tiny_models):
     """A qwen2moe GGUF that says it has a shared expert but lacks one of its matrices: named."""
     buf = bytearray(Path(tiny_models["qwen2moe"]["gguf_F32"]).read_bytes())
-    _, tensors, _ = walk_gguf(buf)
     name = "blk.0.ffn_up_shexp.weight"
-    t = next(t for t in tensors if t["name"] == name)
-    o = t["name_off"] + 8
-    buf[o:o + len(name)] = b"blk.0.ffn_up_shexp.weighx"
+    rename_tensor(buf, name, "blk.0.ffn_up_shexp.weighx")
     expect_error(write(tmp_path, "moe.gguf", buf), f"missing tensor '{name}'")

@@ -178,7 +178,9 @@ CASES = [
     ("body-10mb-chat", "POST", CH, b'{"messages": [{"role": "user", "content": "'
      + b"a" * (10 << 20) + b'"}]}', None, 413, None, None),
     ("unknown-route", "GET", "/v1/engines", None, None, 404, None, None),
-    ("unknown-route-post", "POST", "/v1/embeddings", {"input": "a"}, None, 404, None, None),
+    ("unknown-route-post", "POST", "/v1/audio/transcriptions", {"file": "a"}, None, 404, None,
+     None),
+    ("embeddings-get", "GET", "/v1/embeddings", None, None, 405, None, "POST"),
     ("wrong-method-get", "GET", C, None, None, 405, None, "POST"),
     ("wrong-method-delete", "DELETE", "/v1/models", None, None, 405, None, "GET"),
     ("wrong-method-post-health", "POST", "/health", {}, None, 405, None, None),
