@@ -155,6 +155,12 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
     if ((x = cJSON_GetObjectItemCaseSensitive(j, "id"))) r->id = cJSON_Duplicate(x, true);
     cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
     bool embed = !pr && (pr = cJSON_GetObjectItemCaseSensitive(j, "input")) != NULL;
+    const char *key = embed ? "input" : "prompt";
+    cJSON_ArrayForEach(x, j) /* an embedding line has nothing else to say */
+        if (embed && strcmp(x->string, "id") && strcmp(x->string, "input")) {
+            snprintf(msg, ml, "an embedding line (\"input\") takes no \"%.64s\"", x->string);
+            return -1;
+        }
     if (embed && !(r->embedding = calloc((size_t)pgd_engine_dim(e), sizeof(float)))) {
         snprintf(msg, ml, "out of memory");
         return -1;
@@ -164,9 +170,8 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
         pd->prompt = malloc(cap * sizeof *pd->prompt);
         if (!pd->prompt ||
             pgd_engine_tokenize(e, pr->valuestring, len, true, true, pd->prompt, cap, &n)) {
-            snprintf(msg, ml, pgd_engine_has_tokenizer(e)
-                                  ? "cannot tokenize the prompt"
-                                  : "the model has no tokenizer: give \"prompt\" as token ids");
+            if (pgd_engine_has_tokenizer(e)) snprintf(msg, ml, "cannot tokenize the %s", key);
+            else snprintf(msg, ml, "the model has no tokenizer: give \"%s\" as token ids", key);
             return -1;
         }
         pd->p.n_prompt = (int32_t)n;
@@ -181,14 +186,14 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
         cJSON_ArrayForEach(x, pr) {
             if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 2147483647.0 ||
                 x->valuedouble != (double)(int32_t)x->valuedouble) {
-                snprintf(msg, ml, "\"prompt\" must be a string or an array of token ids");
+                snprintf(msg, ml, "\"%s\" must be a string or an array of token ids", key);
                 return -1;
             }
             pd->prompt[i++] = (int32_t)x->valuedouble;
         }
         pd->p.n_prompt = n;
     } else {
-        snprintf(msg, ml, "\"prompt\" must be a string or an array of token ids");
+        snprintf(msg, ml, "\"%s\" must be a string or an array of token ids", key);
         return -1;
     }
     pd->p.prompt = pd->prompt;

@@ -247,6 +247,11 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
                 size_t bb = pgd_cpu_matmul_act_row_bytes(lw[i]);
                 if (bb > act) act = bb;
             }
+            const pgd_weight *routers[] = {&l->w_router, &l->w_shared_inp};
+            for (size_t i = 0; i < 2; i++) {
+                size_t bb = routers[i]->data ? pgd_cpu_matmul_act_row_bytes(routers[i]) : 0;
+                if (bb > act) act = bb;
+            }
             for (int i = 0; l->experts && i < 3 * l->moe.n_expert; i++) {
                 size_t bb = pgd_cpu_matmul_act_row_bytes(&l->experts[i]);
                 if (bb > act) act = bb;

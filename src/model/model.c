@@ -151,9 +151,8 @@ static int load_experts(pgd_model *m, int il, bool f32, pgd_layer *l, pgd_err *e
     const int32_t E = c->n_expert, F = c->moe_ffn_dim;
     bool gguf = m->gguf.n_tensors != 0;
     char name[256];
-    tensor_name(m, name, sizeof name, il, "", "block_sparse_moe.gate.weight");
     src_tensor t;
-    bool mixtral = !gguf && find_src(m, name, &t);
+    bool mixtral = !gguf && c->arch == PGD_ARCH_LLAMA; /* HF names: Mixtral's, else Qwen's */
     pgd_weight *ex = calloc(3 * (size_t)E, sizeof *ex);
     int rc = own(m, ex, err);
     if (rc) return rc;
@@ -492,13 +491,13 @@ static int hf_moe_config(pgd_model *m, const cJSON *c, bool mixtral, const char 
                            "(mlp_only_layers, decoder_sparse_step) are not supported", path);
     if (!mc->n_expert)
         return pgd_err_set(err, PGD_EFORMAT, "%s: no experts (num_experts)", path);
-    int32_t shared = 0;
-    if (json_int(c, "shared_expert_intermediate_size", 0, &shared))
-        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid shared_expert_intermediate_size", path);
-    if (shared > 0) {
-        mc->moe_shared = true;
-        mc->ffn_dim = shared;
-    }
+    if (mixtral || mc->arch != PGD_ARCH_QWEN2) return PGD_OK;
+    int32_t shared = 0; /* Qwen2-MoE: every layer has a shared expert */
+    if (json_int(c, "shared_expert_intermediate_size", 0, &shared) || shared < 1)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: qwen2_moe needs a positive "
+                           "shared_expert_intermediate_size", path);
+    mc->moe_shared = true;
+    mc->ffn_dim = shared;
     return PGD_OK;
 }
 

@@ -151,6 +151,8 @@ static int load_gguf(const char *path, pgd_kv_plan_model *m, pgd_err *err) {
     if (!m->n_kv_head) m->n_kv_head = m->n_head;
     if (!m->head_dim && m->n_head) m->head_dim = m->dim / m->n_head;
     if (m->n_expert && !m->moe_ffn_dim) m->moe_ffn_dim = m->ffn_dim; /* Mixtral */
+    /* qwen2moe always has a shared expert, feed_forward_length wide without its own key */
+    if (m->n_expert && !m->shared_ffn_dim && !strcmp(a, "qwen2moe")) m->shared_ffn_dim = m->ffn_dim;
     const pgd_gguf_tensor *emb = pgd_gguf_find_tensor(&g, "token_embd.weight");
     if (!m->n_vocab) {
         const pgd_gguf_kv *toks = pgd_gguf_find(&g, "tokenizer.ggml.tokens");
@@ -237,8 +239,14 @@ static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) 
         return rc;
     }
     /* Experts: Mixtral's num_local_experts of intermediate_size, Qwen3-MoE's num_experts (or
-     * num_local_experts, as transformers 5 writes it) of moe_intermediate_size. */
-    if (cJSON_GetObjectItemCaseSensitive(src, "num_experts_per_tok") &&
+     * num_local_experts, as transformers 5 writes it) of moe_intermediate_size, Qwen2-MoE's
+     * with a shared expert, as the model loader reads them (an expert model_type must have
+     * them: checked below). */
+    const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(src, "model_type");
+    const char *mts = cJSON_IsString(mtype) ? mtype->valuestring : "";
+    bool moe_type = !strcmp(mts, "mixtral") || !strcmp(mts, "qwen2_moe") ||
+                    !strcmp(mts, "qwen3_moe");
+    if ((moe_type || cJSON_GetObjectItemCaseSensitive(src, "num_experts_per_tok")) &&
         (json_i64(src, "num_local_experts", 0, &m->n_expert) ||
          (!m->n_expert && json_i64(src, "num_experts", 0, &m->n_expert)) ||
          json_i64(src, "num_experts_per_tok", 0, &m->n_expert_used) ||
@@ -246,6 +254,12 @@ static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) 
          json_i64(src, "shared_expert_intermediate_size", 0, &m->shared_ffn_dim))) {
         rc = pgd_err_set(err, PGD_EFORMAT, "%s: an expert count or size is not a non-negative "
                          "integer", path);
+        cJSON_Delete(c);
+        return rc;
+    }
+    if (moe_type && (!m->n_expert || (!strcmp(mts, "qwen2_moe") && !m->shared_ffn_dim))) {
+        rc = pgd_err_set(err, PGD_EFORMAT, "%s: a %s config needs its expert counts%s", path,
+                         mts, m->n_expert ? " and shared_expert_intermediate_size" : "");
         cJSON_Delete(c);
         return rc;
     }

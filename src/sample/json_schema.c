@@ -759,11 +759,16 @@ static bool dup_array(void *dst, const void *src, size_t n, size_t sz) {
 
 int pgd_json_schema_copy(pgd_json_schema *dst, const pgd_json_schema *src) {
     memset(dst, 0, sizeof *dst);
-    pgd_json_schema c = *src;
+    pgd_json_schema c = *src; /* the counts and the root; every array is copied below */
     c.prefix = c.suffix = NULL;
+    c.nodes = NULL;
     c.props = NULL;
     c.enum_text = NULL;
+    c.enum_len = NULL;
+    c.enum_num = NULL;
     c.regex = NULL;
+    c.var_node = NULL;
+    c.var_prop = NULL;
     c.n_props = c.n_enum = c.n_regex = 0; /* what pgd_json_schema_free may free so far */
     c.cap_nodes = src->n_nodes;
     c.cap_props = src->n_props;

@@ -380,3 +380,49 @@ def test_gguf_qwen2moe_missing_shared_expert(tmp_path, tiny_models):
     name = "blk.0.ffn_up_shexp.weight"
     rename_tensor(buf, name, "blk.0.ffn_up_shexp.weighx")
     expect_error(write(tmp_path, "moe.gguf", buf), f"missing tensor '{name}'")
+
+
+def test_hf_qwen2moe_without_shared_size(tmp_path, tiny_models):
+    """Qwen2-MoE's every layer has a shared expert: a config without its width is refused (it
+    was loaded without the shared expert: wrong answers), and kv-plan says the same."""
+    d = moe_dir(tmp_path, tiny_models, "qwen2moe")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["shared_expert_intermediate_size"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_error(d, "shared_expert_intermediate_size")
+    p = run_pagoda("kv-plan", "--model-config", d / "config.json", check=False)
+    assert p.returncode != 0 and b"shared_expert_intermediate_size" in p.stderr
+
+
+def test_hf_mixtral_config_on_a_dense_checkpoint(tmp_path, tiny_models):
+    """A Mixtral config over a checkpoint without experts names Mixtral's router tensor."""
+    d = tmp_path / "hf"
+    shutil.copytree(tiny_models["llama"]["hf"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_error(d, "missing tensor 'model.layers.0.block_sparse_moe.gate.weight'")
+    del cfg["num_experts_per_tok"]  # kv-plan refuses what the loader refuses
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_error(d, "invalid experts (0 of 4")
+    p = run_pagoda("kv-plan", "--model-config", d / "config.json", check=False)
+    assert p.returncode != 0 and b"expert" in p.stderr
+
+
+def test_kv_plan_qwen2moe_shared_expert_without_its_key(tmp_path, tiny_models):
+    """A qwen2moe GGUF without expert_shared_feed_forward_length: the shared expert is
+    feed_forward_length wide (as llama.cpp and the loader read it), in kv-plan's count too."""
+    src = Path(tiny_models["qwen2moe"]["gguf_F32"])
+    buf = bytearray(src.read_bytes())
+    kv, _, _ = walk_gguf(buf)
+    key = b"qwen2moe.expert_shared_feed_forward_length"
+    o = buf.index(key)
+    buf[o:o + len(key)] = b"qwen2moe.expert_shared_feed_forward_lengtX"  # the key is gone
+    # feed_forward_length (128) must then be the shared expert's width: give it 64, as the file's
+    struct.pack_into("<I", buf, kv["qwen2moe.feed_forward_length"][0], 64)
+    path = write(tmp_path, "q2.gguf", buf)
+    plan = lambda m: json.loads(run_pagoda("kv-plan", "-m", m, "--json").stdout)["model"]
+    assert plan(path)["num_parameters"] == plan(src)["num_parameters"]
+    ids = lambda m: run_pagoda("generate", "-m", m, "--ids", "5 6 7", "-n", "8", "--temperature",
+                               "0", "--print-ids").stdout
+    assert ids(path) == ids(src)

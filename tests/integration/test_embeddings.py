@@ -166,12 +166,15 @@ def test_batch_lines(server, model_dir, tmp_path):
     import util
     lines = [{"id": "a", "input": IDS[0]}, {"id": "b", "prompt": IDS[1], "max_tokens": 3,
                                             "temperature": 0},
-             {"id": "c", "input": "some text"}]
+             {"id": "c", "input": "some text"}, {"id": "d", "input": "x", "max_tokens": 4},
+             {"id": "e", "input": {"text": "x"}}]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
     util.run_pagoda("batch", "-m", model_dir, "--input", inp, "--output", out, "--no-progress",
                     "-t", "2")
-    a, b, c = [json.loads(x) for x in out.read_text().splitlines()]
+    a, b, c, d, e = [json.loads(x) for x in out.read_text().splitlines()]
+    assert "takes no \"max_tokens\"" in d["error"]["message"]  # not silently ignored
+    assert e["error"]["message"] == '"input" must be a string or an array of token ids'
     want = post(server, {"input": [IDS[0], "some text"]})["data"]
     assert a["embedding"] == want[0]["embedding"] and a["prompt_tokens"] == len(IDS[0])
     assert c["embedding"] == want[1]["embedding"]

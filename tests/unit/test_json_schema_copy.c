@@ -2,12 +2,23 @@
  * and the engine copies into each choice) accepts exactly what a fresh compile accepts, byte by
  * byte, after the original is freed. The schema uses every part a copy must carry: nested
  * objects and arrays, enums of strings and numbers, a pattern (a compiled DFA), bounds,
- * lengths, a tagged union and a $ref. */
+ * lengths, a tagged union and a $ref. And when any of the copy's allocations fails it returns
+ * PGD_ENOMEM and leaves the original whole (it once freed the original's arrays: the ASan
+ * build reports that). This binary links with --wrap=malloc (CMakeLists.txt). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "sample/json_grammar.h"
 #include "util/status.h"
 #include "test.h"
+
+void *__real_malloc(size_t n);
+void *__wrap_malloc(size_t n);
+static long fail_at = -1, n_calls; /* fail the fail_at-th malloc from now (-1: none) */
+void *__wrap_malloc(size_t n) {
+    if (fail_at >= 0 && n_calls++ == fail_at) return NULL;
+    return __real_malloc(n);
+}
 
 static const char *SCHEMA =
     "{\"type\":\"object\",\"properties\":{"
@@ -68,7 +79,26 @@ int main(void) {
         complete_docs += cc;
     }
     CHECK_EQ_INT(complete_docs, 3); /* the first and the last two; the others break a rule */
-    pgd_json_schema_free(&b);
     pgd_json_schema_free(&c);
+    /* out of memory at every allocation of a copy of b in turn; b must stay usable */
+    int failures = 0;
+    for (long k = 0; k < 1000; k++) {
+        fail_at = k;
+        n_calls = 0;
+        int rc = pgd_json_schema_copy(&c, &b);
+        fail_at = -1;
+        if (rc == PGD_OK) { /* k is past the copy's allocations: done */
+            pgd_json_schema_free(&c);
+            break;
+        }
+        CHECK_EQ_INT(rc, PGD_ENOMEM);
+        failures++;
+    }
+    CHECK(failures >= 8); /* nodes, props and their names, enums, the DFA, variants */
+    size_t len;
+    bool complete;
+    run(&b, DOCS[0], &len, &complete);
+    CHECK(complete && len == strlen(DOCS[0]));
+    pgd_json_schema_free(&b);
     return test_report("test_json_schema_copy");
 }
