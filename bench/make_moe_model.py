@@ -30,7 +30,8 @@ def q8_0(rng, *shape):
     blocks = np.empty((*lead, n // 32, 34), dtype=np.uint8)
     blocks[..., :2] = np.full((*lead, n // 32), 0.02 / 73, dtype=np.float16).view(np.uint8).reshape(
         *lead, n // 32, 2)
-    blocks[..., 2:] = rng.integers(-127, 128, size=(*lead, n // 32, 32), dtype=np.int8).view(np.uint8)
+    q = rng.integers(-127, 128, size=(*lead, n // 32, 32), dtype=np.int8)
+    blocks[..., 2:] = q.view(np.uint8)
     return blocks.reshape(*lead, n // 32 * 34)
 
 
