@@ -103,11 +103,10 @@ typedef struct pgd_request_params {
        server compiles once per request, off its I/O thread); NULL: the engine compiles it */
     const struct pgd_json_schema *json_schema_c;
     /* embeddings (max_tokens 0): the last prompt token's final hidden state (after the model's
-       final norm: last-token pooling), L2-normalized when embed_normalize, written into
-       embedding (pgd_engine_dim floats, the caller's, untouched by the engine after this
-       request's FINISH) before its FINISH event */
+       final norm: last-token pooling), L2-normalized, written into embedding (pgd_engine_dim
+       floats, the caller's, untouched by the engine after this request's FINISH) before its
+       FINISH event */
     float *embedding;
-    bool embed_normalize;
     /* with json_schema: text the document must come right after / right before (a tool call's
        "<tool_call>\n" ... "\n</tool_call>"), or NULL */
     const char *json_prefix, *json_suffix;

@@ -887,7 +887,8 @@ void pgd_api_request_free(pgd_api_request *r) {
 /* ---- responses ---- */
 
 /* vLLM's stop_reason beside a finish_reason: the stop string or stop token id that ended the
- * choice, null for anything else (an end-of-generation token, max_tokens, a constraint). */
+ * choice, null for anything else (an end-of-generation token, max_tokens, a constraint; a
+ * choice still running, c NULL). */
 static void add_stop_reason(cJSON *ch, const pgd_api_request *r, const pgd_api_choice *c) {
     if (c && c->stop_string >= 0 && c->stop_string < r->n_stop)
         cJSON_AddStringToObject(ch, "stop_reason", r->stop[c->stop_string]);
@@ -1073,8 +1074,7 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
     else cJSON_AddNullToObject(ch, "logprobs");
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
-    if (finish) add_stop_reason(ch, r, fin_choice);
-    else cJSON_AddNullToObject(ch, "stop_reason"); /* as vLLM: null in every chunk before */
+    add_stop_reason(ch, r, finish ? fin_choice : NULL); /* null before the end, as vLLM */
     cJSON_AddItemToArray(arr, ch);
     /* chat chunks carry "usage": null until the last one, as OpenAI sends them; the completion
      * chunk's schema (CreateCompletionResponse) has a non-nullable usage, so it is left out */
@@ -1112,8 +1112,7 @@ char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, lon
     cJSON_AddNullToObject(ch, "logprobs");
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
-    if (finish) add_stop_reason(ch, r, fin_choice);
-    else cJSON_AddNullToObject(ch, "stop_reason"); /* as vLLM: null in every chunk before */
+    add_stop_reason(ch, r, finish ? fin_choice : NULL); /* null before the end, as vLLM */
     cJSON_AddItemToArray(arr, ch);
     if (r->include_usage) cJSON_AddNullToObject(o, "usage");
     return sse(o);

@@ -225,7 +225,6 @@ static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg
     }
     pd->p.max_tokens = embed ? 0 : (int32_t)mt; /* an embedding runs the input only */
     pd->p.embedding = r->embedding;
-    pd->p.embed_normalize = true;
     pd->p.temperature = (float)temp;
     pd->p.top_p = (float)tp;
     pd->p.top_k = (int32_t)tk;

@@ -49,7 +49,6 @@ typedef struct seq {
      * (no logprob) is out */
     bool prompt_lp, lp_started;
     float *embed_out;         /* embeddings: where the last prompt token's hidden state goes */
-    bool embed_norm;
     int32_t embed_row;        /* this step's row of it, or -1 */
     int32_t prompt_top;       /* alternatives per prompt token */
     int32_t lp_pos, lp_row, lp_n;
@@ -733,7 +732,6 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     s->logprobs = p->logprobs;
     s->prompt_lp = p->prompt_logprobs;
     s->embed_out = p->embedding;
-    s->embed_norm = p->embed_normalize;
     s->prompt_top = p->prompt_top_logprobs;
     /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
      * state after the ones before it) */
@@ -1431,14 +1429,14 @@ static void snapshot_stats(pgd_engine *e) {
     s->kv_fragmentation_perc = reserved ? 100.0 * (double)(reserved - filled) / (double)reserved : 0;
 }
 
-/* An embedding request's vector: its row of this step's hidden states, L2-normalized on request
- * (in double: the norm of a few thousand floats). */
+/* An embedding request's vector: its row of this step's hidden states, L2-normalized (the norm
+ * in double: a sum of a few thousand squares). */
 static void write_embedding(pgd_engine *e, seq *s) {
     const int32_t dim = e->model->cfg.dim;
     const float *h = e->hidden + (size_t)s->embed_row * (size_t)dim;
     double ss = 0;
     for (int32_t i = 0; i < dim; i++) ss += (double)h[i] * h[i];
-    float scale = s->embed_norm && ss > 0 ? (float)(1.0 / sqrt(ss)) : 1.0f;
+    float scale = ss > 0 ? (float)(1.0 / sqrt(ss)) : 1.0f;
     for (int32_t i = 0; i < dim; i++) s->embed_out[i] = h[i] * scale;
 }
 

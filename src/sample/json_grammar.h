@@ -151,9 +151,6 @@ void pgd_json_schema_free(pgd_json_schema *sc);
 /* dst = a deep copy of src (without its prefix and suffix): one compile serves many sequences.
  * PGD_OK or PGD_ENOMEM (dst then empty). */
 int pgd_json_schema_copy(pgd_json_schema *dst, const pgd_json_schema *src);
-/* Compiles text to check it, and frees the result: 0, or the status with msg. (The API layer
- * refuses a schema up front; the engine compiles its own copy per request.) */
-int pgd_json_schema_check(const char *text, char *msg, size_t msg_len);
 
 struct cJSON;
 /* v as compact JSON whose numbers read back exactly (the shortest such text; cJSON's own

@@ -739,13 +739,6 @@ int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, 
     return rc;
 }
 
-int pgd_json_schema_check(const char *text, char *msg, size_t msg_len) {
-    pgd_json_schema sc;
-    int rc = pgd_json_schema_compile(text, strlen(text), &sc, msg, msg_len);
-    if (!rc) pgd_json_schema_free(&sc);
-    return rc;
-}
-
 /* A malloc'd copy of n elements of size sz at src (NULL for none); false when out of memory. */
 static bool dup_array(void *dst, const void *src, size_t n, size_t sz) {
     void *p = NULL;

@@ -722,7 +722,7 @@ static void submit_all(server *s, req_ctx *c) {
                                   : NULL,
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
-                .embedding = c->choices[i].embedding, .embed_normalize = true,
+                .embedding = c->choices[i].embedding,
             };
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);

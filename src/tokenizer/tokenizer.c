@@ -570,8 +570,6 @@ int pgd_tokenizer_encode_special(const pgd_tokenizer *t, const char *text, size_
                   parse_special, out, cap, n_out);
 }
 
-int32_t pgd_tokenizer_append_id(const pgd_tokenizer *t) { return t->append_id; }
-
 static int encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
                   int32_t append, bool parse_special, int32_t *out, size_t cap, size_t *n_out) {
     pgd_tok_out o = {out, out ? cap : 0, 0};

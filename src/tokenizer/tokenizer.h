@@ -44,12 +44,10 @@ int pgd_tokenizer_encode(const pgd_tokenizer *t, const char *text, size_t len, b
                          bool parse_special, int32_t *out, size_t cap, size_t *n_out);
 /* As pgd_tokenizer_encode with the model's special tokens when add_special (HF's
  * add_special_tokens): BOS when its metadata says so, and the token its post-processor appends
- * (pgd_tokenizer_append_id), if any. */
+ * after the text, if any (Qwen3-Embedding's end of text; GGUF add_eos_token: EOS). */
 int pgd_tokenizer_encode_special(const pgd_tokenizer *t, const char *text, size_t len,
                                  bool add_special, bool parse_special, int32_t *out, size_t cap,
                                  size_t *n_out);
-/* The special token appended to a text encoded with special tokens, or -1 (most models). */
-int32_t pgd_tokenizer_append_id(const pgd_tokenizer *t);
 
 /* The bytes a token stands for when decoded (byte-level mapping undone, "▁" turned into a
  * space, <0xAB> byte tokens turned into their byte). Special/control tokens give their text
