@@ -1027,19 +1027,16 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         DW(l->wk, c->dim, kv_dim);
         DW(l->wv, c->dim, kv_dim);
         DW(l->wo, q_dim, c->dim);
-        DW(l->w_gate, c->dim, c->ffn_dim);
-        DW(l->w_up, c->dim, c->ffn_dim);
-        DW(l->w_down, c->ffn_dim, c->dim);
+        if (!c->n_expert || c->moe_shared) { /* a dense FFN, or Qwen2-MoE's shared expert */
+            DW(l->w_gate, c->dim, c->ffn_dim);
+            DW(l->w_up, c->dim, c->ffn_dim);
+            DW(l->w_down, c->ffn_dim, c->dim);
+        }
         l->attn_norm = l->ffn_norm = ones;
         if (c->arch == PGD_ARCH_QWEN3) l->q_norm = l->k_norm = ones;
         l->no_rope = c->no_rope && c->no_rope[il];
         if (!c->n_expert) continue;
         const int32_t E = c->n_expert;
-        if (!c->moe_shared) {
-            memset(&l->w_gate, 0, sizeof l->w_gate);
-            memset(&l->w_up, 0, sizeof l->w_up);
-            memset(&l->w_down, 0, sizeof l->w_down);
-        }
         l->experts = calloc(3 * (size_t)E, sizeof *l->experts);
         if ((rc = own(m, l->experts, err))) return rc;
         DW(l->w_router, c->dim, E);

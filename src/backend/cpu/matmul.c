@@ -675,18 +675,17 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
                      size_t N) {                                                                 \
         p16_few_panels(T, NT, NP, p, pb, x, K, y, N);                                            \
     }
-P16_FEW_FN(PGD_TYPE_F16, 1, 1, p16_few_f16_1) P16_FEW_FN(PGD_TYPE_F16, 2, 2, p16_few_f16_2)
-P16_FEW_FN(PGD_TYPE_F16, 2, 1, p16_few_f16_2s) P16_FEW_FN(PGD_TYPE_F16, 3, 1, p16_few_f16_3)
-P16_FEW_FN(PGD_TYPE_F16, 4, 1, p16_few_f16_4)
-P16_FEW_FN(PGD_TYPE_Q8_0, 1, 1, p16_few_q8_1) P16_FEW_FN(PGD_TYPE_Q8_0, 2, 2, p16_few_q8_2)
-P16_FEW_FN(PGD_TYPE_Q8_0, 2, 1, p16_few_q8_2s) P16_FEW_FN(PGD_TYPE_Q8_0, 3, 1, p16_few_q8_3)
-P16_FEW_FN(PGD_TYPE_Q8_0, 4, 1, p16_few_q8_4)
+P16_FEW_FN(PGD_TYPE_F16, 1, 1, p16_few_f16_1) P16_FEW_FN(PGD_TYPE_F16, 2, 1, p16_few_f16_2)
+P16_FEW_FN(PGD_TYPE_F16, 3, 1, p16_few_f16_3) P16_FEW_FN(PGD_TYPE_F16, 4, 1, p16_few_f16_4)
+P16_FEW_FN(PGD_TYPE_F16, 2, 2, p16_pair_f16_2)
+P16_FEW_FN(PGD_TYPE_Q8_0, 1, 1, p16_few_q8_1) P16_FEW_FN(PGD_TYPE_Q8_0, 2, 1, p16_few_q8_2)
+P16_FEW_FN(PGD_TYPE_Q8_0, 3, 1, p16_few_q8_3) P16_FEW_FN(PGD_TYPE_Q8_0, 4, 1, p16_few_q8_4)
+P16_FEW_FN(PGD_TYPE_Q8_0, 2, 2, p16_pair_q8_2)
 typedef void (*p16_few_fn)(const uint8_t *, size_t, const float *, size_t, float *, size_t);
-/* [nt - 1]: the kernel for nt tokens over its panels per call ([4]: 2 tokens, one panel) */
-static const p16_few_fn p16_few_f16[5] = {p16_few_f16_1, p16_few_f16_2, p16_few_f16_3,
-                                           p16_few_f16_4, p16_few_f16_2s};
-static const p16_few_fn p16_few_q8[5] = {p16_few_q8_1, p16_few_q8_2, p16_few_q8_3, p16_few_q8_4,
-                                          p16_few_q8_2s};
+/* [nt - 1]: nt tokens over one panel */
+static const p16_few_fn p16_few_f16[4] = {p16_few_f16_1, p16_few_f16_2, p16_few_f16_3,
+                                           p16_few_f16_4};
+static const p16_few_fn p16_few_q8[4] = {p16_few_q8_1, p16_few_q8_2, p16_few_q8_3, p16_few_q8_4};
 
 /* A few tokens (n <= P16_FEW_MAX; F16: P16_FEW_MAX_F16), rows [lo, hi) (multiples of 16):
  * groups of up to 4 tokens stream the panels (two at a time for 2 tokens), converting each
@@ -700,15 +699,15 @@ static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size
                     int n, long lo, long hi) {
     const size_t pb = p16_panel_bytes(t, K);
     const p16_few_fn *fns = t == PGD_TYPE_F16 ? p16_few_f16 : p16_few_q8;
+    const p16_few_fn pair = t == PGD_TYPE_F16 ? p16_pair_f16_2 : p16_pair_q8_2;
     for (int t0 = 0; t0 < n; t0 += 4) {
         int nt = n - t0 < 4 ? n - t0 : 4;
         const float *xt = x + (size_t)t0 * K;
         float *yt = y + (size_t)t0 * N;
         long r = lo;
-        if (nt == 2)
-            for (; r + 32 <= hi; r += 32) fns[1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N);
-        for (; r < hi; r += 16)
-            fns[nt == 2 ? 4 : nt - 1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N);
+        if (nt == 2) /* two panels a call: 8 chains, as the others have */
+            for (; r + 32 <= hi; r += 32) pair(P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N);
+        for (; r < hi; r += 16) fns[nt - 1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N);
     }
 }
 
