@@ -31,6 +31,7 @@ typedef enum {
     PGD_OP_GATHER_ROWS,  /* dst[i] = src[rows[i]] */
     PGD_OP_COPY_BLOCK,   /* KV block copy (copy-on-write) */
     PGD_OP_MOE,          /* mixture-of-experts FFN: routing, the chosen experts, their sum */
+    PGD_OP_WINDOW,       /* attention over a sliding window (pgd_kv_layer.window) */
     PGD_OP_COUNT
 } pgd_op;
 
@@ -59,6 +60,9 @@ typedef struct pgd_kv_layer {
     void *k, *v;         /* (n_slots, kv_dim) elements of dtype */
     int32_t block_size;
     int32_t kv_dim;      /* row width of the storage (n_kv_head * head_dim of this rank) */
+    /* Attention only: a token at position pos attends to positions p > pos - window (a
+     * sliding-window layer; supports(PGD_OP_WINDOW) says whether the backend can), 0: to all. */
+    int32_t window;
 } pgd_kv_layer;
 
 typedef struct pgd_rope_params {
@@ -132,7 +136,8 @@ typedef struct pgd_backend_ops {
                           int n_kv_head, const pgd_kv_layer *kv, const pgd_step *s,
                           const pgd_rope_params *rp);
     /* out (n_tokens, n_head * hd) = softmax(q k^T / sqrt(hd)) v for each token over positions
-     * 0..pos of its sequence; query head h reads KV head h / (n_head / n_kv_head). */
+     * 0..pos of its sequence (pos - kv->window + 1..pos with a window); query head h reads KV
+     * head h / (n_head / n_kv_head). */
     void (*attention)(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
                       int n_head, int n_kv_head, int head_dim, const pgd_step *s);
     void (*silu_gate)(pgd_backend *be, float *g, const float *u, size_t n);

@@ -440,6 +440,7 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
             TIMED(r, PR_NORM, o->qk_norm(be, r->q, r->k, l->q_norm, l->k_norm, n, sh->n_head,
                                          sh->n_kv_head, c->head_dim, c->rms_eps));
         pgd_kv_layer kl = kv_layer(kv, r->rank, il);
+        kl.window = l->window;
         if (l->no_rope) /* SmolLM3's NoPE layers: positions only through the causal mask */
             TIMED(r, PR_ROPE_KV, o->kv_store(be, &kl, r->k, r->v, &s));
         else

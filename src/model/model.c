@@ -379,6 +379,17 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     }
     int rc = check_config(m, err);
     if (!rc && m->cfg.arch == PGD_ARCH_SMOLLM3) rc = no_rope_every(m, 4, err);
+    /* A Mistral v0.1 file may name its window (llama.cpp's converter does not write it). */
+    snprintf(key, sizeof key, "%s.attention.sliding_window", a);
+    uint32_t sw;
+    if (!rc && m->cfg.arch == PGD_ARCH_LLAMA && !pgd_gguf_get_u32(g, key, &sw) && sw > 0 &&
+        sw <= INT32_MAX) {
+        int32_t *w = calloc((size_t)m->cfg.n_layer, sizeof *w);
+        if (!(rc = own(m, w, err))) {
+            for (int il = 0; il < m->cfg.n_layer; il++) w[il] = (int32_t)sw;
+            m->cfg.window = w;
+        }
+    }
     return rc;
 }
 
@@ -461,6 +472,49 @@ static int smollm3_no_rope(pgd_model *m, const cJSON *c, const char *path, pgd_e
             return pgd_err_set(err, PGD_EFORMAT, "%s: no_rope_layers holds a value other than 0 "
                                "or 1", path);
         m->cfg.no_rope[il++] = x->valuedouble == 0;
+    }
+    return PGD_OK;
+}
+
+/* Sliding-window attention as transformers applies it. Mistral and Mixtral window every layer
+ * when sliding_window is set. The Qwen family and SmolLM3 window only with use_sliding_window,
+ * on the layers layer_types calls "sliding_attention" or, without that list, those from
+ * max_window_layers on (Qwen2, Qwen3) or all of them (Qwen3-MoE); transformers' own defaults
+ * for Qwen2-MoE and SmolLM3 are not followed (no released checkpoint uses them): refused. */
+static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, const char *path,
+                             pgd_err *err) {
+    int32_t sw, from;
+    if (json_int(c, "sliding_window", 0, &sw) || json_int(c, "max_window_layers", 28, &from))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: sliding_window or max_window_layers is not a "
+                           "non-negative integer", path);
+    bool every = !strcmp(type, "mistral") || !strcmp(type, "mixtral");
+    bool qwen = !every && strcmp(type, "llama"); /* the use_sliding_window family */
+    if (sw == 0 || (!every && !qwen) ||
+        (qwen && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window"))))
+        return PGD_OK;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
+    bool listed = qwen && lt && !cJSON_IsNull(lt);
+    if (qwen && !listed && (!strcmp(type, "qwen2_moe") || !strcmp(type, "smollm3")))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: use_sliding_window without layer_types "
+                           "(%s)", path, type);
+    if (listed && (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != m->cfg.n_layer))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: layer_types must name %d layers", path,
+                           m->cfg.n_layer);
+    int32_t *w = calloc((size_t)m->cfg.n_layer, sizeof *w);
+    int rc = own(m, w, err);
+    if (rc) return rc;
+    m->cfg.window = w;
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        bool on = every || !strcmp(type, "qwen3_moe") || il >= from;
+        if (listed) {
+            const cJSON *x = cJSON_GetArrayItem(lt, il);
+            const char *v = cJSON_IsString(x) ? x->valuestring : "";
+            if (strcmp(v, "sliding_attention") && strcmp(v, "full_attention"))
+                return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: layer_types[%d] is neither "
+                                   "sliding_attention nor full_attention", path, il);
+            on = !strcmp(v, "sliding_attention");
+        }
+        w[il] = on ? sw : 0;
     }
     return PGD_OK;
 }
@@ -549,14 +603,6 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         rc = hf_moe_config(m, c, !strcmp(type, "mixtral"), path, err);
         if (rc) goto done;
     }
-    int32_t sw = 0;
-    /* Qwen2/Qwen3/SmolLM3 configs name a window they do not use unless use_sliding_window. */
-    const cJSON *usw = cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window");
-    if (!cJSON_IsFalse(usw) && !json_int(c, "sliding_window", 0, &sw) && sw > 0 &&
-        sw < m->cfg.n_ctx) {
-        /* Sliding-window attention is not implemented; within the window it is exact. */
-        m->cfg.n_ctx = sw;
-    }
     m->cfg.rms_eps = (float)json_num(c, "rms_norm_eps", 1e-6);
     if (json_int(c, "bos_token_id", -1, &m->cfg.bos_id)) m->cfg.bos_id = -1; /* e.g. a list */
     /* transformers >= 4.5x nests rope settings in "rope_parameters"; older files use
@@ -566,6 +612,7 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     m->cfg.rope_theta = (float)json_num(cJSON_IsObject(rp) ? rp : c, "rope_theta", 10000.0);
     if ((rc = check_config(m, err))) goto done;
     if (m->cfg.arch == PGD_ARCH_SMOLLM3 && (rc = smollm3_no_rope(m, c, path, err))) goto done;
+    if ((rc = hf_sliding_window(m, c, type, path, err))) goto done;
     if (cJSON_IsObject(rs)) {
         const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!cJSON_IsString(rt)) rt = cJSON_GetObjectItemCaseSensitive(rs, "type");
@@ -641,6 +688,7 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
             return pgd_err_set(err, PGD_EFORMAT, "%s: layer %d has a %s norm but no %s norm",
                                m->path, il, l->q_norm ? "Q" : "K", l->q_norm ? "K" : "Q");
         l->no_rope = c->no_rope && c->no_rope[il];
+        l->window = c->window ? c->window[il] : 0;
     }
     /* llama.cpp stores Llama 3 rope scaling as per-frequency divisors. */
     if (m->gguf.n_tensors && !m->cfg.rope_freq_factors) {
@@ -839,6 +887,7 @@ static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_e
             (rc = shard_vec(m, sh, l->k_norm, 0, hd, &d->k_norm, err)))
             return rc;
         d->no_rope = l->no_rope;
+        d->window = l->window;
         if (l->moe.n_expert && (rc = shard_experts(m, sh, l, d, err))) return rc;
     }
     return PGD_OK;
@@ -919,6 +968,26 @@ static void weights_to_hugepages(pgd_model *m) {
         (void)madvise((void *)m->gguf.map.data, m->gguf.map.size, MADV_DONTNEED);
 }
 
+/* A window no shorter than the context changes nothing and is dropped. A backend without
+ * windowed attention gets the context capped at the shortest window instead, within which full
+ * attention is exact (said on stderr). */
+static void settle_windows(pgd_model *m, const pgd_backend_ops *ops) {
+    pgd_model_config *c = &m->cfg;
+    if (!c->window) return;
+    int32_t least = 0;
+    for (int il = 0; il < c->n_layer; il++) {
+        if (c->window[il] >= c->n_ctx) c->window[il] = 0;
+        if (c->window[il] && (!least || c->window[il] < least)) least = c->window[il];
+    }
+    if (least && !ops->supports(PGD_OP_WINDOW, PGD_TYPE_F32)) {
+        fprintf(stderr, "pagoda: %s: the %s backend has no sliding-window attention; context "
+                "capped at the %d-token window\n", m->path, ops->name, least);
+        c->n_ctx = least;
+        memset(c->window, 0, (size_t)c->n_layer * sizeof *c->window);
+    }
+    for (int il = 0; il < c->n_layer; il++) m->layers[il].window = c->window[il];
+}
+
 static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     pgd_model_opts o = *opts;
@@ -958,6 +1027,7 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     if (c->n_expert && !ops->supports(PGD_OP_MOE, PGD_TYPE_F32))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: mixture-of-experts models run on the CPU "
                            "backend only (--device cpu), not on %s", m->path, ops->name);
+    settle_windows(m, ops);
     /* (a dummy model's weights all view one buffer, which the caches would serve: the copy
      * gives each its own bytes, so CPU benchmarks read as much memory as a real model) */
     if (ops == &pgd_cpu_backend_ops && tp == 1 && !o.weights_f32 && thp_enabled())
@@ -1035,6 +1105,7 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         l->attn_norm = l->ffn_norm = ones;
         if (c->arch == PGD_ARCH_QWEN3) l->q_norm = l->k_norm = ones;
         l->no_rope = c->no_rope && c->no_rope[il];
+        l->window = c->window ? c->window[il] : 0;
         if (!c->n_expert) continue;
         const int32_t E = c->n_expert;
         l->experts = calloc(3 * (size_t)E, sizeof *l->experts);

@@ -29,6 +29,10 @@ typedef struct pgd_model_config {
     pgd_rope_mode rope_mode;
     float *rope_freq_factors; /* (head_dim / 2) or NULL; owned; divides each frequency */
     bool *no_rope;            /* (n_layer) or NULL; owned: the layers that apply no RoPE */
+    /* (n_layer) or NULL; owned: each layer's sliding attention window (Mistral v0.1; Qwen2/Qwen3
+     * with use_sliding_window): a token attends to the positions p > pos - window; 0 for a layer
+     * that attends to the whole context. NULL when no layer has a window. */
+    int32_t *window;
     int32_t bos_id;           /* config.json's bos_token_id, -1 if none: the BOS of a model
                                  loaded without a tokenizer (--load-format dummy) */
     /* Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; n_expert 0: every FFN is dense): each
@@ -47,6 +51,7 @@ typedef struct pgd_layer {
     const float *bq, *bk, *bv;        /* (n_head*head_dim), (n_kv_head*head_dim) x2, or NULL */
     const float *q_norm, *k_norm;     /* (head_dim) each, or NULL: QK-norm gains (Qwen3) */
     bool no_rope;                     /* a NoPE layer (SmolLM3): Q and K are not rotated */
+    int32_t window;                   /* sliding attention window (cfg.window), 0: none */
     pgd_weight wo;                    /* (dim, n_head * head_dim) */
     const float *ffn_norm;            /* (dim) */
     pgd_weight w_gate, w_up;          /* (ffn_dim, dim) */

@@ -83,6 +83,24 @@ SPECS = {
                                 rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
                                 eos_token_id=2, hidden_act="silu", sliding_window=None,
                                 num_local_experts=4, num_experts_per_tok=2)),
+    # Mistral v0.1: Llama with sliding-window attention on every layer. A 24-position window
+    # (shorter than the tests' 64-token prompt, not a multiple of Pagoda's 32-position tiles);
+    # the GGUF names it in llama.attention.sliding_window (llama.cpp's converter writes no such
+    # key for Mistral: Pagoda reads it where present).
+    "mistral": dict(arch="mistral", gguf_arch="llama", vocab="ggml-vocab-llama-spm.gguf",
+                    config=dict(COMMON, vocab_size=32000, head_dim=16, rope_theta=10000.0,
+                                rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                                eos_token_id=2, hidden_act="silu", sliding_window=24)),
+    # Qwen2 with use_sliding_window: the layers from max_window_layers on (here the second of
+    # two) attend to a 40-position window, the others to everything; config.json lists them in
+    # layer_types as transformers 5 writes it. Only the HF form: GGUF has no per-layer windows
+    # (hf_only), and the Llama 2 vocabulary keeps it small.
+    "qwen2swa": dict(arch="qwen2", vocab="ggml-vocab-llama-spm.gguf", hf_only=True,
+                     config=dict(COMMON, vocab_size=32000, rope_theta=1000000.0,
+                                 rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1,
+                                 eos_token_id=2, hidden_act="silu", use_sliding_window=True,
+                                 sliding_window=40, max_window_layers=1,
+                                 layer_types=["full_attention", "sliding_attention"])),
     # Qwen3-MoE: Qwen3 attention (QK-norm, head_dim 32), 8 experts of 32 columns, 2 per token,
     # norm_topk_prob as Qwen3-30B-A3B has it; the config keys as its config.json writes them.
     "qwen3moe": dict(arch="qwen3_moe", gguf_arch="qwen3moe", vocab="ggml-vocab-qwen2.gguf",
@@ -113,10 +131,11 @@ HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
               "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
               "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+              "mistral": ("MistralConfig", "MistralForCausalLM"),
               "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
               "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM")}
 # Architectures llama.cpp's converter writes with the Q/K rows permuted (LlamaModel subclasses).
-PERMUTED = ("llama", "smollm3", "mixtral")
+PERMUTED = ("llama", "smollm3", "mixtral", "mistral")
 
 GGUF_TYPES = ("F32", "F16", "Q8_0")
 
@@ -134,8 +153,9 @@ def manifest(out):
     m = {}
     for name, spec in SPECS.items():
         # "hf" is the same directory under the name test_bad_input.py uses.
+        ggufs = () if spec.get("hf_only") else GGUF_TYPES
         m[name] = dict(arch=spec["arch"], hf_dir=str(out / name), hf=str(out / name),
-                       **{f"gguf_{t}": str(out / f"{name}.{t}.gguf") for t in GGUF_TYPES})
+                       **{f"gguf_{t}": str(out / f"{name}.{t}.gguf") for t in ggufs})
     return m
 
 
@@ -154,7 +174,7 @@ def hf_config(name, spec):
                    attention_bias=arch == "qwen2", **cfg)
     if arch == "qwen2":
         on_disk.pop("attention_bias")  # Qwen2 always has q/k/v biases; the key is llama's
-    elif arch in ("qwen3", "qwen3_moe", "qwen2_moe", "mixtral"):
+    elif arch in ("qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "mistral"):
         on_disk.pop("attention_bias")  # not in these configs
     else:
         on_disk.update(mlp_bias=False, pretraining_tp=1)
@@ -336,6 +356,8 @@ def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False):
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if "shared_expert_intermediate_size" in cfg:
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])
     w.add_file_type(ftype)
     # LlamaModel.set_gguf_parameters (and SmolLM3Model, its subclass) adds these two; Qwen2Model
     # (and Qwen3Model) does not (a real Qwen2 GGUF has
@@ -553,7 +575,7 @@ def build_one(out, name, spec, vocab_cache):
     tok.save(str(hf / "tokenizer.json"))
     (hf / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
 
-    for t in GGUF_TYPES:
+    for t in () if spec.get("hf_only") else GGUF_TYPES:
         tmp = out / f"{name}.{t}.gguf.tmp"
         write_gguf(tmp, spec, sd, vocab_kv, t)
         tmp.rename(out / f"{name}.{t}.gguf")

@@ -311,6 +311,26 @@ def test_hf_qwen3_without_qk_norm(hf_dir):
     expect_error(hf_dir, "missing tensor 'model.layers.0.self_attn.q_norm.weight'")
 
 
+@pytest.mark.parametrize("update,want", [
+    (dict(layer_types=["sliding_attention"]), "layer_types must name 2 layers"),
+    (dict(layer_types=["full_attention", "chunked_attention"]),
+     "layer_types[1] is neither sliding_attention nor full_attention"),
+    (dict(layer_types="sliding_attention"), "layer_types must name 2 layers"),
+    (dict(sliding_window=-4), "sliding_window or max_window_layers is not a non-negative"),
+    (dict(sliding_window="4k"), "sliding_window or max_window_layers is not a non-negative"),
+    (dict(max_window_layers=1.5), "sliding_window or max_window_layers is not a non-negative"),
+    (dict(model_type="smollm3", layer_types=None), "use_sliding_window without layer_types"),
+])
+def test_hf_bad_sliding_window(tmp_path, tiny_models, update, want):
+    """Sliding-window settings Pagoda cannot follow exactly: one line naming config.json."""
+    d = tmp_path / "swa"
+    shutil.copytree(tiny_models["qwen2swa"]["hf"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(update)
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_error(d, "config.json", want)
+
+
 # ---- mixtures of experts (tiny Mixtral and Qwen3-MoE of make_tiny_models.py) ----
 
 def moe_dir(tmp_path, tiny_models, name):

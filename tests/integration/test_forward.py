@@ -1,6 +1,7 @@
 """Pagoda's forward pass against transformers on tiny random Llama, Llama-3-rope, Qwen2, Qwen3
 (QK-norm), SmolLM3 (NoPE layers), Mixtral, Qwen3-MoE and Qwen2-MoE (mixtures of experts, the
-last with a shared expert) models.
+last with a shared expert), Mistral (sliding-window attention) and Qwen2 with a sliding window on
+one of its two layers.
 
 Every model is read in each form Pagoda loads (HF safetensors directory, GGUF F32 / F16 / Q8_0)
 and compared with transformers on the same token ids: teacher-forced logits over a 64-token
@@ -18,7 +19,8 @@ import util  # noqa: E402
 
 torch.set_num_threads(2)
 
-MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3moe", "qwen2moe")
+MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3moe", "qwen2moe",
+          "mistral", "qwen2swa")
 N_PROMPT = 64
 N_GEN = 64
 
@@ -45,6 +47,8 @@ Q8_0_BOUND = 1e-1
 BOUNDS = {"hf": F32_BOUND, "F32": F32_BOUND, "F16": F16_BOUND, "Q8_0": Q8_0_BOUND,
           "F16-weights-f32": F32_BOUND, "Q8_0-weights-f32": F32_BOUND}
 FORMATS = tuple(BOUNDS)
+# (model, format) pairs: qwen2swa has no GGUF forms (GGUF carries no per-layer windows).
+CASES = [(n, f) for f in FORMATS for n in MODELS if f == "hf" or n != "qwen2swa"]
 
 
 def prompt_ids(name, n_vocab):
@@ -93,7 +97,9 @@ class Refs:
         # carries no rope_scaling (llama3 rope lives in rope_freqs.weight, which transformers
         # ignores), so the weights go into a model built from the HF config.
         cache = Path(m["hf_dir"]).parent / "refs" / f"{name}.Q8_0.dequantized.safetensors"
-        if m["arch"] in ("qwen3", "smollm3", "mixtral", "qwen3_moe", "qwen2_moe"):
+        if "gguf_Q8_0" not in m:
+            return
+        if m["arch"] in ("qwen3", "smollm3", "mixtral", "qwen3_moe", "qwen2_moe", "mistral"):
             # transformers reads no smollm3 GGUF, reads qwen3 ones without their key_length
             # (it builds 128-wide heads), and these MoE files not as llama.cpp writes them: round
             # the weights as the file does instead (Q8_0 rounds each row's blocks of 32, so it
@@ -119,7 +125,8 @@ class Refs:
         return model
 
     def model(self, fmt):
-        return {"hf": self.f32, "F32": self.f32, "F16": self.f16, "Q8_0": self.q8}[fmt.split("-")[0]]
+        return {"hf": self.f32, "F32": self.f32, "F16": self.f16,
+                "Q8_0": getattr(self, "q8", None)}[fmt.split("-")[0]]
 
     @torch.no_grad()
     def logits(self, fmt, ids):
@@ -171,8 +178,7 @@ def describe_worst(a, ref, bound):
             f"(first 8): {np.array2string(per_pos[:8], precision=2)}")
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name,fmt", CASES)
 def test_logits(pagoda_bin, tiny_models, refs, name, fmt, tmp_path):
     r = refs(name)
     ids = prompt_ids(name, r.config.vocab_size)
@@ -185,8 +191,7 @@ def test_logits(pagoda_bin, tiny_models, refs, name, fmt, tmp_path):
     assert rel <= BOUNDS[fmt], f"{name} {fmt}: rel err {rel:.3e} > {BOUNDS[fmt]}; " + describe_worst(a, ref, BOUNDS[fmt])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name,fmt", CASES)
 def test_greedy(pagoda_bin, tiny_models, refs, name, fmt, tmp_path):
     """Greedy continuations.
 
@@ -230,7 +235,8 @@ def test_greedy_tensor_parallel(pagoda_bin, tiny_models, refs, name):
     file's greedy continuation is still transformers' own, token for token."""
     r = refs(name)
     ids = prompt_ids(name, r.config.vocab_size)
-    got = pagoda_greedy(model_path(tiny_models[name], "F32"), ids, ["--tensor-parallel-size", "2"])
+    got = pagoda_greedy(model_path(tiny_models[name], "F32" if name != "qwen2swa" else "hf"), ids,
+                        ["--tensor-parallel-size", "2"])
     assert got == r.greedy("F32", ids)
 
 
@@ -248,6 +254,42 @@ def test_mixtral_split_experts_gguf(pagoda_bin, tiny_models, refs, tmp_path):
     split = pagoda_logits(path, ids, [], tmp_path)
     stacked = pagoda_logits(tiny_models["mixtral"]["gguf_F32"], ids, [], tmp_path)
     assert np.array_equal(split, stacked)
+
+
+def test_sliding_window_layers_from_max_window_layers(pagoda_bin, tiny_models, refs, tmp_path):
+    """A Qwen2 config.json without layer_types (as transformers 4 wrote them): the windowed
+    layers are those from max_window_layers on, as transformers derives them. Without the list
+    the logits are the same bit for bit; with max_window_layers 0 both layers are windowed, which
+    transformers (on the same config) agrees with and which changes the logits."""
+    import json
+    import shutil
+    from transformers import AutoModelForCausalLM
+    src = Path(tiny_models["qwen2swa"]["hf"])
+    d = tmp_path / "swa"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["layer_types"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = prompt_ids("qwen2swa", cfg["vocab_size"])
+    base = pagoda_logits(src, ids, [], tmp_path)
+    assert np.array_equal(pagoda_logits(d, ids, [], tmp_path), base)
+    cfg["max_window_layers"] = 0
+    (d / "config.json").write_text(json.dumps(cfg))
+    both = pagoda_logits(d, ids, [], tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert float(np.abs(both - want).max() / np.abs(want).max()) <= F32_BOUND
+    assert float(np.abs(both - base).max() / np.abs(base).max()) > 1e-2
+
+
+def test_sliding_window_context(pagoda_bin, tiny_models):
+    """A windowed model keeps its whole context (max_position_embeddings, 512), where it was
+    once capped at the window (24): a 100-token prompt plus 300 tokens fits."""
+    ids = " ".join(map(str, prompt_ids("mistral", 32000) + prompt_ids("llama", 32000)[:36]))
+    p = util.run_pagoda("generate", "-m", tiny_models["mistral"]["gguf_F32"], "--ids", ids, "-n",
+                        300, "--temperature", "0", "--ignore-eos", "--print-ids")
+    assert len(p.stdout.split()) == 300
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen3moe", "qwen2moe"])

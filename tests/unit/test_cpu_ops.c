@@ -158,17 +158,18 @@ static void kv_fill(kvpool *p, float kamp) {
     }
 }
 
-/* out (n_head * hd) for one token at pos of a sequence with block table bt, in double from the
- * stored (already rounded) K/V; returns the largest |v| seen (the natural output scale). */
-static double attn_ref(const kvpool *p, const float *q, int n_head, const int32_t *bt, int pos,
-                       double *out) {
+/* out (n_head * hd) for one token at pos of a sequence with block table bt, attending to
+ * positions lo..pos, in double from the stored (already rounded) K/V; returns the largest |v|
+ * seen (the natural output scale). */
+static double attn_ref(const kvpool *p, const float *q, int n_head, const int32_t *bt, int lo,
+                       int pos, double *out) {
     int hd = p->hd, group = n_head / p->n_kv;
     double vmax = 0;
     double *sc = malloc((size_t)(pos + 1) * sizeof *sc);
     for (int h = 0; h < n_head; h++) {
         int kvh = h / group;
         double m = -INFINITY, sum = 0;
-        for (int j = 0; j <= pos; j++) {
+        for (int j = lo; j <= pos; j++) {
             size_t idx = ((size_t)bt[j / BS] * BS + j % BS) * p->kv_dim + (size_t)kvh * hd;
             double d = 0;
             for (int i = 0; i < hd; i++) d += (double)q[h * hd + i] * kv_get(p, p->k, idx + i);
@@ -176,7 +177,7 @@ static double attn_ref(const kvpool *p, const float *q, int n_head, const int32_
             if (sc[j] > m) m = sc[j];
         }
         for (int i = 0; i < hd; i++) out[h * hd + i] = 0;
-        for (int j = 0; j <= pos; j++) {
+        for (int j = lo; j <= pos; j++) {
             size_t idx = ((size_t)bt[j / BS] * BS + j % BS) * p->kv_dim + (size_t)kvh * hd;
             double w = exp(sc[j] - m);
             sum += w;
@@ -193,11 +194,13 @@ static double attn_ref(const kvpool *p, const float *q, int n_head, const int32_
 }
 
 static pgd_kv_layer layer_of(const kvpool *p) {
-    return (pgd_kv_layer){p->dt, p->k, p->v, BS, p->kv_dim};
+    return (pgd_kv_layer){p->dt, p->k, p->v, BS, p->kv_dim, 0};
 }
 
 /* (a) One 300-token sequence as a single prefill (contexts 1..300, 19 blocks, scattered) on 2
- * threads against the double reference: |out - ref| <= 2e-6 * max |v| for every element. */
+ * threads against the double reference: |out - ref| <= 2e-6 * max |v| for every element; with
+ * no window, and with sliding windows of 1, 40 (within a tile or across two) and 257 positions
+ * (across a segment boundary). */
 static void test_attention_ref(void) {
     const pgd_type dts[] = {PGD_TYPE_F32, PGD_TYPE_F16, PGD_TYPE_BF16};
     const int groups[] = {1, 3, 4}, hds[] = {64, 128, 80, 36};
@@ -214,6 +217,8 @@ static void test_attention_ref(void) {
     }
     pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, 0};
     double worst_all = 0;
+    const int windows[] = {0, 1, 40, 257};
+    for (int wi = 0; wi < 4; wi++)
     for (int di = 0; di < 3; di++)
         for (int gi = 0; gi < 3; gi++)
             for (int hi = 0; hi < 4; hi++) {
@@ -226,18 +231,20 @@ static void test_attention_ref(void) {
                 double *r = malloc((size_t)n_head * hd * sizeof *r);
                 fill(q, (size_t)N * n_head * hd, 4.0f); /* scores of a few units: peaked */
                 pgd_kv_layer kl = layer_of(&p);
+                int win = kl.window = windows[wi];
                 be2.ops->attention(&be2, q, &kl, o, n_head, n_kv, hd, &st);
                 double worst = 0;
-                for (int t = 0; t < N; t += (t < 40 ? 1 : 7)) {
-                    double vmax = attn_ref(&p, q + (size_t)t * n_head * hd, n_head, bt, t, r);
+                for (int t = 0; t < N; t += (t < 40 || (t > 250 && t < 270) ? 1 : 7)) {
+                    int lo = win && t >= win ? t - win + 1 : 0;
+                    double vmax = attn_ref(&p, q + (size_t)t * n_head * hd, n_head, bt, lo, t, r);
                     for (int i = 0; i < n_head * hd; i++) {
                         double e = fabs(o[(size_t)t * n_head * hd + i] - r[i]) / vmax;
                         if (!(e <= worst)) worst = e;
                     }
                 }
                 if (!(worst <= 2e-6))
-                    fprintf(stderr, "attention %s group %d hd %d: rel err %.3g\n",
-                            pgd_type_name(p.dt), group, hd, worst);
+                    fprintf(stderr, "attention %s group %d hd %d window %d: rel err %.3g\n",
+                            pgd_type_name(p.dt), group, hd, win, worst);
                 CHECK(worst <= 2e-6);
                 if (worst > worst_all || isnan(worst)) worst_all = worst;
                 free(q);
@@ -247,12 +254,12 @@ static void test_attention_ref(void) {
                 free(p.v);
             }
     printf("attention vs double reference: max error %.3g of max |v| (F32/F16/BF16 KV, groups "
-           "1/3/4, head_dim 64/128/80/36, contexts 1..300)\n", worst_all);
+           "1/3/4, head_dim 64/128/80/36, contexts 1..300, windows none/1/40/257)\n", worst_all);
 }
 
 /* (b) A mixed batch (a prefill chunk of seq 0 at 250..313, a decode of seq 1 at 700, a 30-token
  * prompt of seq 2) on 2 threads, then on 1 thread, then each token alone, then three at a time:
- * all bit-identical. Alone or three on two threads, a context longer than one attention segment
+ * all bit-identical, with no window and with sliding windows of 20, 100 and 300 positions. Alone or three on two threads, a context longer than one attention segment
  * (256 positions) is split over the threads and merged; in the batch it is folded in one item,
  * with up to 8 tokens of its sequence (some of them crossing into the second segment). */
 static void test_attention_invariance(void) {
@@ -272,6 +279,8 @@ static void test_attention_invariance(void) {
     pos[n] = 700, seq[n] = 1, n++;
     for (int i = 0; i < 30; i++, n++) pos[n] = i, seq[n] = 2;
     for (int i = 0; i < N; i++) slot[i] = (int64_t)tables[seq[i]][pos[i] / BS] * BS + pos[i] % BS;
+    const int windows[] = {0, 20, 100, 300};
+    for (int wi = 0; wi < 4; wi++)
     for (int di = 0; di < 3; di++)
         for (int hi = 0; hi < 2; hi++) {
             int hd = hds[hi], n_kv = 2, n_head = 6;
@@ -282,6 +291,7 @@ static void test_attention_invariance(void) {
             float *o1 = malloc(N * row * sizeof *o1), *oa = malloc(row * sizeof *oa);
             fill(q, N * row, 2.0f);
             pgd_kv_layer kl = layer_of(&p);
+            kl.window = windows[wi];
             pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, 0};
             be2.ops->attention(&be2, q, &kl, o2, n_head, n_kv, hd, &st);
             be1.ops->attention(&be1, q, &kl, o1, n_head, n_kv, hd, &st);
@@ -450,7 +460,7 @@ static void test_rope_kv_store(void) {
     for (int di = 0; di < 3; di++) {
         size_t es = pgd_dtype_size(dts[di]), sb = (size_t)N_BLOCKS * BS * kv_dim * es;
         uint8_t *K1 = calloc(sb, 1), *V1 = calloc(sb, 1), *K2 = calloc(sb, 1), *V2 = calloc(sb, 1);
-        pgd_kv_layer l1 = {dts[di], K1, V1, BS, kv_dim}, l2 = {dts[di], K2, V2, BS, kv_dim};
+        pgd_kv_layer l1 = {dts[di], K1, V1, BS, kv_dim, 0}, l2 = {dts[di], K2, V2, BS, kv_dim, 0};
         be2.ops->kv_store(&be2, &l2, k, v, &st);
         for (int t = 0; t < N; t++) {
             pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};

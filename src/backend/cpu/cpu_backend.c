@@ -3,6 +3,7 @@
  * fallbacks) and split over the thread pool when a call has enough work to pay for waking it.
  * Every op has a fixed reduction order per output row, so a token's results never depend on what
  * else shares the step or on how the work is split (batch invariance: test_cpu_ops.c). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -482,10 +483,16 @@ typedef struct attn_ctx {
     float *out;
     int n_head, n_kv_head, hd, hdp;
     const pgd_step *s;
+    int window;     /* kv->window: a token at pos attends to positions > pos - window; 0: all */
     bool split;     /* one item per (token, segment), merged by a second pass */
     long n_items;   /* unsplit: work items (st->attn_items) */
     size_t pstride; /* floats of one segment state in st->attn_part */
 } attn_ctx;
+
+/* The first position the token at pos attends to. */
+static inline int attn_lo(const attn_ctx *a, int pos) {
+    return a->window > 0 && pos >= a->window ? pos - a->window + 1 : 0;
+}
 
 /* Row idx of K or V storage as hdp floats: the storage itself for F32 rows that need no padding,
  * else converted (F16C / shifts) into buf and zero-padded. */
@@ -722,13 +729,15 @@ static void touch_rows(const char *k, const char *v, const size_t *row, int n, s
     __asm__ volatile("" : : "r"(x)); /* keeps the loads */
 }
 
-/* Folds positions [p0, p1[u]) (tile-aligned p0) of tokens tok[0 .. m) of one sequence (queries
- * q[u]) into the states z[u] (reset first): for each tile the K/V rows are read (and converted)
- * once per KV head and serve every query head of its GQA group in each token; the softmax runs
- * online over tiles in position order. A token's arithmetic is the same whatever else is in
- * tok[] (a row past its own end is computed from real rows and then masked). */
+/* Folds positions [max(p0, lo[u]), p1[u]) (tile-aligned p0; p1[u] > lo[u]) of tokens tok[0 ..
+ * m) of one sequence (queries q[u]) into the states z[u] (reset first): for each tile the K/V
+ * rows are read (and converted) once per KV head and serve every query head of its GQA group in
+ * each token; the softmax runs online over tiles in position order. A token's arithmetic is the
+ * same whatever else is in tok[] (a row outside its own range is computed from real rows and
+ * then masked; tiles wholly outside it are skipped). */
 static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int *tok,
-                         const float *const *q, int p0, const int *p1, const attn_state *z) {
+                         const float *const *q, int p0, const int *lo, const int *p1,
+                         const attn_state *z) {
     const pgd_kv_layer *kv = a->kv;
     int hd = a->hd, hdp = a->hdp, n_head = a->n_head, n_kv_head = a->n_kv_head;
     int group = n_head / n_kv_head, bs = kv->block_size;
@@ -741,7 +750,10 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
      * processes first, longest first) finds the context in DRAM and leaves it in cache for the
      * sequence's other runs. */
     bool touch = t + 1 == st->n_tokens || st->seq[t + 1] != st->seq[t];
+    int ps = INT_MAX; /* the first tile any token attends to */
     for (int u = 0; u < m; u++) {
+        int tl = lo[u] > p0 ? lo[u] / ATTN_TILE * ATTN_TILE : p0;
+        if (tl < ps) ps = tl;
         for (int h = 0; h < n_head; h++) z[u].mx[h] = -INFINITY;
         memset(z[u].lsum, 0, (size_t)n_head * 8 * sizeof *z[u].lsum);
         memset(z[u].acc, 0, (size_t)n_head * hdp * sizeof *z[u].acc);
@@ -759,7 +771,7 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
     bool direct = kv->dtype == PGD_TYPE_F32 && hd == hdp;
     int kdt = 0;
 #endif
-    for (int j0 = p0; j0 < pe; j0 += ATTN_TILE) {
+    for (int j0 = ps; j0 < pe; j0 += ATTN_TILE) {
         int n = pe - j0 < ATTN_TILE ? pe - j0 : ATTN_TILE;
         for (int j = 0, blk = j0 / bs, o = j0 % bs; j < n; j++) { /* no division per row */
             rows[j] = ((size_t)bt[blk] * bs + (size_t)o) * kv_dim;
@@ -786,9 +798,12 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
             int h0 = kvh * group;
             for (int u = 0; u < m; u++) {
                 int nu = p1[u] - j0 < n ? p1[u] - j0 : n;
-                if (nu <= 0) continue;
+                if (nu <= 0 || j0 + n <= lo[u]) continue;
                 const attn_state *zu = &z[u];
                 tile_scores(q[u] + (size_t)h0 * hdp, group, kdt, kp, nu, hdp, scale, s->sc);
+                for (int g = 0; g < group; g++) /* positions before the window */
+                    for (int j = 0; j < lo[u] - j0; j++)
+                        s->sc[(size_t)g * ATTN_TILE + j] = -INFINITY;
                 for (int g = 0; g < group; g++)
                     tile_softmax(s->sc + (size_t)g * ATTN_TILE, nu, hdp, &zu->mx[h0 + g],
                                  zu->lsum + (size_t)(h0 + g) * 8,
@@ -865,38 +880,44 @@ static void attn_item(void *arg, long chunk, int ith) {
         const int32_t *first = a->st->attn_first;
         int t = 0;
         while (first[t + 1] <= chunk) t++;
-        int seg = (int)(chunk - first[t]), p0 = seg * ATTN_SEG, n_pos = a->s->pos[t] + 1;
+        int n_pos = a->s->pos[t] + 1, lo = attn_lo(a, n_pos - 1);
+        int p0 = (lo / ATTN_SEG + (int)(chunk - first[t])) * ATTN_SEG;
         int p1 = n_pos - p0 < ATTN_SEG ? n_pos : p0 + ATTN_SEG;
         attn_setup(a, ith, t, 1, &s, q);
         attn_state z = {NULL, NULL, NULL};
         attn_state_at(a->st->attn_part + (size_t)chunk * a->pstride, (size_t)a->n_head,
                       (size_t)a->hdp, &z);
-        attn_segment(a, &s, 1, &t, q, p0, &p1, &z);
+        attn_segment(a, &s, 1, &t, q, p0, &lo, &p1, &z);
         return;
     }
     /* The longest items (last tokens of a prefill chunk) go first, for a better balance. */
     const int32_t *items = a->st->attn_items;
     long w = a->n_items - 1 - chunk;
-    int t0 = items[w], m = items[w + 1] - t0, pe = 0;
+    int t0 = items[w], m = items[w + 1] - t0, pe = 0, ps = INT_MAX;
     attn_setup(a, ith, t0, m, &s, q);
-    for (int u = 0; u < m; u++)
-        if (a->s->pos[t0 + u] + 1 > pe) pe = a->s->pos[t0 + u] + 1;
-    for (int p0 = 0; p0 < pe; p0 += ATTN_SEG) {
-        int tok[ATTN_QT], p1[ATTN_QT], k = 0; /* the tokens with positions in this segment */
+    for (int u = 0; u < m; u++) {
+        int n_pos = a->s->pos[t0 + u] + 1, sl = attn_lo(a, n_pos - 1) / ATTN_SEG * ATTN_SEG;
+        if (n_pos > pe) pe = n_pos;
+        if (sl < ps) ps = sl;
+    }
+    for (int p0 = ps; p0 < pe; p0 += ATTN_SEG) {
+        /* the tokens with positions in this segment */
+        int tok[ATTN_QT], lo[ATTN_QT], p1[ATTN_QT], k = 0;
         const float *qa[ATTN_QT];
         attn_state za[ATTN_QT];
         for (int u = 0; u < m; u++) {
             int n_pos = a->s->pos[t0 + u] + 1;
-            if (n_pos <= p0) continue;
+            lo[k] = attn_lo(a, n_pos - 1);
+            if (n_pos <= p0 || p0 + ATTN_SEG <= lo[k]) continue;
             tok[k] = t0 + u;
             p1[k] = n_pos - p0 < ATTN_SEG ? n_pos : p0 + ATTN_SEG;
             qa[k] = q[u];
             za[k++] = s.seg[u];
         }
-        attn_segment(a, &s, k, tok, qa, p0, p1, za);
-        for (int i = 0; i < k; i++) {
+        attn_segment(a, &s, k, tok, qa, p0, lo, p1, za);
+        for (int i = 0; i < k; i++) { /* the token's first segment starts its running state */
             int u = tok[i] - t0;
-            attn_merge(&s.run[u], &s.seg[u], a->n_head, a->hdp, p0 == 0);
+            attn_merge(&s.run[u], &s.seg[u], a->n_head, a->hdp, p0 <= lo[i]);
         }
     }
     for (int u = 0; u < m; u++) attn_finish(a, &s.run[u], t0 + u);
@@ -925,7 +946,7 @@ static void cpu_attention(pgd_backend *be, const float *q, const pgd_kv_layer *k
     PGD_ASSERT(n_head <= st->n_head && n_head / n_kv_head <= st->attn_group &&
                hdp <= st->attn_hdp);
     attn_state tmp;
-    attn_ctx ac = {st, q, kv, out, n_head, n_kv_head, head_dim, hdp, s, false, 0,
+    attn_ctx ac = {st, q, kv, out, n_head, n_kv_head, head_dim, hdp, s, kv->window, false, 0,
                    attn_state_at(NULL, (size_t)n_head, (size_t)hdp, &tmp)};
     int nth = be->pool ? pgd_pool_n_threads(be->pool) : 1;
     /* Tokens that cannot be shared evenly over the threads (a single decode, 3 on 2 threads):
@@ -933,8 +954,9 @@ static void cpu_attention(pgd_backend *be, const float *q, const pgd_kv_layer *k
     long n_items = nt;
     if (nth > 1 && nt < st->max_split && nt % nth != 0) {
         st->attn_first[0] = 0;
-        for (int t = 0; t < nt; t++) /* token t's segments: positions 0 .. pos[t] */
-            st->attn_first[t + 1] = st->attn_first[t] + (s->pos[t] + ATTN_SEG) / ATTN_SEG;
+        for (int t = 0; t < nt; t++) /* token t's segments: positions lo .. pos[t] */
+            st->attn_first[t + 1] = st->attn_first[t] + s->pos[t] / ATTN_SEG + 1 -
+                                    attn_lo(&ac, s->pos[t]) / ATTN_SEG;
         long n = st->attn_first[nt];
         if (n > nt && (size_t)n * ac.pstride * sizeof(float) <= ATTN_PART_BYTES) {
             ac.split = true;
