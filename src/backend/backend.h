@@ -32,6 +32,9 @@ typedef enum {
     PGD_OP_COPY_BLOCK,   /* KV block copy (copy-on-write) */
     PGD_OP_MOE,          /* mixture-of-experts FFN: routing, the chosen experts, their sum */
     PGD_OP_WINDOW,       /* attention over a sliding window (pgd_kv_layer.window) */
+    PGD_OP_GELU_GATE,    /* g = gelu_tanh(g) * u (Gemma) */
+    PGD_OP_SCALE,        /* x *= c */
+    PGD_OP_LOCAL_ROPE,   /* a second set of RoPE frequencies (pgd_rope_params.inv_freq_local) */
     PGD_OP_COUNT
 } pgd_op;
 
@@ -69,6 +72,10 @@ typedef struct pgd_rope_params {
     int mode;              /* 0: NORM (adjacent pairs), 1: NEOX (halves) = pgd_rope_mode */
     int32_t head_dim;
     const float *inv_freq; /* host (head_dim / 2): 1 / (theta^(2i/d) * freq_factor[i]) */
+    /* host (head_dim / 2) or NULL: a second set (Gemma 3's sliding-window layers), staged by
+     * begin beside the first; rope ops rotate by it when `local` is set. */
+    const float *inv_freq_local;
+    bool local;
 } pgd_rope_params;
 
 /* One mixture-of-experts FFN layer as the moe op sees it (Mixtral, Qwen2-MoE, Qwen3-MoE). */
@@ -141,6 +148,10 @@ typedef struct pgd_backend_ops {
     void (*attention)(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
                       int n_head, int n_kv_head, int head_dim, const pgd_step *s);
     void (*silu_gate)(pgd_backend *be, float *g, const float *u, size_t n);
+    /* g = gelu(g) * u with transformers' gelu_pytorch_tanh; NULL where supports() says no. */
+    void (*gelu_gate)(pgd_backend *be, float *g, const float *u, size_t n);
+    /* x *= c; NULL where supports() says no. */
+    void (*scale)(pgd_backend *be, float *x, float c, size_t n);
     /* Mixture of experts: row t of x (n_rows, dim) runs the e->n_used experts whose
      * softmax(router[t]) (router: (n_rows, n_expert) logits) is largest, ties to the lower
      * index, each weighted by that probability (rescaled when e->norm); out[t] = the sum, over

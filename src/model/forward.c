@@ -109,6 +109,7 @@ typedef struct pgd_fwd_rank {
     pgd_backend be;          /* this rank's instance: pool / stream, op scratch */
     pgd_pool *own_pool;      /* ranks > 0 on the CPU: their own threads */
     float *x, *xb, *xb2;     /* (max_tokens, dim); xb is (max_tokens, max(dim, q_dim)) */
+    float *xb3;              /* (max_tokens, dim) with post-block norms (Gemma 3), or NULL */
     float *q;                /* (max_tokens, n_head * head_dim) of this rank */
     float *k, *v;            /* (max_tokens, n_kv_head * head_dim) of this rank */
     float *hb, *hb2;         /* (max_tokens, ffn_dim) of this rank */
@@ -210,6 +211,8 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
     int rc = PGD_OK;
     bool ok = true;
     f->inv_freq = calloc(half ? half : 1, sizeof(float));
+    if (c->rope_theta_local > 0 && !(f->inv_freq_local = calloc(half ? half : 1, sizeof(float))))
+        goto nomem;
     f->logits = calloc((size_t)max_logits * (size_t)c->n_vocab, sizeof(float));
     f->ranks = calloc((size_t)f->n_ranks, sizeof *f->ranks);
     f->sync = calloc(1, sizeof *f->sync);
@@ -219,6 +222,9 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
         float inv = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
         if (c->rope_freq_factors) inv /= c->rope_freq_factors[i];
         f->inv_freq[i] = inv;
+        if (f->inv_freq_local) /* (Gemma 3's sliding layers: no frequency factors) */
+            f->inv_freq_local[i] = 1.0f / powf(c->rope_theta_local,
+                                               (float)(2 * i) / (float)c->head_dim);
     }
     int nth = pool ? pgd_pool_n_threads(pool) : 1;
     const char *pe = getenv("PAGODA_PROFILE");
@@ -267,6 +273,8 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
         r->x = balloc(be, B * (size_t)c->dim, sizeof(float), &ok);
         r->xb = balloc(be, B * wide, sizeof(float), &ok);
         r->xb2 = balloc(be, B * (size_t)c->dim, sizeof(float), &ok);
+        if (m->layers[0].post_attn_norm) /* Gemma 3: the normalized output of a block */
+            r->xb3 = balloc(be, B * (size_t)c->dim, sizeof(float), &ok);
         r->q = balloc(be, B * q_dim, sizeof(float), &ok);
         r->k = balloc(be, B * kv_dim, sizeof(float), &ok);
         r->v = balloc(be, B * kv_dim, sizeof(float), &ok);
@@ -342,7 +350,7 @@ void pgd_fwd_free(pgd_fwd *f) {
         pgd_backend *be = &r->be;
         if (r->prof) prof_print(r);
         if (!be->ops) continue;
-        float *bufs[] = {r->x, r->xb, r->xb2, r->q, r->k, r->v, r->hb, r->hb2, r->router,
+        float *bufs[] = {r->x, r->xb, r->xb2, r->xb3, r->q, r->k, r->v, r->hb, r->hb2, r->router,
                          r->moe_work, r->logits != f->logits ? r->logits : NULL};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->ops->mem_free(be, bufs[i]);
@@ -353,6 +361,7 @@ void pgd_fwd_free(pgd_fwd *f) {
     free(f->ranks);
     free(f->sync);
     free(f->inv_freq);
+    free(f->inv_freq_local);
     free(f->logits);
     memset(f, 0, sizeof *f);
 }
@@ -404,6 +413,15 @@ static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd
     return rc;
 }
 
+/* A block's reduced output xb2 as the residual stream takes it: normalized into xb3 with the
+ * gains w (Gemma 3's post-attention and post-FFN norms), or xb2 itself when w is NULL. */
+static const float *post_norm(pgd_fwd_rank *r, const float *w, int n) {
+    if (!w) return r->xb2;
+    const pgd_model_config *c = &r->f->model->cfg;
+    TIMED(r, PR_NORM, r->be.ops->rms_norm(&r->be, r->xb2, w, r->xb3, n, c->dim, c->rms_eps));
+    return r->xb3;
+}
+
 static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
     const pgd_model *m = f->model;
     const pgd_model_config *c = &m->cfg;
@@ -418,18 +436,24 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
         .pad_tokens = graph_pad(f, b), .block_size = kv->block_size, .kv_key = kv_key(kv, r->rank),
     };
     pgd_rope_params rp = {.mode = c->rope_mode == PGD_ROPE_NEOX, .head_dim = c->head_dim,
-                          .inv_freq = f->inv_freq};
+                          .inv_freq = f->inv_freq, .inv_freq_local = f->inv_freq_local};
+    pgd_rope_params rp_local = rp;
+    rp_local.local = true;
     if ((rc = o->begin(be, &s, &rp))) return rc;
 
     TIMED(r, PR_EMBED, o->embed(be, &sh->tok_embd, sh->vocab_lo, &s, r->x));
     TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->x, (size_t)n * dim));
     if (rc) return rc;
+    if (c->embed_scale) o->scale(be, r->x, c->embed_scale, (size_t)n * dim); /* Gemma 3 */
+    /* The last block's output, to be added to the residual stream x: xb2, or its post-block
+     * norm in xb3 (Gemma 3). */
+    const float *out = r->xb2;
     for (int il = 0; il < c->n_layer; il++) {
         const pgd_layer *l = &sh->layers[il];
         /* xb: the normalized input of the block; xb2: the (reduced) output of the last one. */
         const float *an = l->attn_norm, *fn = l->ffn_norm;
         if (il == 0) TIMED(r, PR_NORM, o->rms_norm(be, r->x, an, r->xb, n, dim, c->rms_eps));
-        else TIMED(r, PR_NORM, o->add_rms_norm(be, r->x, r->xb2, an, r->xb, n, dim, c->rms_eps));
+        else TIMED(r, PR_NORM, o->add_rms_norm(be, r->x, out, an, r->xb, n, dim, c->rms_eps));
         TIMED(r, PR_Q, o->matmul(be, &l->wq, r->xb, r->q, n));
         TIMED(r, PR_K, o->matmul(be, &l->wk, r->xb, r->k, n));
         TIMED(r, PR_V, o->matmul(be, &l->wv, r->xb, r->v, n));
@@ -445,26 +469,30 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
             TIMED(r, PR_ROPE_KV, o->kv_store(be, &kl, r->k, r->v, &s));
         else
             TIMED(r, PR_ROPE_KV, o->rope_kv_store(be, r->q, r->k, r->v, sh->n_head,
-                                                  sh->n_kv_head, &kl, &s, &rp));
+                                                  sh->n_kv_head, &kl, &s,
+                                                  l->local_rope ? &rp_local : &rp));
         TIMED(r, PR_ATTN,
               o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s));
         TIMED(r, PR_O, o->matmul(be, &l->wo, r->xb, r->xb2, n));
         TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
         if (rc) return rc;
-        TIMED(r, PR_NORM, o->add_rms_norm(be, r->x, r->xb2, fn, r->xb, n, dim, c->rms_eps));
+        out = post_norm(r, l->post_attn_norm, n);
+        TIMED(r, PR_NORM, o->add_rms_norm(be, r->x, out, fn, r->xb, n, dim, c->rms_eps));
         if (l->moe.n_expert) {
             TIMED(r, PR_ROUTER, o->matmul(be, &l->w_router, r->xb, r->router, n));
             TIMED(r, PR_MOE, o->moe(be, &l->moe, r->xb, r->router, r->xb2, r->moe_work, n, dim));
         } else {
             TIMED(r, PR_GATE, o->matmul(be, &l->w_gate, r->xb, r->hb, n));
             TIMED(r, PR_UP, o->matmul(be, &l->w_up, r->xb, r->hb2, n));
-            TIMED(r, PR_ACT, o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
+            if (c->gelu) TIMED(r, PR_ACT, o->gelu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
+            else TIMED(r, PR_ACT, o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
             TIMED(r, PR_DOWN, o->matmul(be, &l->w_down, r->hb, r->xb2, n));
         }
         TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
         if (rc) return rc;
+        out = post_norm(r, l->post_ffn_norm, n);
     }
-    o->add(be, r->x, r->xb2, (size_t)n * dim);
+    o->add(be, r->x, out, (size_t)n * dim);
 
     if (b->n_logits == 0) return o->sync(be);
     o->gather_rows(be, r->x, r->xb, dim, &s);

@@ -296,6 +296,30 @@ static int no_rope_every(pgd_model *m, int32_t step, pgd_err *err) {
     return PGD_OK;
 }
 
+static int linear_factors(pgd_model *m, double factor, pgd_err *err);
+static int gemma3_config(pgd_model *m, double q_scalar, double theta_local, const char *path,
+                         pgd_err *err);
+
+/* <arch>.rope.scaling.type "linear" with its factor (Gemma 3 4B and up, some Llama fine-tunes):
+ * every frequency divided by the factor, as llama.cpp reads it. Other types are refused; "none"
+ * or no key is no scaling. */
+static int gguf_rope_scaling(pgd_model *m, const char *a, pgd_err *err) {
+    char key[128];
+    pgd_str type;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    if (pgd_gguf_get_str(&m->gguf, key, &type) || pgd_str_eq(type, "none")) return PGD_OK;
+    if (!pgd_str_eq(type, "linear")) {
+        pgd_name_buf nb;
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported rope scaling type '%s'",
+                           m->path, pgd_str_safe(type, &nb));
+    }
+    float factor = 0;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+    if (pgd_gguf_get_f32(&m->gguf, key, &factor) || !(factor > 0))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: missing or invalid metadata %s", m->path, key);
+    return factor == 1.0f ? PGD_OK : linear_factors(m, factor, err);
+}
+
 static int gguf_config(pgd_model *m, pgd_err *err) {
     pgd_gguf *g = &m->gguf;
     pgd_str arch;
@@ -315,11 +339,14 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
         m->cfg.arch = pgd_str_eq(arch, "qwen2") || pgd_str_eq(arch, "qwen2moe") ? PGD_ARCH_QWEN2
                                                                                : PGD_ARCH_QWEN3;
         m->cfg.rope_mode = PGD_ROPE_NEOX;
+    } else if (pgd_str_eq(arch, "gemma3")) { /* (converted without the permutation) */
+        m->cfg.arch = PGD_ARCH_GEMMA3;
+        m->cfg.rope_mode = PGD_ROPE_NEOX;
     } else {
         pgd_name_buf nb;
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported architecture '%s' (llama, "
-                           "mistral, qwen2, qwen2moe, qwen3, qwen3moe and smollm3 are)", m->path,
-                           pgd_str_safe(arch, &nb));
+                           "mistral, qwen2, qwen2moe, qwen3, qwen3moe, smollm3 and gemma3 are)",
+                           m->path, pgd_str_safe(arch, &nb));
     }
     snprintf(a, sizeof a, "%.*s", (int)arch.len, arch.ptr);
     struct { const char *suffix; int32_t *dst; bool required; } keys[] = {
@@ -379,17 +406,30 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     }
     int rc = check_config(m, err);
     if (!rc && m->cfg.arch == PGD_ARCH_SMOLLM3) rc = no_rope_every(m, 4, err);
-    /* A Mistral v0.1 file may name its window (llama.cpp's converter does not write it). */
+    if (!rc) rc = gguf_rope_scaling(m, a, err);
+    /* A Mistral v0.1 file may name its window (llama.cpp's converter does not write it); a
+     * Gemma 3 file must. Gemma 3 windows all layers but every sixth, as llama.cpp hard-codes. */
+    bool gemma = m->cfg.arch == PGD_ARCH_GEMMA3;
     snprintf(key, sizeof key, "%s.attention.sliding_window", a);
-    uint32_t sw;
-    if (!rc && m->cfg.arch == PGD_ARCH_LLAMA && !pgd_gguf_get_u32(g, key, &sw) && sw > 0 &&
-        sw <= INT32_MAX) {
+    uint32_t sw = 0;
+    if (gemma && (pgd_gguf_get_u32(g, key, &sw) || sw == 0 || sw > INT32_MAX))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: missing or invalid metadata %s", m->path, key);
+    if (!rc && (m->cfg.arch == PGD_ARCH_LLAMA || gemma) && !pgd_gguf_get_u32(g, key, &sw) &&
+        sw > 0 && sw <= INT32_MAX) {
         int32_t *w = calloc((size_t)m->cfg.n_layer, sizeof *w);
         if (!(rc = own(m, w, err))) {
-            for (int il = 0; il < m->cfg.n_layer; il++) w[il] = (int32_t)sw;
+            for (int il = 0; il < m->cfg.n_layer; il++)
+                w[il] = !gemma || (il + 1) % 6 ? (int32_t)sw : 0;
             m->cfg.window = w;
         }
     }
+    /* llama.cpp scales Gemma 3 27B's attention (62 layers) by (dim / n_head)^-1/2, the others'
+     * by head_dim^-1/2: query_pre_attn_scalar, which the files do not carry; the sliding layers'
+     * RoPE base is 10,000. */
+    if (!rc && gemma)
+        rc = gemma3_config(m, m->cfg.n_layer == 62 ? (double)m->cfg.dim / m->cfg.n_head
+                                                   : (double)m->cfg.head_dim, 10000.0,
+                           m->path, err);
     return rc;
 }
 
@@ -480,20 +520,28 @@ static int smollm3_no_rope(pgd_model *m, const cJSON *c, const char *path, pgd_e
  * when sliding_window is set. The Qwen family and SmolLM3 window only with use_sliding_window,
  * on the layers layer_types calls "sliding_attention" or, without that list, those from
  * max_window_layers on (Qwen2, Qwen3) or all of them (Qwen3-MoE); transformers' own defaults
- * for Qwen2-MoE and SmolLM3 are not followed (no released checkpoint uses them): refused. */
+ * for Qwen2-MoE and SmolLM3 are not followed (no released checkpoint uses them): refused.
+ * Gemma 3 windows the layers layer_types names or, without it, all but every
+ * sliding_window_pattern-th (6 by default). */
 static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, const char *path,
                              pgd_err *err) {
-    int32_t sw, from;
-    if (json_int(c, "sliding_window", 0, &sw) || json_int(c, "max_window_layers", 28, &from))
-        return pgd_err_set(err, PGD_EFORMAT, "%s: sliding_window or max_window_layers is not a "
-                           "non-negative integer", path);
     bool every = !strcmp(type, "mistral") || !strcmp(type, "mixtral");
-    bool qwen = !every && strcmp(type, "llama"); /* the use_sliding_window family */
-    if (sw == 0 || (!every && !qwen) ||
+    bool gemma = !strcmp(type, "gemma3_text");
+    bool qwen = !every && !gemma && strcmp(type, "llama"); /* the use_sliding_window family */
+    const char *nk = gemma ? "sliding_window_pattern" : "max_window_layers";
+    int32_t sw, from;
+    if (json_int(c, "sliding_window", 0, &sw) || json_int(c, nk, gemma ? 6 : 28, &from) ||
+        (gemma && from < 1))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: sliding_window or %s is not a %s integer",
+                           path, nk, gemma ? "positive" : "non-negative");
+    if (gemma && sw == 0)
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: a gemma3_text config without "
+                           "sliding_window", path);
+    if (sw == 0 || (!every && !qwen && !gemma) ||
         (qwen && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window"))))
         return PGD_OK;
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
-    bool listed = qwen && lt && !cJSON_IsNull(lt);
+    bool listed = !every && lt && !cJSON_IsNull(lt);
     if (qwen && !listed && (!strcmp(type, "qwen2_moe") || !strcmp(type, "smollm3")))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: use_sliding_window without layer_types "
                            "(%s)", path, type);
@@ -505,7 +553,8 @@ static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, con
     if (rc) return rc;
     m->cfg.window = w;
     for (int il = 0; il < m->cfg.n_layer; il++) {
-        bool on = every || !strcmp(type, "qwen3_moe") || il >= from;
+        bool on = gemma ? (il + 1) % from != 0
+                        : every || !strcmp(type, "qwen3_moe") || il >= from;
         if (listed) {
             const cJSON *x = cJSON_GetArrayItem(lt, il);
             const char *v = cJSON_IsString(x) ? x->valuestring : "";
@@ -516,6 +565,49 @@ static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, con
         }
         w[il] = on ? sw : 0;
     }
+    return PGD_OK;
+}
+
+/* Gemma 3 (text): the embedding scaled by sqrt(hidden_size), a GELU (tanh) gate, RMSNorm gains
+ * stored as offsets from 1 in HF checkpoints (added at load), post-attention and post-FFN norms,
+ * QK-norm, attention scaled by q_scalar^-1/2 (folded into the Q norm's gains), and the sliding
+ * layers rotated with their own RoPE base (theta_local) and without the global layers' scaling.
+ * Called once the windows are known (cfg.window): a layer with one is a sliding layer. */
+static int gemma3_config(pgd_model *m, double q_scalar, double theta_local, const char *path,
+                         pgd_err *err) {
+    pgd_model_config *c = &m->cfg;
+    if (!(q_scalar > 0) || !(theta_local > 0))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid query_pre_attn_scalar or local RoPE "
+                           "base", path);
+    c->embed_scale = (float)sqrt((double)c->dim);
+    c->gelu = true;
+    c->rope_theta_local = (float)theta_local;
+    c->q_gain = (float)(sqrt((double)c->head_dim) / sqrt(q_scalar));
+    bool *lr = calloc((size_t)c->n_layer, sizeof *lr);
+    int rc = own(m, lr, err);
+    if (rc) return rc;
+    for (int il = 0; il < c->n_layer; il++) lr[il] = c->window && c->window[il];
+    c->local_rope = lr;
+    return PGD_OK;
+}
+
+/* transformers' gemma3_text settings Pagoda does not implement: Gemma 2's soft-capping, the
+ * bidirectional attention of embedding variants, activations other than GELU (tanh). */
+static int hf_gemma3_checks(const cJSON *c, const char *path, pgd_err *err) {
+    const char *caps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (size_t i = 0; i < 2; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(c, caps[i]);
+        if (x && !cJSON_IsNull(x))
+            return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: %s is not supported", path, caps[i]);
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "use_bidirectional_attention")))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: use_bidirectional_attention is not "
+                           "supported", path);
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(c, "hidden_activation");
+    if (!act) act = cJSON_GetObjectItemCaseSensitive(c, "hidden_act");
+    if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "gelu_pytorch_tanh")))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: hidden_activation must be "
+                           "gelu_pytorch_tanh", path);
     return PGD_OK;
 }
 
@@ -577,10 +669,13 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         m->cfg.arch = !strncmp(type, "qwen2", 5) ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
     } else if (!strcmp(type, "mixtral")) {
         m->cfg.arch = PGD_ARCH_LLAMA;
+    } else if (!strcmp(type, "gemma3_text")) {
+        m->cfg.arch = PGD_ARCH_GEMMA3;
+        if ((rc = hf_gemma3_checks(c, path, err))) goto done;
     } else {
         rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported model_type '%.64s' (llama, "
-                         "mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe and smollm3 are)",
-                         path, type);
+                         "mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3 and "
+                         "gemma3_text are)", path, type);
         goto done;
     }
     /* q/k/v biases (Qwen2, attention_bias) are loaded when the checkpoint has them */
@@ -608,11 +703,23 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     /* transformers >= 4.5x nests rope settings in "rope_parameters"; older files use
      * "rope_theta" and "rope_scaling". */
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
+    /* (Gemma 3's, per layer type: the global layers' here, the sliding layers' base below) */
+    const cJSON *rp_local = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+    if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rp, "full_attention")))
+        rp = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
     const cJSON *rs = cJSON_IsObject(rp) ? rp : cJSON_GetObjectItemCaseSensitive(c, "rope_scaling");
-    m->cfg.rope_theta = (float)json_num(cJSON_IsObject(rp) ? rp : c, "rope_theta", 10000.0);
+    bool gemma = m->cfg.arch == PGD_ARCH_GEMMA3;
+    m->cfg.rope_theta = (float)json_num(cJSON_IsObject(rp) ? rp : c, "rope_theta",
+                                        gemma ? 1000000.0 : 10000.0);
     if ((rc = check_config(m, err))) goto done;
     if (m->cfg.arch == PGD_ARCH_SMOLLM3 && (rc = smollm3_no_rope(m, c, path, err))) goto done;
     if ((rc = hf_sliding_window(m, c, type, path, err))) goto done;
+    if (gemma && (rc = gemma3_config(m, json_num(c, "query_pre_attn_scalar", 256.0),
+                                     cJSON_IsObject(rp_local)
+                                         ? json_num(rp_local, "rope_theta", 10000.0)
+                                         : json_num(c, "rope_local_base_freq", 10000.0),
+                                     path, err)))
+        goto done;
     if (cJSON_IsObject(rs)) {
         const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!cJSON_IsString(rt)) rt = cJSON_GetObjectItemCaseSensitive(rs, "type");
@@ -637,10 +744,41 @@ static int hf_config(pgd_model *m, const char *dir, pgd_err *err) {
 
 /* ---- weights ---- */
 
+/* *v (n) replaced by an owned copy of (v + add) * mul. */
+static int adjust_vec(pgd_model *m, const float **v, int64_t n, float add, float mul,
+                      pgd_err *err) {
+    float *f = malloc((size_t)n * sizeof *f);
+    int rc = own(m, f, err);
+    if (rc) return rc;
+    for (int64_t i = 0; i < n; i++) f[i] = ((*v)[i] + add) * mul;
+    *v = f;
+    return PGD_OK;
+}
+
+/* Gemma 3's norms of layer l: HF checkpoints store each gain as its offset from 1 (llama.cpp's
+ * converter adds the 1); the Q norm's gains also take cfg.q_gain. */
+static int gemma3_norms(pgd_model *m, pgd_layer *l, pgd_err *err) {
+    const pgd_model_config *c = &m->cfg;
+    float one = m->gguf.n_tensors ? 0.0f : 1.0f;
+    struct { const float **v; int64_t n; float mul; } ns[] = {
+        {&l->attn_norm, c->dim, 1}, {&l->ffn_norm, c->dim, 1}, {&l->post_attn_norm, c->dim, 1},
+        {&l->post_ffn_norm, c->dim, 1}, {&l->q_norm, c->head_dim, c->q_gain},
+        {&l->k_norm, c->head_dim, 1},
+    };
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        if (one == 0 && ns[i].mul == 1) continue;
+        int rc = adjust_vec(m, ns[i].v, ns[i].n, one, ns[i].mul, err);
+        if (rc) return rc;
+    }
+    return PGD_OK;
+}
+
 static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_kv_head * c->head_dim;
-    bool qk = c->arch == PGD_ARCH_QWEN3; /* QK-norm gains: required there, absent elsewhere */
+    bool gemma = c->arch == PGD_ARCH_GEMMA3;
+    /* QK-norm gains: required there, absent elsewhere */
+    bool qk = c->arch == PGD_ARCH_QWEN3 || gemma;
     int rc;
     if ((rc = load_weight(m, -1, "token_embd.weight", "model.embed_tokens.weight", c->dim,
                           c->n_vocab, false, f32, &m->tok_embd, err)))
@@ -651,6 +789,9 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
     if ((rc = load_vec(m, -1, "output_norm.weight", "model.norm.weight", c->dim, false,
                        &m->output_norm, err)))
+        return rc;
+    if (c->arch == PGD_ARCH_GEMMA3 && !m->gguf.n_tensors && /* (see gemma3_norms) */
+        (rc = adjust_vec(m, &m->output_norm, c->dim, 1.0f, 1.0f, err)))
         return rc;
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
     if (!m->layers) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
@@ -672,23 +813,35 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
                                   err)))
                 return rc;
         if (c->n_expert && (rc = load_experts(m, il, f32, l, err))) return rc;
+        /* Gemma's post_attention_layernorm normalizes the attention's output; its FFN's input
+         * norm is pre_feedforward_layernorm. */
         struct { const char *g, *h; int64_t n; bool opt; const float **dst; } vs[] = {
             {"attn_norm.weight", "input_layernorm.weight", c->dim, false, &l->attn_norm},
-            {"ffn_norm.weight", "post_attention_layernorm.weight", c->dim, false, &l->ffn_norm},
+            {"ffn_norm.weight", gemma ? "pre_feedforward_layernorm.weight"
+                                      : "post_attention_layernorm.weight", c->dim, false,
+             &l->ffn_norm},
             {"attn_q.bias", "self_attn.q_proj.bias", q_dim, true, &l->bq},
             {"attn_k.bias", "self_attn.k_proj.bias", kv_dim, true, &l->bk},
             {"attn_v.bias", "self_attn.v_proj.bias", kv_dim, true, &l->bv},
             {"attn_q_norm.weight", "self_attn.q_norm.weight", c->head_dim, !qk, &l->q_norm},
             {"attn_k_norm.weight", "self_attn.k_norm.weight", c->head_dim, !qk, &l->k_norm},
+            /* Gemma only (the last two) */
+            {"post_attention_norm.weight", "post_attention_layernorm.weight", c->dim, false,
+             &l->post_attn_norm},
+            {"post_ffw_norm.weight", "post_feedforward_layernorm.weight", c->dim, false,
+             &l->post_ffn_norm},
         };
-        for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
+        size_t n_vs = sizeof vs / sizeof vs[0] - (gemma ? 0 : 2);
+        for (size_t i = 0; i < n_vs; i++)
             if ((rc = load_vec(m, il, vs[i].g, vs[i].h, vs[i].n, vs[i].opt, vs[i].dst, err)))
                 return rc;
+        if (gemma && (rc = gemma3_norms(m, l, err))) return rc;
         if (!l->q_norm != !l->k_norm)
             return pgd_err_set(err, PGD_EFORMAT, "%s: layer %d has a %s norm but no %s norm",
                                m->path, il, l->q_norm ? "Q" : "K", l->q_norm ? "K" : "Q");
         l->no_rope = c->no_rope && c->no_rope[il];
         l->window = c->window ? c->window[il] : 0;
+        l->local_rope = c->local_rope && c->local_rope[il];
     }
     /* llama.cpp stores Llama 3 rope scaling as per-frequency divisors. */
     if (m->gguf.n_tensors && !m->cfg.rope_freq_factors) {
@@ -888,6 +1041,10 @@ static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_e
             return rc;
         d->no_rope = l->no_rope;
         d->window = l->window;
+        d->local_rope = l->local_rope;
+        if ((rc = shard_vec(m, sh, l->post_attn_norm, 0, c->dim, &d->post_attn_norm, err)) ||
+            (rc = shard_vec(m, sh, l->post_ffn_norm, 0, c->dim, &d->post_ffn_norm, err)))
+            return rc;
         if (l->moe.n_expert && (rc = shard_experts(m, sh, l, d, err))) return rc;
     }
     return PGD_OK;
@@ -1027,6 +1184,11 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     if (c->n_expert && !ops->supports(PGD_OP_MOE, PGD_TYPE_F32))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: mixture-of-experts models run on the CPU "
                            "backend only (--device cpu), not on %s", m->path, ops->name);
+    if (c->arch == PGD_ARCH_GEMMA3 && !(ops->supports(PGD_OP_GELU_GATE, PGD_TYPE_F32) &&
+                                        ops->supports(PGD_OP_SCALE, PGD_TYPE_F32) &&
+                                        ops->supports(PGD_OP_LOCAL_ROPE, PGD_TYPE_F32)))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: Gemma 3 models run on the CPU backend "
+                           "only (--device cpu), not on %s", m->path, ops->name);
     settle_windows(m, ops);
     /* (a dummy model's weights all view one buffer, which the caches would serve: the copy
      * gives each its own bytes, so CPU benchmarks read as much memory as a real model) */
@@ -1106,6 +1268,9 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         if (c->arch == PGD_ARCH_QWEN3) l->q_norm = l->k_norm = ones;
         l->no_rope = c->no_rope && c->no_rope[il];
         l->window = c->window ? c->window[il] : 0;
+        l->local_rope = c->local_rope && c->local_rope[il];
+        if (c->arch == PGD_ARCH_GEMMA3)
+            l->q_norm = l->k_norm = l->post_attn_norm = l->post_ffn_norm = ones;
         if (!c->n_expert) continue;
         const int32_t E = c->n_expert;
         l->experts = calloc(3 * (size_t)E, sizeof *l->experts);

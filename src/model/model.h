@@ -17,7 +17,9 @@
 
 /* QWEN3: Qwen2 without q/k/v biases, with RMSNorm on every Q and K head (QK-norm) before RoPE.
  * SMOLLM3: Llama with some layers that apply no rotary embedding at all (NoPE). */
-typedef enum { PGD_ARCH_LLAMA, PGD_ARCH_QWEN2, PGD_ARCH_QWEN3, PGD_ARCH_SMOLLM3 } pgd_arch;
+typedef enum {
+    PGD_ARCH_LLAMA, PGD_ARCH_QWEN2, PGD_ARCH_QWEN3, PGD_ARCH_SMOLLM3, PGD_ARCH_GEMMA3
+} pgd_arch;
 /* NORM rotates adjacent pairs (x[2i], x[2i+1]) as llama.cpp does for GGUF llama files, whose
  * Q/K rows were permuted by the converter; NEOX rotates (x[i], x[i + d/2]) as transformers does. */
 typedef enum { PGD_ROPE_NORM, PGD_ROPE_NEOX } pgd_rope_mode;
@@ -33,6 +35,15 @@ typedef struct pgd_model_config {
      * with use_sliding_window): a token attends to the positions p > pos - window; 0 for a layer
      * that attends to the whole context. NULL when no layer has a window. */
     int32_t *window;
+    /* Gemma 3: the embedding scaled by embed_scale (0: not scaled); GELU (tanh) instead of SiLU
+     * in the FFN gate; the layers flagged in local_rope ((n_layer) or NULL; owned: its
+     * sliding-window layers) rotated with rope_theta_local and no frequency factors. */
+    float embed_scale;
+    bool gelu;
+    float rope_theta_local;
+    bool *local_rope;
+    float q_gain; /* Gemma 3: the Q norm's gains times this (0: 1), folding query_pre_attn_scalar
+                     into the attention's 1/sqrt(head_dim) */
     int32_t bos_id;           /* config.json's bos_token_id, -1 if none: the BOS of a model
                                  loaded without a tokenizer (--load-format dummy) */
     /* Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; n_expert 0: every FFN is dense): each
@@ -52,6 +63,10 @@ typedef struct pgd_layer {
     const float *q_norm, *k_norm;     /* (head_dim) each, or NULL: QK-norm gains (Qwen3) */
     bool no_rope;                     /* a NoPE layer (SmolLM3): Q and K are not rotated */
     int32_t window;                   /* sliding attention window (cfg.window), 0: none */
+    bool local_rope;                  /* rotated with cfg.rope_theta_local (Gemma 3) */
+    /* Gemma 3: RMSNorm gains of the attention's and of the FFN's output, applied before each is
+     * added to the residual stream; NULL elsewhere. */
+    const float *post_attn_norm, *post_ffn_norm; /* (dim) each */
     pgd_weight wo;                    /* (dim, n_head * head_dim) */
     const float *ffn_norm;            /* (dim) */
     pgd_weight w_gate, w_up;          /* (ffn_dim, dim) */
@@ -196,6 +211,7 @@ typedef struct pgd_fwd {
     pgd_pool *pool;          /* borrowed: rank 0's threads */
     int32_t max_tokens, max_logits;
     float *inv_freq;         /* (head_dim / 2) host */
+    float *inv_freq_local;   /* (head_dim / 2) host, or NULL: cfg.rope_theta_local's */
     float *logits;           /* (max_logits, n_vocab) host */
     int32_t n_ranks;
     struct pgd_fwd_rank *ranks;  /* (n_ranks) owned: backend instance + activations per rank */

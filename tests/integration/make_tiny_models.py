@@ -101,6 +101,21 @@ SPECS = {
                                  eos_token_id=2, hidden_act="silu", use_sliding_window=True,
                                  sliding_window=40, max_window_layers=1,
                                  layer_types=["full_attention", "sliding_attention"])),
+    # Gemma 3 (text, as gemma-3-1b): GELU (tanh) gate, the embedding scaled by sqrt(64), RMSNorm
+    # gains as offsets from 1 (llama.cpp's converter adds the 1), post-attention and post-FFN
+    # norms, QK-norm, attention scaled by query_pre_attn_scalar^-1/2 (head_dim, as all but 27B:
+    # GGUF files do not carry it; test_forward varies it in config.json), five sliding layers (24-position window, RoPE base 1e4) to one global layer (base 1e6,
+    # linear scaling by 2 as gemma-3-4b has 8), tied embeddings. Six layers: llama.cpp hard-codes
+    # the one-in-six pattern for gemma3 GGUFs, config.json names it (sliding_window_pattern).
+    "gemma3": dict(arch="gemma3_text", gguf_arch="gemma3", vocab="ggml-vocab-llama-spm.gguf",
+                   config=dict(COMMON, num_hidden_layers=6, vocab_size=32000, head_dim=16,
+                               rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                               rope_scaling=dict(rope_type="linear", factor=2.0),
+                               query_pre_attn_scalar=16, sliding_window=24,
+                               sliding_window_pattern=6, hidden_activation="gelu_pytorch_tanh",
+                               rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1,
+                               eos_token_id=2, pad_token_id=0, final_logit_softcapping=None,
+                               attn_logit_softcapping=None)),
     # Qwen3-MoE: Qwen3 attention (QK-norm, head_dim 32), 8 experts of 32 columns, 2 per token,
     # norm_topk_prob as Qwen3-30B-A3B has it; the config keys as its config.json writes them.
     "qwen3moe": dict(arch="qwen3_moe", gguf_arch="qwen3moe", vocab="ggml-vocab-qwen2.gguf",
@@ -132,6 +147,7 @@ HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
               "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
               "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
               "mistral": ("MistralConfig", "MistralForCausalLM"),
+              "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
               "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
               "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM")}
 # Architectures llama.cpp's converter writes with the Q/K rows permuted (LlamaModel subclasses).
@@ -174,7 +190,7 @@ def hf_config(name, spec):
                    attention_bias=arch == "qwen2", **cfg)
     if arch == "qwen2":
         on_disk.pop("attention_bias")  # Qwen2 always has q/k/v biases; the key is llama's
-    elif arch in ("qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "mistral"):
+    elif arch in ("qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "mistral", "gemma3_text"):
         on_disk.pop("attention_bias")  # not in these configs
     else:
         on_disk.update(mlp_bias=False, pretraining_tp=1)
@@ -196,9 +212,14 @@ def init_weights(model, arch, gen):
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):
+                # Gemma's gains are 1 + the stored weight: stored 1 + N(0, 0.1^2), they are ~2
+                # (at ~1, or ~0.5, its post-block norms keep the residual stream in a rut and
+                # greedy decoding repeats a few tokens; at ~2, 64 steps give ~60 distinct ones)
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             elif pname.endswith("embed_tokens.weight"):
-                p.copy_(torch.randn(p.shape, generator=gen))
+                # (Gemma scales its embedding by sqrt(hidden_size) = 8: the same N(0, 1) after)
+                sd = 0.125 if arch == "gemma3_text" else 1.0
+                p.copy_(sd * torch.randn(p.shape, generator=gen))
             elif pname.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
             elif pname.endswith(("q_proj.weight", "k_proj.weight")):
@@ -252,6 +273,11 @@ HF_TO_GGUF = {
     "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
+
+# Gemma's four norms per layer (post_attention_layernorm normalizes the attention's output)
+GEMMA_TO_GGUF = {"post_attention_layernorm": "post_attention_norm",
+                 "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}
 
 
 def hub_layout(sd, arch):
@@ -310,6 +336,8 @@ def gguf_tensors(sd, arch, cfg, split_experts=False):
             if not parts:
                 yield f"blk.{il}.ffn_gate_inp.weight", a
             continue
+        if arch == "gemma3_text" and name.endswith("norm.weight"):
+            a = a + np.float32(1)  # Gemma3Model.modify_tensors: the gains stored whole
         if name == "model.embed_tokens.weight":
             yield "token_embd.weight", a
         elif name == "model.norm.weight":
@@ -325,7 +353,8 @@ def gguf_tensors(sd, arch, cfg, split_experts=False):
                 a = llama_permute(a, cfg["num_attention_heads"], cfg["num_attention_heads"])
             elif arch in PERMUTED and module == "self_attn.k_proj":
                 a = llama_permute(a, cfg["num_attention_heads"], cfg["num_key_value_heads"])
-            yield f"blk.{il}.{HF_TO_GGUF[module]}.{kind}", a
+            names = dict(HF_TO_GGUF, **GEMMA_TO_GGUF) if arch == "gemma3_text" else HF_TO_GGUF
+            yield f"blk.{il}.{names[module]}.{kind}", a
 
 
 def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False):
@@ -358,6 +387,9 @@ def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("rope_scaling", {}).get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
     w.add_file_type(ftype)
     # LlamaModel.set_gguf_parameters (and SmolLM3Model, its subclass) adds these two; Qwen2Model
     # (and Qwen3Model) does not (a real Qwen2 GGUF has

@@ -331,6 +331,37 @@ def test_hf_bad_sliding_window(tmp_path, tiny_models, update, want):
     expect_error(d, "config.json", want)
 
 
+@pytest.mark.parametrize("update,want", [
+    (dict(final_logit_softcapping=30.0), "final_logit_softcapping is not supported"),
+    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping is not supported"),
+    (dict(use_bidirectional_attention=True), "use_bidirectional_attention is not supported"),
+    (dict(hidden_activation="relu"), "hidden_activation must be gelu_pytorch_tanh"),
+    (dict(sliding_window=None), "a gemma3_text config without sliding_window"),
+    (dict(sliding_window_pattern=0), "sliding_window or sliding_window_pattern is not a positive"),
+    (dict(query_pre_attn_scalar=0), "invalid query_pre_attn_scalar"),
+    (dict(rope_scaling=dict(rope_type="yarn", factor=4.0)), "unsupported rope scaling type"),
+])
+def test_hf_bad_gemma3(tmp_path, tiny_models, update, want):
+    """Gemma 3 settings Pagoda does not implement (Gemma 2's soft-capping, EmbeddingGemma's
+    bidirectional attention) or cannot read: one line naming config.json."""
+    d = tmp_path / "g3"
+    shutil.copytree(tiny_models["gemma3"]["hf"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(update)
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_error(d, "config.json", want)
+
+
+def test_gguf_gemma3_without_window(tmp_path, tiny_models):
+    """A gemma3 GGUF must name its sliding window (llama.cpp's converter always writes it)."""
+    buf = bytearray(Path(tiny_models["gemma3"]["gguf_F32"]).read_bytes())
+    key = b"gemma3.attention.sliding_window"
+    o = buf.index(key)
+    buf[o:o + len(key)] = b"gemma3.attention.sliding_windoX"
+    expect_error(write(tmp_path, "g3.gguf", buf), "missing or invalid metadata "
+                 "gemma3.attention.sliding_window")
+
+
 # ---- mixtures of experts (tiny Mixtral and Qwen3-MoE of make_tiny_models.py) ----
 
 def moe_dir(tmp_path, tiny_models, name):

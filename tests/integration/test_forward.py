@@ -20,7 +20,7 @@ import util  # noqa: E402
 torch.set_num_threads(2)
 
 MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3moe", "qwen2moe",
-          "mistral", "qwen2swa")
+          "mistral", "qwen2swa", "gemma3")
 N_PROMPT = 64
 N_GEN = 64
 
@@ -99,7 +99,8 @@ class Refs:
         cache = Path(m["hf_dir"]).parent / "refs" / f"{name}.Q8_0.dequantized.safetensors"
         if "gguf_Q8_0" not in m:
             return
-        if m["arch"] in ("qwen3", "smollm3", "mixtral", "qwen3_moe", "qwen2_moe", "mistral"):
+        if m["arch"] in ("qwen3", "smollm3", "mixtral", "qwen3_moe", "qwen2_moe", "mistral",
+                         "gemma3_text"):
             # transformers reads no smollm3 GGUF, reads qwen3 ones without their key_length
             # (it builds 128-wide heads), and these MoE files not as llama.cpp writes them: round
             # the weights as the file does instead (Q8_0 rounds each row's blocks of 32, so it
@@ -281,6 +282,29 @@ def test_sliding_window_layers_from_max_window_layers(pagoda_bin, tiny_models, r
         want = ref(torch.tensor([ids])).logits[0].numpy()
     assert float(np.abs(both - want).max() / np.abs(want).max()) <= F32_BOUND
     assert float(np.abs(both - base).max() / np.abs(base).max()) > 1e-2
+
+
+def test_gemma3_query_pre_attn_scalar(pagoda_bin, tiny_models, tmp_path):
+    """Gemma 3 scales attention scores by query_pre_attn_scalar^-1/2 (27B: 168 against head_dim
+    128); the tiny model's equals its head_dim. With 24 in config.json the logits change, and
+    still match transformers on the same config."""
+    import json
+    import shutil
+    from transformers import AutoModelForCausalLM
+    src = Path(tiny_models["gemma3"]["hf"])
+    d = tmp_path / "g3"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["query_pre_attn_scalar"] = 24
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = prompt_ids("gemma3", cfg["vocab_size"])
+    got = pagoda_logits(d, ids, [], tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= F32_BOUND
+    base = pagoda_logits(src, ids, [], tmp_path)
+    assert float(np.abs(got - base).max() / np.abs(base).max()) > 1e-2
 
 
 def test_sliding_window_context(pagoda_bin, tiny_models):

@@ -310,7 +310,7 @@ static void decode_attention(pair *p, int nh, int nkv, int hd, pgd_type kdt, int
     pgd_step st = {1, &tok, &pos, &seq, &slot, tables, 1, &row, 0, bs, 0};
     float inv_freq[128]; /* hd <= 256 */
     for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, 2.0f * i / hd);
-    pgd_rope_params rp = {0, hd, inv_freq};
+    pgd_rope_params rp = {0, hd, inv_freq, NULL, false};
     buf2 K = mk(p, hk, pool_bytes), V = mk(p, hv, pool_bytes);
     buf2 q = mk(p, qh, (size_t)q_dim * 4), k = mk(p, kh, (size_t)kv_dim * 4),
          v = mk(p, vh, (size_t)kv_dim * 4), o = mk(p, NULL, (size_t)q_dim * 4);
@@ -390,7 +390,7 @@ static void test_step_ops(pair *p) {
         for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, 2.0f * i / hd);
         pgd_step st = {N, tok, pos, seq, slot, tables, 3, rows, 0, bs, 0};
         for (int mode = 0; mode < 2; mode++) {
-            pgd_rope_params rp = {mode, hd, inv_freq};
+            pgd_rope_params rp = {mode, hd, inv_freq, NULL, false};
             p->ref.ops->begin(&p->ref, &st, &rp);
             p->dut.ops->begin(&p->dut, &st, &rp);
             size_t eb;

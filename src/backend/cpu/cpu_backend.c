@@ -34,7 +34,8 @@ typedef struct cpu_state {
     void *act;                  /* (max_tokens) rows of act_row_bytes: converted activations */
     size_t act_row_bytes;
     void *panel;                /* pgd_cpu_matmul_panel_bytes(act_row_bytes, n_threads) */
-    float *rope_cos, *rope_sin; /* (max_tokens, head_dim / 2) */
+    float *rope_cos, *rope_sin; /* (2, max_tokens, head_dim / 2): the two frequency sets */
+    size_t rope_set;            /* max_tokens * head_dim / 2: the second set's offset */
     int32_t attn_group, attn_hdp; /* largest GQA group; head_dim rounded up to 8 */
     float *attn_scratch;        /* (n_threads, attn_stride), 64-byte aligned: attn_bufs_at */
     size_t attn_stride;
@@ -135,8 +136,9 @@ static int cpu_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, i
     st->max_split = 2 * nth;
     st->act = calloc((size_t)max_tokens * act_row_bytes + 1, 1);
     st->panel = calloc(pgd_cpu_matmul_panel_bytes(act_row_bytes, nth) + 1, 1);
-    st->rope_cos = calloc((size_t)max_tokens * half + 1, sizeof(float));
-    st->rope_sin = calloc((size_t)max_tokens * half + 1, sizeof(float));
+    st->rope_set = (size_t)max_tokens * half;
+    st->rope_cos = calloc(2 * st->rope_set + 1, sizeof(float));
+    st->rope_sin = calloc(2 * st->rope_set + 1, sizeof(float));
     size_t scr_bytes = (size_t)nth * st->attn_stride * sizeof(float);
     st->attn_scratch = aligned_alloc(64, scr_bytes ? scr_bytes : 64);
     st->attn_part = aligned_alloc(64, ATTN_PART_BYTES);
@@ -204,12 +206,17 @@ typedef struct begin_ctx {
 static void begin_rows(void *arg, long lo, long hi) {
     const begin_ctx *c = arg;
     int half = c->rp->head_dim / 2;
-    for (long t = lo; t < hi; t++)
-        for (int i = 0; i < half; i++) {
-            float ang = (float)c->s->pos[t] * c->rp->inv_freq[i];
-            c->st->rope_cos[(size_t)t * half + i] = cosf(ang);
-            c->st->rope_sin[(size_t)t * half + i] = sinf(ang);
-        }
+    for (int set = 0; set < (c->rp->inv_freq_local ? 2 : 1); set++) {
+        const float *inv = set ? c->rp->inv_freq_local : c->rp->inv_freq;
+        float *co = c->st->rope_cos + set * c->st->rope_set;
+        float *si = c->st->rope_sin + set * c->st->rope_set;
+        for (long t = lo; t < hi; t++)
+            for (int i = 0; i < half; i++) {
+                float ang = (float)c->s->pos[t] * inv[i];
+                co[(size_t)t * half + i] = cosf(ang);
+                si[(size_t)t * half + i] = sinf(ang);
+            }
+    }
 }
 
 static int cpu_begin(pgd_backend *be, const pgd_step *s, const pgd_rope_params *rp) {
@@ -357,7 +364,7 @@ static void cpu_add(pgd_backend *be, float *x, const float *y, size_t n) {
 /* ---- RoPE ---------------------------------------------------------------------------------- */
 
 typedef struct rope_ctx {
-    const cpu_state *st;
+    const float *cos, *sin; /* the staged angles of the set rotated by */
     float *x;
     int n_heads, hd;
     bool neox;
@@ -369,8 +376,8 @@ static void rope_rows(void *arg, long lo, long hi) {
     const rope_ctx *c = arg;
     int hd = c->hd, half = hd / 2;
     for (long t = lo; t < hi; t++) {
-        const float *cs = c->st->rope_cos + (size_t)t * half;
-        const float *sn = c->st->rope_sin + (size_t)t * half;
+        const float *cs = c->cos + (size_t)t * half;
+        const float *sn = c->sin + (size_t)t * half;
         for (int h = 0; h < c->n_heads; h++) {
             float *v = c->x + ((size_t)t * c->n_heads + h) * hd;
             int i = 0;
@@ -416,7 +423,9 @@ static void rope_rows(void *arg, long lo, long hi) {
 
 /* Rotates each head of x (n rows of n_heads * head_dim) by the angles staged in begin. */
 static void cpu_rope(pgd_backend *be, float *x, int n, int n_heads, const pgd_rope_params *rp) {
-    rope_ctx c = {be->impl, x, n_heads, rp->head_dim, rp->mode == 1};
+    const cpu_state *st = be->impl;
+    size_t off = rp->local ? st->rope_set : 0;
+    rope_ctx c = {st->rope_cos + off, st->rope_sin + off, x, n_heads, rp->head_dim, rp->mode == 1};
     par_for(be, rope_rows, &c, n, 2L * n_heads * rp->head_dim, 1);
 }
 
@@ -987,9 +996,14 @@ static void cpu_attention(pgd_backend *be, const float *q, const pgd_kv_layer *k
 typedef struct silu_ctx {
     float *g;
     const float *u;
+    bool gelu; /* gelu_pytorch_tanh instead of silu */
 } silu_ctx;
 
-/* g = silu(g) * u; the tail goes through the vector code too (padded), so every element is
+#ifdef __AVX2__
+static inline __m256 act8(bool gelu, __m256 x) { return gelu ? pgd_gelu8(x) : pgd_silu8(x); }
+#endif
+
+/* g = act(g) * u; the tail goes through the vector code too (padded), so every element is
  * computed the same way wherever it falls. */
 static void silu_range(void *arg, long lo, long hi) {
     const silu_ctx *c = arg;
@@ -998,24 +1012,45 @@ static void silu_range(void *arg, long lo, long hi) {
     long i = lo;
 #ifdef __AVX2__
     for (; i + 8 <= hi; i += 8)
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(pgd_silu8(_mm256_loadu_ps(g + i)),
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(act8(c->gelu, _mm256_loadu_ps(g + i)),
                                               _mm256_loadu_ps(u + i)));
     if (i < hi) {
         float tg[8] = {0}, tu[8] = {0};
         int r = (int)(hi - i);
         memcpy(tg, g + i, (size_t)r * sizeof *tg);
         memcpy(tu, u + i, (size_t)r * sizeof *tu);
-        _mm256_storeu_ps(tg, _mm256_mul_ps(pgd_silu8(_mm256_loadu_ps(tg)), _mm256_loadu_ps(tu)));
+        _mm256_storeu_ps(tg, _mm256_mul_ps(act8(c->gelu, _mm256_loadu_ps(tg)),
+                                           _mm256_loadu_ps(tu)));
         memcpy(g + i, tg, (size_t)r * sizeof *tg);
     }
 #else
-    for (; i < hi; i++) g[i] = pgd_silu_scalar(g[i]) * u[i];
+    for (; i < hi; i++) g[i] = (c->gelu ? pgd_gelu_scalar(g[i]) : pgd_silu_scalar(g[i])) * u[i];
 #endif
 }
 
 static void cpu_silu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
-    silu_ctx c = {g, u};
+    silu_ctx c = {g, u, false};
     par_for(be, silu_range, &c, (long)n, 8, 64);
+}
+
+static void cpu_gelu_gate(pgd_backend *be, float *g, const float *u, size_t n) {
+    silu_ctx c = {g, u, true};
+    par_for(be, silu_range, &c, (long)n, 8, 64);
+}
+
+typedef struct scale_ctx {
+    float *x;
+    float c;
+} scale_ctx;
+
+static void scale_range(void *arg, long lo, long hi) {
+    const scale_ctx *c = arg;
+    for (long i = lo; i < hi; i++) c->x[i] *= c->c;
+}
+
+static void cpu_scale(pgd_backend *be, float *x, float c, size_t n) {
+    scale_ctx sc = {x, c};
+    par_for(be, scale_range, &sc, (long)n, 8, 64);
 }
 
 /* ---- mixture of experts ------------------------------------------------------------------ */
@@ -1139,6 +1174,8 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
     .kv_store = cpu_kv_store,
     .rope_kv_store = cpu_rope_kv_store,
     .attention = cpu_attention,
+    .gelu_gate = cpu_gelu_gate,
+    .scale = cpu_scale,
     .silu_gate = cpu_silu_gate,
     .moe = cpu_moe,
     .add = cpu_add,

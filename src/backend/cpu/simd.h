@@ -88,6 +88,15 @@ static inline float pgd_expf_scalar(float x) {
 /* silu(x) = x / (1 + exp(-x)); large |x| gives x or -0, never NaN. */
 static inline float pgd_silu_scalar(float x) { return x / (1.0f + pgd_expf_scalar(-x)); }
 
+/* gelu_pytorch_tanh: 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed as
+ * x / (1 + exp(-2z)) (the same function: 1 + tanh(z) = 2 / (1 + exp(-2z))). */
+#define PGD_GELU_K (-2.0f * 0.7978845608028654f)
+#define PGD_GELU_C 0.044715f
+static inline float pgd_gelu_scalar(float x) {
+    float z = PGD_GELU_K * (x + PGD_GELU_C * x * x * x);
+    return x / (1.0f + pgd_expf_scalar(z));
+}
+
 #ifdef __AVX2__
 
 static inline __m256 pgd_exp8(__m256 x) {
@@ -120,6 +129,14 @@ static inline __m256 pgd_exp8(__m256 x) {
 
 static inline __m256 pgd_silu8(__m256 x) {
     __m256 e = pgd_exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+/* pgd_gelu_scalar's arithmetic, 8 lanes (the same operations in the same order). */
+static inline __m256 pgd_gelu8(__m256 x) {
+    __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 in = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(PGD_GELU_C), x3));
+    __m256 e = pgd_exp8(_mm256_mul_ps(_mm256_set1_ps(PGD_GELU_K), in));
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 

@@ -156,6 +156,8 @@ static bool cuda_supports(pgd_op op, pgd_type t) {
     /* mixture-of-experts models run on the CPU backend; sliding-window models with their
      * context capped at the window */
     if (op == PGD_OP_MOE || op == PGD_OP_WINDOW) return false;
+    /* Gemma 3's ops: its models run on the CPU backend */
+    if (op == PGD_OP_GELU_GATE || op == PGD_OP_SCALE || op == PGD_OP_LOCAL_ROPE) return false;
     if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED)
         return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 ||
                t == PGD_TYPE_Q8_0 || t == PGD_TYPE_Q4_0 || t == PGD_TYPE_Q4_1;
