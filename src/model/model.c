@@ -69,9 +69,15 @@ static bool find_src(const pgd_model *m, const char *name, src_tensor *out) {
 static void tensor_name(const pgd_model *m, char *buf, size_t cap, int il, const char *gguf_name,
                         const char *hf_name) {
     bool gguf = m->gguf.n_tensors || !m->st.n_tensors;
-    if (il < 0) snprintf(buf, cap, "%s", gguf ? gguf_name : hf_name);
-    else if (gguf) snprintf(buf, cap, "blk.%d.%s", il, gguf_name);
-    else snprintf(buf, cap, "model.layers.%d.%s", il, hf_name);
+    char name[256];
+    if (il < 0) snprintf(name, sizeof name, "%s", gguf ? gguf_name : hf_name);
+    else if (gguf) snprintf(name, sizeof name, "blk.%d.%s", il, gguf_name);
+    else snprintf(name, sizeof name, "model.layers.%d.%s", il, hf_name);
+    if (!gguf && m->hf_prefix && !strcmp(name, "lm_head.weight"))
+        snprintf(buf, cap, "%s", m->hf_head);
+    else if (!gguf && m->hf_prefix && !strncmp(name, "model.", 6))
+        snprintf(buf, cap, "%s%s", m->hf_prefix, name + 6);
+    else snprintf(buf, cap, "%s", name);
 }
 
 /* The weight of n_out rows of n_in in t, the tensor `name` (its shape checked by the caller). */
@@ -647,6 +653,54 @@ static int hf_moe_config(pgd_model *m, const cJSON *c, bool mixtral, const char 
     return PGD_OK;
 }
 
+/* Multimodal checkpoints whose text model Pagoda serves alone (images are not read): config.json
+ * nests the text model's config in text_config, whose missing keys take the defaults of its
+ * transformers class (Gemma3TextConfig, MistralConfig), as transformers fills them in. */
+static const struct { const char *outer, *inner, *defaults; } wrapped_configs[] = {
+    {"gemma3", "gemma3_text",
+     "{\"vocab_size\": 262208, \"hidden_size\": 2304, \"intermediate_size\": 9216, "
+     "\"num_hidden_layers\": 26, \"num_attention_heads\": 8, \"num_key_value_heads\": 4, "
+     "\"head_dim\": 256, \"hidden_activation\": \"gelu_pytorch_tanh\", "
+     "\"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000, "
+     "\"rope_local_base_freq\": 10000, \"query_pre_attn_scalar\": 256, "
+     "\"sliding_window\": 4096, \"sliding_window_pattern\": 6}"},
+    {"mistral3", "mistral",
+     "{\"vocab_size\": 32000, \"hidden_size\": 4096, \"intermediate_size\": 14336, "
+     "\"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"num_key_value_heads\": 8, "
+     "\"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000, "
+     "\"sliding_window\": 4096}"},
+};
+
+/* *out = the text model's config of a multimodal config.json `outer` (wrapped_configs[w]): a
+ * copy of its text_config with the defaults added. */
+static int unwrap_config(const cJSON *outer, size_t w, const char *path, cJSON **out,
+                         pgd_err *err) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(outer, "text_config");
+    const cJSON *tt = cJSON_GetObjectItemCaseSensitive(tc, "model_type");
+    if (!cJSON_IsObject(tc) || (tt && !(cJSON_IsString(tt) &&
+                                        !strcmp(tt->valuestring, wrapped_configs[w].inner))))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: a %s config needs a %s text_config",
+                           path, wrapped_configs[w].outer, wrapped_configs[w].inner);
+    cJSON *c = cJSON_Duplicate(tc, true), *d = cJSON_Parse(wrapped_configs[w].defaults);
+    cJSON *x;
+    bool ok = c && d;
+    cJSON_ArrayForEach(x, d) {
+        if (!ok || cJSON_GetObjectItemCaseSensitive(c, x->string)) continue;
+        ok = cJSON_AddItemToObject(c, x->string, cJSON_Duplicate(x, true));
+    }
+    if (ok) {
+        cJSON_DeleteItemFromObjectCaseSensitive(c, "model_type");
+        ok = cJSON_AddStringToObject(c, "model_type", wrapped_configs[w].inner) != NULL;
+    }
+    cJSON_Delete(d);
+    if (!ok) {
+        cJSON_Delete(c);
+        return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);
+    }
+    *out = c;
+    return PGD_OK;
+}
+
 /* Reads the model configuration from a Hugging Face config.json file (any name). */
 static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     char *txt;
@@ -659,6 +713,17 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         return pgd_err_set(err, PGD_EFORMAT, "%s: not a JSON object", path);
     }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
+    for (size_t w = 0; w < sizeof wrapped_configs / sizeof wrapped_configs[0]; w++) {
+        if (!cJSON_IsString(mt) || strcmp(mt->valuestring, wrapped_configs[w].outer)) continue;
+        cJSON *inner = NULL;
+        rc = unwrap_config(c, w, path, &inner, err);
+        cJSON_Delete(c);
+        if (rc) return rc;
+        c = inner;
+        mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
+        m->hf_wrapped = true;
+        break;
+    }
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
     if (!strcmp(type, "llama") || !strcmp(type, "mistral")) {
         m->cfg.arch = PGD_ARCH_LLAMA;
@@ -678,6 +743,7 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
                          "gemma3_text are)", path, type);
         goto done;
     }
+    m->hf_untied = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings"));
     /* q/k/v biases (Qwen2, attention_bias) are loaded when the checkpoint has them */
     m->cfg.rope_mode = PGD_ROPE_NEOX;
     int32_t heads, kv, hd;
@@ -783,8 +849,9 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
     if ((rc = load_weight(m, -1, "token_embd.weight", "model.embed_tokens.weight", c->dim,
                           c->n_vocab, false, f32, &m->tok_embd, err)))
         return rc;
-    if ((rc = load_weight(m, -1, "output.weight", "lm_head.weight", c->dim, c->n_vocab, true, f32,
-                          &m->output, err)))
+    /* (no LM head: tied embeddings, unless config.json says otherwise) */
+    if ((rc = load_weight(m, -1, "output.weight", "lm_head.weight", c->dim, c->n_vocab,
+                          !m->hf_untied, f32, &m->output, err)))
         return rc;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
     if ((rc = load_vec(m, -1, "output_norm.weight", "model.norm.weight", c->dim, false,
@@ -1321,6 +1388,26 @@ static int load_dummy(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     return dummy_weights(m, opts->dummy_seed, err);
 }
 
+/* Where a multimodal checkpoint keeps its text model: "language_model.model." and
+ * "language_model.lm_head" as released (transformers 4), "model.language_model." and "lm_head"
+ * as transformers 5 saves it. */
+static int find_text_model(pgd_model *m, const char *dir, pgd_err *err) {
+    static const char *const layouts[][2] = {
+        {"language_model.model.", "language_model.lm_head.weight"},
+        {"model.language_model.", "lm_head.weight"},
+    };
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%sembed_tokens.weight", layouts[i][0]);
+        if (!pgd_st_find(&m->st, name)) continue;
+        m->hf_prefix = layouts[i][0];
+        m->hf_head = layouts[i][1];
+        return PGD_OK;
+    }
+    return pgd_err_set(err, PGD_EFORMAT, "%s: no language model weights (language_model.model.* "
+                       "or model.language_model.*)", dir);
+}
+
 static bool is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -1348,6 +1435,7 @@ int pgd_model_load(const char *path, const pgd_model_opts *opts, pgd_model **out
         char tj[PATH_MAX], tc[PATH_MAX];
         if ((rc = hf_config(m, path, err))) goto fail;
         if ((rc = pgd_st_open_dir(&m->st, path, err))) goto fail;
+        if (m->hf_wrapped && (rc = find_text_model(m, path, err))) goto fail;
         snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
         snprintf(tc, sizeof tc, "%s/tokenizer_config.json", path);
         struct stat st;

@@ -122,6 +122,11 @@ typedef struct pgd_model {
     /* storage */
     pgd_gguf gguf;
     pgd_safetensors st;
+    /* A multimodal checkpoint's text model (config.json's text_config): its HF tensors' "model."
+     * is hf_prefix and lm_head.weight is hf_head; both NULL for a plain checkpoint. */
+    bool hf_wrapped;
+    bool hf_untied;                   /* config.json says tie_word_embeddings: false */
+    const char *hf_prefix, *hf_head;
     void **owned;                     /* buffers converted at load time, freed with the model */
     size_t n_owned, cap_owned;
     void *hp_map;                     /* CPU: the matrices in transparent huge pages, or NULL */

@@ -303,6 +303,17 @@ def test_hf_bad_no_rope_layers(hf_dir, value, want):
     expect_error(hf_dir, "config.json", want)
 
 
+def test_hf_untied_without_lm_head(hf_dir):
+    """A checkpoint whose config says tie_word_embeddings: false but has no lm_head.weight: the
+    missing tensor is named (it used to be served with the embedding as its LM head)."""
+    from safetensors.numpy import load_file, save_file
+    st = hf_dir / "model.safetensors"
+    sd = load_file(str(st))
+    del sd["lm_head.weight"]
+    save_file(sd, str(st))
+    expect_error(hf_dir, "missing tensor 'lm_head.weight'")
+
+
 def test_hf_qwen3_without_qk_norm(hf_dir):
     """A Qwen3 config over a checkpoint with no q_norm/k_norm gains: the missing tensor named."""
     cfg = json.loads((hf_dir / "config.json").read_text())

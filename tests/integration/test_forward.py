@@ -332,3 +332,75 @@ def test_moe_int8_activations(pagoda_bin, tiny_models, refs, name, tmp_path, mon
     assert a.shape == ref.shape and np.isfinite(a).all()
     print(f"{name} Q8_0, 8-bit activations: rel err "
           f"{float(np.abs(a - ref).max() / np.abs(ref).max()):.3e}")
+
+
+# Multimodal wrappers of tiny models: (tiny model, outer model_type, transformers class, text
+# config keys left out at their defaults (Gemma3TextConfig's, MistralConfig's), outer keys).
+WRAPPED = {
+    "gemma3": ("gemma3", "Gemma3ForConditionalGeneration",
+               dict(rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                    sliding_window_pattern=6, hidden_activation="gelu_pytorch_tanh"),
+               dict(mm_tokens_per_image=4, boi_token_index=31997, eoi_token_index=31998,
+                    image_token_index=31999,
+                    vision_config=dict(model_type="siglip_vision_model", hidden_size=16,
+                                       intermediate_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, image_size=28, patch_size=14))),
+    "mistral": ("mistral3", "Mistral3ForConditionalGeneration",
+                dict(rope_theta=10000.0),
+                dict(image_token_index=31999, spatial_merge_size=2,
+                     vision_config=dict(model_type="pixtral", hidden_size=16,
+                                        intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, head_dim=8, image_size=56,
+                                        patch_size=14))),
+}
+
+
+@pytest.mark.parametrize("name", list(WRAPPED))
+def test_multimodal_checkpoint_text_model(pagoda_bin, tiny_models, tmp_path, name):
+    """Gemma 3 4B and up and Mistral Small 3.1 ship as image+text checkpoints (model_type gemma3,
+    mistral3): config.json nests the text model in text_config, which leaves out the keys at
+    their defaults, and the weights sit under language_model.model.* (as released, and as
+    transformers 5 still saves them) or model.language_model.* (its names in memory). Pagoda
+    serves the text model. The tiny Gemma 3 and Mistral rewritten that way give their own logits
+    bit for bit in both layouts; transformers' *ForConditionalGeneration (text only, a random
+    tiny vision tower beside it) agrees; so does the directory it saves, whose config.json is
+    transformers 5's (every key; Gemma's RoPE settings per layer type in rope_parameters)."""
+    import json
+    import shutil
+    import transformers
+    from safetensors.torch import load_file, save_file
+    outer_type, cls, defaults, outer = WRAPPED[name]
+    src = Path(tiny_models[name]["hf"])
+    text = json.loads((src / "config.json").read_text())
+    for k, v in defaults.items():
+        assert text.pop(k) == v, k
+    for k in ("architectures", "torch_dtype"):
+        text.pop(k, None)
+    cfg = dict(architectures=[cls], model_type=outer_type, text_config=text, eos_token_id=2,
+               **outer)
+
+    def with_weights(d, prefix, head):
+        d.mkdir()
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(src / f, d / f)
+        (d / "config.json").write_text(json.dumps(cfg))
+        sd = load_file(str(src / "model.safetensors"))
+        save_file({(prefix + k[len("model."):] if k.startswith("model.") else head): v
+                   for k, v in sd.items()}, str(d / "model.safetensors"))
+        return d
+    old = with_weights(tmp_path / "released", "language_model.model.",
+                       "language_model.lm_head.weight")
+    ids = prompt_ids(name, text["vocab_size"])
+    want = pagoda_logits(src, ids, [], tmp_path)
+    assert np.array_equal(pagoda_logits(old, ids, [], tmp_path), want)
+    ref = getattr(transformers, cls).from_pretrained(old, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf = ref(input_ids=torch.tensor([ids])).logits[0].numpy()
+    assert float(np.abs(want - hf).max() / np.abs(hf).max()) <= F32_BOUND
+    saved = tmp_path / "saved"
+    ref.save_pretrained(saved)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, saved / f)
+    assert np.array_equal(pagoda_logits(saved, ids, [], tmp_path), want)
+    renamed = with_weights(tmp_path / "renamed", "model.language_model.", "lm_head.weight")
+    assert np.array_equal(pagoda_logits(renamed, ids, [], tmp_path), want)
