@@ -35,6 +35,7 @@ typedef enum {
     PGD_OP_GELU_GATE,    /* g = gelu_tanh(g) * u (Gemma) */
     PGD_OP_SCALE,        /* x *= c */
     PGD_OP_LOCAL_ROPE,   /* a second set of RoPE frequencies (pgd_rope_params.inv_freq_local) */
+    PGD_OP_SOFTCAP,      /* x = c tanh(x / c): the softcap op, attention's pgd_kv_layer.softcap */
     PGD_OP_COUNT
 } pgd_op;
 
@@ -64,8 +65,11 @@ typedef struct pgd_kv_layer {
     int32_t block_size;
     int32_t kv_dim;      /* row width of the storage (n_kv_head * head_dim of this rank) */
     /* Attention only: a token at position pos attends to positions p > pos - window (a
-     * sliding-window layer; supports(PGD_OP_WINDOW) says whether the backend can), 0: to all. */
+     * sliding-window layer; supports(PGD_OP_WINDOW) says whether the backend can), 0: to all.
+     * Scores are q.k times scale (0: 1/sqrt(head_dim)), then softcap * tanh(score / softcap)
+     * when softcap > 0 (Gemma 2; supports(PGD_OP_SOFTCAP)). */
     int32_t window;
+    float scale, softcap;
 } pgd_kv_layer;
 
 typedef struct pgd_rope_params {
@@ -152,6 +156,8 @@ typedef struct pgd_backend_ops {
     void (*gelu_gate)(pgd_backend *be, float *g, const float *u, size_t n);
     /* x *= c; NULL where supports() says no. */
     void (*scale)(pgd_backend *be, float *x, float c, size_t n);
+    /* x = c * tanh(x / c) (Gemma 2's final logits); NULL where supports() says no. */
+    void (*softcap)(pgd_backend *be, float *x, float c, size_t n);
     /* Mixture of experts: row t of x (n_rows, dim) runs the e->n_used experts whose
      * softmax(router[t]) (router: (n_rows, n_expert) logits) is largest, ties to the lower
      * index, each weighted by that probability (rescaled when e->norm); out[t] = the sum, over

@@ -465,6 +465,8 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
                                          sh->n_kv_head, c->head_dim, c->rms_eps));
         pgd_kv_layer kl = kv_layer(kv, r->rank, il);
         kl.window = l->window;
+        kl.scale = c->attn_scale;
+        kl.softcap = c->attn_softcap;
         if (l->no_rope) /* SmolLM3's NoPE layers: positions only through the causal mask */
             TIMED(r, PR_ROPE_KV, o->kv_store(be, &kl, r->k, r->v, &s));
         else
@@ -498,6 +500,8 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
     o->gather_rows(be, r->x, r->xb, dim, &s);
     o->rms_norm(be, r->xb, sh->output_norm, r->xb2, b->n_logits, dim, c->rms_eps);
     TIMED(r, PR_HEAD, o->matmul(be, &sh->output, r->xb2, r->logits, b->n_logits));
+    if (c->final_softcap > 0) /* Gemma 2 */
+        o->softcap(be, r->logits, c->final_softcap, (size_t)b->n_logits * (size_t)sh->n_vocab);
     if ((rc = o->sync(be))) return rc;
     size_t hidden_bytes = (size_t)b->n_logits * (size_t)dim * sizeof(float);
     if (b->hidden && r->rank == 0 && /* x is whole on every rank */

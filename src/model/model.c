@@ -303,8 +303,8 @@ static int no_rope_every(pgd_model *m, int32_t step, pgd_err *err) {
 }
 
 static int linear_factors(pgd_model *m, double factor, pgd_err *err);
-static int gemma3_config(pgd_model *m, double q_scalar, double theta_local, const char *path,
-                         pgd_err *err);
+static int gemma_config(pgd_model *m, double q_scalar, double theta_local, double attn_cap,
+                        double final_cap, const char *path, pgd_err *err);
 
 /* <arch>.rope.scaling.type "linear" with its factor (Gemma 3 4B and up, some Llama fine-tunes):
  * every frequency divided by the factor, as llama.cpp reads it. Other types are refused; "none"
@@ -345,13 +345,14 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
         m->cfg.arch = pgd_str_eq(arch, "qwen2") || pgd_str_eq(arch, "qwen2moe") ? PGD_ARCH_QWEN2
                                                                                : PGD_ARCH_QWEN3;
         m->cfg.rope_mode = PGD_ROPE_NEOX;
-    } else if (pgd_str_eq(arch, "gemma3")) { /* (converted without the permutation) */
-        m->cfg.arch = PGD_ARCH_GEMMA3;
+    } else if (pgd_str_eq(arch, "gemma2") || pgd_str_eq(arch, "gemma3")) { /* (unpermuted) */
+        m->cfg.arch = pgd_str_eq(arch, "gemma2") ? PGD_ARCH_GEMMA2 : PGD_ARCH_GEMMA3;
         m->cfg.rope_mode = PGD_ROPE_NEOX;
     } else {
         pgd_name_buf nb;
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported architecture '%s' (llama, "
-                           "mistral, qwen2, qwen2moe, qwen3, qwen3moe, smollm3 and gemma3 are)",
+                           "mistral, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, gemma2 and "
+                           "gemma3 are)",
                            m->path, pgd_str_safe(arch, &nb));
     }
     snprintf(a, sizeof a, "%.*s", (int)arch.len, arch.ptr);
@@ -414,8 +415,10 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     if (!rc && m->cfg.arch == PGD_ARCH_SMOLLM3) rc = no_rope_every(m, 4, err);
     if (!rc) rc = gguf_rope_scaling(m, a, err);
     /* A Mistral v0.1 file may name its window (llama.cpp's converter does not write it); a
-     * Gemma 3 file must. Gemma 3 windows all layers but every sixth, as llama.cpp hard-codes. */
-    bool gemma = m->cfg.arch == PGD_ARCH_GEMMA3;
+     * Gemma file must. Gemma 3 windows all layers but every sixth, Gemma 2 every other one
+     * (from the first), as llama.cpp hard-codes. */
+    bool gemma = m->cfg.arch == PGD_ARCH_GEMMA2 || m->cfg.arch == PGD_ARCH_GEMMA3;
+    int pattern = m->cfg.arch == PGD_ARCH_GEMMA2 ? 2 : 6;
     snprintf(key, sizeof key, "%s.attention.sliding_window", a);
     uint32_t sw = 0;
     if (gemma && (pgd_gguf_get_u32(g, key, &sw) || sw == 0 || sw > INT32_MAX))
@@ -425,17 +428,28 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
         int32_t *w = calloc((size_t)m->cfg.n_layer, sizeof *w);
         if (!(rc = own(m, w, err))) {
             for (int il = 0; il < m->cfg.n_layer; il++)
-                w[il] = !gemma || (il + 1) % 6 ? (int32_t)sw : 0;
+                w[il] = !gemma || (il + 1) % pattern ? (int32_t)sw : 0;
             m->cfg.window = w;
         }
     }
-    /* llama.cpp scales Gemma 3 27B's attention (62 layers) by (dim / n_head)^-1/2, the others'
-     * by head_dim^-1/2: query_pre_attn_scalar, which the files do not carry; the sliding layers'
-     * RoPE base is 10,000. */
-    if (!rc && gemma)
-        rc = gemma3_config(m, m->cfg.n_layer == 62 ? (double)m->cfg.dim / m->cfg.n_head
-                                                   : (double)m->cfg.head_dim, 10000.0,
-                           m->path, err);
+    /* llama.cpp scales the 27B models' attention (Gemma 2: 46 layers, Gemma 3: 62) by
+     * (dim / n_head)^-1/2, the others' by head_dim^-1/2: query_pre_attn_scalar, which the files
+     * do not carry; Gemma 3's sliding layers' RoPE base is 10,000. Gemma 2's soft-capping is
+     * in the metadata. */
+    if (!rc && gemma) {
+        bool big = m->cfg.n_layer == (m->cfg.arch == PGD_ARCH_GEMMA2 ? 46 : 62);
+        float caps[2] = {0, 0};
+        const char *cap_keys[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
+        for (int i = 0; i < 2 && m->cfg.arch == PGD_ARCH_GEMMA2; i++) {
+            snprintf(key, sizeof key, "%s.%s", a, cap_keys[i]);
+            if (pgd_gguf_get_f32(g, key, &caps[i]) || !(caps[i] > 0))
+                return pgd_err_set(err, PGD_EFORMAT, "%s: missing or invalid metadata %s",
+                                   m->path, key);
+        }
+        rc = gemma_config(m, big ? (double)m->cfg.dim / m->cfg.n_head : (double)m->cfg.head_dim,
+                          m->cfg.arch == PGD_ARCH_GEMMA3 ? 10000.0 : 0, caps[0], caps[1],
+                          m->path, err);
+    }
     return rc;
 }
 
@@ -527,12 +541,12 @@ static int smollm3_no_rope(pgd_model *m, const cJSON *c, const char *path, pgd_e
  * on the layers layer_types calls "sliding_attention" or, without that list, those from
  * max_window_layers on (Qwen2, Qwen3) or all of them (Qwen3-MoE); transformers' own defaults
  * for Qwen2-MoE and SmolLM3 are not followed (no released checkpoint uses them): refused.
- * Gemma 3 windows the layers layer_types names or, without it, all but every
- * sliding_window_pattern-th (6 by default). */
+ * Gemma windows the layers layer_types names or, without it, all but every
+ * sliding_window_pattern-th (Gemma 3, 6 by default) or every other one from the first (Gemma 2). */
 static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, const char *path,
                              pgd_err *err) {
     bool every = !strcmp(type, "mistral") || !strcmp(type, "mixtral");
-    bool gemma = !strcmp(type, "gemma3_text");
+    bool gemma2 = !strcmp(type, "gemma2"), gemma = gemma2 || !strcmp(type, "gemma3_text");
     bool qwen = !every && !gemma && strcmp(type, "llama"); /* the use_sliding_window family */
     const char *nk = gemma ? "sliding_window_pattern" : "max_window_layers";
     int32_t sw, from;
@@ -540,9 +554,10 @@ static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, con
         (gemma && from < 1))
         return pgd_err_set(err, PGD_EFORMAT, "%s: sliding_window or %s is not a %s integer",
                            path, nk, gemma ? "positive" : "non-negative");
+    if (gemma2) from = 2; /* (every other layer, from the first: no key for it) */
     if (gemma && sw == 0)
-        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: a gemma3_text config without "
-                           "sliding_window", path);
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: a %s config without sliding_window", path,
+                           type);
     if (sw == 0 || (!every && !qwen && !gemma) ||
         (qwen && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window"))))
         return PGD_OK;
@@ -574,21 +589,26 @@ static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, con
     return PGD_OK;
 }
 
-/* Gemma 3 (text): the embedding scaled by sqrt(hidden_size), a GELU (tanh) gate, RMSNorm gains
+/* Gemma 2 and 3: the embedding scaled by sqrt(hidden_size), a GELU (tanh) gate, RMSNorm gains
  * stored as offsets from 1 in HF checkpoints (added at load), post-attention and post-FFN norms,
- * QK-norm, attention scaled by q_scalar^-1/2 (folded into the Q norm's gains), and the sliding
- * layers rotated with their own RoPE base (theta_local) and without the global layers' scaling.
- * Called once the windows are known (cfg.window): a layer with one is a sliding layer. */
-static int gemma3_config(pgd_model *m, double q_scalar, double theta_local, const char *path,
-                         pgd_err *err) {
+ * attention scaled by q_scalar^-1/2. Gemma 2: attention scores and final logits soft-capped
+ * (attn_cap, final_cap; 0: not). Gemma 3: QK-norm, and the sliding layers rotated with their
+ * own RoPE base (theta_local) and without the global layers' scaling. Called once the windows
+ * are known (cfg.window): a layer with one is a sliding layer. */
+static int gemma_config(pgd_model *m, double q_scalar, double theta_local, double attn_cap,
+                        double final_cap, const char *path, pgd_err *err) {
     pgd_model_config *c = &m->cfg;
-    if (!(q_scalar > 0) || !(theta_local > 0))
-        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid query_pre_attn_scalar or local RoPE "
-                           "base", path);
+    bool g3 = c->arch == PGD_ARCH_GEMMA3;
+    if (!(q_scalar > 0) || (g3 && !(theta_local > 0)) || attn_cap < 0 || final_cap < 0)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid query_pre_attn_scalar, local RoPE "
+                           "base or soft-capping", path);
     c->embed_scale = (float)sqrt((double)c->dim);
     c->gelu = true;
+    c->attn_scale = (float)(1.0 / sqrt(q_scalar));
+    c->attn_softcap = (float)attn_cap;
+    c->final_softcap = (float)final_cap;
+    if (!g3) return PGD_OK;
     c->rope_theta_local = (float)theta_local;
-    c->q_gain = (float)(sqrt((double)c->head_dim) / sqrt(q_scalar));
     bool *lr = calloc((size_t)c->n_layer, sizeof *lr);
     int rc = own(m, lr, err);
     if (rc) return rc;
@@ -597,11 +617,11 @@ static int gemma3_config(pgd_model *m, double q_scalar, double theta_local, cons
     return PGD_OK;
 }
 
-/* transformers' gemma3_text settings Pagoda does not implement: Gemma 2's soft-capping, the
+/* transformers' Gemma settings Pagoda does not implement: Gemma 3 with soft-capping, the
  * bidirectional attention of embedding variants, activations other than GELU (tanh). */
-static int hf_gemma3_checks(const cJSON *c, const char *path, pgd_err *err) {
+static int hf_gemma_checks(const cJSON *c, bool g3, const char *path, pgd_err *err) {
     const char *caps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < 2 && g3; i++) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(c, caps[i]);
         if (x && !cJSON_IsNull(x))
             return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: %s is not supported", path, caps[i]);
@@ -734,13 +754,13 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         m->cfg.arch = !strncmp(type, "qwen2", 5) ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
     } else if (!strcmp(type, "mixtral")) {
         m->cfg.arch = PGD_ARCH_LLAMA;
-    } else if (!strcmp(type, "gemma3_text")) {
-        m->cfg.arch = PGD_ARCH_GEMMA3;
-        if ((rc = hf_gemma3_checks(c, path, err))) goto done;
+    } else if (!strcmp(type, "gemma3_text") || !strcmp(type, "gemma2")) {
+        m->cfg.arch = !strcmp(type, "gemma2") ? PGD_ARCH_GEMMA2 : PGD_ARCH_GEMMA3;
+        if ((rc = hf_gemma_checks(c, m->cfg.arch == PGD_ARCH_GEMMA3, path, err))) goto done;
     } else {
         rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported model_type '%.64s' (llama, "
-                         "mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3 and "
-                         "gemma3_text are)", path, type);
+                         "mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, gemma2 "
+                         "and gemma3_text are)", path, type);
         goto done;
     }
     m->hf_untied = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings"));
@@ -774,17 +794,18 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rp, "full_attention")))
         rp = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
     const cJSON *rs = cJSON_IsObject(rp) ? rp : cJSON_GetObjectItemCaseSensitive(c, "rope_scaling");
-    bool gemma = m->cfg.arch == PGD_ARCH_GEMMA3;
+    bool gemma = m->cfg.arch == PGD_ARCH_GEMMA2 || m->cfg.arch == PGD_ARCH_GEMMA3;
     m->cfg.rope_theta = (float)json_num(cJSON_IsObject(rp) ? rp : c, "rope_theta",
-                                        gemma ? 1000000.0 : 10000.0);
+                                        m->cfg.arch == PGD_ARCH_GEMMA3 ? 1000000.0 : 10000.0);
     if ((rc = check_config(m, err))) goto done;
     if (m->cfg.arch == PGD_ARCH_SMOLLM3 && (rc = smollm3_no_rope(m, c, path, err))) goto done;
     if ((rc = hf_sliding_window(m, c, type, path, err))) goto done;
-    if (gemma && (rc = gemma3_config(m, json_num(c, "query_pre_attn_scalar", 256.0),
-                                     cJSON_IsObject(rp_local)
-                                         ? json_num(rp_local, "rope_theta", 10000.0)
-                                         : json_num(c, "rope_local_base_freq", 10000.0),
-                                     path, err)))
+    if (gemma && (rc = gemma_config(m, json_num(c, "query_pre_attn_scalar", 256.0),
+                                    cJSON_IsObject(rp_local)
+                                        ? json_num(rp_local, "rope_theta", 10000.0)
+                                        : json_num(c, "rope_local_base_freq", 10000.0),
+                                    json_num(c, "attn_logit_softcapping", 0),
+                                    json_num(c, "final_logit_softcapping", 0), path, err)))
         goto done;
     if (cJSON_IsObject(rs)) {
         const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
@@ -810,30 +831,27 @@ static int hf_config(pgd_model *m, const char *dir, pgd_err *err) {
 
 /* ---- weights ---- */
 
-/* *v (n) replaced by an owned copy of (v + add) * mul. */
-static int adjust_vec(pgd_model *m, const float **v, int64_t n, float add, float mul,
-                      pgd_err *err) {
+/* *v (n) replaced by an owned copy of v + add. */
+static int adjust_vec(pgd_model *m, const float **v, int64_t n, float add, pgd_err *err) {
     float *f = malloc((size_t)n * sizeof *f);
     int rc = own(m, f, err);
     if (rc) return rc;
-    for (int64_t i = 0; i < n; i++) f[i] = ((*v)[i] + add) * mul;
+    for (int64_t i = 0; i < n; i++) f[i] = (*v)[i] + add;
     *v = f;
     return PGD_OK;
 }
 
-/* Gemma 3's norms of layer l: HF checkpoints store each gain as its offset from 1 (llama.cpp's
- * converter adds the 1); the Q norm's gains also take cfg.q_gain. */
-static int gemma3_norms(pgd_model *m, pgd_layer *l, pgd_err *err) {
+/* Gemma's norms of layer l: HF checkpoints store each gain as its offset from 1 (llama.cpp's
+ * converter adds the 1). */
+static int gemma_norms(pgd_model *m, pgd_layer *l, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
-    float one = m->gguf.n_tensors ? 0.0f : 1.0f;
-    struct { const float **v; int64_t n; float mul; } ns[] = {
-        {&l->attn_norm, c->dim, 1}, {&l->ffn_norm, c->dim, 1}, {&l->post_attn_norm, c->dim, 1},
-        {&l->post_ffn_norm, c->dim, 1}, {&l->q_norm, c->head_dim, c->q_gain},
-        {&l->k_norm, c->head_dim, 1},
+    if (m->gguf.n_tensors) return PGD_OK;
+    struct { const float **v; int64_t n; } ns[] = {
+        {&l->attn_norm, c->dim}, {&l->ffn_norm, c->dim}, {&l->post_attn_norm, c->dim},
+        {&l->post_ffn_norm, c->dim}, {&l->q_norm, c->head_dim}, {&l->k_norm, c->head_dim},
     };
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-        if (one == 0 && ns[i].mul == 1) continue;
-        int rc = adjust_vec(m, ns[i].v, ns[i].n, one, ns[i].mul, err);
+        int rc = *ns[i].v ? adjust_vec(m, ns[i].v, ns[i].n, 1.0f, err) : PGD_OK;
         if (rc) return rc;
     }
     return PGD_OK;
@@ -842,9 +860,9 @@ static int gemma3_norms(pgd_model *m, pgd_layer *l, pgd_err *err) {
 static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_kv_head * c->head_dim;
-    bool gemma = c->arch == PGD_ARCH_GEMMA3;
+    bool gemma = c->arch == PGD_ARCH_GEMMA2 || c->arch == PGD_ARCH_GEMMA3;
     /* QK-norm gains: required there, absent elsewhere */
-    bool qk = c->arch == PGD_ARCH_QWEN3 || gemma;
+    bool qk = c->arch == PGD_ARCH_QWEN3 || c->arch == PGD_ARCH_GEMMA3;
     int rc;
     if ((rc = load_weight(m, -1, "token_embd.weight", "model.embed_tokens.weight", c->dim,
                           c->n_vocab, false, f32, &m->tok_embd, err)))
@@ -857,8 +875,8 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
     if ((rc = load_vec(m, -1, "output_norm.weight", "model.norm.weight", c->dim, false,
                        &m->output_norm, err)))
         return rc;
-    if (c->arch == PGD_ARCH_GEMMA3 && !m->gguf.n_tensors && /* (see gemma3_norms) */
-        (rc = adjust_vec(m, &m->output_norm, c->dim, 1.0f, 1.0f, err)))
+    if (gemma && !m->gguf.n_tensors && /* (see gemma_norms) */
+        (rc = adjust_vec(m, &m->output_norm, c->dim, 1.0f, err)))
         return rc;
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
     if (!m->layers) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
@@ -902,7 +920,7 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
         for (size_t i = 0; i < n_vs; i++)
             if ((rc = load_vec(m, il, vs[i].g, vs[i].h, vs[i].n, vs[i].opt, vs[i].dst, err)))
                 return rc;
-        if (gemma && (rc = gemma3_norms(m, l, err))) return rc;
+        if (gemma && (rc = gemma_norms(m, l, err))) return rc;
         if (!l->q_norm != !l->k_norm)
             return pgd_err_set(err, PGD_EFORMAT, "%s: layer %d has a %s norm but no %s norm",
                                m->path, il, l->q_norm ? "Q" : "K", l->q_norm ? "K" : "Q");
@@ -1251,11 +1269,12 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     if (c->n_expert && !ops->supports(PGD_OP_MOE, PGD_TYPE_F32))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: mixture-of-experts models run on the CPU "
                            "backend only (--device cpu), not on %s", m->path, ops->name);
-    if (c->arch == PGD_ARCH_GEMMA3 && !(ops->supports(PGD_OP_GELU_GATE, PGD_TYPE_F32) &&
-                                        ops->supports(PGD_OP_SCALE, PGD_TYPE_F32) &&
-                                        ops->supports(PGD_OP_LOCAL_ROPE, PGD_TYPE_F32)))
-        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: Gemma 3 models run on the CPU backend "
-                           "only (--device cpu), not on %s", m->path, ops->name);
+    if (c->gelu && !(ops->supports(PGD_OP_GELU_GATE, PGD_TYPE_F32) &&
+                     ops->supports(PGD_OP_SCALE, PGD_TYPE_F32) &&
+                     ops->supports(PGD_OP_LOCAL_ROPE, PGD_TYPE_F32) &&
+                     ops->supports(PGD_OP_SOFTCAP, PGD_TYPE_F32)))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: Gemma models run on the CPU backend only "
+                           "(--device cpu), not on %s", m->path, ops->name);
     settle_windows(m, ops);
     /* (a dummy model's weights all view one buffer, which the caches would serve: the copy
      * gives each its own bytes, so CPU benchmarks read as much memory as a real model) */
@@ -1336,8 +1355,8 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         l->no_rope = c->no_rope && c->no_rope[il];
         l->window = c->window ? c->window[il] : 0;
         l->local_rope = c->local_rope && c->local_rope[il];
-        if (c->arch == PGD_ARCH_GEMMA3)
-            l->q_norm = l->k_norm = l->post_attn_norm = l->post_ffn_norm = ones;
+        if (c->gelu) l->post_attn_norm = l->post_ffn_norm = ones; /* Gemma */
+        if (c->arch == PGD_ARCH_GEMMA3) l->q_norm = l->k_norm = ones;
         if (!c->n_expert) continue;
         const int32_t E = c->n_expert;
         l->experts = calloc(3 * (size_t)E, sizeof *l->experts);

@@ -18,7 +18,8 @@
 /* QWEN3: Qwen2 without q/k/v biases, with RMSNorm on every Q and K head (QK-norm) before RoPE.
  * SMOLLM3: Llama with some layers that apply no rotary embedding at all (NoPE). */
 typedef enum {
-    PGD_ARCH_LLAMA, PGD_ARCH_QWEN2, PGD_ARCH_QWEN3, PGD_ARCH_SMOLLM3, PGD_ARCH_GEMMA3
+    PGD_ARCH_LLAMA, PGD_ARCH_QWEN2, PGD_ARCH_QWEN3, PGD_ARCH_SMOLLM3, PGD_ARCH_GEMMA2,
+    PGD_ARCH_GEMMA3
 } pgd_arch;
 /* NORM rotates adjacent pairs (x[2i], x[2i+1]) as llama.cpp does for GGUF llama files, whose
  * Q/K rows were permuted by the converter; NEOX rotates (x[i], x[i + d/2]) as transformers does. */
@@ -35,15 +36,16 @@ typedef struct pgd_model_config {
      * with use_sliding_window): a token attends to the positions p > pos - window; 0 for a layer
      * that attends to the whole context. NULL when no layer has a window. */
     int32_t *window;
-    /* Gemma 3: the embedding scaled by embed_scale (0: not scaled); GELU (tanh) instead of SiLU
-     * in the FFN gate; the layers flagged in local_rope ((n_layer) or NULL; owned: its
-     * sliding-window layers) rotated with rope_theta_local and no frequency factors. */
+    /* Gemma 2 and 3: the embedding scaled by embed_scale (0: not scaled); GELU (tanh) instead
+     * of SiLU in the FFN gate; attention scores scaled by attn_scale (0: 1/sqrt(head_dim)) and,
+     * Gemma 2, soft-capped at attn_softcap, its final logits at final_softcap (0: not capped).
+     * Gemma 3: the layers flagged in local_rope ((n_layer) or NULL; owned: its sliding-window
+     * layers) rotated with rope_theta_local and no frequency factors. */
     float embed_scale;
     bool gelu;
+    float attn_scale, attn_softcap, final_softcap;
     float rope_theta_local;
     bool *local_rope;
-    float q_gain; /* Gemma 3: the Q norm's gains times this (0: 1), folding query_pre_attn_scalar
-                     into the attention's 1/sqrt(head_dim) */
     int32_t bos_id;           /* config.json's bos_token_id, -1 if none: the BOS of a model
                                  loaded without a tokenizer (--load-format dummy) */
     /* Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; n_expert 0: every FFN is dense): each

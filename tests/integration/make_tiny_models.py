@@ -116,6 +116,18 @@ SPECS = {
                                rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1,
                                eos_token_id=2, pad_token_id=0, final_logit_softcapping=None,
                                attn_logit_softcapping=None)),
+    # Gemma 2 (as gemma-2-2b): Gemma 3's layer without QK-norm, attention scores and final logits
+    # soft-capped (at 4 and 6 here, where the tiny model's scores and logits reach them; the
+    # released 50 and 30 would hardly bend them), every other layer (from the first) sliding
+    # (24 positions), one RoPE base (1e4) for all. (Its 64 greedy tokens are only ~13 distinct
+    # ones: the logits test carries the weight here.)
+    "gemma2": dict(arch="gemma2", vocab="ggml-vocab-llama-spm.gguf",
+                   config=dict(COMMON, vocab_size=32000, head_dim=16, rope_theta=10000.0,
+                               query_pre_attn_scalar=16, sliding_window=24,
+                               hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                               pad_token_id=0, attn_logit_softcapping=4.0,
+                               final_logit_softcapping=6.0)),
     # Qwen3-MoE: Qwen3 attention (QK-norm, head_dim 32), 8 experts of 32 columns, 2 per token,
     # norm_topk_prob as Qwen3-30B-A3B has it; the config keys as its config.json writes them.
     "qwen3moe": dict(arch="qwen3_moe", gguf_arch="qwen3moe", vocab="ggml-vocab-qwen2.gguf",
@@ -148,6 +160,7 @@ HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
               "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
               "mistral": ("MistralConfig", "MistralForCausalLM"),
               "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+              "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
               "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
               "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM")}
 # Architectures llama.cpp's converter writes with the Q/K rows permuted (LlamaModel subclasses).
@@ -190,7 +203,8 @@ def hf_config(name, spec):
                    attention_bias=arch == "qwen2", **cfg)
     if arch == "qwen2":
         on_disk.pop("attention_bias")  # Qwen2 always has q/k/v biases; the key is llama's
-    elif arch in ("qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "mistral", "gemma3_text"):
+    elif arch in ("qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "mistral", "gemma3_text",
+                  "gemma2"):
         on_disk.pop("attention_bias")  # not in these configs
     else:
         on_disk.update(mlp_bias=False, pretraining_tp=1)
@@ -218,7 +232,7 @@ def init_weights(model, arch, gen):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             elif pname.endswith("embed_tokens.weight"):
                 # (Gemma scales its embedding by sqrt(hidden_size) = 8: the same N(0, 1) after)
-                sd = 0.125 if arch == "gemma3_text" else 1.0
+                sd = 0.125 if arch in GEMMA else 1.0
                 p.copy_(sd * torch.randn(p.shape, generator=gen))
             elif pname.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
@@ -274,6 +288,7 @@ HF_TO_GGUF = {
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 
+GEMMA = ("gemma2", "gemma3_text")
 # Gemma's four norms per layer (post_attention_layernorm normalizes the attention's output)
 GEMMA_TO_GGUF = {"post_attention_layernorm": "post_attention_norm",
                  "pre_feedforward_layernorm": "ffn_norm",
@@ -336,8 +351,8 @@ def gguf_tensors(sd, arch, cfg, split_experts=False):
             if not parts:
                 yield f"blk.{il}.ffn_gate_inp.weight", a
             continue
-        if arch == "gemma3_text" and name.endswith("norm.weight"):
-            a = a + np.float32(1)  # Gemma3Model.modify_tensors: the gains stored whole
+        if arch in GEMMA and name.endswith("norm.weight"):
+            a = a + np.float32(1)  # Gemma{2,3}Model.modify_tensors: the gains stored whole
         if name == "model.embed_tokens.weight":
             yield "token_embd.weight", a
         elif name == "model.norm.weight":
@@ -353,7 +368,7 @@ def gguf_tensors(sd, arch, cfg, split_experts=False):
                 a = llama_permute(a, cfg["num_attention_heads"], cfg["num_attention_heads"])
             elif arch in PERMUTED and module == "self_attn.k_proj":
                 a = llama_permute(a, cfg["num_attention_heads"], cfg["num_key_value_heads"])
-            names = dict(HF_TO_GGUF, **GEMMA_TO_GGUF) if arch == "gemma3_text" else HF_TO_GGUF
+            names = dict(HF_TO_GGUF, **GEMMA_TO_GGUF) if arch in GEMMA else HF_TO_GGUF
             yield f"blk.{il}.{names[module]}.{kind}", a
 
 
@@ -387,6 +402,9 @@ def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("attn_logit_softcapping"):
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     if cfg.get("rope_scaling", {}).get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])

@@ -363,14 +363,17 @@ def test_hf_bad_gemma3(tmp_path, tiny_models, update, want):
     expect_error(d, "config.json", want)
 
 
-def test_gguf_gemma3_without_window(tmp_path, tiny_models):
-    """A gemma3 GGUF must name its sliding window (llama.cpp's converter always writes it)."""
-    buf = bytearray(Path(tiny_models["gemma3"]["gguf_F32"]).read_bytes())
-    key = b"gemma3.attention.sliding_window"
-    o = buf.index(key)
-    buf[o:o + len(key)] = b"gemma3.attention.sliding_windoX"
-    expect_error(write(tmp_path, "g3.gguf", buf), "missing or invalid metadata "
-                 "gemma3.attention.sliding_window")
+@pytest.mark.parametrize("name,key", [("gemma3", "gemma3.attention.sliding_window"),
+                                      ("gemma2", "gemma2.attention.sliding_window"),
+                                      ("gemma2", "gemma2.attn_logit_softcapping"),
+                                      ("gemma2", "gemma2.final_logit_softcapping")])
+def test_gguf_gemma_without_key(tmp_path, tiny_models, name, key):
+    """Gemma GGUFs must name their sliding window, and Gemma 2's its soft-capping (llama.cpp's
+    converter always writes them): without, one line naming the key."""
+    buf = bytearray(Path(tiny_models[name]["gguf_F32"]).read_bytes())
+    o = buf.index(key.encode())
+    buf[o + len(key) - 1] = ord("X")
+    expect_error(write(tmp_path, "g.gguf", buf), f"missing or invalid metadata {key}")
 
 
 # ---- mixtures of experts (tiny Mixtral and Qwen3-MoE of make_tiny_models.py) ----

@@ -160,13 +160,14 @@ def test_prefix_cache_prefills_only_the_suffix(long_model, tmp_path):
 
 @pytest.mark.parametrize("name,fmt", [("qwen3moe", "gguf_Q8_0"), ("mixtral", "gguf_F16"),
                                       ("qwen2moe", "hf"), ("mistral", "gguf_F32"),
-                                      ("qwen2swa", "hf"), ("gemma3", "gguf_Q8_0")])
+                                      ("qwen2swa", "hf"), ("gemma3", "gguf_Q8_0"),
+                                      ("gemma2", "hf")])
 def test_moe_and_sliding_window_batched_equals_alone(tiny_models, tmp_path, name, fmt):
     """A mixture-of-experts model (tiny random Qwen3-MoE, Mixtral and Qwen2-MoE) through the
     batched engine: each step groups its tokens by expert, so a token's experts run with whatever
     other tokens chose them. A sliding-window model (Mistral: every layer; Qwen2: one layer): each
     token's window starts inside attention tiles and segments that other tokens of the step read
-    whole (Gemma 3 too, with its two RoPE bases). Outputs must still equal each request run alone, with prefill chunks of 16 and 512
+    whole (Gemma 3 too, with its two RoPE bases; Gemma 2 with soft-capped scores). Outputs must still equal each request run alone, with prefill chunks of 16 and 512
     tokens and prefix caching on."""
     model = tiny_models[name][fmt]
     rng = random.Random(7)

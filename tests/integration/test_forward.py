@@ -20,7 +20,7 @@ import util  # noqa: E402
 torch.set_num_threads(2)
 
 MODELS = ("llama", "llama3rope", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3moe", "qwen2moe",
-          "mistral", "qwen2swa", "gemma3")
+          "mistral", "qwen2swa", "gemma3", "gemma2")
 N_PROMPT = 64
 N_GEN = 64
 
@@ -100,7 +100,7 @@ class Refs:
         if "gguf_Q8_0" not in m:
             return
         if m["arch"] in ("qwen3", "smollm3", "mixtral", "qwen3_moe", "qwen2_moe", "mistral",
-                         "gemma3_text"):
+                         "gemma3_text", "gemma2"):
             # transformers reads no smollm3 GGUF, reads qwen3 ones without their key_length
             # (it builds 128-wide heads), and these MoE files not as llama.cpp writes them: round
             # the weights as the file does instead (Q8_0 rounds each row's blocks of 32, so it
@@ -284,20 +284,21 @@ def test_sliding_window_layers_from_max_window_layers(pagoda_bin, tiny_models, r
     assert float(np.abs(both - base).max() / np.abs(base).max()) > 1e-2
 
 
-def test_gemma3_query_pre_attn_scalar(pagoda_bin, tiny_models, tmp_path):
-    """Gemma 3 scales attention scores by query_pre_attn_scalar^-1/2 (27B: 168 against head_dim
-    128); the tiny model's equals its head_dim. With 24 in config.json the logits change, and
-    still match transformers on the same config."""
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_gemma_query_pre_attn_scalar(pagoda_bin, tiny_models, tmp_path, name):
+    """Gemma scales attention scores by query_pre_attn_scalar^-1/2 (the 27Bs: 144 and 168 against
+    head_dim 128); the tiny models' equals their head_dim. With 24 in config.json the logits
+    change, and still match transformers on the same config."""
     import json
     import shutil
     from transformers import AutoModelForCausalLM
-    src = Path(tiny_models["gemma3"]["hf"])
-    d = tmp_path / "g3"
+    src = Path(tiny_models[name]["hf"])
+    d = tmp_path / "g"
     shutil.copytree(src, d)
     cfg = json.loads((d / "config.json").read_text())
     cfg["query_pre_attn_scalar"] = 24
     (d / "config.json").write_text(json.dumps(cfg))
-    ids = prompt_ids("gemma3", cfg["vocab_size"])
+    ids = prompt_ids(name, cfg["vocab_size"])
     got = pagoda_logits(d, ids, [], tmp_path)
     ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -183,10 +183,11 @@ static void kv_fill(kvpool *p, float kamp) {
 }
 
 /* out (n_head * hd) for one token at pos of a sequence with block table bt, attending to
- * positions lo..pos, in double from the stored (already rounded) K/V; returns the largest |v|
- * seen (the natural output scale). */
+ * positions lo..pos with scores scaled by scale (0: 1/sqrt(hd)) and soft-capped at cap (0: not),
+ * in double from the stored (already rounded) K/V; returns the largest |v| seen (the natural
+ * output scale). */
 static double attn_ref(const kvpool *p, const float *q, int n_head, const int32_t *bt, int lo,
-                       int pos, double *out) {
+                       int pos, double scale, double cap, double *out) {
     int hd = p->hd, group = n_head / p->n_kv;
     double vmax = 0;
     double *sc = malloc((size_t)(pos + 1) * sizeof *sc);
@@ -197,7 +198,8 @@ static double attn_ref(const kvpool *p, const float *q, int n_head, const int32_
             size_t idx = ((size_t)bt[j / BS] * BS + j % BS) * p->kv_dim + (size_t)kvh * hd;
             double d = 0;
             for (int i = 0; i < hd; i++) d += (double)q[h * hd + i] * kv_get(p, p->k, idx + i);
-            sc[j] = d / sqrt((double)hd);
+            sc[j] = d * (scale > 0 ? scale : 1.0 / sqrt((double)hd));
+            if (cap > 0) sc[j] = cap * tanh(sc[j] / cap);
             if (sc[j] > m) m = sc[j];
         }
         for (int i = 0; i < hd; i++) out[h * hd + i] = 0;
@@ -218,13 +220,14 @@ static double attn_ref(const kvpool *p, const float *q, int n_head, const int32_
 }
 
 static pgd_kv_layer layer_of(const kvpool *p) {
-    return (pgd_kv_layer){p->dt, p->k, p->v, BS, p->kv_dim, 0};
+    return (pgd_kv_layer){p->dt, p->k, p->v, BS, p->kv_dim, 0, 0, 0};
 }
 
 /* (a) One 300-token sequence as a single prefill (contexts 1..300, 19 blocks, scattered) on 2
  * threads against the double reference: |out - ref| <= 2e-6 * max |v| for every element; with
  * no window, and with sliding windows of 1, 40 (within a tile or across two) and 257 positions
- * (across a segment boundary). */
+ * (across a segment boundary); the last also with Gemma's own score scale and Gemma 2's
+ * soft-capping (at 3: the scores of a few units bend). */
 static void test_attention_ref(void) {
     const pgd_type dts[] = {PGD_TYPE_F32, PGD_TYPE_F16, PGD_TYPE_BF16};
     const int groups[] = {1, 3, 4}, hds[] = {64, 128, 80, 36};
@@ -241,8 +244,8 @@ static void test_attention_ref(void) {
     }
     pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, 0};
     double worst_all = 0;
-    const int windows[] = {0, 1, 40, 257};
-    for (int wi = 0; wi < 4; wi++)
+    const int windows[] = {0, 1, 40, 257, 257};
+    for (int wi = 0; wi < 5; wi++)
     for (int di = 0; di < 3; di++)
         for (int gi = 0; gi < 3; gi++)
             for (int hi = 0; hi < 4; hi++) {
@@ -256,11 +259,13 @@ static void test_attention_ref(void) {
                 fill(q, (size_t)N * n_head * hd, 4.0f); /* scores of a few units: peaked */
                 pgd_kv_layer kl = layer_of(&p);
                 int win = kl.window = windows[wi];
+                if (wi == 4) kl.scale = 0.2f, kl.softcap = 3.0f;
                 be2.ops->attention(&be2, q, &kl, o, n_head, n_kv, hd, &st);
                 double worst = 0;
                 for (int t = 0; t < N; t += (t < 40 || (t > 250 && t < 270) ? 1 : 7)) {
                     int lo = win && t >= win ? t - win + 1 : 0;
-                    double vmax = attn_ref(&p, q + (size_t)t * n_head * hd, n_head, bt, lo, t, r);
+                    double vmax = attn_ref(&p, q + (size_t)t * n_head * hd, n_head, bt, lo, t,
+                                           kl.scale, kl.softcap, r);
                     for (int i = 0; i < n_head * hd; i++) {
                         double e = fabs(o[(size_t)t * n_head * hd + i] - r[i]) / vmax;
                         if (!(e <= worst)) worst = e;
@@ -278,7 +283,7 @@ static void test_attention_ref(void) {
                 free(p.v);
             }
     printf("attention vs double reference: max error %.3g of max |v| (F32/F16/BF16 KV, groups "
-           "1/3/4, head_dim 64/128/80/36, contexts 1..300, windows none/1/40/257)\n", worst_all);
+           "1/3/4, head_dim 64/128/80/36, contexts 1..300, windows none/1/40/257, soft-capped)\n", worst_all);
 }
 
 /* (b) A mixed batch (a prefill chunk of seq 0 at 250..313, a decode of seq 1 at 700, a 30-token
@@ -500,7 +505,7 @@ static void test_rope_kv_store(void) {
     for (int di = 0; di < 3; di++) {
         size_t es = pgd_dtype_size(dts[di]), sb = (size_t)N_BLOCKS * BS * kv_dim * es;
         uint8_t *K1 = calloc(sb, 1), *V1 = calloc(sb, 1), *K2 = calloc(sb, 1), *V2 = calloc(sb, 1);
-        pgd_kv_layer l1 = {dts[di], K1, V1, BS, kv_dim, 0}, l2 = {dts[di], K2, V2, BS, kv_dim, 0};
+        pgd_kv_layer l1 = {dts[di], K1, V1, BS, kv_dim, 0, 0, 0}, l2 = {dts[di], K2, V2, BS, kv_dim, 0, 0, 0};
         be2.ops->kv_store(&be2, &l2, k, v, &st);
         for (int t = 0; t < N; t++) {
             pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};

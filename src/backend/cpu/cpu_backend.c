@@ -493,6 +493,8 @@ typedef struct attn_ctx {
     int n_head, n_kv_head, hd, hdp;
     const pgd_step *s;
     int window;     /* kv->window: a token at pos attends to positions > pos - window; 0: all */
+    float scale;    /* of q.k */
+    float softcap;  /* kv->softcap: scores become softcap * tanh(score / softcap); 0: not */
     bool split;     /* one item per (token, segment), merged by a second pass */
     long n_items;   /* unsplit: work items (st->attn_items) */
     size_t pstride; /* floats of one segment state in st->attn_part */
@@ -610,6 +612,28 @@ static void tile_scores(const float *q, int G, int DT, const void *const *kp, in
             for (int i = 0; i < hdp; i++) d += q[(size_t)g * hdp + i] * ((const float *)kp[j])[i];
             sc[(size_t)g * ATTN_TILE + j] = j < n ? d * scale : -INFINITY;
         }
+#endif
+}
+
+/* x[0 .. n) = c tanh(x / c), by tanh(y) = 1 - 2 / (1 + exp(2y)), vector and tail alike
+ * (padded), so a score's value does not depend on where it falls. */
+static void softcap_row(float *x, long n, float c) {
+    float inv = 1.0f / c;
+    long i = 0;
+#ifdef __AVX2__
+    const __m256 vi = _mm256_set1_ps(2.0f * inv), vc = _mm256_set1_ps(c);
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+    for (; i < n; i += 8) {
+        float t[8] = {0};
+        int r = n - i < 8 ? (int)(n - i) : 8;
+        memcpy(t, x + i, (size_t)r * sizeof *t);
+        __m256 e = pgd_exp8(_mm256_mul_ps(_mm256_loadu_ps(t), vi));
+        __m256 th = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(one, e)));
+        _mm256_storeu_ps(t, _mm256_mul_ps(vc, th));
+        memcpy(x + i, t, (size_t)r * sizeof *t);
+    }
+#else
+    for (; i < n; i++) x[i] = c * (1.0f - 2.0f / (1.0f + pgd_expf_scalar(2.0f * inv * x[i])));
 #endif
 }
 
@@ -751,7 +775,7 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
     int hd = a->hd, hdp = a->hdp, n_head = a->n_head, n_kv_head = a->n_kv_head;
     int group = n_head / n_kv_head, bs = kv->block_size;
     size_t kv_dim = (size_t)kv->kv_dim;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = a->scale;
     const pgd_step *st = a->s;
     int t = tok[m - 1], pe = p0;
     const int32_t *bt = st->block_tables[st->seq[t]];
@@ -810,6 +834,9 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
                 if (nu <= 0 || j0 + n <= lo[u]) continue;
                 const attn_state *zu = &z[u];
                 tile_scores(q[u] + (size_t)h0 * hdp, group, kdt, kp, nu, hdp, scale, s->sc);
+                if (a->softcap > 0)
+                    for (int g = 0; g < group; g++)
+                        softcap_row(s->sc + (size_t)g * ATTN_TILE, nu, a->softcap);
                 for (int g = 0; g < group; g++) /* positions before the window */
                     for (int j = 0; j < lo[u] - j0; j++)
                         s->sc[(size_t)g * ATTN_TILE + j] = -INFINITY;
@@ -955,7 +982,9 @@ static void cpu_attention(pgd_backend *be, const float *q, const pgd_kv_layer *k
     PGD_ASSERT(n_head <= st->n_head && n_head / n_kv_head <= st->attn_group &&
                hdp <= st->attn_hdp);
     attn_state tmp;
-    attn_ctx ac = {st, q, kv, out, n_head, n_kv_head, head_dim, hdp, s, kv->window, false, 0,
+    float scale = kv->scale > 0 ? kv->scale : 1.0f / sqrtf((float)head_dim);
+    attn_ctx ac = {st, q, kv, out, n_head, n_kv_head, head_dim, hdp, s, kv->window, scale,
+                   kv->softcap, false, 0,
                    attn_state_at(NULL, (size_t)n_head, (size_t)hdp, &tmp)};
     int nth = be->pool ? pgd_pool_n_threads(be->pool) : 1;
     /* Tokens that cannot be shared evenly over the threads (a single decode, 3 on 2 threads):
@@ -1051,6 +1080,16 @@ static void scale_range(void *arg, long lo, long hi) {
 static void cpu_scale(pgd_backend *be, float *x, float c, size_t n) {
     scale_ctx sc = {x, c};
     par_for(be, scale_range, &sc, (long)n, 8, 64);
+}
+
+static void softcap_range(void *arg, long lo, long hi) {
+    const scale_ctx *c = arg;
+    softcap_row(c->x + lo, hi - lo, c->c);
+}
+
+static void cpu_softcap(pgd_backend *be, float *x, float c, size_t n) {
+    scale_ctx sc = {x, c};
+    par_for(be, softcap_range, &sc, (long)n, 16, 8);
 }
 
 /* ---- mixture of experts ------------------------------------------------------------------ */
@@ -1176,6 +1215,7 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
     .attention = cpu_attention,
     .gelu_gate = cpu_gelu_gate,
     .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .silu_gate = cpu_silu_gate,
     .moe = cpu_moe,
     .add = cpu_add,

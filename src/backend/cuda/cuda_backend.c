@@ -157,7 +157,9 @@ static bool cuda_supports(pgd_op op, pgd_type t) {
      * context capped at the window */
     if (op == PGD_OP_MOE || op == PGD_OP_WINDOW) return false;
     /* Gemma 3's ops: its models run on the CPU backend */
-    if (op == PGD_OP_GELU_GATE || op == PGD_OP_SCALE || op == PGD_OP_LOCAL_ROPE) return false;
+    if (op == PGD_OP_GELU_GATE || op == PGD_OP_SCALE || op == PGD_OP_LOCAL_ROPE ||
+        op == PGD_OP_SOFTCAP)
+        return false;
     if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED)
         return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 ||
                t == PGD_TYPE_Q8_0 || t == PGD_TYPE_Q4_0 || t == PGD_TYPE_Q4_1;
@@ -768,7 +770,8 @@ static void cuda_rope_kv_store(pgd_backend *be, float *q, float *k, const float 
 static void cuda_attention(pgd_backend *be, const float *q, const pgd_kv_layer *kv, float *out,
                            int n_head, int n_kv_head, int head_dim, const pgd_step *s) {
     cuda_state *st = be->impl;
-    PGD_ASSERT(kv->window == 0); /* supports(PGD_OP_WINDOW) says no */
+    /* supports(PGD_OP_WINDOW / PGD_OP_SOFTCAP) say no; the scale is the default one */
+    PGD_ASSERT(kv->window == 0 && kv->softcap == 0 && kv->scale == 0);
     OP_START(st);
     if (fill_tables(be, s, kv->block_size, st->max_pos / kv->block_size + 1)) {
         pgd__cuda_failed = 1;
