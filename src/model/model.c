@@ -721,6 +721,15 @@ static int unwrap_config(const cJSON *outer, size_t w, const char *path, cJSON *
     return PGD_OK;
 }
 
+int pgd_hf_text_config(const cJSON *c, const char *path, cJSON **out, pgd_err *err) {
+    *out = NULL;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
+    for (size_t w = 0; w < sizeof wrapped_configs / sizeof wrapped_configs[0]; w++)
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, wrapped_configs[w].outer))
+            return unwrap_config(c, w, path, out, err);
+    return PGD_OK;
+}
+
 /* Reads the model configuration from a Hugging Face config.json file (any name). */
 static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     char *txt;
@@ -732,18 +741,17 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         cJSON_Delete(c);
         return pgd_err_set(err, PGD_EFORMAT, "%s: not a JSON object", path);
     }
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
-    for (size_t w = 0; w < sizeof wrapped_configs / sizeof wrapped_configs[0]; w++) {
-        if (!cJSON_IsString(mt) || strcmp(mt->valuestring, wrapped_configs[w].outer)) continue;
-        cJSON *inner = NULL;
-        rc = unwrap_config(c, w, path, &inner, err);
+    cJSON *inner = NULL;
+    if ((rc = pgd_hf_text_config(c, path, &inner, err))) {
         cJSON_Delete(c);
-        if (rc) return rc;
-        c = inner;
-        mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
-        m->hf_wrapped = true;
-        break;
+        return rc;
     }
+    if (inner) {
+        cJSON_Delete(c);
+        c = inner;
+        m->hf_wrapped = true;
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
     if (!strcmp(type, "llama") || !strcmp(type, "mistral")) {
         m->cfg.arch = PGD_ARCH_LLAMA;

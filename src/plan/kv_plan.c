@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "model/gguf.h"
+#include "model/model.h"
 #include "util/mapfile.h"
 
 static const int64_t plan_ctx[PGD_KV_PLAN_N_CTX] = {2048, 4096, 32768, 131072};
@@ -200,7 +201,17 @@ static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) 
         cJSON_Delete(c);
         return pgd_err_set(err, PGD_EFORMAT, "%s: not a JSON object", path);
     }
-    /* Multimodal configs nest the language model's numbers under text_config. */
+    /* Multimodal configs nest the language model's numbers under text_config: the ones the
+     * loader serves with the defaults it fills in, others as they are. */
+    cJSON *inner = NULL;
+    if ((rc = pgd_hf_text_config(c, path, &inner, err))) {
+        cJSON_Delete(c);
+        return rc;
+    }
+    if (inner) {
+        cJSON_Delete(c);
+        c = inner;
+    }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(c, "text_config");
     const cJSON *src = cJSON_IsObject(tc) ? tc : c;
     int64_t heads = 0;

@@ -102,11 +102,12 @@ SPECS = {
                                  sliding_window=40, max_window_layers=1,
                                  layer_types=["full_attention", "sliding_attention"])),
     # Gemma 3 (text, as gemma-3-1b): GELU (tanh) gate, the embedding scaled by sqrt(64), RMSNorm
-    # gains as offsets from 1 (llama.cpp's converter adds the 1), post-attention and post-FFN
-    # norms, QK-norm, attention scaled by query_pre_attn_scalar^-1/2 (head_dim, as all but 27B:
-    # GGUF files do not carry it; test_forward varies it in config.json), five sliding layers (24-position window, RoPE base 1e4) to one global layer (base 1e6,
-    # linear scaling by 2 as gemma-3-4b has 8), tied embeddings. Six layers: llama.cpp hard-codes
-    # the one-in-six pattern for gemma3 GGUFs, config.json names it (sliding_window_pattern).
+    # gains as offsets from 1 (llama.cpp's converter adds the 1), post-attention and post-FFN norms,
+    # QK-norm, attention scaled by query_pre_attn_scalar^-1/2 (head_dim, as all but 27B: GGUF files
+    # do not carry it; test_forward varies it in config.json), five sliding layers (24-position
+    # window, RoPE base 1e4) to one global layer (base 1e6, linear scaling by 2 as gemma-3-4b has
+    # 8), tied embeddings. Six layers: llama.cpp hard-codes the one-in-six pattern for gemma3 GGUFs,
+    # config.json names it (sliding_window_pattern).
     "gemma3": dict(arch="gemma3_text", gguf_arch="gemma3", vocab="ggml-vocab-llama-spm.gguf",
                    config=dict(COMMON, num_hidden_layers=6, vocab_size=32000, head_dim=16,
                                rope_theta=1000000.0, rope_local_base_freq=10000.0,

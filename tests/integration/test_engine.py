@@ -167,8 +167,9 @@ def test_moe_and_sliding_window_batched_equals_alone(tiny_models, tmp_path, name
     batched engine: each step groups its tokens by expert, so a token's experts run with whatever
     other tokens chose them. A sliding-window model (Mistral: every layer; Qwen2: one layer): each
     token's window starts inside attention tiles and segments that other tokens of the step read
-    whole (Gemma 3 too, with its two RoPE bases; Gemma 2 with soft-capped scores). Outputs must still equal each request run alone, with prefill chunks of 16 and 512
-    tokens and prefix caching on."""
+    whole (Gemma 3 too, with its two RoPE bases; Gemma 2 with soft-capped scores). Outputs must
+    still equal each request run alone, with prefill chunks of 16 and 512 tokens and prefix
+    caching on."""
     model = tiny_models[name][fmt]
     rng = random.Random(7)
     shared = [rng.randrange(3, 30000) for _ in range(120)]

@@ -405,3 +405,7 @@ def test_multimodal_checkpoint_text_model(pagoda_bin, tiny_models, tmp_path, nam
     assert np.array_equal(pagoda_logits(saved, ids, [], tmp_path), want)
     renamed = with_weights(tmp_path / "renamed", "model.language_model.", "lm_head.weight")
     assert np.array_equal(pagoda_logits(renamed, ids, [], tmp_path), want)
+    # kv-plan reads the nested config as the loader does (its defaults included)
+    plan = lambda d: json.loads(util.run_pagoda("kv-plan", "--model-config", d / "config.json",
+                                                "--json").stdout)["model"]
+    assert plan(old) == plan(src)

@@ -283,14 +283,16 @@ static void test_attention_ref(void) {
                 free(p.v);
             }
     printf("attention vs double reference: max error %.3g of max |v| (F32/F16/BF16 KV, groups "
-           "1/3/4, head_dim 64/128/80/36, contexts 1..300, windows none/1/40/257, soft-capped)\n", worst_all);
+           "1/3/4, head_dim 64/128/80/36, contexts 1..300, windows none/1/40/257, soft-capped)\n",
+           worst_all);
 }
 
 /* (b) A mixed batch (a prefill chunk of seq 0 at 250..313, a decode of seq 1 at 700, a 30-token
  * prompt of seq 2) on 2 threads, then on 1 thread, then each token alone, then three at a time:
- * all bit-identical, with no window and with sliding windows of 20, 100 and 300 positions. Alone or three on two threads, a context longer than one attention segment
- * (256 positions) is split over the threads and merged; in the batch it is folded in one item,
- * with up to 8 tokens of its sequence (some of them crossing into the second segment). */
+ * all bit-identical, with no window and with sliding windows of 20, 100 and 300 positions.
+ * Alone or three on two threads, a context longer than one attention segment (256 positions) is
+ * split over the threads and merged; in the batch it is folded in one item, with up to 8 tokens
+ * of its sequence (some of them crossing into the second segment). */
 static void test_attention_invariance(void) {
     const pgd_type dts[] = {PGD_TYPE_F32, PGD_TYPE_F16, PGD_TYPE_BF16};
     const int hds[] = {64, 36};
@@ -505,7 +507,8 @@ static void test_rope_kv_store(void) {
     for (int di = 0; di < 3; di++) {
         size_t es = pgd_dtype_size(dts[di]), sb = (size_t)N_BLOCKS * BS * kv_dim * es;
         uint8_t *K1 = calloc(sb, 1), *V1 = calloc(sb, 1), *K2 = calloc(sb, 1), *V2 = calloc(sb, 1);
-        pgd_kv_layer l1 = {dts[di], K1, V1, BS, kv_dim, 0, 0, 0}, l2 = {dts[di], K2, V2, BS, kv_dim, 0, 0, 0};
+        pgd_kv_layer l1 = {dts[di], K1, V1, BS, kv_dim, 0, 0, 0};
+        pgd_kv_layer l2 = {dts[di], K2, V2, BS, kv_dim, 0, 0, 0};
         be2.ops->kv_store(&be2, &l2, k, v, &st);
         for (int t = 0; t < N; t++) {
             pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};
