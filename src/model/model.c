@@ -721,36 +721,39 @@ static int unwrap_config(const cJSON *outer, size_t w, const char *path, cJSON *
     return PGD_OK;
 }
 
-int pgd_hf_text_config(const cJSON *c, const char *path, cJSON **out, pgd_err *err) {
+int pgd_hf_config_read(const char *path, cJSON **out, bool *wrapped, pgd_err *err) {
+    char *txt = NULL;
+    size_t len = 0;
     *out = NULL;
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
-    for (size_t w = 0; w < sizeof wrapped_configs / sizeof wrapped_configs[0]; w++)
-        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, wrapped_configs[w].outer))
-            return unwrap_config(c, w, path, out, err);
-    return PGD_OK;
-}
-
-/* Reads the model configuration from a Hugging Face config.json file (any name). */
-static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
-    char *txt;
-    int rc = pgd_read_file(path, &txt, NULL, err);
+    *wrapped = false;
+    int rc = pgd_read_file(path, &txt, &len, err);
     if (rc) return rc;
-    cJSON *c = cJSON_Parse(txt);
+    cJSON *c = cJSON_ParseWithLength(txt, len);
     free(txt);
     if (!cJSON_IsObject(c)) {
         cJSON_Delete(c);
         return pgd_err_set(err, PGD_EFORMAT, "%s: not a JSON object", path);
     }
-    cJSON *inner = NULL;
-    if ((rc = pgd_hf_text_config(c, path, &inner, err))) {
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
+    for (size_t w = 0; w < sizeof wrapped_configs / sizeof wrapped_configs[0]; w++) {
+        if (!cJSON_IsString(mt) || strcmp(mt->valuestring, wrapped_configs[w].outer)) continue;
+        cJSON *inner = NULL;
+        rc = unwrap_config(c, w, path, &inner, err);
         cJSON_Delete(c);
-        return rc;
-    }
-    if (inner) {
-        cJSON_Delete(c);
+        if (rc) return rc;
         c = inner;
-        m->hf_wrapped = true;
+        *wrapped = true;
+        break;
     }
+    *out = c;
+    return PGD_OK;
+}
+
+/* Reads the model configuration from a Hugging Face config.json file (any name). */
+static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
+    cJSON *c;
+    int rc = pgd_hf_config_read(path, &c, &m->hf_wrapped, err);
+    if (rc) return rc;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
     if (!strcmp(type, "llama") || !strcmp(type, "mistral")) {

@@ -260,12 +260,10 @@ void pgd_session_free(pgd_session *s);
  * last token's logits. Returns PGD_ERANGE when the context would overflow. */
 int pgd_session_forward(pgd_session *s, const int32_t *tokens, int32_t n, bool all_logits);
 
-/* The text model's config of a parsed config.json c (path names it in errors): for an image+text
- * model_type (gemma3, mistral3), *out = a new object owned by the caller, its text_config with
- * the keys it leaves out at their transformers defaults (what the loader reads); for any other,
- * *out = NULL (c is the text model's). */
+/* Reads a Hugging Face config.json (any name) into *out (owned by the caller). For an image+text
+ * model_type (gemma3, mistral3) that is the text model's config, as the loader reads it: its
+ * text_config with the keys it leaves out at their transformers defaults (*wrapped set). */
 struct cJSON;
-int pgd_hf_text_config(const struct cJSON *c, const char *path, struct cJSON **out,
-                       pgd_err *err);
+int pgd_hf_config_read(const char *path, struct cJSON **out, bool *wrapped, pgd_err *err);
 
 #endif

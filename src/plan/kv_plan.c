@@ -191,27 +191,12 @@ static int json_i64(const cJSON *c, const char *key, int64_t dflt, int64_t *out)
 }
 
 static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) {
-    char *text = NULL;
-    size_t len = 0;
-    int rc = pgd_read_file(path, &text, &len, err);
-    if (rc) return rc;
-    cJSON *c = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!cJSON_IsObject(c)) {
-        cJSON_Delete(c);
-        return pgd_err_set(err, PGD_EFORMAT, "%s: not a JSON object", path);
-    }
     /* Multimodal configs nest the language model's numbers under text_config: the ones the
-     * loader serves with the defaults it fills in, others as they are. */
-    cJSON *inner = NULL;
-    if ((rc = pgd_hf_text_config(c, path, &inner, err))) {
-        cJSON_Delete(c);
-        return rc;
-    }
-    if (inner) {
-        cJSON_Delete(c);
-        c = inner;
-    }
+     * loader serves come unwrapped with the defaults it fills in, others are read as they are. */
+    cJSON *c;
+    bool wrapped;
+    int rc = pgd_hf_config_read(path, &c, &wrapped, err);
+    if (rc) return rc;
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(c, "text_config");
     const cJSON *src = cJSON_IsObject(tc) ? tc : c;
     int64_t heads = 0;

@@ -334,8 +334,13 @@ def test_hf_qwen3_without_qk_norm(hf_dir):
 ])
 def test_hf_bad_sliding_window(tmp_path, tiny_models, update, want):
     """Sliding-window settings Pagoda cannot follow exactly: one line naming config.json."""
-    d = tmp_path / "swa"
-    shutil.copytree(tiny_models["qwen2swa"]["hf"], d)
+    expect_config_error(tmp_path, tiny_models, "qwen2swa", update, want)
+
+
+def expect_config_error(tmp_path, tiny_models, name, update, want):
+    """The tiny model `name`'s HF directory with config.json updated: one line naming it."""
+    d = tmp_path / name
+    shutil.copytree(tiny_models[name]["hf"], d)
     cfg = json.loads((d / "config.json").read_text())
     cfg.update(update)
     (d / "config.json").write_text(json.dumps(cfg))
@@ -355,12 +360,7 @@ def test_hf_bad_sliding_window(tmp_path, tiny_models, update, want):
 def test_hf_bad_gemma3(tmp_path, tiny_models, update, want):
     """Gemma 3 settings Pagoda does not implement (Gemma 2's soft-capping, EmbeddingGemma's
     bidirectional attention) or cannot read: one line naming config.json."""
-    d = tmp_path / "g3"
-    shutil.copytree(tiny_models["gemma3"]["hf"], d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(update)
-    (d / "config.json").write_text(json.dumps(cfg))
-    expect_error(d, "config.json", want)
+    expect_config_error(tmp_path, tiny_models, "gemma3", update, want)
 
 
 @pytest.mark.parametrize("name,key", [("gemma3", "gemma3.attention.sliding_window"),

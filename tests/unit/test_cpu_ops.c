@@ -393,37 +393,28 @@ static void test_row_ops(void) {
                                   oc + (size_t)t * dim, 1, dim, 1e-5f);
         CHECK(memcmp(oa, ob, bytes) == 0 && memcmp(oa, oc, bytes) == 0);
         CHECK(memcmp(xa, xb, bytes) == 0 && memcmp(xa, xc, bytes) == 0);
-        /* silu_gate: the batch as one flat array vs each row's slice */
-        memcpy(xa, x, bytes);
-        memcpy(xb, x, bytes);
-        memcpy(xc, x, bytes);
-        be2.ops->silu_gate(&be2, xa, d, N);
-        be1.ops->silu_gate(&be1, xb, d, N);
-        for (int t = 0; t < R; t++)
-            be2.ops->silu_gate(&be2, xc + (size_t)t * dim, d + (size_t)t * dim, (size_t)dim);
-        CHECK(memcmp(xa, xb, bytes) == 0 && memcmp(xa, xc, bytes) == 0);
-        e = 0;
-        for (size_t i = 0; i < N; i++) {
-            double want = (double)x[i] / (1.0 + exp(-(double)x[i])) * d[i];
-            e = fmax(e, fabs(xa[i] - want) / (fabs(want) + 1e-30));
+        /* silu_gate and gelu_gate: the batch as one flat array vs each row's slice */
+        for (int gelu = 0; gelu < 2; gelu++) {
+            void (*gate)(pgd_backend *, float *, const float *, size_t) =
+                gelu ? be2.ops->gelu_gate : be2.ops->silu_gate;
+            memcpy(xa, x, bytes);
+            memcpy(xb, x, bytes);
+            memcpy(xc, x, bytes);
+            gate(&be2, xa, d, N);
+            gate(&be1, xb, d, N);
+            for (int t = 0; t < R; t++)
+                gate(&be2, xc + (size_t)t * dim, d + (size_t)t * dim, (size_t)dim);
+            CHECK(memcmp(xa, xb, bytes) == 0 && memcmp(xa, xc, bytes) == 0);
+            e = 0;
+            for (size_t i = 0; i < N; i++) {
+                double z = 0.7978845608028654 * ((double)x[i] + 0.044715 * pow(x[i], 3));
+                double act = gelu ? 0.5 * x[i] * (1.0 + tanh(z))
+                                  : (double)x[i] / (1.0 + exp(-(double)x[i]));
+                double want = act * d[i];
+                e = fmax(e, fabs(xa[i] - want) / (fabs(want) + 1e-30));
+            }
+            CHECK(e < 1e-6);
         }
-        CHECK(e < 1e-6);
-        /* gelu_gate, the same way */
-        memcpy(xa, x, bytes);
-        memcpy(xb, x, bytes);
-        memcpy(xc, x, bytes);
-        be2.ops->gelu_gate(&be2, xa, d, N);
-        be1.ops->gelu_gate(&be1, xb, d, N);
-        for (int t = 0; t < R; t++)
-            be2.ops->gelu_gate(&be2, xc + (size_t)t * dim, d + (size_t)t * dim, (size_t)dim);
-        CHECK(memcmp(xa, xb, bytes) == 0 && memcmp(xa, xc, bytes) == 0);
-        e = 0;
-        for (size_t i = 0; i < N; i++) {
-            double z = 0.7978845608028654 * ((double)x[i] + 0.044715 * pow(x[i], 3));
-            double want = 0.5 * x[i] * (1.0 + tanh(z)) * d[i];
-            e = fmax(e, fabs(xa[i] - want) / (fabs(want) + 1e-30));
-        }
-        CHECK(e < 1e-6);
         /* add, add_bias */
         memcpy(xa, x, bytes);
         memcpy(xc, x, bytes);
