@@ -109,7 +109,7 @@ typedef struct pgd_fwd_rank {
     pgd_backend be;          /* this rank's instance: pool / stream, op scratch */
     pgd_pool *own_pool;      /* ranks > 0 on the CPU: their own threads */
     float *x, *xb, *xb2;     /* (max_tokens, dim); xb is (max_tokens, max(dim, q_dim)) */
-    float *xb3;              /* (max_tokens, dim) with post-block norms (Gemma 3), or NULL */
+    float *xb3;              /* (max_tokens, dim) with post-block norms (Gemma), or NULL */
     float *q;                /* (max_tokens, n_head * head_dim) of this rank */
     float *k, *v;            /* (max_tokens, n_kv_head * head_dim) of this rank */
     float *hb, *hb2;         /* (max_tokens, ffn_dim) of this rank */
@@ -273,7 +273,7 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
         r->x = balloc(be, B * (size_t)c->dim, sizeof(float), &ok);
         r->xb = balloc(be, B * wide, sizeof(float), &ok);
         r->xb2 = balloc(be, B * (size_t)c->dim, sizeof(float), &ok);
-        if (m->layers[0].post_attn_norm) /* Gemma 3: the normalized output of a block */
+        if (m->layers[0].post_attn_norm) /* Gemma: the normalized output of a block */
             r->xb3 = balloc(be, B * (size_t)c->dim, sizeof(float), &ok);
         r->q = balloc(be, B * q_dim, sizeof(float), &ok);
         r->k = balloc(be, B * kv_dim, sizeof(float), &ok);
@@ -414,7 +414,7 @@ static int forward_rank(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd
 }
 
 /* A block's reduced output xb2 as the residual stream takes it: normalized into xb3 with the
- * gains w (Gemma 3's post-attention and post-FFN norms), or xb2 itself when w is NULL. */
+ * gains w (Gemma's post-attention and post-FFN norms), or xb2 itself when w is NULL. */
 static const float *post_norm(pgd_fwd_rank *r, const float *w, int n) {
     if (!w) return r->xb2;
     const pgd_model_config *c = &r->f->model->cfg;
@@ -444,9 +444,9 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
     TIMED(r, PR_EMBED, o->embed(be, &sh->tok_embd, sh->vocab_lo, &s, r->x));
     TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->x, (size_t)n * dim));
     if (rc) return rc;
-    if (c->embed_scale) o->scale(be, r->x, c->embed_scale, (size_t)n * dim); /* Gemma 3 */
+    if (c->embed_scale) o->scale(be, r->x, c->embed_scale, (size_t)n * dim); /* Gemma */
     /* The last block's output, to be added to the residual stream x: xb2, or its post-block
-     * norm in xb3 (Gemma 3). */
+     * norm in xb3 (Gemma). */
     const float *out = r->xb2;
     for (int il = 0; il < c->n_layer; il++) {
         const pgd_layer *l = &sh->layers[il];

@@ -421,7 +421,7 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     int pattern = m->cfg.arch == PGD_ARCH_GEMMA2 ? 2 : 6;
     snprintf(key, sizeof key, "%s.attention.sliding_window", a);
     uint32_t sw = 0;
-    if (gemma && (pgd_gguf_get_u32(g, key, &sw) || sw == 0 || sw > INT32_MAX))
+    if (!rc && gemma && (pgd_gguf_get_u32(g, key, &sw) || sw == 0 || sw > INT32_MAX))
         return pgd_err_set(err, PGD_EFORMAT, "%s: missing or invalid metadata %s", m->path, key);
     if (!rc && (m->cfg.arch == PGD_ARCH_LLAMA || gemma) && !pgd_gguf_get_u32(g, key, &sw) &&
         sw > 0 && sw <= INT32_MAX) {
@@ -615,6 +615,13 @@ static int gemma_config(pgd_model *m, double q_scalar, double theta_local, doubl
     for (int il = 0; il < c->n_layer; il++) lr[il] = c->window && c->window[il];
     c->local_rope = lr;
     return PGD_OK;
+}
+
+/* A Gemma 2 soft-capping value of config.json: transformers' default (dflt) without the key, 0
+ * (none) for null, -1 (refused by gemma_config) for anything but a number. */
+static double softcap_of(const cJSON *c, const char *key, double dflt) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(c, key);
+    return !x ? dflt : cJSON_IsNull(x) ? 0 : cJSON_IsNumber(x) ? x->valuedouble : -1;
 }
 
 /* transformers' Gemma settings Pagoda does not implement: Gemma 3 with soft-capping, the
@@ -815,8 +822,8 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
                                     cJSON_IsObject(rp_local)
                                         ? json_num(rp_local, "rope_theta", 10000.0)
                                         : json_num(c, "rope_local_base_freq", 10000.0),
-                                    json_num(c, "attn_logit_softcapping", 0),
-                                    json_num(c, "final_logit_softcapping", 0), path, err)))
+                                    softcap_of(c, "attn_logit_softcapping", 50.0),
+                                    softcap_of(c, "final_logit_softcapping", 30.0), path, err)))
         goto done;
     if (cJSON_IsObject(rs)) {
         const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");

@@ -66,7 +66,7 @@ typedef struct pgd_layer {
     bool no_rope;                     /* a NoPE layer (SmolLM3): Q and K are not rotated */
     int32_t window;                   /* sliding attention window (cfg.window), 0: none */
     bool local_rope;                  /* rotated with cfg.rope_theta_local (Gemma 3) */
-    /* Gemma 3: RMSNorm gains of the attention's and of the FFN's output, applied before each is
+    /* Gemma: RMSNorm gains of the attention's and of the FFN's output, applied before each is
      * added to the residual stream; NULL elsewhere. */
     const float *post_attn_norm, *post_ffn_norm; /* (dim) each */
     pgd_weight wo;                    /* (dim, n_head * head_dim) */

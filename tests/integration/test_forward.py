@@ -308,6 +308,31 @@ def test_gemma_query_pre_attn_scalar(pagoda_bin, tiny_models, tmp_path, name):
     assert float(np.abs(got - base).max() / np.abs(base).max()) > 1e-2
 
 
+@pytest.mark.parametrize("caps", ["absent", "null"])
+def test_gemma2_softcapping_defaults(pagoda_bin, tiny_models, tmp_path, caps):
+    """Gemma 2's soft-capping keys: without them transformers caps at its defaults (50 and 30),
+    with null it does not cap; Pagoda reads both as transformers does."""
+    import json
+    import shutil
+    from transformers import AutoModelForCausalLM
+    d = tmp_path / "g2"
+    shutil.copytree(tiny_models["gemma2"]["hf"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if caps == "absent":
+            del cfg[k]
+        else:
+            cfg[k] = None
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = prompt_ids("gemma2", cfg["vocab_size"])
+    got = pagoda_logits(d, ids, [], tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    assert ref.config.final_logit_softcapping == (30.0 if caps == "absent" else None)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= F32_BOUND
+
+
 def test_sliding_window_context(pagoda_bin, tiny_models):
     """A windowed model keeps its whole context (max_position_embeddings, 512), where it was
     once capped at the window (24): a 100-token prompt plus 300 tokens fits."""
