@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -313,7 +314,10 @@ static int gguf_rope_scaling(pgd_model *m, const char *a, pgd_err *err) {
     char key[128];
     pgd_str type;
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    if (pgd_gguf_get_str(&m->gguf, key, &type) || pgd_str_eq(type, "none")) return PGD_OK;
+    if (!pgd_gguf_find(&m->gguf, key)) return PGD_OK;
+    if (pgd_gguf_get_str(&m->gguf, key, &type))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid metadata %s", m->path, key);
+    if (pgd_str_eq(type, "none")) return PGD_OK;
     if (!pgd_str_eq(type, "linear")) {
         pgd_name_buf nb;
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported rope scaling type '%s'",
@@ -321,7 +325,7 @@ static int gguf_rope_scaling(pgd_model *m, const char *a, pgd_err *err) {
     }
     float factor = 0;
     snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
-    if (pgd_gguf_get_f32(&m->gguf, key, &factor) || !(factor > 0))
+    if (pgd_gguf_get_f32(&m->gguf, key, &factor) || !(factor > 0 && factor <= FLT_MAX))
         return pgd_err_set(err, PGD_EFORMAT, "%s: missing or invalid metadata %s", m->path, key);
     return factor == 1.0f ? PGD_OK : linear_factors(m, factor, err);
 }
@@ -442,7 +446,7 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
         const char *cap_keys[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
         for (int i = 0; i < 2 && m->cfg.arch == PGD_ARCH_GEMMA2; i++) {
             snprintf(key, sizeof key, "%s.%s", a, cap_keys[i]);
-            if (pgd_gguf_get_f32(g, key, &caps[i]) || !(caps[i] > 0))
+            if (pgd_gguf_get_f32(g, key, &caps[i]) || !(caps[i] > 0 && caps[i] <= FLT_MAX))
                 return pgd_err_set(err, PGD_EFORMAT, "%s: missing or invalid metadata %s",
                                    m->path, key);
         }
@@ -537,7 +541,8 @@ static int smollm3_no_rope(pgd_model *m, const cJSON *c, const char *path, pgd_e
 }
 
 /* Sliding-window attention as transformers applies it. Mistral and Mixtral window every layer
- * when sliding_window is set. The Qwen family and SmolLM3 window only with use_sliding_window,
+ * when sliding_window is set (Mistral: 4096 without the key, as MistralConfig; a mistral config
+ * with layer_types follows it, as transformers reads Ministral's). The Qwen family and SmolLM3 window only with use_sliding_window,
  * on the layers layer_types calls "sliding_attention" or, without that list, those from
  * max_window_layers on (Qwen2, Qwen3) or all of them (Qwen3-MoE); transformers' own defaults
  * for Qwen2-MoE and SmolLM3 are not followed (no released checkpoint uses them): refused.
@@ -549,8 +554,12 @@ static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, con
     bool gemma2 = !strcmp(type, "gemma2"), gemma = gemma2 || !strcmp(type, "gemma3_text");
     bool qwen = !every && !gemma && strcmp(type, "llama"); /* the use_sliding_window family */
     const char *nk = gemma ? "sliding_window_pattern" : "max_window_layers";
+    bool mistral = !strcmp(type, "mistral");
     int32_t sw, from;
-    if (json_int(c, "sliding_window", 0, &sw) || json_int(c, nk, gemma ? 6 : 28, &from) ||
+    /* (MistralConfig's window is 4096 without the key; null is none) */
+    bool absent = !cJSON_GetObjectItemCaseSensitive(c, "sliding_window");
+    if (json_int(c, "sliding_window", mistral && absent ? 4096 : 0, &sw) ||
+        json_int(c, nk, gemma ? 6 : 28, &from) ||
         (gemma && from < 1))
         return pgd_err_set(err, PGD_EFORMAT, "%s: sliding_window or %s is not a %s integer",
                            path, nk, gemma ? "positive" : "non-negative");
@@ -562,7 +571,8 @@ static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, con
         (qwen && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "use_sliding_window"))))
         return PGD_OK;
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
-    bool listed = !every && lt && !cJSON_IsNull(lt);
+    /* (transformers reads a mistral config with layer_types as Ministral's) */
+    bool listed = (!every || mistral) && lt && !cJSON_IsNull(lt);
     if (qwen && !listed && (!strcmp(type, "qwen2_moe") || !strcmp(type, "smollm3")))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: use_sliding_window without layer_types "
                            "(%s)", path, type);
@@ -599,12 +609,14 @@ static int gemma_config(pgd_model *m, double q_scalar, double theta_local, doubl
                         double final_cap, const char *path, pgd_err *err) {
     pgd_model_config *c = &m->cfg;
     bool g3 = c->arch == PGD_ARCH_GEMMA3;
-    if (!(q_scalar > 0) || (g3 && !(theta_local > 0)) || attn_cap < 0 || final_cap < 0)
+    float scale = q_scalar > 0 ? (float)(1.0 / sqrt(q_scalar)) : 0;
+    if (!(scale > 0 && scale <= FLT_MAX) || (g3 && !(theta_local > 0 && theta_local <= FLT_MAX)) ||
+        !(attn_cap >= 0 && attn_cap <= FLT_MAX) || !(final_cap >= 0 && final_cap <= FLT_MAX))
         return pgd_err_set(err, PGD_EFORMAT, "%s: invalid query_pre_attn_scalar, local RoPE "
                            "base or soft-capping", path);
     c->embed_scale = (float)sqrt((double)c->dim);
     c->gelu = true;
-    c->attn_scale = (float)(1.0 / sqrt(q_scalar));
+    c->attn_scale = scale;
     c->attn_softcap = (float)attn_cap;
     c->final_softcap = (float)final_cap;
     if (!g3) return PGD_OK;
@@ -617,11 +629,11 @@ static int gemma_config(pgd_model *m, double q_scalar, double theta_local, doubl
     return PGD_OK;
 }
 
-/* A Gemma 2 soft-capping value of config.json: transformers' default (dflt) without the key, 0
- * (none) for null, -1 (refused by gemma_config) for anything but a number. */
-static double softcap_of(const cJSON *c, const char *key, double dflt) {
+/* A number of config.json: dflt without the key, if_null for null, -1 (which gemma_config
+ * refuses) for anything but a number. */
+static double num_of(const cJSON *c, const char *key, double dflt, double if_null) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(c, key);
-    return !x ? dflt : cJSON_IsNull(x) ? 0 : cJSON_IsNumber(x) ? x->valuedouble : -1;
+    return !x ? dflt : cJSON_IsNull(x) ? if_null : cJSON_IsNumber(x) ? x->valuedouble : -1;
 }
 
 /* transformers' Gemma settings Pagoda does not implement: Gemma 3 with soft-capping, the
@@ -719,6 +731,11 @@ static int unwrap_config(const cJSON *outer, size_t w, const char *path, cJSON *
         cJSON_DeleteItemFromObjectCaseSensitive(c, "model_type");
         ok = cJSON_AddStringToObject(c, "model_type", wrapped_configs[w].inner) != NULL;
     }
+    /* transformers 5 ties the LM head by the outer config's tie_word_embeddings */
+    if (ok && cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(outer, "tie_word_embeddings"))) {
+        cJSON_DeleteItemFromObjectCaseSensitive(c, "tie_word_embeddings");
+        ok = cJSON_AddFalseToObject(c, "tie_word_embeddings") != NULL;
+    }
     cJSON_Delete(d);
     if (!ok) {
         cJSON_Delete(c);
@@ -728,7 +745,8 @@ static int unwrap_config(const cJSON *outer, size_t w, const char *path, cJSON *
     return PGD_OK;
 }
 
-int pgd_hf_config_read(const char *path, cJSON **out, bool *wrapped, pgd_err *err) {
+int pgd_hf_config_read(const char *path, bool lenient, cJSON **out, bool *wrapped,
+                       pgd_err *err) {
     char *txt = NULL;
     size_t len = 0;
     *out = NULL;
@@ -745,7 +763,9 @@ int pgd_hf_config_read(const char *path, cJSON **out, bool *wrapped, pgd_err *er
     for (size_t w = 0; w < sizeof wrapped_configs / sizeof wrapped_configs[0]; w++) {
         if (!cJSON_IsString(mt) || strcmp(mt->valuestring, wrapped_configs[w].outer)) continue;
         cJSON *inner = NULL;
-        rc = unwrap_config(c, w, path, &inner, err);
+        pgd_err quiet;
+        rc = unwrap_config(c, w, path, &inner, lenient ? &quiet : err);
+        if (rc && lenient && rc != PGD_ENOMEM) break; /* read as it is */
         cJSON_Delete(c);
         if (rc) return rc;
         c = inner;
@@ -759,7 +779,7 @@ int pgd_hf_config_read(const char *path, cJSON **out, bool *wrapped, pgd_err *er
 /* Reads the model configuration from a Hugging Face config.json file (any name). */
 static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     cJSON *c;
-    int rc = pgd_hf_config_read(path, &c, &m->hf_wrapped, err);
+    int rc = pgd_hf_config_read(path, false, &c, &m->hf_wrapped, err);
     if (rc) return rc;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
@@ -818,12 +838,13 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     if ((rc = check_config(m, err))) goto done;
     if (m->cfg.arch == PGD_ARCH_SMOLLM3 && (rc = smollm3_no_rope(m, c, path, err))) goto done;
     if ((rc = hf_sliding_window(m, c, type, path, err))) goto done;
-    if (gemma && (rc = gemma_config(m, json_num(c, "query_pre_attn_scalar", 256.0),
+    /* (Gemma 2 soft-caps at transformers' 50 and 30 without the keys, not at all with null) */
+    if (gemma && (rc = gemma_config(m, num_of(c, "query_pre_attn_scalar", 256.0, 256.0),
                                     cJSON_IsObject(rp_local)
-                                        ? json_num(rp_local, "rope_theta", 10000.0)
-                                        : json_num(c, "rope_local_base_freq", 10000.0),
-                                    softcap_of(c, "attn_logit_softcapping", 50.0),
-                                    softcap_of(c, "final_logit_softcapping", 30.0), path, err)))
+                                        ? num_of(rp_local, "rope_theta", 10000.0, 10000.0)
+                                        : num_of(c, "rope_local_base_freq", 10000.0, 10000.0),
+                                    num_of(c, "attn_logit_softcapping", 50.0, 0),
+                                    num_of(c, "final_logit_softcapping", 30.0, 0), path, err)))
         goto done;
     if (cJSON_IsObject(rs)) {
         const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
@@ -947,11 +968,13 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
         l->local_rope = c->local_rope && c->local_rope[il];
     }
     /* llama.cpp stores Llama 3 rope scaling as per-frequency divisors. */
-    if (m->gguf.n_tensors && !m->cfg.rope_freq_factors) {
+    if (m->gguf.n_tensors) {
         const float *ff;
         if ((rc = load_vec(m, -1, "rope_freqs.weight", "", c->head_dim / 2, true, &ff, err)))
             return rc;
-        if (ff) {
+        if (ff && m->cfg.rope_freq_factors) { /* with linear scaling too: both apply (llama.cpp) */
+            for (int i = 0; i < c->head_dim / 2; i++) m->cfg.rope_freq_factors[i] *= ff[i];
+        } else if (ff) {
             float *copy = malloc((size_t)(c->head_dim / 2) * sizeof *copy);
             if ((rc = own(m, copy, err))) return rc;
             memcpy(copy, ff, (size_t)(c->head_dim / 2) * sizeof *copy);

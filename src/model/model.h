@@ -262,8 +262,10 @@ int pgd_session_forward(pgd_session *s, const int32_t *tokens, int32_t n, bool a
 
 /* Reads a Hugging Face config.json (any name) into *out (owned by the caller). For an image+text
  * model_type (gemma3, mistral3) that is the text model's config, as the loader reads it: its
- * text_config with the keys it leaves out at their transformers defaults (*wrapped set). */
+ * text_config with the keys it leaves out at their transformers defaults (*wrapped set); a
+ * text_config the loader would refuse is an error, or with lenient the config as it is. */
 struct cJSON;
-int pgd_hf_config_read(const char *path, struct cJSON **out, bool *wrapped, pgd_err *err);
+int pgd_hf_config_read(const char *path, bool lenient, struct cJSON **out, bool *wrapped,
+                       pgd_err *err);
 
 #endif

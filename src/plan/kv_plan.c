@@ -192,10 +192,11 @@ static int json_i64(const cJSON *c, const char *key, int64_t dflt, int64_t *out)
 
 static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) {
     /* Multimodal configs nest the language model's numbers under text_config: the ones the
-     * loader serves come unwrapped with the defaults it fills in, others are read as they are. */
+     * loader serves come unwrapped with the defaults it fills in, others (Ministral 3's) are read
+     * as they are. */
     cJSON *c;
     bool wrapped;
-    int rc = pgd_hf_config_read(path, &c, &wrapped, err);
+    int rc = pgd_hf_config_read(path, true, &c, &wrapped, err);
     if (rc) return rc;
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(c, "text_config");
     const cJSON *src = cJSON_IsObject(tc) ? tc : c;

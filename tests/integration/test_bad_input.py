@@ -363,6 +363,44 @@ def test_hf_bad_gemma3(tmp_path, tiny_models, update, want):
     expect_config_error(tmp_path, tiny_models, "gemma3", update, want)
 
 
+@pytest.mark.parametrize("update", [
+    dict(query_pre_attn_scalar="16"), dict(attn_logit_softcapping="4"),
+    dict(final_logit_softcapping=1e39), dict(attn_logit_softcapping=-1.0),
+    dict(query_pre_attn_scalar=1e300),
+])
+def test_hf_bad_gemma2_numbers(tmp_path, tiny_models, update):
+    """Gemma 2 numbers of the wrong type or out of float range are refused, not replaced by a
+    default (a string cap turned capping off) or run to non-finite logits (a cap of 1e39)."""
+    expect_config_error(tmp_path, tiny_models, "gemma2", update,
+                        "invalid query_pre_attn_scalar, local RoPE base or soft-capping")
+
+
+@pytest.mark.parametrize("key,value,want", [
+    ("gemma2.final_logit_softcapping", float("inf"), "invalid metadata"),
+    ("gemma3.rope.scaling.factor", float("inf"), "invalid metadata"),
+])
+def test_gguf_bad_gemma_numbers(tmp_path, tiny_models, key, value, want):
+    """Non-finite Gemma metadata is refused by name (it ran to non-finite logits)."""
+    name = key.split(".")[0]
+    buf = bytearray(Path(tiny_models[name]["gguf_F32"]).read_bytes())
+    kv, _, _ = walk_gguf(buf)
+    off, t = kv[key]
+    assert t == 6  # F32
+    struct.pack_into("<f", buf, off, value)
+    expect_error(write(tmp_path, "g.gguf", buf), f"{want} {key}")
+
+
+def test_kv_plan_reads_other_wrapped_configs(tmp_path):
+    """kv-plan reads a text_config the loader does not serve (Ministral 3's) as it is."""
+    cfg = dict(model_type="mistral3", text_config=dict(
+        model_type="ministral3", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=1000,
+        max_position_embeddings=512))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    p = run_pagoda("kv-plan", "--model-config", tmp_path / "config.json", "--json")
+    assert json.loads(p.stdout)["model"]["num_layers"] == 2
+
+
 @pytest.mark.parametrize("name,key", [("gemma3", "gemma3.attention.sliding_window"),
                                       ("gemma2", "gemma2.attention.sliding_window"),
                                       ("gemma2", "gemma2.attn_logit_softcapping"),

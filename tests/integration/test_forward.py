@@ -333,6 +333,25 @@ def test_gemma2_softcapping_defaults(pagoda_bin, tiny_models, tmp_path, caps):
     assert float(np.abs(got - want).max() / np.abs(want).max()) <= F32_BOUND
 
 
+def test_mistral_layer_types(pagoda_bin, tiny_models, tmp_path):
+    """A mistral config with layer_types (Ministral's layout): transformers follows the list, and
+    so does Pagoda (it used to window every layer)."""
+    import json
+    import shutil
+    from transformers import AutoModelForCausalLM
+    d = tmp_path / "m"
+    shutil.copytree(tiny_models["mistral"]["hf"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["layer_types"] = ["full_attention", "sliding_attention"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = prompt_ids("mistral", cfg["vocab_size"])
+    got = pagoda_logits(d, ids, [], tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= F32_BOUND
+
+
 def test_sliding_window_context(pagoda_bin, tiny_models):
     """A windowed model keeps its whole context (max_position_embeddings, 512), where it was
     once capped at the window (24): a 100-token prompt plus 300 tokens fits."""
@@ -434,3 +453,11 @@ def test_multimodal_checkpoint_text_model(pagoda_bin, tiny_models, tmp_path, nam
     plan = lambda d: json.loads(util.run_pagoda("kv-plan", "--model-config", d / "config.json",
                                                 "--json").stdout)["model"]
     assert plan(old) == plan(src)
+    # transformers 5 ties by the outer tie_word_embeddings: false there wants an LM head
+    if not text.get("tie_word_embeddings"):
+        return
+    cfg["tie_word_embeddings"] = False
+    (old / "config.json").write_text(json.dumps(cfg))
+    p = util.run_pagoda("logits", "-m", old, "--ids", "1 2", "--out", tmp_path / "x",
+                        check=False)
+    assert p.returncode != 0 and b"missing tensor 'language_model.lm_head.weight'" in p.stderr
