@@ -36,6 +36,7 @@ typedef enum {
     PGD_OP_SCALE,        /* x *= c */
     PGD_OP_LOCAL_ROPE,   /* a second set of RoPE frequencies (pgd_rope_params.inv_freq_local) */
     PGD_OP_SOFTCAP,      /* x = c tanh(x / c): the softcap op, attention's pgd_kv_layer.softcap */
+    PGD_OP_ATTN_SCALE,   /* attention scores scaled by pgd_kv_layer.scale */
     PGD_OP_COUNT
 } pgd_op;
 

@@ -304,6 +304,8 @@ static int no_rope_every(pgd_model *m, int32_t step, pgd_err *err) {
 }
 
 static int linear_factors(pgd_model *m, double factor, pgd_err *err);
+static int yarn_factors(pgd_model *m, double factor, double orig_ctx, double beta_fast,
+                        double beta_slow, double attn_factor);
 static int gemma_config(pgd_model *m, double q_scalar, double theta_local, double attn_cap,
                         double final_cap, const char *path, pgd_err *err);
 
@@ -318,6 +320,24 @@ static int gguf_rope_scaling(pgd_model *m, const char *a, pgd_err *err) {
     if (pgd_gguf_get_str(&m->gguf, key, &type))
         return pgd_err_set(err, PGD_EFORMAT, "%s: invalid metadata %s", m->path, key);
     if (pgd_str_eq(type, "none")) return PGD_OK;
+    if (pgd_str_eq(type, "yarn")) { /* (llama.cpp's keys; beta 32 and 1 unless they say) */
+        float factor = 0, fast = 32, slow = 1, af = 0;
+        uint32_t orig = 0;
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+        int bad = pgd_gguf_get_f32(&m->gguf, key, &factor);
+        snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", a);
+        bad |= pgd_gguf_get_u32(&m->gguf, key, &orig);
+        const char *opt[] = {"yarn_beta_fast", "yarn_beta_slow", "attn_factor"};
+        float *dst[] = {&fast, &slow, &af};
+        for (int i = 0; i < 3; i++) {
+            snprintf(key, sizeof key, "%s.rope.scaling.%s", a, opt[i]);
+            if (pgd_gguf_find(&m->gguf, key)) bad |= pgd_gguf_get_f32(&m->gguf, key, dst[i]);
+        }
+        if (bad || yarn_factors(m, factor, orig, fast, slow, af))
+            return pgd_err_set(err, PGD_EFORMAT, "%s: missing or invalid yarn metadata "
+                               "(%s.rope.scaling.*)", m->path, a);
+        return PGD_OK;
+    }
     if (!pgd_str_eq(type, "linear")) {
         pgd_name_buf nb;
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported rope scaling type '%s'",
@@ -499,6 +519,44 @@ static int llama3_factors(pgd_model *m, const cJSON *rs, pgd_err *err) {
         }
     }
     m->cfg.rope_freq_factors = f;
+    return PGD_OK;
+}
+
+/* YaRN, as transformers' _compute_yarn_parameters (truncated correction range) and llama.cpp's
+ * rope_yarn compute it: frequency i is interpolated (divided by factor) below the dimension
+ * where a wavelength spans beta_slow rotations over the original context, extrapolated (kept)
+ * above the one where it spans beta_fast, ramped linearly between; cos and sin are multiplied by
+ * the attention factor (attn_factor, or 0.1 ln(factor) + 1 when attn_factor is 0), which here
+ * scales the attention scores by its square instead (cfg.attn_scale). Returns PGD_EFORMAT for
+ * invalid parameters (the caller names them). */
+static int yarn_factors(pgd_model *m, double factor, double orig_ctx, double beta_fast,
+                        double beta_slow, double attn_factor) {
+    pgd_model_config *c = &m->cfg;
+    if (!(factor >= 1 && factor <= 1e6) || !(orig_ctx >= 1 && orig_ctx <= 1e9) ||
+        !(beta_fast > 0 && beta_fast <= 1e6) || !(beta_slow > 0 && beta_slow <= 1e6) ||
+        !(attn_factor >= 0 && attn_factor <= 1e3) || !(c->rope_theta > 1))
+        return PGD_EFORMAT;
+    int n = c->head_dim / 2, dim = c->head_dim;
+    double base = c->rope_theta;
+    /* the dimension (of dim) where a wavelength spans r rotations over orig_ctx positions */
+#define YARN_DIM(r) ((double)dim * log(orig_ctx / ((r) * 6.283185307179586)) / (2 * log(base)))
+    double lo = floor(YARN_DIM(beta_fast)), hi = ceil(YARN_DIM(beta_slow));
+#undef YARN_DIM
+    if (lo < 0) lo = 0;
+    if (hi > dim - 1) hi = dim - 1;
+    if (lo == hi) hi += 0.001;
+    float *f = malloc((size_t)n * sizeof *f);
+    int rc = own(m, f, NULL);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        double ramp = ((double)i - lo) / (hi - lo);
+        double ext = 1 - (ramp < 0 ? 0 : ramp > 1 ? 1 : ramp); /* extrapolated share */
+        f[i] = (float)(1.0 / ((1.0 / factor) * (1 - ext) + ext));
+    }
+    c->rope_freq_factors = f;
+    double af = attn_factor > 0 ? attn_factor : factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+    double scale = c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)c->head_dim);
+    c->attn_scale = (float)(scale * af * af);
     return PGD_OK;
 }
 
@@ -852,6 +910,13 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         const char *rtype = cJSON_IsString(rt) ? rt->valuestring : "default";
         if (!strcmp(rtype, "llama3")) rc = llama3_factors(m, rs, err);
         else if (!strcmp(rtype, "linear")) rc = linear_factors(m, json_num(rs, "factor", 0), err);
+        else if (!strcmp(rtype, "yarn")) {
+            if (yarn_factors(m, json_num(rs, "factor", 0),
+                             num_of(rs, "original_max_position_embeddings", m->cfg.n_ctx, -1),
+                             num_of(rs, "beta_fast", 32, 32), num_of(rs, "beta_slow", 1, 1),
+                             num_of(rs, "attention_factor", 0, 0)))
+                rc = pgd_err_set(err, PGD_EFORMAT, "%s: invalid yarn rope_scaling", path);
+        }
         else if (strcmp(rtype, "default"))
             rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported rope scaling type '%.64s'",
                              path, rtype);
@@ -1316,6 +1381,9 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
                      ops->supports(PGD_OP_SOFTCAP, PGD_TYPE_F32)))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: Gemma models run on the CPU backend only "
                            "(--device cpu), not on %s", m->path, ops->name);
+    if (c->attn_scale && !ops->supports(PGD_OP_ATTN_SCALE, PGD_TYPE_F32))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: YaRN rope scaling runs on the CPU backend "
+                           "only (--device cpu), not on %s", m->path, ops->name);
     settle_windows(m, ops);
     /* (a dummy model's weights all view one buffer, which the caches would serve: the copy
      * gives each its own bytes, so CPU benchmarks read as much memory as a real model) */

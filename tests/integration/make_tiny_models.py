@@ -406,9 +406,14 @@ def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False):
     if cfg.get("attn_logit_softcapping"):
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-    if cfg.get("rope_scaling", {}).get("rope_type") == "linear":
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+        w.add_rope_scaling_factor(rs["factor"])
+    elif rs.get("rope_type") == "yarn":  # Qwen2Model/Qwen3Model.set_gguf_parameters
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rs["factor"])
+        w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
     w.add_file_type(ftype)
     # LlamaModel.set_gguf_parameters (and SmolLM3Model, its subclass) adds these two; Qwen2Model
     # (and Qwen3Model) does not (a real Qwen2 GGUF has

@@ -331,6 +331,10 @@ def test_hf_qwen3_without_qk_norm(hf_dir):
     (dict(sliding_window="4k"), "sliding_window or max_window_layers is not a non-negative"),
     (dict(max_window_layers=1.5), "sliding_window or max_window_layers is not a non-negative"),
     (dict(model_type="smollm3", layer_types=None), "use_sliding_window without layer_types"),
+    (dict(rope_scaling=dict(rope_type="yarn", factor=0.5, original_max_position_embeddings=32)),
+     "invalid yarn rope_scaling"),
+    (dict(rope_scaling=dict(rope_type="yarn", factor=4, original_max_position_embeddings=None)),
+     "invalid yarn rope_scaling"),
 ])
 def test_hf_bad_sliding_window(tmp_path, tiny_models, update, want):
     """Sliding-window settings Pagoda cannot follow exactly: one line naming config.json."""

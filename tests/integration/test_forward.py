@@ -352,6 +352,38 @@ def test_mistral_layer_types(pagoda_bin, tiny_models, tmp_path):
     assert float(np.abs(got - want).max() / np.abs(want).max()) <= F32_BOUND
 
 
+@pytest.mark.parametrize("fmt", ["hf", "F32"])
+def test_yarn_rope_scaling(pagoda_bin, tiny_models, tmp_path, fmt):
+    """YaRN (Qwen2.5/Qwen3's long-context setting): factor 4 over an original context of 32
+    positions, so the ramp between extrapolated and interpolated frequencies falls inside the
+    tiny Qwen3's 16 frequencies; from config.json's rope_scaling and from a GGUF's
+    rope.scaling.* keys (as llama.cpp's converter writes them), against transformers."""
+    import json
+    import shutil
+    import make_tiny_models as mt
+    from transformers import AutoModelForCausalLM
+    d = tmp_path / "yarn"
+    shutil.copytree(tiny_models["qwen3"]["hf"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_scaling"] = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32)
+    (d / "config.json").write_text(json.dumps(cfg))
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    model = d
+    if fmt == "F32":
+        spec = dict(mt.SPECS["qwen3"], config=dict(mt.SPECS["qwen3"]["config"],
+                                                    rope_scaling=cfg["rope_scaling"]))
+        model = tmp_path / "yarn.F32.gguf"
+        mt.write_gguf(model, spec, ref.state_dict(),
+                      mt.read_gguf_kv(mt.VOCAB_DIR / spec["vocab"]), "F32")
+    ids = prompt_ids("qwen3", cfg["vocab_size"])
+    got = pagoda_logits(model, ids, [], tmp_path)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= F32_BOUND
+    base = pagoda_logits(tiny_models["qwen3"]["hf"], ids, [], tmp_path)
+    assert float(np.abs(got - base).max() / np.abs(base).max()) > 1e-2
+
+
 def test_sliding_window_context(pagoda_bin, tiny_models):
     """A windowed model keeps its whole context (max_position_embeddings, 512), where it was
     once capped at the window (24): a 100-token prompt plus 300 tokens fits."""

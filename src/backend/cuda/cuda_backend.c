@@ -158,7 +158,7 @@ static bool cuda_supports(pgd_op op, pgd_type t) {
     if (op == PGD_OP_MOE || op == PGD_OP_WINDOW) return false;
     /* Gemma 3's ops: its models run on the CPU backend */
     if (op == PGD_OP_GELU_GATE || op == PGD_OP_SCALE || op == PGD_OP_LOCAL_ROPE ||
-        op == PGD_OP_SOFTCAP)
+        op == PGD_OP_SOFTCAP || op == PGD_OP_ATTN_SCALE)
         return false;
     if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED)
         return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 ||
