@@ -304,6 +304,7 @@ static int no_rope_every(pgd_model *m, int32_t step, pgd_err *err) {
 }
 
 static int linear_factors(pgd_model *m, double factor, pgd_err *err);
+static bool gemma_arch(pgd_arch a) { return a == PGD_ARCH_GEMMA2 || a == PGD_ARCH_GEMMA3; }
 static int yarn_factors(pgd_model *m, double factor, double orig_ctx, double beta_fast,
                         double beta_slow, double attn_factor);
 static int gemma_config(pgd_model *m, double q_scalar, double theta_local, double attn_cap,
@@ -441,7 +442,7 @@ static int gguf_config(pgd_model *m, pgd_err *err) {
     /* A Mistral v0.1 file may name its window (llama.cpp's converter does not write it); a
      * Gemma file must. Gemma 3 windows all layers but every sixth, Gemma 2 every other one
      * (from the first), as llama.cpp hard-codes. */
-    bool gemma = m->cfg.arch == PGD_ARCH_GEMMA2 || m->cfg.arch == PGD_ARCH_GEMMA3;
+    bool gemma = gemma_arch(m->cfg.arch);
     int pattern = m->cfg.arch == PGD_ARCH_GEMMA2 ? 2 : 6;
     snprintf(key, sizeof key, "%s.attention.sliding_window", a);
     uint32_t sw = 0;
@@ -869,7 +870,8 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         json_int(c, "num_key_value_heads", heads, &kv) ||
         json_int(c, "intermediate_size", 0, &m->cfg.ffn_dim) ||
         json_int(c, "max_position_embeddings", 2048, &m->cfg.n_ctx) ||
-        json_int(c, "head_dim", heads ? m->cfg.dim / heads : 0, &hd)) {
+        json_int(c, "head_dim", gemma_arch(m->cfg.arch) ? 256 /* Gemma{2,3}Config's */
+                                   : heads ? m->cfg.dim / heads : 0, &hd)) {
         rc = pgd_err_set(err, PGD_EFORMAT, "%s: a dimension is not a non-negative integer", path);
         goto done;
     }
@@ -890,7 +892,7 @@ static int hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rp, "full_attention")))
         rp = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
     const cJSON *rs = cJSON_IsObject(rp) ? rp : cJSON_GetObjectItemCaseSensitive(c, "rope_scaling");
-    bool gemma = m->cfg.arch == PGD_ARCH_GEMMA2 || m->cfg.arch == PGD_ARCH_GEMMA3;
+    bool gemma = gemma_arch(m->cfg.arch);
     m->cfg.rope_theta = (float)json_num(cJSON_IsObject(rp) ? rp : c, "rope_theta",
                                         m->cfg.arch == PGD_ARCH_GEMMA3 ? 1000000.0 : 10000.0);
     if ((rc = check_config(m, err))) goto done;
@@ -964,7 +966,7 @@ static int gemma_norms(pgd_model *m, pgd_layer *l, pgd_err *err) {
 static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_kv_head * c->head_dim;
-    bool gemma = c->arch == PGD_ARCH_GEMMA2 || c->arch == PGD_ARCH_GEMMA3;
+    bool gemma = gemma_arch(c->arch);
     /* QK-norm gains: required there, absent elsewhere */
     bool qk = c->arch == PGD_ARCH_QWEN3 || c->arch == PGD_ARCH_GEMMA3;
     int rc;

@@ -359,7 +359,7 @@ def expect_config_error(tmp_path, tiny_models, name, update, want):
     (dict(sliding_window=None), "a gemma3_text config without sliding_window"),
     (dict(sliding_window_pattern=0), "sliding_window or sliding_window_pattern is not a positive"),
     (dict(query_pre_attn_scalar=0), "invalid query_pre_attn_scalar"),
-    (dict(rope_scaling=dict(rope_type="yarn", factor=4.0)), "unsupported rope scaling type"),
+    (dict(rope_scaling=dict(rope_type="dynamic", factor=4.0)), "unsupported rope scaling type"),
 ])
 def test_hf_bad_gemma3(tmp_path, tiny_models, update, want):
     """Gemma 3 settings Pagoda does not implement (Gemma 2's soft-capping, EmbeddingGemma's
