@@ -599,13 +599,13 @@ static int smollm3_no_rope(pgd_model *m, const cJSON *c, const char *path, pgd_e
     return PGD_OK;
 }
 
-/* Sliding-window attention as transformers applies it. Mistral and Mixtral window every layer
- * when sliding_window is set (Mistral: 4096 without the key, as MistralConfig; a mistral config
- * with layer_types follows it, as transformers reads Ministral's). The Qwen family and SmolLM3 window only with use_sliding_window,
- * on the layers layer_types calls "sliding_attention" or, without that list, those from
- * max_window_layers on (Qwen2, Qwen3) or all of them (Qwen3-MoE); transformers' own defaults
- * for Qwen2-MoE and SmolLM3 are not followed (no released checkpoint uses them): refused.
- * Gemma windows the layers layer_types names or, without it, all but every
+/* Sliding-window attention as transformers applies it. Mistral and Mixtral window every layer when
+ * sliding_window is set (Mistral: 4096 without the key, as MistralConfig; a mistral config with
+ * layer_types follows it, as transformers reads Ministral's). The Qwen family and SmolLM3 window
+ * only with use_sliding_window, on the layers layer_types calls "sliding_attention" or, without
+ * that list, those from max_window_layers on (Qwen2, Qwen3) or all of them (Qwen3-MoE);
+ * transformers' own defaults for Qwen2-MoE and SmolLM3 are not followed (no released checkpoint
+ * uses them): refused. Gemma windows the layers layer_types names or, without it, all but every
  * sliding_window_pattern-th (Gemma 3, 6 by default) or every other one from the first (Gemma 2). */
 static int hf_sliding_window(pgd_model *m, const cJSON *c, const char *type, const char *path,
                              pgd_err *err) {
@@ -669,7 +669,8 @@ static int gemma_config(pgd_model *m, double q_scalar, double theta_local, doubl
     pgd_model_config *c = &m->cfg;
     bool g3 = c->arch == PGD_ARCH_GEMMA3;
     float scale = q_scalar > 0 ? (float)(1.0 / sqrt(q_scalar)) : 0;
-    if (!(scale > 0 && scale <= FLT_MAX) || (g3 && !(theta_local > 0 && theta_local <= FLT_MAX)) ||
+    if (!(scale > 0 && scale <= FLT_MAX) ||
+        (g3 && !(theta_local > 0 && theta_local <= FLT_MAX)) ||
         !(attn_cap >= 0 && attn_cap <= FLT_MAX) || !(final_cap >= 0 && final_cap <= FLT_MAX))
         return pgd_err_set(err, PGD_EFORMAT, "%s: invalid query_pre_attn_scalar, local RoPE "
                            "base or soft-capping", path);
