@@ -1378,10 +1378,10 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     if (c->n_expert && !ops->supports(PGD_OP_MOE, PGD_TYPE_F32))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: mixture-of-experts models run on the CPU "
                            "backend only (--device cpu), not on %s", m->path, ops->name);
-    if (c->gelu && !(ops->supports(PGD_OP_GELU_GATE, PGD_TYPE_F32) &&
-                     ops->supports(PGD_OP_SCALE, PGD_TYPE_F32) &&
-                     ops->supports(PGD_OP_LOCAL_ROPE, PGD_TYPE_F32) &&
-                     ops->supports(PGD_OP_SOFTCAP, PGD_TYPE_F32)))
+    if (gemma_arch(c->arch) && !(ops->supports(PGD_OP_GELU_GATE, PGD_TYPE_F32) &&
+                                 ops->supports(PGD_OP_SCALE, PGD_TYPE_F32) &&
+                                 ops->supports(PGD_OP_LOCAL_ROPE, PGD_TYPE_F32) &&
+                                 ops->supports(PGD_OP_SOFTCAP, PGD_TYPE_F32)))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: Gemma models run on the CPU backend only "
                            "(--device cpu), not on %s", m->path, ops->name);
     if (c->attn_scale && !ops->supports(PGD_OP_ATTN_SCALE, PGD_TYPE_F32))
@@ -1467,7 +1467,7 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         l->no_rope = c->no_rope && c->no_rope[il];
         l->window = c->window ? c->window[il] : 0;
         l->local_rope = c->local_rope && c->local_rope[il];
-        if (c->gelu) l->post_attn_norm = l->post_ffn_norm = ones; /* Gemma */
+        if (gemma_arch(c->arch)) l->post_attn_norm = l->post_ffn_norm = ones;
         if (c->arch == PGD_ARCH_GEMMA3) l->q_norm = l->k_norm = ones;
         if (!c->n_expert) continue;
         const int32_t E = c->n_expert;
