@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 import make_tiny_models as mt  # noqa: E402
-from make_moe_model import q8_0  # noqa: E402
+from make_moe_model import finish, q8_0, start  # noqa: E402
 
 SHAPES = {  # dim, heads, kv heads, head_dim, ffn, window
     "gemma3": (1152, 4, 1, 256, 6912, 512),
@@ -41,19 +41,9 @@ def main():
     vocab_kv = mt.read_gguf_kv(mt.VOCAB_DIR / "ggml-vocab-llama-spm.gguf")
     n_vocab = len(vocab_kv["tokenizer.ggml.tokens"][2])
     rng = np.random.default_rng(1)
-    w = gguf.GGUFWriter(a.out, a.arch)
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(f"{a.arch}-shaped, {a.layers} layers, random Q8_0")
-    w.add_block_count(a.layers)
-    w.add_context_length(32768 if a.arch == "gemma3" else 8192)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_freq_base(1e6 if a.arch == "gemma3" else 1e4)
-    w.add_layer_norm_rms_eps(1e-6)
+    w = start(a.out, a.arch, f"{a.arch}-shaped, {a.layers} layers, random Q8_0", a.layers,
+              32768 if a.arch == "gemma3" else 8192, dim, ffn, heads, kv_heads, hd,
+              1e6 if a.arch == "gemma3" else 1e4)
     w.add_sliding_window(window)
     if a.arch == "gemma2":
         w.add_attn_logit_softcapping(50.0)
@@ -79,10 +69,7 @@ def main():
         w.add_tensor(b + "ffn_gate.weight", q8_0(rng, ffn, dim), raw_dtype=Q8)
         w.add_tensor(b + "ffn_up.weight", q8_0(rng, ffn, dim), raw_dtype=Q8)
         w.add_tensor(b + "ffn_down.weight", q8_0(rng, dim, ffn), raw_dtype=Q8)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,33 @@ def q8_0(rng, *shape):
     return blocks.reshape(*lead, n // 32 * 34)
 
 
+def start(path, arch, name, layers, ctx, dim, ffn, heads, kv_heads, head_dim, theta):
+    """A GGUFWriter for `path` with the metadata every shaped benchmark model carries."""
+    import gguf
+    w = gguf.GGUFWriter(path, arch)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(name)
+    w.add_block_count(layers)
+    w.add_context_length(ctx)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(1e-6)
+    return w
+
+
+def finish(w):
+    """Writes the file of a writer whose metadata and tensors are all added."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     import gguf
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,19 +69,8 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     a = ap.parse_args()
     rng = np.random.default_rng(1)
-    w = gguf.GGUFWriter(a.out, "qwen3moe")
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(f"Qwen3-30B-A3B-shaped, {a.layers} layers, random Q8_0")
-    w.add_block_count(a.layers)
-    w.add_context_length(40960)
-    w.add_embedding_length(DIM)
-    w.add_feed_forward_length(6144)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-6)
+    w = start(a.out, "qwen3moe", f"Qwen3-30B-A3B-shaped, {a.layers} layers, random Q8_0",
+              a.layers, 40960, DIM, 6144, HEADS, KV_HEADS, HEAD_DIM, 1e6)
     w.add_expert_count(EXPERTS)
     w.add_expert_used_count(USED)
     w.add_expert_feed_forward_length(EXPERT_FFN)
@@ -81,10 +97,7 @@ def main():
         w.add_tensor(b + "ffn_gate_exps.weight", q8_0(rng, EXPERTS, EXPERT_FFN, DIM), raw_dtype=Q8)
         w.add_tensor(b + "ffn_up_exps.weight", q8_0(rng, EXPERTS, EXPERT_FFN, DIM), raw_dtype=Q8)
         w.add_tensor(b + "ffn_down_exps.weight", q8_0(rng, EXPERTS, DIM, EXPERT_FFN), raw_dtype=Q8)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 if __name__ == "__main__":
