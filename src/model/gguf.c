@@ -148,6 +148,7 @@ static const struct { uint32_t elems, bytes; const char *name; } type_info[PGD_T
     [PGD_TYPE_Q2_K] = {256, 84, "Q2_K"},  [PGD_TYPE_Q3_K] = {256, 110, "Q3_K"},
     [PGD_TYPE_Q4_K] = {256, 144, "Q4_K"}, [PGD_TYPE_Q5_K] = {256, 176, "Q5_K"},
     [PGD_TYPE_Q6_K] = {256, 210, "Q6_K"}, [PGD_TYPE_Q8_K] = {256, 292, "Q8_K"},
+    [PGD_TYPE_IQ4_NL] = {32, 18, "IQ4_NL"}, [PGD_TYPE_IQ4_XS] = {256, 136, "IQ4_XS"},
     [PGD_TYPE_BF16] = {1, 2, "BF16"},
 };
 

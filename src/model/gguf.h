@@ -27,6 +27,8 @@ typedef enum {
     PGD_TYPE_Q5_K = 13,
     PGD_TYPE_Q6_K = 14,
     PGD_TYPE_Q8_K = 15,
+    PGD_TYPE_IQ4_NL = 20,
+    PGD_TYPE_IQ4_XS = 23,
     PGD_TYPE_BF16 = 30,
     PGD_TYPE_COUNT = 40,
 } pgd_type;

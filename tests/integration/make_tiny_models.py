@@ -373,12 +373,16 @@ def gguf_tensors(sd, arch, cfg, split_experts=False):
             yield f"blk.{il}.{names[module]}.{kind}", a
 
 
-def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False):
+def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False, types=None):
+    """types (with qtype_name "mixed"): {gguf tensor name: GGMLQuantizationType} for each
+    tensor the file type would quantize, as llama.cpp's Q4_K_M and the like mix types."""
     import gguf
+    from ggml_encode import encode
     arch, cfg = spec.get("gguf_arch", spec["arch"]), spec["config"]
     ftype = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-             "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype_name]
-    wtype = gguf.GGMLQuantizationType[qtype_name]
+             "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+             "mixed": gguf.LlamaFileType.MOSTLY_Q4_K_M}[qtype_name]
+    wtype = None if types else gguf.GGMLQuantizationType[qtype_name]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"tiny-{arch}-{Path(path).stem}")
@@ -428,8 +432,8 @@ def write_gguf(path, spec, sd, vocab_kv, qtype_name, split_experts=False):
         # prepare_tensors: 1-D tensors, norms and routers stay F32; the rest takes the file type.
         keep = a.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight",
                                              "ffn_gate_inp_shexp.weight"))
-        qt = gguf.GGMLQuantizationType.F32 if keep else wtype
-        data = gguf.quants.quantize(a, qt)
+        qt = gguf.GGMLQuantizationType.F32 if keep else types[name] if types else wtype
+        data = encode(a, qt)
         w.add_tensor(name, data, raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -18,9 +18,11 @@ TOOL = util.BUILD / "pgd_quant_tool"
 SCALE_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q8_0: [0],
     T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.Q5_0: [0], T.Q5_1: [0, 2], T.IQ4_NL: [0], T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_XS: [0],
 }
-QUANTIZABLE = [T.Q8_0, T.Q4_0, T.Q4_1]  # gguf.quants.quantize implements these
-KQUANTS = [T.Q4_K, T.Q5_K, T.Q6_K]
+QUANTIZABLE = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]  # gguf.quants.quantize implements these
+# gguf.quants only dequantizes these: random blocks stand in for quantized weights
+KQUANTS = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
 
 
 @pytest.fixture(scope="module")
@@ -122,18 +124,27 @@ def test_dequant_q8_k(tool, tmp_path):
 
 
 # Bytes that carry scales (kept) vs quants (zeroed by zero_quants), per block.
-KEEP = {T.Q4_0: (0, 2), T.Q4_1: (0, 4), T.Q8_0: (0, 2), T.Q4_K: (0, 16), T.Q5_K: (0, 16)}
+KEEP = {T.Q4_0: (0, 2), T.Q4_1: (0, 4), T.Q8_0: (0, 2), T.Q4_K: (0, 16), T.Q5_K: (0, 16),
+        T.Q5_0: (0, 2), T.Q5_1: (0, 4), T.Q2_K: (0, 0), T.Q3_K: (96, 110)}
 
 
 def zero_quants(qtype, w):
     """The weights with every quant set to 0: only the offset term (-8d, +m, -dmin*min,
-    -32*d*sc) is left; 0 for float types and Q8_0."""
+    -32*d*sc) is left; 0 for float types and Q8_0.
+    The IQ4 grids have no zero: their offset term is taken as 0 (each value is a product of
+    the block scale and a grid value, no cancellation)."""
     block, size = GGML_QUANT_SIZES[qtype]
-    if block == 1:
+    if block == 1 or qtype in (T.IQ4_NL, T.IQ4_XS):
         return np.zeros_like(w)
     z = np.ascontiguousarray(w).reshape(-1, size).copy()
     if qtype == T.Q6_K:
         z[:, :192] = 0
+    elif qtype == T.Q2_K:  # quants 0, scales and mins kept
+        z[:, 16:80] = 0
+    elif qtype == T.Q3_K:  # 2-bit quants 0 and the high bits clear: every value -4 * d * sc
+        z[:, :96] = 0
+    elif qtype in (T.Q5_0, T.Q5_1):  # 5-bit quants 0: -16 * d (Q5_0), m (Q5_1)
+        z[:, KEEP[qtype][1]:] = 0
     else:
         lo, hi = KEEP[qtype]
         z[:, hi:] = 0

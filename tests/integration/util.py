@@ -11,10 +11,10 @@ DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("PAGODA_CACHE", Path.home() / ".cache" / "pagoda"))
 
 
-def run_pagoda(*args, input=None, check=True, timeout=600):
+def run_pagoda(*args, input=None, check=True, timeout=600, env=None):
     """Runs the pagoda binary; returns the CompletedProcess (stdout/stderr as bytes)."""
     cmd = [str(PAGODA)] + [str(a) for a in args]
-    p = subprocess.run(cmd, input=input, capture_output=True, timeout=timeout)
+    p = subprocess.run(cmd, input=input, capture_output=True, timeout=timeout, env=env)
     if check and p.returncode != 0:
         raise AssertionError(f"{cmd} exited {p.returncode}: {p.stderr.decode(errors='replace')}")
     return p

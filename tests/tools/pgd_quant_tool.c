@@ -3,7 +3,8 @@
  *   pgd_quant_tool dot TYPE W.bin X.f32 OUT.f32 [ACT.f32]
  *       rows of W (row length = count of X) dotted with X -> one float32 per row; ACT.f32
  *       receives the activations as the kernel saw them (pgd_dequantize_act)
- * TYPE is the ggml name (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K). */
+ * TYPE is the ggml name (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K,
+ * Q5_K, Q6_K, Q8_K, IQ4_XS). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,9 @@ static const struct {
     {"Q4_1", PGD_TYPE_Q4_1, 32, 20},    {"Q8_0", PGD_TYPE_Q8_0, 32, 34},
     {"Q4_K", PGD_TYPE_Q4_K, 256, 144},  {"Q5_K", PGD_TYPE_Q5_K, 256, 176},
     {"Q6_K", PGD_TYPE_Q6_K, 256, 210},  {"Q8_K", PGD_TYPE_Q8_K, 256, 292},
+    {"Q5_0", PGD_TYPE_Q5_0, 32, 22},    {"Q5_1", PGD_TYPE_Q5_1, 32, 24},
+    {"IQ4_NL", PGD_TYPE_IQ4_NL, 32, 18}, {"Q2_K", PGD_TYPE_Q2_K, 256, 84},
+    {"Q3_K", PGD_TYPE_Q3_K, 256, 110},  {"IQ4_XS", PGD_TYPE_IQ4_XS, 256, 136},
 };
 
 static void *slurp(const char *path, size_t *len) {

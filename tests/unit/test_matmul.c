@@ -31,7 +31,10 @@ static const tinfo k_types[] = {
     {PGD_TYPE_BF16, "BF16", 1, 2},     {PGD_TYPE_Q8_0, "Q8_0", 32, 34},
     {PGD_TYPE_Q4_0, "Q4_0", 32, 18},   {PGD_TYPE_Q4_1, "Q4_1", 32, 20},
     {PGD_TYPE_Q4_K, "Q4_K", 256, 144}, {PGD_TYPE_Q5_K, "Q5_K", 256, 176},
-    {PGD_TYPE_Q6_K, "Q6_K", 256, 210},
+    {PGD_TYPE_Q6_K, "Q6_K", 256, 210}, {PGD_TYPE_Q5_0, "Q5_0", 32, 22},
+    {PGD_TYPE_Q5_1, "Q5_1", 32, 24},   {PGD_TYPE_IQ4_NL, "IQ4_NL", 32, 18},
+    {PGD_TYPE_Q2_K, "Q2_K", 256, 84},  {PGD_TYPE_Q3_K, "Q3_K", 256, 110},
+    {PGD_TYPE_IQ4_XS, "IQ4_XS", 256, 136},
 };
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 
@@ -47,12 +50,18 @@ static void fill_blocks(const tinfo *ti, uint8_t *p, int64_t nb, float scale) {
         }
         case PGD_TYPE_F16: wr16(p, pgd_fp32_to_fp16(rnd_sym(1.0f))); break;
         case PGD_TYPE_BF16: wr16(p, pgd_fp32_to_bf16(rnd_sym(1.0f))); break;
-        case PGD_TYPE_Q8_0: case PGD_TYPE_Q4_0: wr16(p, pgd_fp32_to_fp16(rnd_sym(scale))); break;
-        case PGD_TYPE_Q4_1: case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K:
+        case PGD_TYPE_Q8_0: case PGD_TYPE_Q4_0: case PGD_TYPE_Q5_0: case PGD_TYPE_IQ4_NL:
+        case PGD_TYPE_IQ4_XS: wr16(p, pgd_fp32_to_fp16(rnd_sym(scale))); break;
+        case PGD_TYPE_Q4_1: case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q5_1:
             wr16(p, pgd_fp32_to_fp16(rnd_sym(scale)));
             wr16(p + 2, pgd_fp32_to_fp16(rnd_sym(scale)));
             break;
         case PGD_TYPE_Q6_K: wr16(p + 208, pgd_fp32_to_fp16(rnd_sym(scale))); break;
+        case PGD_TYPE_Q3_K: wr16(p + 108, pgd_fp32_to_fp16(rnd_sym(scale))); break;
+        case PGD_TYPE_Q2_K:
+            wr16(p + 80, pgd_fp32_to_fp16(rnd_sym(scale)));
+            wr16(p + 82, pgd_fp32_to_fp16(rnd_sym(scale)));
+            break;
         default: break;
         }
     }
@@ -69,6 +78,11 @@ static void zero_quants(const tinfo *ti, uint8_t *p, int64_t nb) {
         case PGD_TYPE_Q4_K: memset(p + 16, 0, 128); break;
         case PGD_TYPE_Q5_K: memset(p + 16, 0, 160); break;
         case PGD_TYPE_Q6_K: memset(p, 0, 192); break;
+        case PGD_TYPE_Q5_0: memset(p + 2, 0, 20); break;
+        case PGD_TYPE_Q5_1: memset(p + 4, 0, 20); break;
+        case PGD_TYPE_Q2_K: memset(p + 16, 0, 64); break;
+        case PGD_TYPE_Q3_K: memset(p, 0, 96); break; /* high bits clear: -4 * d * sc */
+        case PGD_TYPE_IQ4_NL: case PGD_TYPE_IQ4_XS: memset(p, 0, ti->bytes); break; /* no offset */
         default: break;
         }
     }

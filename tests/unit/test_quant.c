@@ -47,7 +47,10 @@ static const tinfo k_types[] = {
     {PGD_TYPE_BF16, "BF16", 1, 2},     {PGD_TYPE_Q8_0, "Q8_0", 32, 34},
     {PGD_TYPE_Q4_0, "Q4_0", 32, 18},   {PGD_TYPE_Q4_1, "Q4_1", 32, 20},
     {PGD_TYPE_Q4_K, "Q4_K", 256, 144}, {PGD_TYPE_Q5_K, "Q5_K", 256, 176},
-    {PGD_TYPE_Q6_K, "Q6_K", 256, 210},
+    {PGD_TYPE_Q6_K, "Q6_K", 256, 210}, {PGD_TYPE_Q5_0, "Q5_0", 32, 22},
+    {PGD_TYPE_Q5_1, "Q5_1", 32, 24},   {PGD_TYPE_IQ4_NL, "IQ4_NL", 32, 18},
+    {PGD_TYPE_Q2_K, "Q2_K", 256, 84},  {PGD_TYPE_Q3_K, "Q3_K", 256, 110},
+    {PGD_TYPE_IQ4_XS, "IQ4_XS", 256, 136},
 };
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 
@@ -145,15 +148,21 @@ static void fill_blocks(const tinfo *ti, uint8_t *buf, int64_t nb, float scale, 
         }
         case PGD_TYPE_F16: wr16(p, pgd_fp32_to_fp16(rnd_sym(1.0f))); break;
         case PGD_TYPE_BF16: wr16(p, pgd_fp32_to_bf16(rnd_sym(1.0f))); break;
-        case PGD_TYPE_Q8_0:
-        case PGD_TYPE_Q4_0: wr16(p, pgd_fp32_to_fp16(rnd_sym(scale))); break;
+        case PGD_TYPE_Q8_0: case PGD_TYPE_Q4_0: case PGD_TYPE_Q5_0: case PGD_TYPE_IQ4_NL:
+        case PGD_TYPE_IQ4_XS: wr16(p, pgd_fp32_to_fp16(rnd_sym(scale))); break;
         case PGD_TYPE_Q4_1:
         case PGD_TYPE_Q4_K:
         case PGD_TYPE_Q5_K:
+        case PGD_TYPE_Q5_1:
             wr16(p, pgd_fp32_to_fp16(rnd_sym(scale)));
             wr16(p + 2, pgd_fp32_to_fp16(rnd_sym(scale)));
             break;
         case PGD_TYPE_Q6_K: wr16(p + 208, pgd_fp32_to_fp16(rnd_sym(scale))); break;
+        case PGD_TYPE_Q3_K: wr16(p + 108, pgd_fp32_to_fp16(rnd_sym(scale))); break;
+        case PGD_TYPE_Q2_K:
+            wr16(p + 80, pgd_fp32_to_fp16(rnd_sym(scale)));
+            wr16(p + 82, pgd_fp32_to_fp16(rnd_sym(scale)));
+            break;
         default: break;
         }
         if (mode != 0 && ti->t == PGD_TYPE_Q6_K) /* keep the int8 scales random */
@@ -176,6 +185,11 @@ static void zero_quants(const tinfo *ti, uint8_t *buf, int64_t nb) {
         case PGD_TYPE_Q4_K: memset(p + 16, 0, 128); break;
         case PGD_TYPE_Q5_K: memset(p + 16, 0, 160); break;
         case PGD_TYPE_Q6_K: memset(p, 0, 192); break;
+        case PGD_TYPE_Q5_0: memset(p + 2, 0, 20); break;
+        case PGD_TYPE_Q5_1: memset(p + 4, 0, 20); break;
+        case PGD_TYPE_Q2_K: memset(p + 16, 0, 64); break;
+        case PGD_TYPE_Q3_K: memset(p, 0, 96); break; /* high bits clear: -4 * d * sc */
+        case PGD_TYPE_IQ4_NL: case PGD_TYPE_IQ4_XS: memset(p, 0, ti->bytes); break; /* no offset */
         default: break;
         }
     }
@@ -193,9 +207,59 @@ static void k4_scale(const uint8_t *s, int j, int *sc, int *mn) {
     }
 }
 
+static const int8_t k_iq4nl_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                        1,    13,   25,  38,  53,  69,  89,  113};
+
+/* Q3_K's 16 scales as ggml unpacks them: 12 bytes as three words, kmask shuffles. */
+static int q3k_scale_ref(const uint8_t *s, int i) {
+    uint32_t aux[4], tmp;
+    memcpy(aux, s, 12);
+    tmp = aux[2];
+    aux[2] = ((aux[0] >> 4) & 0x0f0f0f0fu) | (((tmp >> 4) & 0x03030303u) << 4);
+    aux[3] = ((aux[1] >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
+    aux[0] = (aux[0] & 0x0f0f0f0fu) | (((tmp >> 0) & 0x03030303u) << 4);
+    aux[1] = (aux[1] & 0x0f0f0f0fu) | (((tmp >> 2) & 0x03030303u) << 4);
+    int8_t sc[16];
+    memcpy(sc, aux, 16);
+    return sc[i] - 32;
+}
+
 /* Element i of one block, computed from the ggml layout by index, in ggml's operation order. */
 static float ref_elem(pgd_type t, const uint8_t *p, int i) {
     switch (t) {
+    case PGD_TYPE_Q5_0: case PGD_TYPE_Q5_1: {
+        const int o = t == PGD_TYPE_Q5_1 ? 2 : 0;
+        uint32_t qh = (uint32_t)p[2 + o] | (uint32_t)p[3 + o] << 8 | (uint32_t)p[4 + o] << 16 |
+                      (uint32_t)p[5 + o] << 24;
+        int q = (i < 16 ? p[6 + o + i] & 15 : p[6 + o + i - 16] >> 4) | (int)((qh >> i) & 1) << 4;
+        if (o) return (float)q * pgd_fp16_to_fp32(rd16(p)) + pgd_fp16_to_fp32(rd16(p + 2));
+        return (float)(q - 16) * pgd_fp16_to_fp32(rd16(p));
+    }
+    case PGD_TYPE_IQ4_NL: {
+        int q = i < 16 ? p[2 + i] & 15 : p[2 + i - 16] >> 4;
+        return pgd_fp16_to_fp32(rd16(p)) * (float)k_iq4nl_grid[q];
+    }
+    case PGD_TYPE_IQ4_XS: {
+        int ib = i / 32, l = i % 32;
+        int ls = ((p[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((rd16(p + 2) >> (2 * ib)) & 3) << 4;
+        const uint8_t *qs = p + 8 + 16 * ib;
+        int q = l < 16 ? qs[l] & 15 : qs[l - 16] >> 4;
+        return pgd_fp16_to_fp32(rd16(p)) * (float)(ls - 32) * (float)k_iq4nl_grid[q];
+    }
+    case PGD_TYPE_Q2_K: case PGD_TYPE_Q3_K: {
+        /* 128-element halves; in each, 2-bit shift s covers 32 elements, 16 per scale */
+        int half = i / 128, s = (i % 128) / 32, hs = (i % 32) / 16, l = i % 16;
+        const bool q3 = t == PGD_TYPE_Q3_K;
+        int q = (p[(q3 ? 32 : 16) + 32 * half + 16 * hs + l] >> (2 * s)) & 3;
+        int is = 8 * half + 2 * s + hs;
+        if (q3) {
+            if (!((p[16 * hs + l] >> (4 * half + s)) & 1)) q -= 4;
+            return pgd_fp16_to_fp32(rd16(p + 108)) * (float)q3k_scale_ref(p + 96, is) * (float)q;
+        }
+        float dl = pgd_fp16_to_fp32(rd16(p + 80)) * (float)(p[is] & 15);
+        float ml = pgd_fp16_to_fp32(rd16(p + 82)) * (float)(p[is] >> 4);
+        return dl * (float)q - ml;
+    }
     case PGD_TYPE_F32:
         return u2f((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                    (uint32_t)p[3] << 24);
@@ -414,6 +478,9 @@ int main(void) {
     pgd_cpu_set_int8_act(true);
     CHECK(pgd_vec_dot_type(PGD_TYPE_Q4_1) == PGD_TYPE_Q8_0, "int8 mode: Q4_1 -> Q8_0");
     CHECK(pgd_vec_dot_type(PGD_TYPE_Q6_K) == PGD_TYPE_Q8_K, "int8 mode: Q6_K -> Q8_K");
+    /* no integer kernels for these: they keep F32 activations in int8 mode too */
+    CHECK(pgd_vec_dot_type(PGD_TYPE_Q5_0) == PGD_TYPE_F32, "int8 mode: Q5_0 -> F32");
+    CHECK(pgd_vec_dot_type(PGD_TYPE_Q3_K) == PGD_TYPE_F32, "int8 mode: Q3_K -> F32");
     test_quantize_act();
     test_dot();
     pgd_cpu_set_int8_act(false);

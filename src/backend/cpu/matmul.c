@@ -360,6 +360,12 @@ FA_TILES(fa_q4_1, PGD_TYPE_Q4_1)
 FA_TILES(fa_q4_k, PGD_TYPE_Q4_K)
 FA_TILES(fa_q5_k, PGD_TYPE_Q5_K)
 FA_TILES(fa_q6_k, PGD_TYPE_Q6_K)
+FA_TILES(fa_q5_0, PGD_TYPE_Q5_0)
+FA_TILES(fa_q5_1, PGD_TYPE_Q5_1)
+FA_TILES(fa_iq4_nl, PGD_TYPE_IQ4_NL)
+FA_TILES(fa_q2_k, PGD_TYPE_Q2_K)
+FA_TILES(fa_q3_k, PGD_TYPE_Q3_K)
+FA_TILES(fa_iq4_xs, PGD_TYPE_IQ4_XS)
 #endif
 
 /* Tile shapes per type: (rows x tokens) for n > 1, and rows for n == 1. Integer kernels reuse
@@ -380,6 +386,12 @@ static bool plan_for(pgd_type t, tile_plan *p) {
         case PGD_TYPE_Q4_K: *p = (tile_plan){fa_q4_k, 4, 3, 4}; return true;
         case PGD_TYPE_Q5_K: *p = (tile_plan){fa_q5_k, 4, 3, 4}; return true;
         case PGD_TYPE_Q6_K: *p = (tile_plan){fa_q6_k, 4, 3, 4}; return true;
+        case PGD_TYPE_Q5_0: *p = (tile_plan){fa_q5_0, 4, 3, 4}; return true;
+        case PGD_TYPE_Q5_1: *p = (tile_plan){fa_q5_1, 4, 3, 4}; return true;
+        case PGD_TYPE_IQ4_NL: *p = (tile_plan){fa_iq4_nl, 4, 3, 4}; return true;
+        case PGD_TYPE_Q2_K: *p = (tile_plan){fa_q2_k, 4, 3, 4}; return true;
+        case PGD_TYPE_Q3_K: *p = (tile_plan){fa_q3_k, 4, 3, 4}; return true;
+        case PGD_TYPE_IQ4_XS: *p = (tile_plan){fa_iq4_xs, 4, 3, 4}; return true;
         default: return false;
         }
     }
@@ -843,6 +855,8 @@ static void deq_panel(pgd_type t, const uint8_t *w, size_t w_stride, int nr, int
         break;
             DEQ_CASE(PGD_TYPE_Q8_0) DEQ_CASE(PGD_TYPE_Q4_0) DEQ_CASE(PGD_TYPE_Q4_1)
             DEQ_CASE(PGD_TYPE_Q4_K) DEQ_CASE(PGD_TYPE_Q5_K) DEQ_CASE(PGD_TYPE_Q6_K)
+            DEQ_CASE(PGD_TYPE_Q5_0) DEQ_CASE(PGD_TYPE_Q5_1) DEQ_CASE(PGD_TYPE_IQ4_NL)
+            DEQ_CASE(PGD_TYPE_Q2_K) DEQ_CASE(PGD_TYPE_Q3_K) DEQ_CASE(PGD_TYPE_IQ4_XS)
 #undef DEQ_CASE
         default: PGD_ASSERT(!"deq_panel: type without F32-activation tiles");
         }

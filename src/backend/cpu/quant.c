@@ -25,6 +25,12 @@
  * Q4_0  18 B: fp16 d | qs[16]            value = ((nibble) - 8) * d; low nibbles = elems 0..15
  * Q4_1  20 B: fp16 d | fp16 m | qs[16]   value = nibble * d + m
  * Q8_0  34 B: fp16 d | int8 qs[32]       value = q * d
+ * Q5_0  22 B: fp16 d | qh[4] | qs[16]    value = ((nibble | (bit i of qh) << 4) - 16) * d
+ * Q5_1  24 B: fp16 d | fp16 m | qh[4] | qs[16]   value = (nibble | (bit i of qh) << 4) * d + m
+ * IQ4_NL 18 B: fp16 d | qs[16]           value = d * kvalues_iq4nl[nibble]
+ * Q2_K  84 B: scales[16] (4-bit sc | 4-bit min << 4) | qs[64] (2 bits) | fp16 d | fp16 dmin
+ * Q3_K 110 B: hmask[32] | qs[64] (2 bits) | scales[12] (6-bit x 16, offset 32) | fp16 d
+ * IQ4_XS 136 B: fp16 d | u16 scales_h | scales_l[4] (6-bit x 8, offset 32) | qs[128]
  * Q4_K 144 B: fp16 d | fp16 dmin | scales[12] (6-bit sc/min x 8) | qs[128]
  * Q5_K 176 B: fp16 d | fp16 dmin | scales[12] | qh[32] | qs[128]
  * Q6_K 210 B: ql[128] | qh[64] | int8 scales[16] | fp16 d
@@ -33,6 +39,12 @@
 #define Q4_0_BYTES 18
 #define Q4_1_BYTES 20
 #define Q8_0_BYTES 34
+#define Q5_0_BYTES 22
+#define Q5_1_BYTES 24
+#define IQ4_NL_BYTES 18
+#define Q2_K_BYTES 84
+#define Q3_K_BYTES 110
+#define IQ4_XS_BYTES 136
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
@@ -140,8 +152,10 @@ uint16_t pgd_fp32_to_bf16(float f) {
 static uint32_t blk_elems(pgd_type t) {
     switch (t) {
     case PGD_TYPE_F32: case PGD_TYPE_F16: case PGD_TYPE_BF16: return 1;
-    case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q8_0: return PGD_QK;
-    case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K: case PGD_TYPE_Q8_K: return PGD_QK_K;
+    case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q8_0:
+    case PGD_TYPE_Q5_0: case PGD_TYPE_Q5_1: case PGD_TYPE_IQ4_NL: return PGD_QK;
+    case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K: case PGD_TYPE_Q8_K:
+    case PGD_TYPE_Q2_K: case PGD_TYPE_Q3_K: case PGD_TYPE_IQ4_XS: return PGD_QK_K;
     default: return 0;
     }
 }
@@ -155,6 +169,12 @@ static size_t blk_bytes(pgd_type t) {
     case PGD_TYPE_Q5_K: return Q5_K_BYTES;
     case PGD_TYPE_Q6_K: return Q6_K_BYTES;
     case PGD_TYPE_Q8_K: return Q8_K_BYTES;
+    case PGD_TYPE_Q5_0: return Q5_0_BYTES;
+    case PGD_TYPE_Q5_1: return Q5_1_BYTES;
+    case PGD_TYPE_IQ4_NL: return IQ4_NL_BYTES;
+    case PGD_TYPE_Q2_K: return Q2_K_BYTES;
+    case PGD_TYPE_Q3_K: return Q3_K_BYTES;
+    case PGD_TYPE_IQ4_XS: return IQ4_XS_BYTES;
     case PGD_TYPE_F32: return 4;
     default: return 2;
     }
@@ -176,6 +196,18 @@ static void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
 static void unpack_k4_scales(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8]) {
     for (int j = 0; j < 8; j++) scale_min_k4(j, scales, &sc[j], &mn[j]);
 }
+
+/* Q3_K's scale i (0..15), 6 bits less 32: low 4 bits from byte i (i < 8) or the high half of
+ * byte i - 8, high 2 bits from byte 8 + i % 4 (ggml's kmask unpacking, one scale at a time). */
+static int q3k_scale(const uint8_t *scales, int i) {
+    int lo = i < 8 ? scales[i] & 0xF : scales[i - 8] >> 4;
+    int hi = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* The 16 values of IQ4_NL's (and IQ4_XS's) non-linear 4-bit grid: the format's constants. */
+static const int8_t k_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
 
 void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
     const uint8_t *p = src;
@@ -215,6 +247,74 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
             for (int l = 0; l < PGD_QK; l++) y[l] = (float)(int8_t)p[2 + l] * d;
         }
         return;
+    case PGD_TYPE_Q5_0: case PGD_TYPE_Q5_1: {
+        const bool q51 = t == PGD_TYPE_Q5_1;
+        const size_t bytes = q51 ? Q5_1_BYTES : Q5_0_BYTES;
+        for (int64_t b = 0; b < nb; b++, p += bytes, y += PGD_QK) {
+            float d = FP16(p), m = q51 ? FP16(p + 2) : 0.0f;
+            uint32_t qh;
+            memcpy(&qh, p + (q51 ? 4 : 2), 4);
+            const uint8_t *qs = p + (q51 ? 8 : 6);
+            for (int l = 0; l < 16; l++) {
+                int x0 = (int)((qs[l] & 0xF) | ((qh >> l) & 1) << 4);
+                int x1 = (int)((qs[l] >> 4) | ((qh >> (l + 16)) & 1) << 4);
+                if (q51) {
+                    y[l] = (float)x0 * d + m;
+                    y[l + 16] = (float)x1 * d + m;
+                } else {
+                    y[l] = (float)(x0 - 16) * d;
+                    y[l + 16] = (float)(x1 - 16) * d;
+                }
+            }
+        }
+        return;
+    }
+    case PGD_TYPE_IQ4_NL:
+        for (int64_t b = 0; b < nb; b++, p += IQ4_NL_BYTES, y += PGD_QK) {
+            float d = FP16(p);
+            for (int l = 0; l < 16; l++) {
+                y[l] = d * (float)k_iq4nl[p[2 + l] & 0xF];
+                y[l + 16] = d * (float)k_iq4nl[p[2 + l] >> 4];
+            }
+        }
+        return;
+    case PGD_TYPE_IQ4_XS:
+        for (int64_t b = 0; b < nb; b++, p += IQ4_XS_BYTES) {
+            float d = FP16(p);
+            uint16_t sh = rd16(p + 2);
+            const uint8_t *qs = p + 8;
+            for (int ib = 0; ib < 8; ib++, qs += 16, y += 32) {
+                int ls = ((p[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | ((sh >> (2 * ib)) & 3) << 4;
+                float dl = d * (float)(ls - 32);
+                for (int l = 0; l < 16; l++) {
+                    y[l] = dl * (float)k_iq4nl[qs[l] & 0xF];
+                    y[l + 16] = dl * (float)k_iq4nl[qs[l] >> 4];
+                }
+            }
+        }
+        return;
+    case PGD_TYPE_Q2_K: case PGD_TYPE_Q3_K: {
+        /* Per 128-element half: 4 shifts x (16 + 16) elements, one scale per 16. */
+        const bool q3 = t == PGD_TYPE_Q3_K;
+        for (int64_t b = 0; b < nb; b++, p += q3 ? Q3_K_BYTES : Q2_K_BYTES) {
+            const uint8_t *qs = p + (q3 ? 32 : 16), *hm = p;
+            float d = FP16(p + (q3 ? 108 : 80)), dmin = q3 ? 0.0f : FP16(p + 82);
+            for (int i = 0; i < 16; i++, y += 16) {
+                const int half = i / 8, shift = 2 * ((i / 2) % 4), off = 16 * (i % 2);
+                const uint8_t *q = qs + 32 * half + off;
+                if (q3) {
+                    float dl = d * (float)q3k_scale(p + 96, i);
+                    const uint8_t m = (uint8_t)(1u << (4 * half + shift / 2));
+                    for (int l = 0; l < 16; l++)
+                        y[l] = dl * (float)(((q[l] >> shift) & 3) - (hm[off + l] & m ? 0 : 4));
+                } else {
+                    float dl = d * (float)(p[i] & 0xF), ml = dmin * (float)(p[i] >> 4);
+                    for (int l = 0; l < 16; l++) y[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+                }
+            }
+        }
+        return;
+    }
     case PGD_TYPE_Q4_K:
         for (int64_t b = 0; b < nb; b++, p += Q4_K_BYTES) {
             float d = FP16(p), dmin = FP16(p + 2);
@@ -280,7 +380,9 @@ bool pgd_cpu_type_supported(pgd_type t) {
     switch (t) {
     case PGD_TYPE_F32: case PGD_TYPE_F16: case PGD_TYPE_BF16:
     case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q8_0:
-    case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K: return true;
+    case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K:
+    case PGD_TYPE_Q5_0: case PGD_TYPE_Q5_1: case PGD_TYPE_IQ4_NL:
+    case PGD_TYPE_Q2_K: case PGD_TYPE_Q3_K: case PGD_TYPE_IQ4_XS: return true;
     default: return false;
     }
 }
@@ -820,10 +922,18 @@ float pgd_vec_dot(pgd_type t, const void *w_row, const void *act, int64_t n) {
         case PGD_TYPE_Q4_1: pgd__f32act_tile_run(&g, PGD_TYPE_Q4_1, 1, 1); break;
         case PGD_TYPE_Q4_K: pgd__f32act_tile_run(&g, PGD_TYPE_Q4_K, 1, 1); break;
         case PGD_TYPE_Q5_K: pgd__f32act_tile_run(&g, PGD_TYPE_Q5_K, 1, 1); break;
-        default: pgd__f32act_tile_run(&g, PGD_TYPE_Q6_K, 1, 1); break;
+        case PGD_TYPE_Q6_K: pgd__f32act_tile_run(&g, PGD_TYPE_Q6_K, 1, 1); break;
+        case PGD_TYPE_Q5_0: pgd__f32act_tile_run(&g, PGD_TYPE_Q5_0, 1, 1); break;
+        case PGD_TYPE_Q5_1: pgd__f32act_tile_run(&g, PGD_TYPE_Q5_1, 1, 1); break;
+        case PGD_TYPE_IQ4_NL: pgd__f32act_tile_run(&g, PGD_TYPE_IQ4_NL, 1, 1); break;
+        case PGD_TYPE_Q2_K: pgd__f32act_tile_run(&g, PGD_TYPE_Q2_K, 1, 1); break;
+        case PGD_TYPE_Q3_K: pgd__f32act_tile_run(&g, PGD_TYPE_Q3_K, 1, 1); break;
+        default: pgd__f32act_tile_run(&g, PGD_TYPE_IQ4_XS, 1, 1); break;
         }
         return y;
     }
+#else
+    if (qk > 1 && pgd_vec_dot_type(t) == PGD_TYPE_F32) return pgd_vec_dot_scalar(t, w_row, act, n);
 #endif
     switch (t) {
     case PGD_TYPE_F32: return dot_f32_avx2(w_row, act, n);

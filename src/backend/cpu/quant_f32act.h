@@ -1,5 +1,6 @@
 /* Internal to quant.c and matmul.c: AVX2+FMA+F16C register tiles computing quantized weight rows
- * (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) against F32 activations. Each 32-element group of a row is
+ * (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) against F32
+ * activations. Each 32-element group of a row is
  * dequantized in registers, bit-identically to pgd_dequantize_row, then used for every token of
  * the tile. One 8-lane accumulator per (row, token) takes the same FMA sequence, group after
  * group, whatever the tile shape: pgd_vec_dot (a 1x1 tile) and every matmul tile agree bit for
@@ -54,6 +55,21 @@ PGD_F32ACT_INLINE __m256i pgd__f32act_i8x8(const uint8_t *p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 
+/* IQ4_NL's 16 grid values (quant.c's k_iq4nl) at the lanes' 4-bit indices: two 8-entry
+ * permutes, chosen by the index's bit 3. */
+PGD_F32ACT_INLINE __m256 pgd__f32act_iq4(__m256i idx) {
+    const __m256 lo = _mm256_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10);
+    const __m256 hi = _mm256_setr_ps(1, 13, 25, 38, 53, 69, 89, 113);
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+/* Q2_K / Q3_K: one 16-element scale group of group g's two, as quant.c's q3k_scale. */
+PGD_F32ACT_INLINE int pgd__f32act_q3k_scale(const uint8_t *sc, int i) {
+    int lo = i < 8 ? sc[i] & 0xF : sc[i - 8] >> 4;
+    return (lo | ((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4) - 32;
+}
+
 /* Dequantizes group g (elements 32g .. 32g+31) of a row of type t into w[0..3]. The float
  * operations are those of pgd_dequantize_row (products of fp16 scales and small integers are
  * exact, so an FMA rounds exactly where its separate multiply-add rounds). */
@@ -83,6 +99,90 @@ PGD_F32ACT_INLINE void pgd__f32act_deq32(const pgd_type t, const uint8_t *row, i
             const __m256i off = _mm256_set1_epi32(8);
             for (int k = 0; k < 4; k++)
                 w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], off)), d);
+        }
+        return;
+    }
+    case PGD_TYPE_Q5_0: case PGD_TYPE_Q5_1: {
+        const bool q51 = t == PGD_TYPE_Q5_1;
+        const uint8_t *b = row + g * (q51 ? 24 : 22), *qs = b + (q51 ? 8 : 6);
+        uint32_t qh32;
+        memcpy(&qh32, b + (q51 ? 4 : 2), 4);
+        const __m256i qh = _mm256_set1_epi32((int)qh32), one = _mm256_set1_epi32(1);
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m128 dm = pgd__f32act_h2(b); /* Q5_1: d, m; Q5_0: d, the first qh bytes */
+        __m256 d = _mm256_broadcastss_ps(dm);
+        __m256i v0 = pgd__f32act_u8x8(qs), v1 = pgd__f32act_u8x8(qs + 8);
+        __m256i q[4] = {_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4),
+                        _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
+        for (int k = 0; k < 4; k++) {
+            __m256i h = _mm256_srlv_epi32(qh, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * k)));
+            q[k] = _mm256_or_si256(q[k], _mm256_slli_epi32(_mm256_and_si256(h, one), 4));
+        }
+        if (q51) {
+            __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, m);
+        } else {
+            const __m256i off = _mm256_set1_epi32(16);
+            for (int k = 0; k < 4; k++)
+                w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], off)), d);
+        }
+        return;
+    }
+    case PGD_TYPE_IQ4_NL: case PGD_TYPE_IQ4_XS: {
+        const uint8_t *qs;
+        float dl;
+        if (t == PGD_TYPE_IQ4_NL) {
+            const uint8_t *b = row + g * 18;
+            qs = b + 2;
+            dl = pgd__f32act_h(b);
+        } else { /* dl = d * (6-bit scale - 32), rounded once as in pgd_dequantize_row */
+            const uint8_t *b = row + (g >> 3) * 136;
+            const int ib = (int)(g & 7);
+            uint16_t sh;
+            memcpy(&sh, b + 2, 2);
+            int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | ((sh >> (2 * ib)) & 3) << 4;
+            qs = b + 8 + 16 * ib;
+            dl = pgd__f32act_h(b) * (float)(ls - 32);
+        }
+        __m256 d = _mm256_set1_ps(dl);
+        __m256i v0 = pgd__f32act_u8x8(qs), v1 = pgd__f32act_u8x8(qs + 8);
+        __m256i q[4] = {_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4),
+                        _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
+        for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(d, pgd__f32act_iq4(q[k]));
+        return;
+    }
+    case PGD_TYPE_Q2_K: case PGD_TYPE_Q3_K: {
+        /* Group j of 8 in a super-block: half j / 4, 2-bit shift 2 (j % 4); elements 0..15 take
+         * scale 2j, 16..31 scale 2j + 1 (quant.c's order). */
+        const bool q3 = t == PGD_TYPE_Q3_K;
+        const uint8_t *b = row + (g >> 3) * (q3 ? 110 : 84);
+        const int j = (int)(g & 7), half = j >> 2;
+        const uint8_t *qs = b + (q3 ? 32 : 16) + 32 * half;
+        const __m128i sh = _mm_cvtsi32_si128(2 * (j & 3));
+        const __m256i m2 = _mm256_set1_epi32(3);
+        const float d = pgd__f32act_h(b + (q3 ? 108 : 80));
+        __m256 dl[2], ml[2];
+        for (int s = 0; s < 2; s++) {
+            if (q3) {
+                dl[s] = _mm256_set1_ps(d * (float)pgd__f32act_q3k_scale(b + 96, 2 * j + s));
+                ml[s] = _mm256_setzero_ps(); /* unused */
+            } else {
+                const int sc = b[2 * j + s];
+                dl[s] = _mm256_set1_ps(d * (float)(sc & 0xF));
+                ml[s] = _mm256_set1_ps(-(pgd__f32act_h(b + 82) * (float)(sc >> 4)));
+            }
+        }
+        const __m128i hsh = _mm_cvtsi32_si128(j); /* Q3_K: hmask bit 4 half + j % 4 = j */
+        for (int k = 0; k < 4; k++) {
+            __m256i q = _mm256_and_si256(_mm256_srl_epi32(pgd__f32act_u8x8(qs + 8 * k), sh), m2);
+            if (q3) { /* minus 4 where the hmask bit is clear */
+                __m256i h = _mm256_and_si256(_mm256_srl_epi32(pgd__f32act_u8x8(b + 8 * k), hsh),
+                                             _mm256_set1_epi32(1));
+                q = _mm256_sub_epi32(q, _mm256_slli_epi32(_mm256_xor_si256(h, _mm256_set1_epi32(1)),
+                                                          2));
+            }
+            w[k] = q3 ? _mm256_mul_ps(dl[k >> 1], _mm256_cvtepi32_ps(q)) /* -0 kept */
+                      : _mm256_fmadd_ps(dl[k >> 1], _mm256_cvtepi32_ps(q), ml[k >> 1]);
         }
         return;
     }
