@@ -1297,7 +1297,7 @@ static void weights_to_hugepages(pgd_model *m) {
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         size_t bytes = ws[i]->row_bytes * (size_t)ws[i]->n_out;
-        /* F16 and Q8_0 matrices the CPU multiplies in panels of 16 rows are stored so (the
+        /* F16, Q8_0 and Q4_K matrices the CPU multiplies in panels of 16 rows are stored so (the
          * embedding table stays row-major: the token lookup reads its rows). */
         if (ws[i] != &m->tok_embd && pgd_cpu_can_pack(ws[i])) {
             pgd_cpu_pack(ws[i], base + off);

@@ -422,7 +422,7 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
 }
 #endif /* __AVX2__ */
 
-/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0) -------------------------------------
+/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_K) -------------------------------
  * Outer-product tiles: per k, the 16 rows' weights (two vectors) meet a broadcast of each token's
  * x[k]. F16: every y[t][r] is one FMA chain over k = 0..n_in-1 in order, started from +0. Q8_0:
  * per 32-element block a chain s = sum q[k] x[k] (q widened exactly) from +0, then
@@ -432,8 +432,19 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
  * bit-identical at every n. Against the row-major tiles: fewer operand bytes per FMA (a weight
  * vector serves 6 tokens) and one long stream per panel in decode (bench/RESULTS.md; `PACK=1
  * bench/bench_matmul.c`). Q8_0 panel layout, per (panel, 32-element block): the 16 rows' fp16
- * scales, then q[k][16] (k-major): 544 bytes, as 16 rows' blocks take row-major. */
+ * scales, then q[k][16] (k-major): 544 bytes, as 16 rows' blocks take row-major.
+ * Q4_K (d1 = d * sc and m1 = dmin * mn of each row's 32-element group, as pgd_dequantize_row
+ * forms them): per group the chain s = sum q[k] x[k] from +0, then y = fma(d1, s, y) and
+ * y = fma(-m1, xs, y), xs the token's sum of the group's 32 activations (p16_xsum32, the same
+ * in every path). Layout per (panel, 256-element super-block), the 2,304 bytes the 16 rows'
+ * blocks take row-major: d[16] and dmin[16] (fp16), the 12 packed scale bytes transposed
+ * (byte b of the 16 rows, [12][16]), then per element k 8 bytes: row i's quant in byte i's low
+ * nibble, row 8 + i's in its high one. */
 #define P16_Q8_BLOCK (16 * 2 + 32 * 16)
+#define Q4_K_BYTES 144
+#define P16_Q4K_SB (16 * Q4_K_BYTES)
+#define P16_Q4K_SC 64  /* offset of the transposed scale bytes */
+#define P16_Q4K_Q 256  /* offset of the quants */
 #ifdef PGD_F32ACT_SIMD
 #define P16_KC 256 /* K slice of a GEMM pass (a multiple of 32): 16 KiB of F32 weights in L1 */
 #define P16_TB 96  /* tokens per block: their K slice (96 KiB) stays in L2 */
@@ -454,9 +465,77 @@ INLINE void p16_d_q8(const uint8_t *qb, __m256 *d0, __m256 *d1) {
     *d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)qb));
     *d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + 16)));
 }
+/* Q4_K: the 16 rows' quants of element k (0..255) of panel super-block sb (exact integers). */
+INLINE void p16_w_q4k(const uint8_t *sb, int k, __m256 *w0, __m256 *w1) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sb + P16_Q4K_Q + 8 * k)));
+    *w0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+    *w1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+}
+/* Q4_K: group j's (0..7) d1 = d * sc and -m1 = -(dmin * mn) of the 16 rows (exact products;
+ * ggml's get_scale_min_k4 on 16 rows at once). */
+INLINE void p16_s_q4k(const uint8_t *sb, int j, __m256 d1[2], __m256 nm1[2]) {
+    const uint8_t *b = sb + P16_Q4K_SC;
+#define P16_LD(i) _mm_loadu_si128((const __m128i *)(b + 16 * (i)))
+    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), hi2 = _mm_set1_epi8(0x30);
+    __m128i sc, mn;
+    if (j < 4) {
+        sc = _mm_and_si128(P16_LD(j), m6);
+        mn = _mm_and_si128(P16_LD(j + 4), m6);
+    } else { /* (byte >> 6) << 4 as (byte >> 2) & 0x30: the 16-bit shift's spill is masked */
+        __m128i a = P16_LD(j + 4);
+        sc = _mm_or_si128(_mm_and_si128(a, m4), _mm_and_si128(_mm_srli_epi16(P16_LD(j - 4), 2), hi2));
+        mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m4),
+                          _mm_and_si128(_mm_srli_epi16(P16_LD(j), 2), hi2));
+    }
+#undef P16_LD
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    for (int h = 0; h < 2; h++) {
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
+        __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 32 + 16 * h)));
+        __m256 fs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(sc, 8) : sc));
+        __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(mn, 8) : mn));
+        d1[h] = _mm256_mul_ps(d, fs);
+        nm1[h] = _mm256_xor_ps(_mm256_mul_ps(dm, fm), sgn);
+    }
+}
+/* The sum of 32 activations, in one fixed order (Q4_K's offset term). */
+INLINE float p16_xsum32(const float *x) {
+    return pgd_hsum8(_mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                                   _mm256_add_ps(_mm256_loadu_ps(x + 16),
+                                                 _mm256_loadu_ps(x + 24))));
+}
 
-/* Elements [k0, k1) of one panel as F32, wf[k - k0][16] (F16 weights; Q8_0 quants), and for
- * Q8_0 the scales of its blocks, ds[(k - k0) / 32][16]. */
+/* Block-quantized panels (Q8_0, Q4_K) by 32-element block: block blk's 16 rows' weights at
+ * element k (0..31), where its bytes start, and how many 64-byte lines it streams. */
+INLINE void p16_w_blk(const pgd_type t, const uint8_t *p, size_t blk, int k, __m256 *w0,
+                      __m256 *w1) {
+    if (t == PGD_TYPE_Q8_0) p16_w_q8(p + blk * P16_Q8_BLOCK, k, w0, w1);
+    else p16_w_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8) * 32 + k, w0, w1);
+}
+INLINE const uint8_t *p16_blk_bytes(const pgd_type t, const uint8_t *p, size_t blk) {
+    return t == PGD_TYPE_Q8_0 ? p + blk * P16_Q8_BLOCK
+                              : p + blk / 8 * P16_Q4K_SB + P16_Q4K_Q + blk % 8 * 256;
+}
+#define P16_BLK_LINES(t) ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64 : 4)
+/* Block blk's per-row factors: Q8_0 the scales (nm unused), Q4_K d1 and -m1. */
+INLINE void p16_blk_scales(const pgd_type t, const uint8_t *p, size_t blk, __m256 d[2],
+                           __m256 nm[2]) {
+    if (t == PGD_TYPE_Q8_0) {
+        p16_d_q8(p + blk * P16_Q8_BLOCK, &d[0], &d[1]);
+        nm[0] = nm[1] = _mm256_setzero_ps();
+    } else {
+        p16_s_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8), d, nm);
+    }
+}
+/* The end of a block's chain s: y = fma(d, s, y); Q4_K then y = fma(-m1, xs, y). */
+INLINE __m256 p16_fold(const pgd_type t, __m256 d, __m256 nm, __m256 s, __m256 y, float xs) {
+    y = _mm256_fmadd_ps(d, s, y);
+    return t == PGD_TYPE_Q4_K ? _mm256_fmadd_ps(nm, _mm256_set1_ps(xs), y) : y;
+}
+
+/* Elements [k0, k1) of one panel as F32, wf[k - k0][16] (F16 weights; Q8_0/Q4_K quants), and
+ * for the block types their blocks' factors, ds[(k - k0) / 32][32]: the 16 scales (Q8_0) or d1,
+ * then the 16 -m1 (Q4_K). */
 static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, float *wf,
                       float *ds) {
     for (size_t k = k0; k < k1; k++) {
@@ -464,13 +543,15 @@ static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, fl
         if (t == PGD_TYPE_F16) {
             p16_w_f16((const uint16_t *)panel, k, &w0, &w1);
         } else {
-            const uint8_t *qb = panel + (k / 32) * P16_Q8_BLOCK;
-            p16_w_q8(qb, (int)(k % 32), &w0, &w1);
+            p16_w_blk(t, panel, k / 32, (int)(k % 32), &w0, &w1);
             if (k % 32 == 0) {
-                __m256 d0, d1;
-                p16_d_q8(qb, &d0, &d1);
-                _mm256_store_ps(ds + (k - k0) / 32 * 16, d0);
-                _mm256_store_ps(ds + (k - k0) / 32 * 16 + 8, d1);
+                __m256 d[2], nm[2];
+                p16_blk_scales(t, panel, k / 32, d, nm);
+                float *o = ds + (k - k0) / 32 * 32;
+                _mm256_store_ps(o, d[0]);
+                _mm256_store_ps(o + 8, d[1]);
+                _mm256_store_ps(o + 16, nm[0]);
+                _mm256_store_ps(o + 24, nm[1]);
             }
         }
         _mm256_store_ps(wf + (k - k0) * 16, w0);
@@ -479,60 +560,66 @@ static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, fl
 }
 
 /* GEMM tile: NT tokens x 16 rows over [k0, k1) of a slice converted by p16_slice; y holds the
- * running sums between slices. F16: one chain over the slice, continued from y. Q8_0 (q8): a
- * chain per 32-element block from +0, then y = fma(d, chain, y). */
+ * running sums between slices. F16: one chain over the slice, continued from y. Q8_0, Q4_K: a
+ * chain per 32-element block from +0, then p16_fold. */
 INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K, float *y,
-                     size_t N, const int NT, size_t k0, size_t k1, const bool q8) {
+                     size_t N, const int NT, size_t k0, size_t k1, const pgd_type t) {
+    const bool q8 = t != PGD_TYPE_F16; /* block-quantized */
     for (size_t b0 = k0; b0 < k1; b0 += q8 ? 32 : k1 - k0) {
         const size_t b1 = q8 ? b0 + 32 : k1;
         __m256 s[6][2];
 #pragma GCC unroll 6
-        for (int t = 0; t < NT; t++)
+        for (int u = 0; u < NT; u++)
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++)
-                s[t][h] = !q8 && k0 ? _mm256_loadu_ps(y + (size_t)t * N + 8 * h)
+                s[u][h] = !q8 && k0 ? _mm256_loadu_ps(y + (size_t)u * N + 8 * h)
                                     : _mm256_setzero_ps();
         for (size_t k = b0; k < b1; k++) {
             __m256 w0 = _mm256_load_ps(wf + (k - k0) * 16);
             __m256 w1 = _mm256_load_ps(wf + (k - k0) * 16 + 8);
 #pragma GCC unroll 6
-            for (int t = 0; t < NT; t++) {
-                __m256 b = _mm256_broadcast_ss(x + (size_t)t * K + k);
-                s[t][0] = _mm256_fmadd_ps(w0, b, s[t][0]);
-                s[t][1] = _mm256_fmadd_ps(w1, b, s[t][1]);
+            for (int u = 0; u < NT; u++) {
+                __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + k);
+                s[u][0] = _mm256_fmadd_ps(w0, b, s[u][0]);
+                s[u][1] = _mm256_fmadd_ps(w1, b, s[u][1]);
             }
         }
-        const float *d = ds + (b0 - k0) / 32 * 16;
+        const float *d = ds + (b0 - k0) / 32 * 32;
 #pragma GCC unroll 6
-        for (int t = 0; t < NT; t++)
+        for (int u = 0; u < NT; u++) {
+            const float xs = t == PGD_TYPE_Q4_K ? p16_xsum32(x + (size_t)u * K + b0) : 0.0f;
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                float *yt = y + (size_t)t * N + 8 * h;
-                __m256 a = s[t][h];
+                float *yt = y + (size_t)u * N + 8 * h;
+                __m256 a = s[u][h];
                 if (q8)
-                    a = _mm256_fmadd_ps(_mm256_load_ps(d + 8 * h), a,
-                                        b0 ? _mm256_loadu_ps(yt) : _mm256_setzero_ps());
+                    a = p16_fold(t, _mm256_load_ps(d + 8 * h), _mm256_load_ps(d + 16 + 8 * h), a,
+                                 b0 ? _mm256_loadu_ps(yt) : _mm256_setzero_ps(), xs);
                 _mm256_storeu_ps(yt, a);
             }
+        }
     }
 }
 
 typedef void (*p16_fn)(const float *, const float *, const float *, size_t, float *, size_t,
                        size_t, size_t);
-#define P16_T(NAME, NT, Q8)                                                                      \
+#define P16_T(NAME, NT, T)                                                                       \
     static void NAME##_##NT(const float *wf, const float *ds, const float *x, size_t K, float *y, \
                             size_t N, size_t k0, size_t k1) {                                    \
-        p16_tile(wf, ds, x, K, y, N, NT, k0, k1, Q8);                                            \
+        p16_tile(wf, ds, x, K, y, N, NT, k0, k1, T);                                             \
     }
-#define P16_TILES(NAME, Q8)                                                                      \
-    P16_T(NAME, 1, Q8) P16_T(NAME, 2, Q8) P16_T(NAME, 3, Q8) P16_T(NAME, 4, Q8)                  \
-    P16_T(NAME, 5, Q8) P16_T(NAME, 6, Q8)                                                        \
+#define P16_TILES(NAME, T)                                                                       \
+    P16_T(NAME, 1, T) P16_T(NAME, 2, T) P16_T(NAME, 3, T) P16_T(NAME, 4, T)                      \
+    P16_T(NAME, 5, T) P16_T(NAME, 6, T)                                                          \
     static const p16_fn NAME[6] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6};
-P16_TILES(p16_tiles_f16, false)
-P16_TILES(p16_tiles_q8, true)
+P16_TILES(p16_tiles_f16, PGD_TYPE_F16)
+P16_TILES(p16_tiles_q8, PGD_TYPE_Q8_0)
+P16_TILES(p16_tiles_q4k, PGD_TYPE_Q4_K)
 
 static size_t p16_panel_bytes(pgd_type t, size_t K) {
-    return t == PGD_TYPE_F16 ? 16 * K * 2 : (K / 32) * P16_Q8_BLOCK;
+    return t == PGD_TYPE_F16    ? 16 * K * 2
+           : t == PGD_TYPE_Q8_0 ? (K / 32) * P16_Q8_BLOCK
+                                : (K / 256) * P16_Q4K_SB;
 }
 
 /* Q8_0 decode prefetches each panel's stream this far ahead, one hint per 64-byte line: 4
@@ -565,26 +652,27 @@ INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t
             for (int i = 0; i < 2 * NP; i++) sq[i] = _mm256_setzero_ps();
             for (int k = 0; k < 32; k++) {
                 __m256 b = _mm256_broadcast_ss(x + blk * 32 + (size_t)k);
-                if (k < (P16_Q8_BLOCK + 63) / 64) /* a block's 9 lines, one per k */
+                if (k < P16_BLK_LINES(t)) /* a block's lines, one per k */
 #pragma GCC unroll 4
                     for (int q = 0; q < NP; q++)
-                        _mm_prefetch((const char *)(p + q * pb + blk * P16_Q8_BLOCK +
+                        _mm_prefetch((const char *)(p16_blk_bytes(t, p + q * pb, blk) +
                                                     P16_PF_BYTES + 64 * (size_t)k),
                                      _MM_HINT_T0);
 #pragma GCC unroll 4
                 for (int q = 0; q < NP; q++) {
                     __m256 w0, w1;
-                    p16_w_q8(p + q * pb + blk * P16_Q8_BLOCK, k, &w0, &w1);
+                    p16_w_blk(t, p + q * pb, blk, k, &w0, &w1);
                     sq[2 * q] = _mm256_fmadd_ps(w0, b, sq[2 * q]);
                     sq[2 * q + 1] = _mm256_fmadd_ps(w1, b, sq[2 * q + 1]);
                 }
             }
+            const float xs = t == PGD_TYPE_Q4_K ? p16_xsum32(x + blk * 32) : 0.0f;
 #pragma GCC unroll 4
             for (int q = 0; q < NP; q++) {
-                __m256 d0, d1;
-                p16_d_q8(p + q * pb + blk * P16_Q8_BLOCK, &d0, &d1);
-                a[2 * q] = _mm256_fmadd_ps(d0, sq[2 * q], a[2 * q]);
-                a[2 * q + 1] = _mm256_fmadd_ps(d1, sq[2 * q + 1], a[2 * q + 1]);
+                __m256 d[2], nm[2];
+                p16_blk_scales(t, p + q * pb, blk, d, nm);
+                a[2 * q] = p16_fold(t, d[0], nm[0], sq[2 * q], a[2 * q], xs);
+                a[2 * q + 1] = p16_fold(t, d[1], nm[1], sq[2 * q + 1], a[2 * q + 1], xs);
             }
         }
     }
@@ -604,7 +692,8 @@ INLINE void p16_gemv_t(const pgd_type t, const uint8_t *P, const float *x, float
 static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, long lo,
                      long hi) {
     if (t == PGD_TYPE_F16) p16_gemv_t(PGD_TYPE_F16, P, x, y, K, lo, hi);
-    else p16_gemv_t(PGD_TYPE_Q8_0, P, x, y, K, lo, hi);
+    else if (t == PGD_TYPE_Q8_0) p16_gemv_t(PGD_TYPE_Q8_0, P, x, y, K, lo, hi);
+    else p16_gemv_t(PGD_TYPE_Q4_K, P, x, y, K, lo, hi);
 }
 
 /* NT <= 4 tokens, NP panels (16 * NP rows; NP * NT <= 4: 8 independent FMA chains at most,
@@ -648,16 +737,16 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
 #pragma GCC unroll 4
             for (int u = 0; u < NT; u++) sq[q][u][0] = sq[q][u][1] = _mm256_setzero_ps();
         for (int k = 0; k < 32; k++) {
-            if (k < (P16_Q8_BLOCK + 63) / 64)
+            if (k < P16_BLK_LINES(t))
 #pragma GCC unroll 4
                 for (int q = 0; q < NP; q++)
-                    _mm_prefetch((const char *)(p + q * pb + blk * P16_Q8_BLOCK + P16_PF_BYTES +
-                                                64 * (size_t)k),
+                    _mm_prefetch((const char *)(p16_blk_bytes(t, p + q * pb, blk) +
+                                                P16_PF_BYTES + 64 * (size_t)k),
                                  _MM_HINT_T0);
 #pragma GCC unroll 4
             for (int q = 0; q < NP; q++) {
                 __m256 w0, w1;
-                p16_w_q8(p + q * pb + blk * P16_Q8_BLOCK, k, &w0, &w1);
+                p16_w_blk(t, p + q * pb, blk, k, &w0, &w1);
 #pragma GCC unroll 4
                 for (int u = 0; u < NT; u++) {
                     __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + blk * 32 + (size_t)k);
@@ -666,17 +755,21 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
                 }
             }
         }
+        float xs[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < NT; u++)
+            xs[u] = t == PGD_TYPE_Q4_K ? p16_xsum32(x + (size_t)u * K + blk * 32) : 0.0f;
 #pragma GCC unroll 4
         for (int q = 0; q < NP; q++) {
-            __m256 d0, d1, z = _mm256_setzero_ps();
-            p16_d_q8(p + q * pb + blk * P16_Q8_BLOCK, &d0, &d1);
+            __m256 d[2], nm[2], z = _mm256_setzero_ps();
+            p16_blk_scales(t, p + q * pb, blk, d, nm);
 #pragma GCC unroll 4
             for (int u = 0; u < NT; u++) {
                 float *yu = y + (size_t)u * N + 16 * q;
-                _mm256_storeu_ps(yu, _mm256_fmadd_ps(d0, sq[q][u][0],
-                                                     blk ? _mm256_loadu_ps(yu) : z));
-                _mm256_storeu_ps(yu + 8, _mm256_fmadd_ps(d1, sq[q][u][1],
-                                                         blk ? _mm256_loadu_ps(yu + 8) : z));
+                _mm256_storeu_ps(yu, p16_fold(t, d[0], nm[0], sq[q][u][0],
+                                              blk ? _mm256_loadu_ps(yu) : z, xs[u]));
+                _mm256_storeu_ps(yu + 8, p16_fold(t, d[1], nm[1], sq[q][u][1],
+                                                  blk ? _mm256_loadu_ps(yu + 8) : z, xs[u]));
             }
         }
     }
@@ -693,11 +786,16 @@ P16_FEW_FN(PGD_TYPE_F16, 2, 2, p16_pair_f16_2)
 P16_FEW_FN(PGD_TYPE_Q8_0, 1, 1, p16_few_q8_1) P16_FEW_FN(PGD_TYPE_Q8_0, 2, 1, p16_few_q8_2)
 P16_FEW_FN(PGD_TYPE_Q8_0, 3, 1, p16_few_q8_3) P16_FEW_FN(PGD_TYPE_Q8_0, 4, 1, p16_few_q8_4)
 P16_FEW_FN(PGD_TYPE_Q8_0, 2, 2, p16_pair_q8_2)
+P16_FEW_FN(PGD_TYPE_Q4_K, 1, 1, p16_few_q4k_1) P16_FEW_FN(PGD_TYPE_Q4_K, 2, 1, p16_few_q4k_2)
+P16_FEW_FN(PGD_TYPE_Q4_K, 3, 1, p16_few_q4k_3) P16_FEW_FN(PGD_TYPE_Q4_K, 4, 1, p16_few_q4k_4)
+P16_FEW_FN(PGD_TYPE_Q4_K, 2, 2, p16_pair_q4k_2)
 typedef void (*p16_few_fn)(const uint8_t *, size_t, const float *, size_t, float *, size_t);
 /* [nt - 1]: nt tokens over one panel */
 static const p16_few_fn p16_few_f16[4] = {p16_few_f16_1, p16_few_f16_2, p16_few_f16_3,
                                            p16_few_f16_4};
 static const p16_few_fn p16_few_q8[4] = {p16_few_q8_1, p16_few_q8_2, p16_few_q8_3, p16_few_q8_4};
+static const p16_few_fn p16_few_q4k[4] = {p16_few_q4k_1, p16_few_q4k_2, p16_few_q4k_3,
+                                           p16_few_q4k_4};
 
 /* A few tokens (n <= P16_FEW_MAX; F16: P16_FEW_MAX_F16), rows [lo, hi) (multiples of 16):
  * groups of up to 4 tokens stream the panels (two at a time for 2 tokens), converting each
@@ -710,8 +808,12 @@ static const p16_few_fn p16_few_q8[4] = {p16_few_q8_1, p16_few_q8_2, p16_few_q8_
 static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
                     int n, long lo, long hi) {
     const size_t pb = p16_panel_bytes(t, K);
-    const p16_few_fn *fns = t == PGD_TYPE_F16 ? p16_few_f16 : p16_few_q8;
-    const p16_few_fn pair = t == PGD_TYPE_F16 ? p16_pair_f16_2 : p16_pair_q8_2;
+    const p16_few_fn *fns = t == PGD_TYPE_F16    ? p16_few_f16
+                            : t == PGD_TYPE_Q8_0 ? p16_few_q8
+                                                 : p16_few_q4k;
+    const p16_few_fn pair = t == PGD_TYPE_F16    ? p16_pair_f16_2
+                            : t == PGD_TYPE_Q8_0 ? p16_pair_q8_2
+                                                 : p16_pair_q4k_2;
     for (int t0 = 0; t0 < n; t0 += 4) {
         int nt = n - t0 < 4 ? n - t0 : 4;
         const float *xt = x + (size_t)t0 * K;
@@ -728,7 +830,7 @@ static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size
 static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
                      int n, long lo, long hi) {
     static _Thread_local float wf[P16_KC * 16] __attribute__((aligned(32)));
-    static _Thread_local float ds[P16_KC / 32 * 16] __attribute__((aligned(32)));
+    static _Thread_local float ds[P16_KC / 32 * 32] __attribute__((aligned(32)));
     /* Equal slices of at most P16_KC, multiples of 32 (576 = 288 + 288, not 256 + 256 + 64: a
      * short slice pays the accumulators' reload and store for few FMAs). */
     const size_t ns = (K + P16_KC - 1) / P16_KC, kc = ((K + ns - 1) / ns + 31) / 32 * 32;
@@ -744,7 +846,9 @@ static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, siz
                     int nt = t1 - tt < 6 ? (int)(t1 - tt) : 6;
                     const float *xt = x + (size_t)tt * K;
                     float *yt = y + (size_t)tt * N + r;
-                    const p16_fn *fns = t == PGD_TYPE_F16 ? p16_tiles_f16 : p16_tiles_q8;
+                    const p16_fn *fns = t == PGD_TYPE_F16    ? p16_tiles_f16
+                                        : t == PGD_TYPE_Q8_0 ? p16_tiles_q8
+                                                             : p16_tiles_q4k;
                     fns[nt - 1](wf, ds, xt, K, yt, N, k0, k1);
                 }
             }
@@ -767,6 +871,11 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
         return !(env && env[0] == '0') && w->n_in % 32 == 0 &&
                w->row_bytes == (size_t)(w->n_in / 32) * Q8_0_BYTES;
     }
+    if (w->type == PGD_TYPE_Q4_K && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
+        env = getenv("PAGODA_PACK_Q4_K");
+        return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
+               w->row_bytes == (size_t)(w->n_in / 256) * Q4_K_BYTES;
+    }
     return false;
 #else
     (void)w;
@@ -784,6 +893,28 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
                 const uint16_t *row = src + ((size_t)p * 16 + (size_t)r) * K;
                 uint16_t *o = out + (size_t)p * 16 * K + (size_t)r;
                 for (size_t k = 0; k < K; k++) o[k * 16] = row[k];
+            }
+        return;
+    }
+    if (w->type == PGD_TYPE_Q4_K) {
+        const uint8_t *src = w->data;
+        const size_t nsb = K / 256;
+        for (int64_t p = 0; p < w->n_out / 16; p++)
+            for (size_t b = 0; b < nsb; b++) {
+                uint8_t *o = (uint8_t *)dst + ((size_t)p * nsb + b) * P16_Q4K_SB;
+                memset(o + P16_Q4K_Q, 0, 256 * 8);
+                for (int r = 0; r < 16; r++) {
+                    const uint8_t *ib =
+                        src + ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * Q4_K_BYTES;
+                    memcpy(o + 2 * r, ib, 2);           /* d */
+                    memcpy(o + 32 + 2 * r, ib + 2, 2);  /* dmin */
+                    for (int i = 0; i < 12; i++) o[P16_Q4K_SC + 16 * i + r] = ib[4 + i];
+                    for (int k = 0; k < 256; k++) { /* group k / 32: bytes 32 (j / 2), nibble j & 1 */
+                        const int j = k / 32;
+                        uint8_t q = (uint8_t)((ib[16 + 32 * (j / 2) + k % 32] >> (4 * (j & 1))) & 15);
+                        o[P16_Q4K_Q + 8 * k + (r & 7)] |= (uint8_t)(q << (4 * (r >> 3)));
+                    }
+                }
             }
         return;
     }
