@@ -422,7 +422,7 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
 }
 #endif /* __AVX2__ */
 
-/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_K) -------------------------------
+/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_K, Q6_K) -------------------------
  * Outer-product tiles: per k, the 16 rows' weights (two vectors) meet a broadcast of each token's
  * x[k]. F16: every y[t][r] is one FMA chain over k = 0..n_in-1 in order, started from +0. Q8_0:
  * per 32-element block a chain s = sum q[k] x[k] (q widened exactly) from +0, then
@@ -439,8 +439,16 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
  * in every path). Layout per (panel, 256-element super-block), the 2,304 bytes the 16 rows'
  * blocks take row-major: d[16] and dmin[16] (fp16), the 12 packed scale bytes transposed
  * (byte b of the 16 rows, [12][16]), then per element k 8 bytes: row i's quant in byte i's low
- * nibble, row 8 + i's in its high one. */
+ * nibble, row 8 + i's in its high one.
+ * Q6_K (groups of 16, d1 = d * sc; quants q - 32 with q in 0..63): per group the chain of q[k]
+ * x[k], then y = fma(d1, s, y) and y = fma(-32 d1, xs, y), xs the group's 16 activations.
+ * Layout per (panel, super-block), 3,360 bytes as row-major: d[16] (fp16), the int8 scales
+ * [16 groups][16 rows], then per k 12 bytes: 8 of low nibbles as Q4_K's, and a 32-bit word
+ * holding row r's two high bits at bits 2r, 2r + 1. */
 #define P16_Q8_BLOCK (16 * 2 + 32 * 16)
+#define Q6_K_BYTES 210
+#define P16_Q6K_SB (16 * Q6_K_BYTES)
+#define P16_Q6K_Q (32 + 256) /* offset of the quants */
 #define Q4_K_BYTES 144
 #define P16_Q4K_SB (16 * Q4_K_BYTES)
 #define P16_Q4K_SC 64  /* offset of the transposed scale bytes */
@@ -498,44 +506,79 @@ INLINE void p16_s_q4k(const uint8_t *sb, int j, __m256 d1[2], __m256 nm1[2]) {
         nm1[h] = _mm256_xor_ps(_mm256_mul_ps(dm, fm), sgn);
     }
 }
-/* The sum of 32 activations, in one fixed order (Q4_K's offset term). */
-INLINE float p16_xsum32(const float *x) {
-    return pgd_hsum8(_mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
-                                   _mm256_add_ps(_mm256_loadu_ps(x + 16),
-                                                 _mm256_loadu_ps(x + 24))));
+/* Q6_K: the 16 rows' q (0..63, exact) of element k (0..255) of panel super-block sb. */
+INLINE void p16_w_q6k(const uint8_t *sb, int k, __m256 *w0, __m256 *w1) {
+    const uint8_t *q = sb + P16_Q6K_Q + 12 * k;
+    __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    int32_t hw;
+    memcpy(&hw, q + 8, 4);
+    const __m256i v = _mm256_set1_epi32(hw), m30 = _mm256_set1_epi32(0x30);
+    /* row r's bits 2r, 2r + 1 to bits 4, 5: rows 0..7 from v << 4, rows 8..15 from v */
+    __m256i hlo = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_slli_epi32(v, 4), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        m30);
+    __m256i hhi = _mm256_and_si256(
+        _mm256_srlv_epi32(v, _mm256_setr_epi32(12, 14, 16, 18, 20, 22, 24, 26)), m30);
+    *w0 = _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(n, _mm256_set1_epi32(15)), hlo));
+    *w1 = _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(n, 4), hhi));
+}
+/* Q6_K: group g's (0..15) d1 = d * sc of the 16 rows, and -32 d1 (exact). */
+INLINE void p16_s_q6k(const uint8_t *sb, int g, __m256 d1[2], __m256 nm[2]) {
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(sb + 32 + 16 * g));
+    for (int h = 0; h < 2; h++) {
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
+        d1[h] = _mm256_mul_ps(
+            d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(sc, 8) : sc)));
+        nm[h] = _mm256_mul_ps(d1[h], _mm256_set1_ps(-32.0f));
+    }
 }
 
-/* Block-quantized panels (Q8_0, Q4_K) by 32-element block: block blk's 16 rows' weights at
- * element k (0..31), where its bytes start, and how many 64-byte lines it streams. */
+/* Elements per block of a block-quantized panel: a chain runs over one block. */
+#define P16_BL(t) ((t) == PGD_TYPE_Q6_K ? 16 : 32)
+/* The sum of a block's activations, in one fixed order (the Q4_K and Q6_K offset terms). */
+INLINE float p16_xsum(const pgd_type t, const float *x) {
+    __m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
+    if (t != PGD_TYPE_Q6_K)
+        a = _mm256_add_ps(a, _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+    return pgd_hsum8(a);
+}
+
+/* Block-quantized panels (Q8_0, Q4_K, Q6_K) by block (P16_BL elements): block blk's 16 rows'
+ * weights at element k of the block, where its bytes start, and how many 64-byte lines it
+ * streams. */
 INLINE void p16_w_blk(const pgd_type t, const uint8_t *p, size_t blk, int k, __m256 *w0,
                       __m256 *w1) {
     if (t == PGD_TYPE_Q8_0) p16_w_q8(p + blk * P16_Q8_BLOCK, k, w0, w1);
-    else p16_w_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8) * 32 + k, w0, w1);
+    else if (t == PGD_TYPE_Q4_K) p16_w_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8) * 32 + k, w0, w1);
+    else p16_w_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16) * 16 + k, w0, w1);
 }
 INLINE const uint8_t *p16_blk_bytes(const pgd_type t, const uint8_t *p, size_t blk) {
-    return t == PGD_TYPE_Q8_0 ? p + blk * P16_Q8_BLOCK
-                              : p + blk / 8 * P16_Q4K_SB + P16_Q4K_Q + blk % 8 * 256;
+    return t == PGD_TYPE_Q8_0   ? p + blk * P16_Q8_BLOCK
+           : t == PGD_TYPE_Q4_K ? p + blk / 8 * P16_Q4K_SB + P16_Q4K_Q + blk % 8 * 256
+                                : p + blk / 16 * P16_Q6K_SB + P16_Q6K_Q + blk % 16 * 192;
 }
-#define P16_BLK_LINES(t) ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64 : 4)
-/* Block blk's per-row factors: Q8_0 the scales (nm unused), Q4_K d1 and -m1. */
+#define P16_BLK_LINES(t) ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64 : (t) == PGD_TYPE_Q4_K ? 4 : 3)
+/* Block blk's per-row factors: Q8_0 the scales (nm unused), Q4_K d1 and -m1, Q6_K d1, -32 d1. */
 INLINE void p16_blk_scales(const pgd_type t, const uint8_t *p, size_t blk, __m256 d[2],
                            __m256 nm[2]) {
     if (t == PGD_TYPE_Q8_0) {
         p16_d_q8(p + blk * P16_Q8_BLOCK, &d[0], &d[1]);
         nm[0] = nm[1] = _mm256_setzero_ps();
-    } else {
+    } else if (t == PGD_TYPE_Q4_K) {
         p16_s_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8), d, nm);
+    } else {
+        p16_s_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16), d, nm);
     }
 }
-/* The end of a block's chain s: y = fma(d, s, y); Q4_K then y = fma(-m1, xs, y). */
+/* The end of a block's chain s: y = fma(d, s, y); Q4_K and Q6_K then y = fma(nm, xs, y). */
 INLINE __m256 p16_fold(const pgd_type t, __m256 d, __m256 nm, __m256 s, __m256 y, float xs) {
     y = _mm256_fmadd_ps(d, s, y);
-    return t == PGD_TYPE_Q4_K ? _mm256_fmadd_ps(nm, _mm256_set1_ps(xs), y) : y;
+    return t != PGD_TYPE_Q8_0 ? _mm256_fmadd_ps(nm, _mm256_set1_ps(xs), y) : y;
 }
 
 /* Elements [k0, k1) of one panel as F32, wf[k - k0][16] (F16 weights; Q8_0/Q4_K quants), and
- * for the block types their blocks' factors, ds[(k - k0) / 32][32]: the 16 scales (Q8_0) or d1,
- * then the 16 -m1 (Q4_K). */
+ * for the block types their blocks' factors, ds[(k - k0) / P16_BL][32]: the 16 scales (Q8_0) or
+ * d1, then the 16 offset factors nm (Q4_K, Q6_K). */
 static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, float *wf,
                       float *ds) {
     for (size_t k = k0; k < k1; k++) {
@@ -543,11 +586,12 @@ static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, fl
         if (t == PGD_TYPE_F16) {
             p16_w_f16((const uint16_t *)panel, k, &w0, &w1);
         } else {
-            p16_w_blk(t, panel, k / 32, (int)(k % 32), &w0, &w1);
-            if (k % 32 == 0) {
+            const size_t bl = P16_BL(t);
+            p16_w_blk(t, panel, k / bl, (int)(k % bl), &w0, &w1);
+            if (k % bl == 0) {
                 __m256 d[2], nm[2];
-                p16_blk_scales(t, panel, k / 32, d, nm);
-                float *o = ds + (k - k0) / 32 * 32;
+                p16_blk_scales(t, panel, k / bl, d, nm);
+                float *o = ds + (k - k0) / bl * 32;
                 _mm256_store_ps(o, d[0]);
                 _mm256_store_ps(o + 8, d[1]);
                 _mm256_store_ps(o + 16, nm[0]);
@@ -565,8 +609,9 @@ static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, fl
 INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K, float *y,
                      size_t N, const int NT, size_t k0, size_t k1, const pgd_type t) {
     const bool q8 = t != PGD_TYPE_F16; /* block-quantized */
-    for (size_t b0 = k0; b0 < k1; b0 += q8 ? 32 : k1 - k0) {
-        const size_t b1 = q8 ? b0 + 32 : k1;
+    const size_t bl = P16_BL(t);
+    for (size_t b0 = k0; b0 < k1; b0 += q8 ? bl : k1 - k0) {
+        const size_t b1 = q8 ? b0 + bl : k1;
         __m256 s[6][2];
 #pragma GCC unroll 6
         for (int u = 0; u < NT; u++)
@@ -584,10 +629,10 @@ INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K,
                 s[u][1] = _mm256_fmadd_ps(w1, b, s[u][1]);
             }
         }
-        const float *d = ds + (b0 - k0) / 32 * 32;
+        const float *d = ds + (b0 - k0) / bl * 32;
 #pragma GCC unroll 6
         for (int u = 0; u < NT; u++) {
-            const float xs = t == PGD_TYPE_Q4_K ? p16_xsum32(x + (size_t)u * K + b0) : 0.0f;
+            const float xs = q8 && t != PGD_TYPE_Q8_0 ? p16_xsum(t, x + (size_t)u * K + b0) : 0.0f;
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 float *yt = y + (size_t)u * N + 8 * h;
@@ -615,11 +660,13 @@ typedef void (*p16_fn)(const float *, const float *, const float *, size_t, floa
 P16_TILES(p16_tiles_f16, PGD_TYPE_F16)
 P16_TILES(p16_tiles_q8, PGD_TYPE_Q8_0)
 P16_TILES(p16_tiles_q4k, PGD_TYPE_Q4_K)
+P16_TILES(p16_tiles_q6k, PGD_TYPE_Q6_K)
 
 static size_t p16_panel_bytes(pgd_type t, size_t K) {
     return t == PGD_TYPE_F16    ? 16 * K * 2
            : t == PGD_TYPE_Q8_0 ? (K / 32) * P16_Q8_BLOCK
-                                : (K / 256) * P16_Q4K_SB;
+           : t == PGD_TYPE_Q4_K ? (K / 256) * P16_Q4K_SB
+                                : (K / 256) * P16_Q6K_SB;
 }
 
 /* Q8_0 decode prefetches each panel's stream this far ahead, one hint per 64-byte line: 4
@@ -646,12 +693,13 @@ INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t
             }
         }
     } else {
-        for (size_t blk = 0; blk < K / 32; blk++) {
+        const int bl = P16_BL(t);
+        for (size_t blk = 0; blk < K / (size_t)bl; blk++) {
             __m256 sq[8];
 #pragma GCC unroll 8
             for (int i = 0; i < 2 * NP; i++) sq[i] = _mm256_setzero_ps();
-            for (int k = 0; k < 32; k++) {
-                __m256 b = _mm256_broadcast_ss(x + blk * 32 + (size_t)k);
+            for (int k = 0; k < bl; k++) {
+                __m256 b = _mm256_broadcast_ss(x + blk * bl + (size_t)k);
                 if (k < P16_BLK_LINES(t)) /* a block's lines, one per k */
 #pragma GCC unroll 4
                     for (int q = 0; q < NP; q++)
@@ -666,7 +714,7 @@ INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t
                     sq[2 * q + 1] = _mm256_fmadd_ps(w1, b, sq[2 * q + 1]);
                 }
             }
-            const float xs = t == PGD_TYPE_Q4_K ? p16_xsum32(x + blk * 32) : 0.0f;
+            const float xs = t != PGD_TYPE_Q8_0 ? p16_xsum(t, x + blk * bl) : 0.0f;
 #pragma GCC unroll 4
             for (int q = 0; q < NP; q++) {
                 __m256 d[2], nm[2];
@@ -693,7 +741,8 @@ static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, siz
                      long hi) {
     if (t == PGD_TYPE_F16) p16_gemv_t(PGD_TYPE_F16, P, x, y, K, lo, hi);
     else if (t == PGD_TYPE_Q8_0) p16_gemv_t(PGD_TYPE_Q8_0, P, x, y, K, lo, hi);
-    else p16_gemv_t(PGD_TYPE_Q4_K, P, x, y, K, lo, hi);
+    else if (t == PGD_TYPE_Q4_K) p16_gemv_t(PGD_TYPE_Q4_K, P, x, y, K, lo, hi);
+    else p16_gemv_t(PGD_TYPE_Q6_K, P, x, y, K, lo, hi);
 }
 
 /* NT <= 4 tokens, NP panels (16 * NP rows; NP * NT <= 4: 8 independent FMA chains at most,
@@ -730,13 +779,14 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
             }
         return;
     }
-    for (size_t blk = 0; blk < K / 32; blk++) {
+    const int bl = P16_BL(t);
+    for (size_t blk = 0; blk < K / (size_t)bl; blk++) {
         __m256 sq[4][4][2];
 #pragma GCC unroll 4
         for (int q = 0; q < NP; q++)
 #pragma GCC unroll 4
             for (int u = 0; u < NT; u++) sq[q][u][0] = sq[q][u][1] = _mm256_setzero_ps();
-        for (int k = 0; k < 32; k++) {
+        for (int k = 0; k < bl; k++) {
             if (k < P16_BLK_LINES(t))
 #pragma GCC unroll 4
                 for (int q = 0; q < NP; q++)
@@ -749,7 +799,7 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
                 p16_w_blk(t, p + q * pb, blk, k, &w0, &w1);
 #pragma GCC unroll 4
                 for (int u = 0; u < NT; u++) {
-                    __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + blk * 32 + (size_t)k);
+                    __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + blk * bl + (size_t)k);
                     sq[q][u][0] = _mm256_fmadd_ps(w0, b, sq[q][u][0]);
                     sq[q][u][1] = _mm256_fmadd_ps(w1, b, sq[q][u][1]);
                 }
@@ -758,7 +808,7 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
         float xs[4];
 #pragma GCC unroll 4
         for (int u = 0; u < NT; u++)
-            xs[u] = t == PGD_TYPE_Q4_K ? p16_xsum32(x + (size_t)u * K + blk * 32) : 0.0f;
+            xs[u] = t != PGD_TYPE_Q8_0 ? p16_xsum(t, x + (size_t)u * K + blk * bl) : 0.0f;
 #pragma GCC unroll 4
         for (int q = 0; q < NP; q++) {
             __m256 d[2], nm[2], z = _mm256_setzero_ps();
@@ -789,6 +839,9 @@ P16_FEW_FN(PGD_TYPE_Q8_0, 2, 2, p16_pair_q8_2)
 P16_FEW_FN(PGD_TYPE_Q4_K, 1, 1, p16_few_q4k_1) P16_FEW_FN(PGD_TYPE_Q4_K, 2, 1, p16_few_q4k_2)
 P16_FEW_FN(PGD_TYPE_Q4_K, 3, 1, p16_few_q4k_3) P16_FEW_FN(PGD_TYPE_Q4_K, 4, 1, p16_few_q4k_4)
 P16_FEW_FN(PGD_TYPE_Q4_K, 2, 2, p16_pair_q4k_2)
+P16_FEW_FN(PGD_TYPE_Q6_K, 1, 1, p16_few_q6k_1) P16_FEW_FN(PGD_TYPE_Q6_K, 2, 1, p16_few_q6k_2)
+P16_FEW_FN(PGD_TYPE_Q6_K, 3, 1, p16_few_q6k_3) P16_FEW_FN(PGD_TYPE_Q6_K, 4, 1, p16_few_q6k_4)
+P16_FEW_FN(PGD_TYPE_Q6_K, 2, 2, p16_pair_q6k_2)
 typedef void (*p16_few_fn)(const uint8_t *, size_t, const float *, size_t, float *, size_t);
 /* [nt - 1]: nt tokens over one panel */
 static const p16_few_fn p16_few_f16[4] = {p16_few_f16_1, p16_few_f16_2, p16_few_f16_3,
@@ -796,6 +849,8 @@ static const p16_few_fn p16_few_f16[4] = {p16_few_f16_1, p16_few_f16_2, p16_few_
 static const p16_few_fn p16_few_q8[4] = {p16_few_q8_1, p16_few_q8_2, p16_few_q8_3, p16_few_q8_4};
 static const p16_few_fn p16_few_q4k[4] = {p16_few_q4k_1, p16_few_q4k_2, p16_few_q4k_3,
                                            p16_few_q4k_4};
+static const p16_few_fn p16_few_q6k[4] = {p16_few_q6k_1, p16_few_q6k_2, p16_few_q6k_3,
+                                           p16_few_q6k_4};
 
 /* A few tokens (n <= P16_FEW_MAX; F16: P16_FEW_MAX_F16), rows [lo, hi) (multiples of 16):
  * groups of up to 4 tokens stream the panels (two at a time for 2 tokens), converting each
@@ -810,10 +865,12 @@ static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size
     const size_t pb = p16_panel_bytes(t, K);
     const p16_few_fn *fns = t == PGD_TYPE_F16    ? p16_few_f16
                             : t == PGD_TYPE_Q8_0 ? p16_few_q8
-                                                 : p16_few_q4k;
+                            : t == PGD_TYPE_Q4_K ? p16_few_q4k
+                                                 : p16_few_q6k;
     const p16_few_fn pair = t == PGD_TYPE_F16    ? p16_pair_f16_2
                             : t == PGD_TYPE_Q8_0 ? p16_pair_q8_2
-                                                 : p16_pair_q4k_2;
+                            : t == PGD_TYPE_Q4_K ? p16_pair_q4k_2
+                                                 : p16_pair_q6k_2;
     for (int t0 = 0; t0 < n; t0 += 4) {
         int nt = n - t0 < 4 ? n - t0 : 4;
         const float *xt = x + (size_t)t0 * K;
@@ -830,7 +887,7 @@ static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size
 static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
                      int n, long lo, long hi) {
     static _Thread_local float wf[P16_KC * 16] __attribute__((aligned(32)));
-    static _Thread_local float ds[P16_KC / 32 * 32] __attribute__((aligned(32)));
+    static _Thread_local float ds[P16_KC / 16 * 32] __attribute__((aligned(32)));
     /* Equal slices of at most P16_KC, multiples of 32 (576 = 288 + 288, not 256 + 256 + 64: a
      * short slice pays the accumulators' reload and store for few FMAs). */
     const size_t ns = (K + P16_KC - 1) / P16_KC, kc = ((K + ns - 1) / ns + 31) / 32 * 32;
@@ -848,7 +905,8 @@ static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, siz
                     float *yt = y + (size_t)tt * N + r;
                     const p16_fn *fns = t == PGD_TYPE_F16    ? p16_tiles_f16
                                         : t == PGD_TYPE_Q8_0 ? p16_tiles_q8
-                                                             : p16_tiles_q4k;
+                                        : t == PGD_TYPE_Q4_K ? p16_tiles_q4k
+                                                             : p16_tiles_q6k;
                     fns[nt - 1](wf, ds, xt, K, yt, N, k0, k1);
                 }
             }
@@ -875,6 +933,11 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
         env = getenv("PAGODA_PACK_Q4_K");
         return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
                w->row_bytes == (size_t)(w->n_in / 256) * Q4_K_BYTES;
+    }
+    if (w->type == PGD_TYPE_Q6_K && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
+        env = getenv("PAGODA_PACK_Q6_K");
+        return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
+               w->row_bytes == (size_t)(w->n_in / 256) * Q6_K_BYTES;
     }
     return false;
 #else
@@ -913,6 +976,30 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
                         const int j = k / 32;
                         uint8_t q = (uint8_t)((ib[16 + 32 * (j / 2) + k % 32] >> (4 * (j & 1))) & 15);
                         o[P16_Q4K_Q + 8 * k + (r & 7)] |= (uint8_t)(q << (4 * (r >> 3)));
+                    }
+                }
+            }
+        return;
+    }
+    if (w->type == PGD_TYPE_Q6_K) {
+        const uint8_t *src = w->data;
+        const size_t nsb = K / 256;
+        for (int64_t p = 0; p < w->n_out / 16; p++)
+            for (size_t b = 0; b < nsb; b++) {
+                uint8_t *o = (uint8_t *)dst + ((size_t)p * nsb + b) * P16_Q6K_SB;
+                memset(o + P16_Q6K_Q, 0, 256 * 12);
+                for (int r = 0; r < 16; r++) {
+                    const uint8_t *ib =
+                        src + ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * Q6_K_BYTES;
+                    memcpy(o + 2 * r, ib + 208, 2); /* d */
+                    for (int g = 0; g < 16; g++) o[32 + 16 * g + r] = ib[192 + g];
+                    for (int e = 0; e < 256; e++) { /* ggml's ql/qh indexing */
+                        const int c = e / 128, k = (e % 128) / 32, l = e % 32;
+                        int lo = (ib[64 * c + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+                        int hi = (ib[128 + 32 * c + l] >> (2 * k)) & 3;
+                        uint8_t *q = o + P16_Q6K_Q + 12 * e;
+                        q[r & 7] |= (uint8_t)(lo << (4 * (r >> 3)));
+                        q[8 + r / 4] |= (uint8_t)(hi << (2 * (r % 4)));
                     }
                 }
             }
