@@ -422,7 +422,7 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
 }
 #endif /* __AVX2__ */
 
-/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_K, Q6_K) -------------------------
+/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K) ----------
  * Outer-product tiles: per k, the 16 rows' weights (two vectors) meet a broadcast of each token's
  * x[k]. F16: every y[t][r] is one FMA chain over k = 0..n_in-1 in order, started from +0. Q8_0:
  * per 32-element block a chain s = sum q[k] x[k] (q widened exactly) from +0, then
@@ -435,8 +435,8 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
  * scales, then q[k][16] (k-major): 544 bytes, as 16 rows' blocks take row-major.
  * Q4_K (d1 = d * sc and m1 = dmin * mn of each row's 32-element group, as pgd_dequantize_row
  * forms them): per group the chain s = sum q[k] x[k] from +0, then y = fma(d1, s, y) and
- * y = fma(-m1, xs, y), xs the token's sum of the group's 32 activations (p16_xsum32, the same
- * in every path). Layout per (panel, 256-element super-block), the 2,304 bytes the 16 rows'
+ * y = fma(-m1, xs, y), xs the token's sum of the group's 32 activations (p16_xsum, computed
+ * once per call into the act scratch, so every path reads the same bits). Layout per (panel, 256-element super-block), the 2,304 bytes the 16 rows'
  * blocks take row-major: d[16] and dmin[16] (fp16), the 12 packed scale bytes transposed
  * (byte b of the 16 rows, [12][16]), then per element k 8 bytes: row i's quant in byte i's low
  * nibble, row 8 + i's in its high one.
@@ -444,8 +444,18 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
  * x[k], then y = fma(d1, s, y) and y = fma(-32 d1, xs, y), xs the group's 16 activations.
  * Layout per (panel, super-block), 3,360 bytes as row-major: d[16] (fp16), the int8 scales
  * [16 groups][16 rows], then per k 12 bytes: 8 of low nibbles as Q4_K's, and a 32-bit word
- * holding row r's two high bits at bits 2r, 2r + 1. */
+ * holding row r's two high bits at bits 2r, 2r + 1.
+ * Q4_0, Q4_1, Q5_0, Q5_1 (values d q + o, o = -8d, m, -16d, m): per 32-element block the chain
+ * of q[k] x[k], then y = fma(d, s, y) and y = fma(o, xs, y). Layout per (panel, block), the
+ * bytes 16 rows' blocks take: d[16] (fp16), for Q4_1/Q5_1 m[16], then per k 8 bytes of low
+ * nibbles as Q4_K's, and for Q5_0/Q5_1 a 16-bit word with row r's fifth bit at bit r. */
 #define P16_Q8_BLOCK (16 * 2 + 32 * 16)
+#define P16_Q5(t) ((t) == PGD_TYPE_Q5_0 || (t) == PGD_TYPE_Q5_1)
+#define P16_HAS_M(t) ((t) == PGD_TYPE_Q4_1 || (t) == PGD_TYPE_Q5_1)
+#define P16_Q4X(t) ((t) == PGD_TYPE_Q4_0 || (t) == PGD_TYPE_Q4_1 || P16_Q5(t))
+#define P16_Q4X_HDR(t) (P16_HAS_M(t) ? 64 : 32) /* bytes before a block's quants */
+#define P16_Q4X_KB(t) (P16_Q5(t) ? 10 : 8)      /* bytes per element k */
+#define P16_Q4X_BLOCK(t) (P16_Q4X_HDR(t) + 32 * P16_Q4X_KB(t))
 #define Q6_K_BYTES 210
 #define P16_Q6K_SB (16 * Q6_K_BYTES)
 #define P16_Q6K_Q (32 + 256) /* offset of the quants */
@@ -533,9 +543,37 @@ INLINE void p16_s_q6k(const uint8_t *sb, int g, __m256 d1[2], __m256 nm[2]) {
     }
 }
 
+/* Q4_0..Q5_1: the 16 rows' q (exact integers) of element k (0..31) of panel block qb. */
+INLINE void p16_w_q4x(const pgd_type t, const uint8_t *qb, int k, __m256 *w0, __m256 *w1) {
+    const uint8_t *q = qb + P16_Q4X_HDR(t) + P16_Q4X_KB(t) * k;
+    __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    __m256i lo = _mm256_and_si256(n, _mm256_set1_epi32(15)), hi = _mm256_srli_epi32(n, 4);
+    if (P16_Q5(t)) { /* row r's bit r to bit 4: rows 0..7 from v << 4, rows 8..15 from v */
+        uint16_t hw;
+        memcpy(&hw, q + 8, 2);
+        const __m256i v = _mm256_set1_epi32(hw), m10 = _mm256_set1_epi32(0x10);
+        const __m256i sh = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srlv_epi32(_mm256_slli_epi32(v, 4), sh),
+                                                  m10));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(
+                                     _mm256_srlv_epi32(v, _mm256_add_epi32(sh, _mm256_set1_epi32(4))),
+                                     m10));
+    }
+    *w0 = _mm256_cvtepi32_ps(lo);
+    *w1 = _mm256_cvtepi32_ps(hi);
+}
+/* Q4_0..Q5_1: the 16 rows' d and offset o of panel block qb (-8d and -16d are exact). */
+INLINE void p16_s_q4x(const pgd_type t, const uint8_t *qb, __m256 d[2], __m256 o[2]) {
+    for (int h = 0; h < 2; h++) {
+        d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + 16 * h)));
+        o[h] = P16_HAS_M(t) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + 32 + 16 * h)))
+                            : _mm256_mul_ps(d[h], _mm256_set1_ps(P16_Q5(t) ? -16.0f : -8.0f));
+    }
+}
+
 /* Elements per block of a block-quantized panel: a chain runs over one block. */
 #define P16_BL(t) ((t) == PGD_TYPE_Q6_K ? 16 : 32)
-/* The sum of a block's activations, in one fixed order (the Q4_K and Q6_K offset terms). */
+/* The sum of a block's activations, in one fixed order (the offset terms). */
 INLINE float p16_xsum(const pgd_type t, const float *x) {
     __m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
     if (t != PGD_TYPE_Q6_K)
@@ -549,28 +587,37 @@ INLINE float p16_xsum(const pgd_type t, const float *x) {
 INLINE void p16_w_blk(const pgd_type t, const uint8_t *p, size_t blk, int k, __m256 *w0,
                       __m256 *w1) {
     if (t == PGD_TYPE_Q8_0) p16_w_q8(p + blk * P16_Q8_BLOCK, k, w0, w1);
+    else if (P16_Q4X(t)) p16_w_q4x(t, p + blk * P16_Q4X_BLOCK(t), k, w0, w1);
     else if (t == PGD_TYPE_Q4_K) p16_w_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8) * 32 + k, w0, w1);
     else p16_w_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16) * 16 + k, w0, w1);
 }
 INLINE const uint8_t *p16_blk_bytes(const pgd_type t, const uint8_t *p, size_t blk) {
     return t == PGD_TYPE_Q8_0   ? p + blk * P16_Q8_BLOCK
+           : P16_Q4X(t)         ? p + blk * P16_Q4X_BLOCK(t)
            : t == PGD_TYPE_Q4_K ? p + blk / 8 * P16_Q4K_SB + P16_Q4K_Q + blk % 8 * 256
                                 : p + blk / 16 * P16_Q6K_SB + P16_Q6K_Q + blk % 16 * 192;
 }
-#define P16_BLK_LINES(t) ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64 : (t) == PGD_TYPE_Q4_K ? 4 : 3)
-/* Block blk's per-row factors: Q8_0 the scales (nm unused), Q4_K d1 and -m1, Q6_K d1, -32 d1. */
+#define P16_BLK_LINES(t)                                                                         \
+    ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64                                             \
+     : P16_Q4X(t)         ? (P16_Q4X_BLOCK(t) + 63) / 64                                         \
+     : (t) == PGD_TYPE_Q4_K ? 4                                                                  \
+                            : 3)
+/* Block blk's per-row factors: Q8_0 the scales (nm unused), Q4_K d1 and -m1, Q6_K d1, -32 d1,
+ * Q4_0..Q5_1 d and the offset. */
 INLINE void p16_blk_scales(const pgd_type t, const uint8_t *p, size_t blk, __m256 d[2],
                            __m256 nm[2]) {
     if (t == PGD_TYPE_Q8_0) {
         p16_d_q8(p + blk * P16_Q8_BLOCK, &d[0], &d[1]);
         nm[0] = nm[1] = _mm256_setzero_ps();
+    } else if (P16_Q4X(t)) {
+        p16_s_q4x(t, p + blk * P16_Q4X_BLOCK(t), d, nm);
     } else if (t == PGD_TYPE_Q4_K) {
         p16_s_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8), d, nm);
     } else {
         p16_s_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16), d, nm);
     }
 }
-/* The end of a block's chain s: y = fma(d, s, y); Q4_K and Q6_K then y = fma(nm, xs, y). */
+/* The end of a block's chain s: y = fma(d, s, y); all but Q8_0 then y = fma(nm, xs, y). */
 INLINE __m256 p16_fold(const pgd_type t, __m256 d, __m256 nm, __m256 s, __m256 y, float xs) {
     y = _mm256_fmadd_ps(d, s, y);
     return t != PGD_TYPE_Q8_0 ? _mm256_fmadd_ps(nm, _mm256_set1_ps(xs), y) : y;
@@ -607,7 +654,8 @@ static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, fl
  * running sums between slices. F16: one chain over the slice, continued from y. Q8_0, Q4_K: a
  * chain per 32-element block from +0, then p16_fold. */
 INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K, float *y,
-                     size_t N, const int NT, size_t k0, size_t k1, const pgd_type t) {
+                     size_t N, const int NT, size_t k0, size_t k1, const pgd_type t,
+                     const float *xs, size_t xss) {
     const bool q8 = t != PGD_TYPE_F16; /* block-quantized */
     const size_t bl = P16_BL(t);
     for (size_t b0 = k0; b0 < k1; b0 += q8 ? bl : k1 - k0) {
@@ -632,14 +680,14 @@ INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K,
         const float *d = ds + (b0 - k0) / bl * 32;
 #pragma GCC unroll 6
         for (int u = 0; u < NT; u++) {
-            const float xs = q8 && t != PGD_TYPE_Q8_0 ? p16_xsum(t, x + (size_t)u * K + b0) : 0.0f;
+            const float xsu = q8 && t != PGD_TYPE_Q8_0 ? xs[(size_t)u * xss + b0 / bl] : 0.0f;
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 float *yt = y + (size_t)u * N + 8 * h;
                 __m256 a = s[u][h];
                 if (q8)
                     a = p16_fold(t, _mm256_load_ps(d + 8 * h), _mm256_load_ps(d + 16 + 8 * h), a,
-                                 b0 ? _mm256_loadu_ps(yt) : _mm256_setzero_ps(), xs);
+                                 b0 ? _mm256_loadu_ps(yt) : _mm256_setzero_ps(), xsu);
                 _mm256_storeu_ps(yt, a);
             }
         }
@@ -647,11 +695,11 @@ INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K,
 }
 
 typedef void (*p16_fn)(const float *, const float *, const float *, size_t, float *, size_t,
-                       size_t, size_t);
+                       size_t, size_t, const float *, size_t);
 #define P16_T(NAME, NT, T)                                                                       \
     static void NAME##_##NT(const float *wf, const float *ds, const float *x, size_t K, float *y, \
-                            size_t N, size_t k0, size_t k1) {                                    \
-        p16_tile(wf, ds, x, K, y, N, NT, k0, k1, T);                                             \
+                            size_t N, size_t k0, size_t k1, const float *xs, size_t xss) {       \
+        p16_tile(wf, ds, x, K, y, N, NT, k0, k1, T, xs, xss);                                    \
     }
 #define P16_TILES(NAME, T)                                                                       \
     P16_T(NAME, 1, T) P16_T(NAME, 2, T) P16_T(NAME, 3, T) P16_T(NAME, 4, T)                      \
@@ -661,10 +709,15 @@ P16_TILES(p16_tiles_f16, PGD_TYPE_F16)
 P16_TILES(p16_tiles_q8, PGD_TYPE_Q8_0)
 P16_TILES(p16_tiles_q4k, PGD_TYPE_Q4_K)
 P16_TILES(p16_tiles_q6k, PGD_TYPE_Q6_K)
+P16_TILES(p16_tiles_q40, PGD_TYPE_Q4_0)
+P16_TILES(p16_tiles_q41, PGD_TYPE_Q4_1)
+P16_TILES(p16_tiles_q50, PGD_TYPE_Q5_0)
+P16_TILES(p16_tiles_q51, PGD_TYPE_Q5_1)
 
 static size_t p16_panel_bytes(pgd_type t, size_t K) {
     return t == PGD_TYPE_F16    ? 16 * K * 2
            : t == PGD_TYPE_Q8_0 ? (K / 32) * P16_Q8_BLOCK
+           : P16_Q4X(t)         ? (K / 32) * P16_Q4X_BLOCK(t)
            : t == PGD_TYPE_Q4_K ? (K / 256) * P16_Q4K_SB
                                 : (K / 256) * P16_Q6K_SB;
 }
@@ -677,7 +730,7 @@ static size_t p16_panel_bytes(pgd_type t, size_t K) {
 
 /* One token, NP panels (16 * NP rows from row n): 2 * NP independent chains. */
 INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t pb,
-                        const float *x, float *y, size_t K) {
+                        const float *x, float *y, size_t K, const float *xs) {
     __m256 a[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 2 * NP; i++) a[i] = _mm256_setzero_ps();
@@ -714,13 +767,13 @@ INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t
                     sq[2 * q + 1] = _mm256_fmadd_ps(w1, b, sq[2 * q + 1]);
                 }
             }
-            const float xs = t != PGD_TYPE_Q8_0 ? p16_xsum(t, x + blk * bl) : 0.0f;
+            const float xsb = t != PGD_TYPE_Q8_0 ? xs[blk] : 0.0f;
 #pragma GCC unroll 4
             for (int q = 0; q < NP; q++) {
                 __m256 d[2], nm[2];
                 p16_blk_scales(t, p + q * pb, blk, d, nm);
-                a[2 * q] = p16_fold(t, d[0], nm[0], sq[2 * q], a[2 * q], xs);
-                a[2 * q + 1] = p16_fold(t, d[1], nm[1], sq[2 * q + 1], a[2 * q + 1], xs);
+                a[2 * q] = p16_fold(t, d[0], nm[0], sq[2 * q], a[2 * q], xsb);
+                a[2 * q + 1] = p16_fold(t, d[1], nm[1], sq[2 * q + 1], a[2 * q + 1], xsb);
             }
         }
     }
@@ -731,18 +784,25 @@ INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t
 /* One token, rows [lo, hi) (multiples of 16): 4 panels at a time (4 long streams), then the
  * remaining panels one by one. A row's chain is the same either way. */
 INLINE void p16_gemv_t(const pgd_type t, const uint8_t *P, const float *x, float *y, size_t K,
-                       long lo, long hi) {
+                       long lo, long hi, const float *xs) {
     const size_t pb = p16_panel_bytes(t, K);
     long n = lo;
-    for (; n + 64 <= hi; n += 64) p16_gemv_np(t, 4, P + (size_t)(n / 16) * pb, pb, x, y + n, K);
-    for (; n < hi; n += 16) p16_gemv_np(t, 1, P + (size_t)(n / 16) * pb, pb, x, y + n, K);
+    for (; n + 64 <= hi; n += 64)
+        p16_gemv_np(t, 4, P + (size_t)(n / 16) * pb, pb, x, y + n, K, xs);
+    for (; n < hi; n += 16) p16_gemv_np(t, 1, P + (size_t)(n / 16) * pb, pb, x, y + n, K, xs);
 }
 static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, long lo,
-                     long hi) {
-    if (t == PGD_TYPE_F16) p16_gemv_t(PGD_TYPE_F16, P, x, y, K, lo, hi);
-    else if (t == PGD_TYPE_Q8_0) p16_gemv_t(PGD_TYPE_Q8_0, P, x, y, K, lo, hi);
-    else if (t == PGD_TYPE_Q4_K) p16_gemv_t(PGD_TYPE_Q4_K, P, x, y, K, lo, hi);
-    else p16_gemv_t(PGD_TYPE_Q6_K, P, x, y, K, lo, hi);
+                     long hi, const float *xs) {
+    switch (t) {
+    case PGD_TYPE_F16: p16_gemv_t(PGD_TYPE_F16, P, x, y, K, lo, hi, xs); return;
+    case PGD_TYPE_Q8_0: p16_gemv_t(PGD_TYPE_Q8_0, P, x, y, K, lo, hi, xs); return;
+    case PGD_TYPE_Q4_K: p16_gemv_t(PGD_TYPE_Q4_K, P, x, y, K, lo, hi, xs); return;
+    case PGD_TYPE_Q6_K: p16_gemv_t(PGD_TYPE_Q6_K, P, x, y, K, lo, hi, xs); return;
+    case PGD_TYPE_Q4_0: p16_gemv_t(PGD_TYPE_Q4_0, P, x, y, K, lo, hi, xs); return;
+    case PGD_TYPE_Q4_1: p16_gemv_t(PGD_TYPE_Q4_1, P, x, y, K, lo, hi, xs); return;
+    case PGD_TYPE_Q5_0: p16_gemv_t(PGD_TYPE_Q5_0, P, x, y, K, lo, hi, xs); return;
+    default: p16_gemv_t(PGD_TYPE_Q5_1, P, x, y, K, lo, hi, xs); return;
+    }
 }
 
 /* NT <= 4 tokens, NP panels (16 * NP rows; NP * NT <= 4: 8 independent FMA chains at most,
@@ -750,7 +810,8 @@ static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, siz
  * weight converted once for all NT. A Q8_0 block's partial sums are folded into y at the
  * block's end (the running sum goes through memory, exactly), so each row gets gemv's bits. */
 INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const uint8_t *p,
-                           size_t pb, const float *x, size_t K, float *y, size_t N) {
+                           size_t pb, const float *x, size_t K, float *y, size_t N,
+                           const float *xs, size_t xss) {
     if (t == PGD_TYPE_F16) {
         __m256 a[4][4][2];
 #pragma GCC unroll 4
@@ -805,10 +866,10 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
                 }
             }
         }
-        float xs[4];
+        float xsb[4];
 #pragma GCC unroll 4
         for (int u = 0; u < NT; u++)
-            xs[u] = t != PGD_TYPE_Q8_0 ? p16_xsum(t, x + (size_t)u * K + blk * bl) : 0.0f;
+            xsb[u] = t != PGD_TYPE_Q8_0 ? xs[(size_t)u * xss + blk] : 0.0f;
 #pragma GCC unroll 4
         for (int q = 0; q < NP; q++) {
             __m256 d[2], nm[2], z = _mm256_setzero_ps();
@@ -817,9 +878,9 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
             for (int u = 0; u < NT; u++) {
                 float *yu = y + (size_t)u * N + 16 * q;
                 _mm256_storeu_ps(yu, p16_fold(t, d[0], nm[0], sq[q][u][0],
-                                              blk ? _mm256_loadu_ps(yu) : z, xs[u]));
+                                              blk ? _mm256_loadu_ps(yu) : z, xsb[u]));
                 _mm256_storeu_ps(yu + 8, p16_fold(t, d[1], nm[1], sq[q][u][1],
-                                                  blk ? _mm256_loadu_ps(yu + 8) : z, xs[u]));
+                                                  blk ? _mm256_loadu_ps(yu + 8) : z, xsb[u]));
             }
         }
     }
@@ -827,30 +888,45 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
 
 #define P16_FEW_FN(T, NT, NP, NAME)                                                              \
     static void NAME(const uint8_t *p, size_t pb, const float *x, size_t K, float *y,           \
-                     size_t N) {                                                                 \
-        p16_few_panels(T, NT, NP, p, pb, x, K, y, N);                                            \
+                     size_t N, const float *xs, size_t xss) {                                    \
+        p16_few_panels(T, NT, NP, p, pb, x, K, y, N, xs, xss);                                   \
     }
-P16_FEW_FN(PGD_TYPE_F16, 1, 1, p16_few_f16_1) P16_FEW_FN(PGD_TYPE_F16, 2, 1, p16_few_f16_2)
-P16_FEW_FN(PGD_TYPE_F16, 3, 1, p16_few_f16_3) P16_FEW_FN(PGD_TYPE_F16, 4, 1, p16_few_f16_4)
-P16_FEW_FN(PGD_TYPE_F16, 2, 2, p16_pair_f16_2)
-P16_FEW_FN(PGD_TYPE_Q8_0, 1, 1, p16_few_q8_1) P16_FEW_FN(PGD_TYPE_Q8_0, 2, 1, p16_few_q8_2)
-P16_FEW_FN(PGD_TYPE_Q8_0, 3, 1, p16_few_q8_3) P16_FEW_FN(PGD_TYPE_Q8_0, 4, 1, p16_few_q8_4)
-P16_FEW_FN(PGD_TYPE_Q8_0, 2, 2, p16_pair_q8_2)
-P16_FEW_FN(PGD_TYPE_Q4_K, 1, 1, p16_few_q4k_1) P16_FEW_FN(PGD_TYPE_Q4_K, 2, 1, p16_few_q4k_2)
-P16_FEW_FN(PGD_TYPE_Q4_K, 3, 1, p16_few_q4k_3) P16_FEW_FN(PGD_TYPE_Q4_K, 4, 1, p16_few_q4k_4)
-P16_FEW_FN(PGD_TYPE_Q4_K, 2, 2, p16_pair_q4k_2)
-P16_FEW_FN(PGD_TYPE_Q6_K, 1, 1, p16_few_q6k_1) P16_FEW_FN(PGD_TYPE_Q6_K, 2, 1, p16_few_q6k_2)
-P16_FEW_FN(PGD_TYPE_Q6_K, 3, 1, p16_few_q6k_3) P16_FEW_FN(PGD_TYPE_Q6_K, 4, 1, p16_few_q6k_4)
-P16_FEW_FN(PGD_TYPE_Q6_K, 2, 2, p16_pair_q6k_2)
-typedef void (*p16_few_fn)(const uint8_t *, size_t, const float *, size_t, float *, size_t);
-/* [nt - 1]: nt tokens over one panel */
-static const p16_few_fn p16_few_f16[4] = {p16_few_f16_1, p16_few_f16_2, p16_few_f16_3,
-                                           p16_few_f16_4};
-static const p16_few_fn p16_few_q8[4] = {p16_few_q8_1, p16_few_q8_2, p16_few_q8_3, p16_few_q8_4};
-static const p16_few_fn p16_few_q4k[4] = {p16_few_q4k_1, p16_few_q4k_2, p16_few_q4k_3,
-                                           p16_few_q4k_4};
-static const p16_few_fn p16_few_q6k[4] = {p16_few_q6k_1, p16_few_q6k_2, p16_few_q6k_3,
-                                           p16_few_q6k_4};
+#define P16_FEW_SET(T, N)                                                                        \
+    P16_FEW_FN(T, 1, 1, p16_few_##N##_1) P16_FEW_FN(T, 2, 1, p16_few_##N##_2)                    \
+    P16_FEW_FN(T, 3, 1, p16_few_##N##_3) P16_FEW_FN(T, 4, 1, p16_few_##N##_4)                    \
+    P16_FEW_FN(T, 2, 2, p16_pair_##N##_2)                                                        \
+    static const p16_few_fn p16_few_##N[5] = {p16_few_##N##_1, p16_few_##N##_2,                 \
+                                              p16_few_##N##_3, p16_few_##N##_4,                 \
+                                              p16_pair_##N##_2};
+typedef void (*p16_few_fn)(const uint8_t *, size_t, const float *, size_t, float *, size_t,
+                           const float *, size_t);
+/* [nt - 1]: nt tokens over one panel; [4]: 2 tokens over two panels */
+P16_FEW_SET(PGD_TYPE_F16, f16)
+P16_FEW_SET(PGD_TYPE_Q8_0, q8)
+P16_FEW_SET(PGD_TYPE_Q4_K, q4k)
+P16_FEW_SET(PGD_TYPE_Q6_K, q6k)
+P16_FEW_SET(PGD_TYPE_Q4_0, q40)
+P16_FEW_SET(PGD_TYPE_Q4_1, q41)
+P16_FEW_SET(PGD_TYPE_Q5_0, q50)
+P16_FEW_SET(PGD_TYPE_Q5_1, q51)
+
+/* The panel types' kernels: tiles of the GEMM, few-token functions. */
+typedef struct p16_kernels {
+    const p16_fn *tiles;
+    const p16_few_fn *few;
+} p16_kernels;
+static p16_kernels p16_kernels_of(pgd_type t) {
+    switch (t) {
+    case PGD_TYPE_F16: return (p16_kernels){p16_tiles_f16, p16_few_f16};
+    case PGD_TYPE_Q8_0: return (p16_kernels){p16_tiles_q8, p16_few_q8};
+    case PGD_TYPE_Q4_K: return (p16_kernels){p16_tiles_q4k, p16_few_q4k};
+    case PGD_TYPE_Q6_K: return (p16_kernels){p16_tiles_q6k, p16_few_q6k};
+    case PGD_TYPE_Q4_0: return (p16_kernels){p16_tiles_q40, p16_few_q40};
+    case PGD_TYPE_Q4_1: return (p16_kernels){p16_tiles_q41, p16_few_q41};
+    case PGD_TYPE_Q5_0: return (p16_kernels){p16_tiles_q50, p16_few_q50};
+    default: return (p16_kernels){p16_tiles_q51, p16_few_q51};
+    }
+}
 
 /* A few tokens (n <= P16_FEW_MAX; F16: P16_FEW_MAX_F16), rows [lo, hi) (multiples of 16):
  * groups of up to 4 tokens stream the panels (two at a time for 2 tokens), converting each
@@ -861,31 +937,27 @@ static const p16_few_fn p16_few_q6k[4] = {p16_few_q6k_1, p16_few_q6k_2, p16_few_
 #define P16_FEW_MAX 8
 #define P16_FEW_MAX_F16 3
 static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
-                    int n, long lo, long hi) {
+                    int n, long lo, long hi, const float *xs, size_t xss) {
     const size_t pb = p16_panel_bytes(t, K);
-    const p16_few_fn *fns = t == PGD_TYPE_F16    ? p16_few_f16
-                            : t == PGD_TYPE_Q8_0 ? p16_few_q8
-                            : t == PGD_TYPE_Q4_K ? p16_few_q4k
-                                                 : p16_few_q6k;
-    const p16_few_fn pair = t == PGD_TYPE_F16    ? p16_pair_f16_2
-                            : t == PGD_TYPE_Q8_0 ? p16_pair_q8_2
-                            : t == PGD_TYPE_Q4_K ? p16_pair_q4k_2
-                                                 : p16_pair_q6k_2;
+    const p16_few_fn *fns = p16_kernels_of(t).few, pair = fns[4];
     for (int t0 = 0; t0 < n; t0 += 4) {
         int nt = n - t0 < 4 ? n - t0 : 4;
         const float *xt = x + (size_t)t0 * K;
         float *yt = y + (size_t)t0 * N;
         long r = lo;
+        const float *xst = xs + (size_t)t0 * xss;
         if (nt == 2) /* two panels a call: 8 chains, as the others have */
-            for (; r + 32 <= hi; r += 32) pair(P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N);
-        for (; r < hi; r += 16) fns[nt - 1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N);
+            for (; r + 32 <= hi; r += 32)
+                pair(P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N, xst, xss);
+        for (; r < hi; r += 16)
+            fns[nt - 1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N, xst, xss);
     }
 }
 
 /* n tokens, rows [lo, hi) (multiples of 16): token blocks, then panels, then K slices (each
  * converted to F32 once), then token tiles of up to 6. */
 static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
-                     int n, long lo, long hi) {
+                     int n, long lo, long hi, const float *xs, size_t xss) {
     static _Thread_local float wf[P16_KC * 16] __attribute__((aligned(32)));
     static _Thread_local float ds[P16_KC / 16 * 32] __attribute__((aligned(32)));
     /* Equal slices of at most P16_KC, multiples of 32 (576 = 288 + 288, not 256 + 256 + 64: a
@@ -903,11 +975,8 @@ static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, siz
                     int nt = t1 - tt < 6 ? (int)(t1 - tt) : 6;
                     const float *xt = x + (size_t)tt * K;
                     float *yt = y + (size_t)tt * N + r;
-                    const p16_fn *fns = t == PGD_TYPE_F16    ? p16_tiles_f16
-                                        : t == PGD_TYPE_Q8_0 ? p16_tiles_q8
-                                        : t == PGD_TYPE_Q4_K ? p16_tiles_q4k
-                                                             : p16_tiles_q6k;
-                    fns[nt - 1](wf, ds, xt, K, yt, N, k0, k1);
+                    p16_kernels_of(t).tiles[nt - 1](wf, ds, xt, K, yt, N, k0, k1,
+                                                    xs + (size_t)tt * xss, xss);
                 }
             }
         }
@@ -938,6 +1007,11 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
         env = getenv("PAGODA_PACK_Q6_K");
         return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
                w->row_bytes == (size_t)(w->n_in / 256) * Q6_K_BYTES;
+    }
+    if (P16_Q4X(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
+        env = getenv("PAGODA_PACK_Q4_Q5");
+        return !(env && env[0] == '0') && w->n_in % 32 == 0 &&
+               w->row_bytes == (size_t)(w->n_in / 32) * (size_t)P16_Q4X_BLOCK(w->type) / 16;
     }
     return false;
 #else
@@ -976,6 +1050,31 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
                         const int j = k / 32;
                         uint8_t q = (uint8_t)((ib[16 + 32 * (j / 2) + k % 32] >> (4 * (j & 1))) & 15);
                         o[P16_Q4K_Q + 8 * k + (r & 7)] |= (uint8_t)(q << (4 * (r >> 3)));
+                    }
+                }
+            }
+        return;
+    }
+    if (P16_Q4X(w->type)) {
+        const pgd_type t = w->type;
+        const size_t nb = K / 32, tb = (size_t)P16_Q4X_BLOCK(t) / 16; /* a row's block */
+        const int qs_at = 2 + 2 * P16_HAS_M(t) + 4 * P16_Q5(t);
+        for (int64_t p = 0; p < w->n_out / 16; p++)
+            for (size_t b = 0; b < nb; b++) {
+                uint8_t *o = (uint8_t *)dst + ((size_t)p * nb + b) * P16_Q4X_BLOCK(t);
+                memset(o + P16_Q4X_HDR(t), 0, 32 * (size_t)P16_Q4X_KB(t));
+                for (int r = 0; r < 16; r++) {
+                    const uint8_t *ib = (const uint8_t *)w->data +
+                                        ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * tb;
+                    memcpy(o + 2 * r, ib, 2); /* d */
+                    if (P16_HAS_M(t)) memcpy(o + 32 + 2 * r, ib + 2, 2); /* m */
+                    uint32_t qh = 0;
+                    if (P16_Q5(t)) memcpy(&qh, ib + 2 + 2 * P16_HAS_M(t), 4);
+                    for (int e = 0; e < 32; e++) {
+                        uint8_t *q = o + P16_Q4X_HDR(t) + P16_Q4X_KB(t) * e;
+                        int nib = e < 16 ? ib[qs_at + e] & 15 : ib[qs_at + e - 16] >> 4;
+                        q[r & 7] |= (uint8_t)(nib << (4 * (r >> 3)));
+                        if (P16_Q5(t)) q[8 + r / 8] |= (uint8_t)(((qh >> e) & 1) << (r % 8));
                     }
                 }
             }
@@ -1039,6 +1138,19 @@ static void quant_chunk(void *arg, long t, int ith) {
     matmul_ctx *c = arg;
     quantize_row(c->w, c->x + (size_t)t * c->w->n_in, c->act + (size_t)t * c->act_row_bytes);
 }
+
+#ifdef PGD_F32ACT_SIMD
+/* Panels with an offset term (all but F16 and Q8_0): token t's block sums into its act row. */
+static void xsum_chunk(void *arg, long t, int ith) {
+    (void)ith;
+    matmul_ctx *c = arg;
+    const pgd_type ty = c->w->type;
+    const size_t bl = P16_BL(ty), nb = (size_t)c->w->n_in / bl;
+    const float *x = c->x + (size_t)t * c->w->n_in;
+    float *xs = (float *)(c->act + (size_t)t * c->act_row_bytes);
+    for (size_t b = 0; b < nb; b++) xs[b] = p16_xsum(ty, x + b * bl);
+}
+#endif
 
 /* Panel rows are act_row_bytes + PANEL_PAD apart: with power-of-two row lengths the rows of a
  * panel and of x would otherwise share L1 sets (4 KiB aliasing), costing ~20% of the tile. */
@@ -1111,12 +1223,14 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     const unsigned char *base = w->data;
 #ifdef PGD_F32ACT_SIMD
     if (w->panel16) {
-        if (c->n == 1) p16_gemv(w->type, w->data, c->x, c->y, (size_t)w->n_in, lo, hi);
+        const float *xs = (const float *)c->act; /* p16_xsum of each block, per token */
+        const size_t xss = c->act_row_bytes / sizeof(float);
+        if (c->n == 1) p16_gemv(w->type, w->data, c->x, c->y, (size_t)w->n_in, lo, hi, xs);
         else if (c->n <= (w->type == PGD_TYPE_F16 ? P16_FEW_MAX_F16 : P16_FEW_MAX))
             p16_few(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
-                    hi);
+                    hi, xs, xss);
         else p16_gemm(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
-                      hi);
+                      hi, xs, xss);
         return;
     }
 #endif
@@ -1191,5 +1305,11 @@ void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *
         if (n > 1) pgd_pool_run_chunks(pool, quant_chunk, &c, n);
         else quant_chunk(&c, 0, 0);
     }
+#ifdef PGD_F32ACT_SIMD
+    if (w->panel16 && w->type != PGD_TYPE_F16 && w->type != PGD_TYPE_Q8_0) {
+        if (n > 1) pgd_pool_run_chunks(pool, xsum_chunk, &c, n);
+        else xsum_chunk(&c, 0, 0);
+    }
+#endif
     pgd_pool_run_chunks(pool, matmul_chunk, &c, (long)((w->n_out + rows - 1) / rows));
 }
