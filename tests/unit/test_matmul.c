@@ -205,7 +205,8 @@ static void check_panel16(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t 
     wpk.panel16 = true;
     int badb = 0, badr = 0;
     for (int t = 0; t < N_TOK; t++) run(pool, &wpk, x + t * n_in, y1 + t * n_out, 1);
-    const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 9, 13, 63}; /* few-token kernels up to 8, gemm past */
+    /* few-token kernels up to 24 tokens (F16: 3), the GEMM past */
+    const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 9, 13, 24, 25, 63};
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
         for (int o = 0; o + sizes[si] <= N_TOK; o += 17) {
             run(pool, &wpk, x + o * n_in, yb, sizes[si]);

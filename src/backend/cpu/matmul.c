@@ -932,9 +932,11 @@ static p16_kernels p16_kernels_of(pgd_type t) {
  * groups of up to 4 tokens stream the panels (two at a time for 2 tokens), converting each
  * weight once per group. For so few tokens p16_gemm's conversion of every panel slice to F32 in
  * memory costs more than its tiles save: a Q8_0 768 x 2,048 matrix took 4.1x gemv's time at 2
- * tokens that way, 1.8x here. F16 panels convert cheaply, and past 3 tokens p16_gemm is as fast
- * or faster (bench/RESULTS.md). */
-#define P16_FEW_MAX 8
+ * tokens that way, 1.8x here. Up to 24 tokens (6 groups) this stays ahead of p16_gemm for the
+ * block types (in-process A/B, bench/bench_pack_ab.c: 1536 x 576 Q4_1 at 16 tokens 1.08x the
+ * row-major tiles against p16_gemm's 0.84x; Q8_0 at 12: 1.25x against 0.87x). F16 panels
+ * convert cheaply, and past 3 tokens p16_gemm is as fast or faster (bench/RESULTS.md). */
+#define P16_FEW_MAX 24
 #define P16_FEW_MAX_F16 3
 static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
                     int n, long lo, long hi, const float *xs, size_t xss) {
