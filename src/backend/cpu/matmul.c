@@ -436,8 +436,9 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
  * Q4_K (d1 = d * sc and m1 = dmin * mn of each row's 32-element group, as pgd_dequantize_row
  * forms them): per group the chain s = sum q[k] x[k] from +0, then y = fma(d1, s, y) and
  * y = fma(-m1, xs, y), xs the token's sum of the group's 32 activations (p16_xsum, computed
- * once per call into the act scratch, so every path reads the same bits). Layout per (panel, 256-element super-block), the 2,304 bytes the 16 rows'
- * blocks take row-major: d[16] and dmin[16] (fp16), the 12 packed scale bytes transposed
+ * once per call into the act scratch, so every path reads the same bits). Layout per (panel,
+ * 256-element super-block), the 2,304 bytes the 16 rows' blocks take row-major: d[16] and
+ * dmin[16] (fp16), the 12 packed scale bytes transposed
  * (byte b of the 16 rows, [12][16]), then per element k 8 bytes: row i's quant in byte i's low
  * nibble, row 8 + i's in its high one.
  * Q6_K (groups of 16, d1 = d * sc; quants q - 32 with q in 0..63): per group the chain of q[k]
@@ -501,7 +502,8 @@ INLINE void p16_s_q4k(const uint8_t *sb, int j, __m256 d1[2], __m256 nm1[2]) {
         mn = _mm_and_si128(P16_LD(j + 4), m6);
     } else { /* (byte >> 6) << 4 as (byte >> 2) & 0x30: the 16-bit shift's spill is masked */
         __m128i a = P16_LD(j + 4);
-        sc = _mm_or_si128(_mm_and_si128(a, m4), _mm_and_si128(_mm_srli_epi16(P16_LD(j - 4), 2), hi2));
+        sc = _mm_or_si128(_mm_and_si128(a, m4),
+                          _mm_and_si128(_mm_srli_epi16(P16_LD(j - 4), 2), hi2));
         mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m4),
                           _mm_and_si128(_mm_srli_epi16(P16_LD(j), 2), hi2));
     }
@@ -555,9 +557,8 @@ INLINE void p16_w_q4x(const pgd_type t, const uint8_t *qb, int k, __m256 *w0, __
         const __m256i sh = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srlv_epi32(_mm256_slli_epi32(v, 4), sh),
                                                   m10));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(
-                                     _mm256_srlv_epi32(v, _mm256_add_epi32(sh, _mm256_set1_epi32(4))),
-                                     m10));
+        const __m256i sh4 = _mm256_add_epi32(sh, _mm256_set1_epi32(4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srlv_epi32(v, sh4), m10));
     }
     *w0 = _mm256_cvtepi32_ps(lo);
     *w1 = _mm256_cvtepi32_ps(hi);
@@ -588,7 +589,8 @@ INLINE void p16_w_blk(const pgd_type t, const uint8_t *p, size_t blk, int k, __m
                       __m256 *w1) {
     if (t == PGD_TYPE_Q8_0) p16_w_q8(p + blk * P16_Q8_BLOCK, k, w0, w1);
     else if (P16_Q4X(t)) p16_w_q4x(t, p + blk * P16_Q4X_BLOCK(t), k, w0, w1);
-    else if (t == PGD_TYPE_Q4_K) p16_w_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8) * 32 + k, w0, w1);
+    else if (t == PGD_TYPE_Q4_K)
+        p16_w_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8) * 32 + k, w0, w1);
     else p16_w_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16) * 16 + k, w0, w1);
 }
 INLINE const uint8_t *p16_blk_bytes(const pgd_type t, const uint8_t *p, size_t blk) {
@@ -1022,6 +1024,48 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
 #endif
 }
 
+/* Row r's block ib (one 32-element block; Q4_K, Q6_K: a 256-element super-block) into panel
+ * block o, as the layouts above say (o starts zeroed). */
+static void pack_row_block(pgd_type t, const uint8_t *ib, uint8_t *o, int r) {
+    const int lo_byte = r & 7, lo_shift = 4 * (r >> 3); /* low nibble bytes: rows i, 8 + i */
+    if (t == PGD_TYPE_Q8_0) {
+        memcpy(o + 2 * r, ib, 2);
+        for (int k = 0; k < 32; k++) o[32 + k * 16 + r] = ib[2 + k];
+    } else if (t == PGD_TYPE_Q4_K) {
+        memcpy(o + 2 * r, ib, 2);          /* d */
+        memcpy(o + 32 + 2 * r, ib + 2, 2); /* dmin */
+        for (int i = 0; i < 12; i++) o[P16_Q4K_SC + 16 * i + r] = ib[4 + i];
+        for (int k = 0; k < 256; k++) { /* group j = k / 32: bytes 32 (j / 2), nibble j & 1 */
+            const int j = k / 32;
+            int q = (ib[16 + 32 * (j / 2) + k % 32] >> (4 * (j & 1))) & 15;
+            o[P16_Q4K_Q + 8 * k + lo_byte] |= (uint8_t)(q << lo_shift);
+        }
+    } else if (t == PGD_TYPE_Q6_K) {
+        memcpy(o + 2 * r, ib + 208, 2); /* d */
+        for (int g = 0; g < 16; g++) o[32 + 16 * g + r] = ib[192 + g];
+        for (int e = 0; e < 256; e++) { /* ggml's ql/qh indexing */
+            const int c = e / 128, k = (e % 128) / 32, l = e % 32;
+            int lo = (ib[64 * c + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+            int hi = (ib[128 + 32 * c + l] >> (2 * k)) & 3;
+            uint8_t *q = o + P16_Q6K_Q + 12 * e;
+            q[lo_byte] |= (uint8_t)(lo << lo_shift);
+            q[8 + r / 4] |= (uint8_t)(hi << (2 * (r % 4)));
+        }
+    } else { /* Q4_0, Q4_1, Q5_0, Q5_1: d [m] [qh] qs */
+        const int qs_at = 2 + 2 * P16_HAS_M(t) + 4 * P16_Q5(t);
+        memcpy(o + 2 * r, ib, 2);
+        if (P16_HAS_M(t)) memcpy(o + 32 + 2 * r, ib + 2, 2);
+        uint32_t qh = 0;
+        if (P16_Q5(t)) memcpy(&qh, ib + 2 + 2 * P16_HAS_M(t), 4);
+        for (int e = 0; e < 32; e++) {
+            uint8_t *q = o + P16_Q4X_HDR(t) + P16_Q4X_KB(t) * e;
+            int nib = e < 16 ? ib[qs_at + e] & 15 : ib[qs_at + e - 16] >> 4;
+            q[lo_byte] |= (uint8_t)(nib << lo_shift);
+            if (P16_Q5(t)) q[8 + r / 8] |= (uint8_t)(((qh >> e) & 1) << (r % 8));
+        }
+    }
+}
+
 void pgd_cpu_pack(const pgd_weight *w, void *dst) {
     const size_t K = (size_t)w->n_in;
     if (w->type == PGD_TYPE_F16) {
@@ -1035,90 +1079,23 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
             }
         return;
     }
-    if (w->type == PGD_TYPE_Q4_K) {
-        const uint8_t *src = w->data;
-        const size_t nsb = K / 256;
-        for (int64_t p = 0; p < w->n_out / 16; p++)
-            for (size_t b = 0; b < nsb; b++) {
-                uint8_t *o = (uint8_t *)dst + ((size_t)p * nsb + b) * P16_Q4K_SB;
-                memset(o + P16_Q4K_Q, 0, 256 * 8);
-                for (int r = 0; r < 16; r++) {
-                    const uint8_t *ib =
-                        src + ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * Q4_K_BYTES;
-                    memcpy(o + 2 * r, ib, 2);           /* d */
-                    memcpy(o + 32 + 2 * r, ib + 2, 2);  /* dmin */
-                    for (int i = 0; i < 12; i++) o[P16_Q4K_SC + 16 * i + r] = ib[4 + i];
-                    for (int k = 0; k < 256; k++) { /* group k / 32: bytes 32 (j / 2), nibble j & 1 */
-                        const int j = k / 32;
-                        uint8_t q = (uint8_t)((ib[16 + 32 * (j / 2) + k % 32] >> (4 * (j & 1))) & 15);
-                        o[P16_Q4K_Q + 8 * k + (r & 7)] |= (uint8_t)(q << (4 * (r >> 3)));
-                    }
-                }
-            }
-        return;
+    /* block types: panel block bytes = 16 row blocks; each row block packed by its type */
+    size_t rb;
+    switch (w->type) {
+    case PGD_TYPE_Q8_0: rb = Q8_0_BYTES; break;
+    case PGD_TYPE_Q4_K: rb = Q4_K_BYTES; break;
+    case PGD_TYPE_Q6_K: rb = Q6_K_BYTES; break;
+    default: PGD_ASSERT(P16_Q4X(w->type)); rb = (size_t)P16_Q4X_BLOCK(w->type) / 16; break;
     }
-    if (P16_Q4X(w->type)) {
-        const pgd_type t = w->type;
-        const size_t nb = K / 32, tb = (size_t)P16_Q4X_BLOCK(t) / 16; /* a row's block */
-        const int qs_at = 2 + 2 * P16_HAS_M(t) + 4 * P16_Q5(t);
-        for (int64_t p = 0; p < w->n_out / 16; p++)
-            for (size_t b = 0; b < nb; b++) {
-                uint8_t *o = (uint8_t *)dst + ((size_t)p * nb + b) * P16_Q4X_BLOCK(t);
-                memset(o + P16_Q4X_HDR(t), 0, 32 * (size_t)P16_Q4X_KB(t));
-                for (int r = 0; r < 16; r++) {
-                    const uint8_t *ib = (const uint8_t *)w->data +
-                                        ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * tb;
-                    memcpy(o + 2 * r, ib, 2); /* d */
-                    if (P16_HAS_M(t)) memcpy(o + 32 + 2 * r, ib + 2, 2); /* m */
-                    uint32_t qh = 0;
-                    if (P16_Q5(t)) memcpy(&qh, ib + 2 + 2 * P16_HAS_M(t), 4);
-                    for (int e = 0; e < 32; e++) {
-                        uint8_t *q = o + P16_Q4X_HDR(t) + P16_Q4X_KB(t) * e;
-                        int nib = e < 16 ? ib[qs_at + e] & 15 : ib[qs_at + e - 16] >> 4;
-                        q[r & 7] |= (uint8_t)(nib << (4 * (r >> 3)));
-                        if (P16_Q5(t)) q[8 + r / 8] |= (uint8_t)(((qh >> e) & 1) << (r % 8));
-                    }
-                }
-            }
-        return;
-    }
-    if (w->type == PGD_TYPE_Q6_K) {
-        const uint8_t *src = w->data;
-        const size_t nsb = K / 256;
-        for (int64_t p = 0; p < w->n_out / 16; p++)
-            for (size_t b = 0; b < nsb; b++) {
-                uint8_t *o = (uint8_t *)dst + ((size_t)p * nsb + b) * P16_Q6K_SB;
-                memset(o + P16_Q6K_Q, 0, 256 * 12);
-                for (int r = 0; r < 16; r++) {
-                    const uint8_t *ib =
-                        src + ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * Q6_K_BYTES;
-                    memcpy(o + 2 * r, ib + 208, 2); /* d */
-                    for (int g = 0; g < 16; g++) o[32 + 16 * g + r] = ib[192 + g];
-                    for (int e = 0; e < 256; e++) { /* ggml's ql/qh indexing */
-                        const int c = e / 128, k = (e % 128) / 32, l = e % 32;
-                        int lo = (ib[64 * c + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
-                        int hi = (ib[128 + 32 * c + l] >> (2 * k)) & 3;
-                        uint8_t *q = o + P16_Q6K_Q + 12 * e;
-                        q[r & 7] |= (uint8_t)(lo << (4 * (r >> 3)));
-                        q[8 + r / 4] |= (uint8_t)(hi << (2 * (r % 4)));
-                    }
-                }
-            }
-        return;
-    }
-    PGD_ASSERT(w->type == PGD_TYPE_Q8_0);
-    const uint8_t *src = w->data;
-    uint8_t *out = dst;
-    const size_t nb = K / 32;
+    const size_t nb = w->row_bytes / rb;
     for (int64_t p = 0; p < w->n_out / 16; p++)
         for (size_t b = 0; b < nb; b++) {
-            uint8_t *o = out + ((size_t)p * nb + b) * P16_Q8_BLOCK;
-            for (int r = 0; r < 16; r++) {
-                const uint8_t *ib =
-                    src + ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * Q8_0_BYTES;
-                memcpy(o + 2 * r, ib, 2);
-                for (int k = 0; k < 32; k++) o[32 + k * 16 + r] = ib[2 + k];
-            }
+            uint8_t *o = (uint8_t *)dst + ((size_t)p * nb + b) * 16 * rb;
+            memset(o, 0, 16 * rb); /* the quants are or'ed in */
+            for (int r = 0; r < 16; r++)
+                pack_row_block(w->type, (const uint8_t *)w->data +
+                                            ((size_t)p * 16 + (size_t)r) * w->row_bytes + b * rb,
+                               o, r);
         }
 }
 
