@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 import make_tiny_models as mt  # noqa: E402
-from make_moe_model import finish, q8_0, start  # noqa: E402
+from make_moe_model import add_dense_block, finish, q8_0, start  # noqa: E402
 
 SHAPES = {  # dim, heads, kv heads, head_dim, ffn, window
     "gemma3": (1152, 4, 1, 256, 6912, 512),
@@ -62,13 +62,7 @@ def main():
         if a.arch == "gemma3":
             w.add_tensor(b + "attn_q_norm.weight", np.ones(hd, dtype=np.float32))
             w.add_tensor(b + "attn_k_norm.weight", np.ones(hd, dtype=np.float32))
-        w.add_tensor(b + "attn_q.weight", q8_0(rng, heads * hd, dim), raw_dtype=Q8)
-        w.add_tensor(b + "attn_k.weight", q8_0(rng, kv_heads * hd, dim), raw_dtype=Q8)
-        w.add_tensor(b + "attn_v.weight", q8_0(rng, kv_heads * hd, dim), raw_dtype=Q8)
-        w.add_tensor(b + "attn_output.weight", q8_0(rng, dim, heads * hd), raw_dtype=Q8)
-        w.add_tensor(b + "ffn_gate.weight", q8_0(rng, ffn, dim), raw_dtype=Q8)
-        w.add_tensor(b + "ffn_up.weight", q8_0(rng, ffn, dim), raw_dtype=Q8)
-        w.add_tensor(b + "ffn_down.weight", q8_0(rng, dim, ffn), raw_dtype=Q8)
+        add_dense_block(w, rng, b, dim, heads, kv_heads, hd, ffn)
     finish(w)
 
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 import make_tiny_models as mt  # noqa: E402
-from make_moe_model import finish, q8_0, start  # noqa: E402
+from make_moe_model import add_dense_block, finish, q8_0, start  # noqa: E402
 
 DIM, HEADS, KV_HEADS, HEAD_DIM, FFN = 2048, 32, 8, 64, 8192
 
@@ -49,13 +49,7 @@ def main():
         b = f"blk.{il}."
         w.add_tensor(b + "attn_norm.weight", ones)
         w.add_tensor(b + "ffn_norm.weight", ones)
-        w.add_tensor(b + "attn_q.weight", q8_0(rng, HEADS * HEAD_DIM, DIM), raw_dtype=Q8)
-        w.add_tensor(b + "attn_k.weight", q8_0(rng, KV_HEADS * HEAD_DIM, DIM), raw_dtype=Q8)
-        w.add_tensor(b + "attn_v.weight", q8_0(rng, KV_HEADS * HEAD_DIM, DIM), raw_dtype=Q8)
-        w.add_tensor(b + "attn_output.weight", q8_0(rng, DIM, HEADS * HEAD_DIM), raw_dtype=Q8)
-        w.add_tensor(b + "ffn_gate.weight", q8_0(rng, FFN, DIM), raw_dtype=Q8)
-        w.add_tensor(b + "ffn_up.weight", q8_0(rng, FFN, DIM), raw_dtype=Q8)
-        w.add_tensor(b + "ffn_down.weight", q8_0(rng, DIM, FFN), raw_dtype=Q8)
+        add_dense_block(w, rng, b, DIM, HEADS, KV_HEADS, HEAD_DIM, FFN)
     finish(w)
 
 

@@ -54,6 +54,19 @@ def start(path, arch, name, layers, ctx, dim, ffn, heads, kv_heads, head_dim, th
     return w
 
 
+def add_dense_block(w, rng, b, dim, heads, kv_heads, head_dim, ffn):
+    """A dense layer's attention and FFN matrices (random Q8_0), in the converter's order."""
+    import gguf
+    Q8 = gguf.GGMLQuantizationType.Q8_0
+    w.add_tensor(b + "attn_q.weight", q8_0(rng, heads * head_dim, dim), raw_dtype=Q8)
+    w.add_tensor(b + "attn_k.weight", q8_0(rng, kv_heads * head_dim, dim), raw_dtype=Q8)
+    w.add_tensor(b + "attn_v.weight", q8_0(rng, kv_heads * head_dim, dim), raw_dtype=Q8)
+    w.add_tensor(b + "attn_output.weight", q8_0(rng, dim, heads * head_dim), raw_dtype=Q8)
+    w.add_tensor(b + "ffn_gate.weight", q8_0(rng, ffn, dim), raw_dtype=Q8)
+    w.add_tensor(b + "ffn_up.weight", q8_0(rng, ffn, dim), raw_dtype=Q8)
+    w.add_tensor(b + "ffn_down.weight", q8_0(rng, dim, ffn), raw_dtype=Q8)
+
+
 def finish(w):
     """Writes the file of a writer whose metadata and tensors are all added."""
     w.write_header_to_file()
