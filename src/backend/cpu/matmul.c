@@ -422,7 +422,7 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
 }
 #endif /* __AVX2__ */
 
-/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K) ----------
+/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K) ----
  * Outer-product tiles: per k, the 16 rows' weights (two vectors) meet a broadcast of each token's
  * x[k]. F16: every y[t][r] is one FMA chain over k = 0..n_in-1 in order, started from +0. Q8_0:
  * per 32-element block a chain s = sum q[k] x[k] (q widened exactly) from +0, then
@@ -464,6 +464,13 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
 #define P16_Q4K_SB (16 * Q4_K_BYTES)
 #define P16_Q4K_SC 64  /* offset of the transposed scale bytes */
 #define P16_Q4K_Q 256  /* offset of the quants */
+/* Q5_K: Q4_K's header (d, dmin, scale bytes), then per k 10 bytes: Q4_K's 8, and a 16-bit word
+ * with row r's fifth bit at bit r (2,816 bytes per super-block, as row-major). */
+#define Q5_K_BYTES 176
+#define P16_Q5K_SB (16 * Q5_K_BYTES)
+#define P16_K4(t) ((t) == PGD_TYPE_Q4_K || (t) == PGD_TYPE_Q5_K) /* Q4_K's scales */
+#define P16_K4_SB(t) ((t) == PGD_TYPE_Q4_K ? P16_Q4K_SB : P16_Q5K_SB)
+#define P16_K4_KB(t) ((t) == PGD_TYPE_Q4_K ? 8 : 10) /* bytes per element k */
 #ifdef PGD_F32ACT_SIMD
 #define P16_KC 256 /* K slice of a GEMM pass (a multiple of 32): 16 KiB of F32 weights in L1 */
 #define P16_TB 96  /* tokens per block: their K slice (96 KiB) stays in L2 */
@@ -485,11 +492,6 @@ INLINE void p16_d_q8(const uint8_t *qb, __m256 *d0, __m256 *d1) {
     *d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + 16)));
 }
 /* Q4_K: the 16 rows' quants of element k (0..255) of panel super-block sb (exact integers). */
-INLINE void p16_w_q4k(const uint8_t *sb, int k, __m256 *w0, __m256 *w1) {
-    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sb + P16_Q4K_Q + 8 * k)));
-    *w0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
-    *w1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-}
 /* Q4_K: group j's (0..7) d1 = d * sc and -m1 = -(dmin * mn) of the 16 rows (exact products;
  * ggml's get_scale_min_k4 on 16 rows at once). */
 INLINE void p16_s_q4k(const uint8_t *sb, int j, __m256 d1[2], __m256 nm1[2]) {
@@ -546,11 +548,12 @@ INLINE void p16_s_q6k(const uint8_t *sb, int g, __m256 d1[2], __m256 nm[2]) {
 }
 
 /* Q4_0..Q5_1: the 16 rows' q (exact integers) of element k (0..31) of panel block qb. */
-INLINE void p16_w_q4x(const pgd_type t, const uint8_t *qb, int k, __m256 *w0, __m256 *w1) {
-    const uint8_t *q = qb + P16_Q4X_HDR(t) + P16_Q4X_KB(t) * k;
+/* The 16 rows' quants of one element k at q: 8 bytes of nibbles (rows i and 8 + i in byte i),
+ * for five-bit types then a 16-bit word with row r's fifth bit at bit r. */
+INLINE void p16_w_nib(const uint8_t *q, const bool five, __m256 *w0, __m256 *w1) {
     __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
     __m256i lo = _mm256_and_si256(n, _mm256_set1_epi32(15)), hi = _mm256_srli_epi32(n, 4);
-    if (P16_Q5(t)) { /* row r's bit r to bit 4: rows 0..7 from v << 4, rows 8..15 from v */
+    if (five) { /* row r's bit r to bit 4: rows 0..7 from v << 4, rows 8..15 from v */
         uint16_t hw;
         memcpy(&hw, q + 8, 2);
         const __m256i v = _mm256_set1_epi32(hw), m10 = _mm256_set1_epi32(0x10);
@@ -562,6 +565,9 @@ INLINE void p16_w_q4x(const pgd_type t, const uint8_t *qb, int k, __m256 *w0, __
     }
     *w0 = _mm256_cvtepi32_ps(lo);
     *w1 = _mm256_cvtepi32_ps(hi);
+}
+INLINE void p16_w_q4x(const pgd_type t, const uint8_t *qb, int k, __m256 *w0, __m256 *w1) {
+    p16_w_nib(qb + P16_Q4X_HDR(t) + P16_Q4X_KB(t) * k, P16_Q5(t), w0, w1);
 }
 /* Q4_0..Q5_1: the 16 rows' d and offset o of panel block qb (-8d and -16d are exact). */
 INLINE void p16_s_q4x(const pgd_type t, const uint8_t *qb, __m256 d[2], __m256 o[2]) {
@@ -589,20 +595,22 @@ INLINE void p16_w_blk(const pgd_type t, const uint8_t *p, size_t blk, int k, __m
                       __m256 *w1) {
     if (t == PGD_TYPE_Q8_0) p16_w_q8(p + blk * P16_Q8_BLOCK, k, w0, w1);
     else if (P16_Q4X(t)) p16_w_q4x(t, p + blk * P16_Q4X_BLOCK(t), k, w0, w1);
-    else if (t == PGD_TYPE_Q4_K)
-        p16_w_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8) * 32 + k, w0, w1);
+    else if (P16_K4(t))
+        p16_w_nib(p + blk / 8 * P16_K4_SB(t) + P16_Q4K_Q +
+                      ((blk % 8) * 32 + (size_t)k) * P16_K4_KB(t),
+                  t == PGD_TYPE_Q5_K, w0, w1);
     else p16_w_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16) * 16 + k, w0, w1);
 }
 INLINE const uint8_t *p16_blk_bytes(const pgd_type t, const uint8_t *p, size_t blk) {
     return t == PGD_TYPE_Q8_0   ? p + blk * P16_Q8_BLOCK
            : P16_Q4X(t)         ? p + blk * P16_Q4X_BLOCK(t)
-           : t == PGD_TYPE_Q4_K ? p + blk / 8 * P16_Q4K_SB + P16_Q4K_Q + blk % 8 * 256
+           : P16_K4(t) ? p + blk / 8 * P16_K4_SB(t) + P16_Q4K_Q + blk % 8 * 32 * P16_K4_KB(t)
                                 : p + blk / 16 * P16_Q6K_SB + P16_Q6K_Q + blk % 16 * 192;
 }
 #define P16_BLK_LINES(t)                                                                         \
     ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64                                             \
      : P16_Q4X(t)         ? (P16_Q4X_BLOCK(t) + 63) / 64                                         \
-     : (t) == PGD_TYPE_Q4_K ? 4                                                                  \
+     : P16_K4(t)          ? P16_K4_KB(t) / 2                                                     \
                             : 3)
 /* Block blk's per-row factors: Q8_0 the scales (nm unused), Q4_K d1 and -m1, Q6_K d1, -32 d1,
  * Q4_0..Q5_1 d and the offset. */
@@ -613,8 +621,8 @@ INLINE void p16_blk_scales(const pgd_type t, const uint8_t *p, size_t blk, __m25
         nm[0] = nm[1] = _mm256_setzero_ps();
     } else if (P16_Q4X(t)) {
         p16_s_q4x(t, p + blk * P16_Q4X_BLOCK(t), d, nm);
-    } else if (t == PGD_TYPE_Q4_K) {
-        p16_s_q4k(p + blk / 8 * P16_Q4K_SB, (int)(blk % 8), d, nm);
+    } else if (P16_K4(t)) {
+        p16_s_q4k(p + blk / 8 * P16_K4_SB(t), (int)(blk % 8), d, nm);
     } else {
         p16_s_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16), d, nm);
     }
@@ -715,12 +723,13 @@ P16_TILES(p16_tiles_q40, PGD_TYPE_Q4_0)
 P16_TILES(p16_tiles_q41, PGD_TYPE_Q4_1)
 P16_TILES(p16_tiles_q50, PGD_TYPE_Q5_0)
 P16_TILES(p16_tiles_q51, PGD_TYPE_Q5_1)
+P16_TILES(p16_tiles_q5k, PGD_TYPE_Q5_K)
 
 static size_t p16_panel_bytes(pgd_type t, size_t K) {
     return t == PGD_TYPE_F16    ? 16 * K * 2
            : t == PGD_TYPE_Q8_0 ? (K / 32) * P16_Q8_BLOCK
            : P16_Q4X(t)         ? (K / 32) * P16_Q4X_BLOCK(t)
-           : t == PGD_TYPE_Q4_K ? (K / 256) * P16_Q4K_SB
+           : P16_K4(t)          ? (K / 256) * P16_K4_SB(t)
                                 : (K / 256) * P16_Q6K_SB;
 }
 
@@ -803,6 +812,7 @@ static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, siz
     case PGD_TYPE_Q4_0: p16_gemv_t(PGD_TYPE_Q4_0, P, x, y, K, lo, hi, xs); return;
     case PGD_TYPE_Q4_1: p16_gemv_t(PGD_TYPE_Q4_1, P, x, y, K, lo, hi, xs); return;
     case PGD_TYPE_Q5_0: p16_gemv_t(PGD_TYPE_Q5_0, P, x, y, K, lo, hi, xs); return;
+    case PGD_TYPE_Q5_K: p16_gemv_t(PGD_TYPE_Q5_K, P, x, y, K, lo, hi, xs); return;
     default: p16_gemv_t(PGD_TYPE_Q5_1, P, x, y, K, lo, hi, xs); return;
     }
 }
@@ -911,6 +921,7 @@ P16_FEW_SET(PGD_TYPE_Q4_0, q40)
 P16_FEW_SET(PGD_TYPE_Q4_1, q41)
 P16_FEW_SET(PGD_TYPE_Q5_0, q50)
 P16_FEW_SET(PGD_TYPE_Q5_1, q51)
+P16_FEW_SET(PGD_TYPE_Q5_K, q5k)
 
 /* The panel types' kernels: tiles of the GEMM, few-token functions. */
 typedef struct p16_kernels {
@@ -926,6 +937,7 @@ static p16_kernels p16_kernels_of(pgd_type t) {
     case PGD_TYPE_Q4_0: return (p16_kernels){p16_tiles_q40, p16_few_q40};
     case PGD_TYPE_Q4_1: return (p16_kernels){p16_tiles_q41, p16_few_q41};
     case PGD_TYPE_Q5_0: return (p16_kernels){p16_tiles_q50, p16_few_q50};
+    case PGD_TYPE_Q5_K: return (p16_kernels){p16_tiles_q5k, p16_few_q5k};
     default: return (p16_kernels){p16_tiles_q51, p16_few_q51};
     }
 }
@@ -1002,10 +1014,10 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
         return !(env && env[0] == '0') && w->n_in % 32 == 0 &&
                w->row_bytes == (size_t)(w->n_in / 32) * Q8_0_BYTES;
     }
-    if (w->type == PGD_TYPE_Q4_K && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
-        env = getenv("PAGODA_PACK_Q4_K");
+    if (P16_K4(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
+        env = getenv(w->type == PGD_TYPE_Q4_K ? "PAGODA_PACK_Q4_K" : "PAGODA_PACK_Q5_K");
         return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
-               w->row_bytes == (size_t)(w->n_in / 256) * Q4_K_BYTES;
+               w->row_bytes == (size_t)(w->n_in / 256) * (size_t)P16_K4_SB(w->type) / 16;
     }
     if (w->type == PGD_TYPE_Q6_K && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
         env = getenv("PAGODA_PACK_Q6_K");
@@ -1031,14 +1043,17 @@ static void pack_row_block(pgd_type t, const uint8_t *ib, uint8_t *o, int r) {
     if (t == PGD_TYPE_Q8_0) {
         memcpy(o + 2 * r, ib, 2);
         for (int k = 0; k < 32; k++) o[32 + k * 16 + r] = ib[2 + k];
-    } else if (t == PGD_TYPE_Q4_K) {
+    } else if (P16_K4(t)) { /* Q5_K: qh[32] before the nibbles, bit j of qh[l] */
+        const bool q5 = t == PGD_TYPE_Q5_K;
         memcpy(o + 2 * r, ib, 2);          /* d */
         memcpy(o + 32 + 2 * r, ib + 2, 2); /* dmin */
         for (int i = 0; i < 12; i++) o[P16_Q4K_SC + 16 * i + r] = ib[4 + i];
         for (int k = 0; k < 256; k++) { /* group j = k / 32: bytes 32 (j / 2), nibble j & 1 */
-            const int j = k / 32;
-            int q = (ib[16 + 32 * (j / 2) + k % 32] >> (4 * (j & 1))) & 15;
-            o[P16_Q4K_Q + 8 * k + lo_byte] |= (uint8_t)(q << lo_shift);
+            const int j = k / 32, l = k % 32;
+            int q = (ib[(q5 ? 48 : 16) + 32 * (j / 2) + l] >> (4 * (j & 1))) & 15;
+            uint8_t *qk = o + P16_Q4K_Q + (size_t)P16_K4_KB(t) * k;
+            qk[lo_byte] |= (uint8_t)(q << lo_shift);
+            if (q5) qk[8 + r / 8] |= (uint8_t)(((ib[16 + l] >> j) & 1) << (r % 8));
         }
     } else if (t == PGD_TYPE_Q6_K) {
         memcpy(o + 2 * r, ib + 208, 2); /* d */
@@ -1084,6 +1099,7 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
     switch (w->type) {
     case PGD_TYPE_Q8_0: rb = Q8_0_BYTES; break;
     case PGD_TYPE_Q4_K: rb = Q4_K_BYTES; break;
+    case PGD_TYPE_Q5_K: rb = Q5_K_BYTES; break;
     case PGD_TYPE_Q6_K: rb = Q6_K_BYTES; break;
     default: PGD_ASSERT(P16_Q4X(w->type)); rb = (size_t)P16_Q4X_BLOCK(w->type) / 16; break;
     }
