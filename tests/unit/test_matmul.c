@@ -206,7 +206,7 @@ static void check_panel16(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t 
     int badb = 0, badr = 0;
     for (int t = 0; t < N_TOK; t++) run(pool, &wpk, x + t * n_in, y1 + t * n_out, 1);
     /* few-token kernels up to 24 tokens (F16: 3), the GEMM past */
-    const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 9, 13, 24, 25, 63};
+    const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 9, 13, 24, 25, 63}; /* 5-bit, Q3_K: few to 8 */
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
         for (int o = 0; o + sizes[si] <= N_TOK; o += 17) {
             run(pool, &wpk, x + o * n_in, yb, sizes[si]);
@@ -214,9 +214,12 @@ static void check_panel16(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t 
         }
     /* |w| bound: F16 1; Q8_0 |d q| <= 0.02 * 128 (and Q4_0..Q5_1 below it); Q4_K/Q5_K
      * |d sc q - dmin mn| <= 0.02 * 63 * 32;
-     * Q6_K |d sc (q - 32)| <= 0.02 * 128 * 32 */
-    const double wmax = T->qk == 1 ? 1.0 : T->qk == 32 ? 0.02 * 128
-                                      : T->t == PGD_TYPE_Q6_K ? 0.02 * 128 * 32 : 0.02 * 63 * 32;
+     * Q6_K |d sc (q - 32)| <= 0.02 * 128 * 32; Q3_K |d (sc - 32) (u - 4)| <= 0.02 * 32 * 4 */
+    const double wmax = T->qk == 1              ? 1.0
+                        : T->qk == 32             ? 0.02 * 128
+                        : T->t == PGD_TYPE_Q6_K   ? 0.02 * 128 * 32
+                        : T->t == PGD_TYPE_Q3_K   ? 0.02 * 32 * 4
+                                                  : 0.02 * 63 * 32;
     for (int t = 0; t < N_TOK; t += 9) {
         run(pool, &w, x + t * n_in, yr, 1);
         for (int64_t r = 0; r < n_out; r++)
@@ -248,8 +251,8 @@ static int run_all(void) {
         }
         for (int ti = 0; ti < N_TYPES; ti++) {
             const pgd_type pt = k_types[ti].t;
-            if (pt == PGD_TYPE_F32 || pt == PGD_TYPE_BF16 || pt == PGD_TYPE_IQ4_NL ||
-                pt == PGD_TYPE_Q2_K || pt == PGD_TYPE_Q3_K || pt == PGD_TYPE_IQ4_XS)
+            if (pt == PGD_TYPE_F32 || pt == PGD_TYPE_BF16 || pt == PGD_TYPE_Q2_K ||
+                pt == PGD_TYPE_IQ4_NL || pt == PGD_TYPE_IQ4_XS)
                 continue; /* no panel layout */
             check_panel16(pool, &k_types[ti], 96, 128); /* one K slice; rows split unevenly */
             check_panel16(pool, &k_types[ti], 64, 80);  /* decode: a 4-panel group + 1 panel */

@@ -471,6 +471,16 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
 #define P16_K4(t) ((t) == PGD_TYPE_Q4_K || (t) == PGD_TYPE_Q5_K) /* Q4_K's scales */
 #define P16_K4_SB(t) ((t) == PGD_TYPE_Q4_K ? P16_Q4K_SB : P16_Q5K_SB)
 #define P16_K4_KB(t) ((t) == PGD_TYPE_Q4_K ? 8 : 10) /* bytes per element k */
+/* Q3_K (groups of 16, d1 = d * (sc - 32); values d1 (u - 4), u = 2 low bits | high bit << 2):
+ * per group the chain of u[k] x[k], then y = fma(d1, s, y) and y = fma(-4 d1, xs, y). Layout
+ * per (panel, super-block), 1,760 bytes as row-major: d[16] (fp16), the 12 scale bytes
+ * transposed ([12][16]), then per k 6 bytes: a 32-bit word with row r's low bits at 2r, 2r + 1,
+ * and a 16-bit word with its high bit at r. */
+#define Q3_K_BYTES 110
+#define P16_Q3K_SB (16 * Q3_K_BYTES)
+#define P16_Q3K_Q (32 + 192)
+/* whether a block type has an offset term (a block sum of the activations to fold) */
+#define P16_HAS_OFF(t) ((t) != PGD_TYPE_Q8_0)
 #ifdef PGD_F32ACT_SIMD
 #define P16_KC 256 /* K slice of a GEMM pass (a multiple of 32): 16 KiB of F32 weights in L1 */
 #define P16_TB 96  /* tokens per block: their K slice (96 KiB) stays in L2 */
@@ -578,12 +588,51 @@ INLINE void p16_s_q4x(const pgd_type t, const uint8_t *qb, __m256 d[2], __m256 o
     }
 }
 
+/* Q3_K: the 16 rows' u (0..7, exact) of element k (0..255) of panel super-block sb. */
+INLINE void p16_w_q3k(const uint8_t *sb, int k, __m256 *w0, __m256 *w1) {
+    const uint8_t *q = sb + P16_Q3K_Q + 6 * k;
+    int32_t lw;
+    uint16_t hw;
+    memcpy(&lw, q, 4);
+    memcpy(&hw, q + 4, 2);
+    const __m256i l = _mm256_set1_epi32(lw), h = _mm256_set1_epi32(hw);
+    const __m256i m3 = _mm256_set1_epi32(3), m4 = _mm256_set1_epi32(4);
+    const __m256i s2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i s1 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i u0 = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(l, s2), m3),
+                                 _mm256_and_si256(_mm256_srlv_epi32(_mm256_slli_epi32(h, 2), s1),
+                                                  m4));
+    __m256i u1 = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srlv_epi32(l, _mm256_add_epi32(s2, _mm256_set1_epi32(16))), m3),
+        _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_add_epi32(s1, _mm256_set1_epi32(6))), m4));
+    *w0 = _mm256_cvtepi32_ps(u0);
+    *w1 = _mm256_cvtepi32_ps(u1);
+}
+/* Q3_K: group i's (0..15) d1 = d * (sc - 32) of the 16 rows, and -4 d1 (exact); ggml's kmask
+ * unpacking of the 6-bit scales on 16 rows at once. */
+INLINE void p16_s_q3k(const uint8_t *sb, int i, __m256 d1[2], __m256 nm[2]) {
+    const uint8_t *b = sb + 32;
+    const __m128i m4 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+#define P16_LD(i) _mm_loadu_si128((const __m128i *)(b + 16 * (i)))
+    __m128i lo = i < 8 ? _mm_and_si128(P16_LD(i), m4)
+                       : _mm_and_si128(_mm_srli_epi16(P16_LD(i - 8), 4), m4);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(P16_LD(8 + i % 4), 2 * (i / 4)), m3);
+#undef P16_LD
+    __m128i sc = _mm_or_si128(lo, _mm_slli_epi16(hi, 4)); /* 0..63, bytes */
+    for (int h = 0; h < 2; h++) {
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
+        __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(sc, 8) : sc),
+                                     _mm256_set1_epi32(32));
+        d1[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
+        nm[h] = _mm256_mul_ps(d1[h], _mm256_set1_ps(-4.0f));
+    }
+}
 /* Elements per block of a block-quantized panel: a chain runs over one block. */
-#define P16_BL(t) ((t) == PGD_TYPE_Q6_K ? 16 : 32)
+#define P16_BL(t) ((t) == PGD_TYPE_Q6_K || (t) == PGD_TYPE_Q3_K ? 16 : 32)
 /* The sum of a block's activations, in one fixed order (the offset terms). */
 INLINE float p16_xsum(const pgd_type t, const float *x) {
     __m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
-    if (t != PGD_TYPE_Q6_K)
+    if (P16_BL(t) == 32)
         a = _mm256_add_ps(a, _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
     return pgd_hsum8(a);
 }
@@ -599,19 +648,23 @@ INLINE void p16_w_blk(const pgd_type t, const uint8_t *p, size_t blk, int k, __m
         p16_w_nib(p + blk / 8 * P16_K4_SB(t) + P16_Q4K_Q +
                       ((blk % 8) * 32 + (size_t)k) * P16_K4_KB(t),
                   t == PGD_TYPE_Q5_K, w0, w1);
-    else p16_w_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16) * 16 + k, w0, w1);
+    else if (t == PGD_TYPE_Q6_K)
+        p16_w_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16) * 16 + k, w0, w1);
+    else p16_w_q3k(p + blk / 16 * P16_Q3K_SB, (int)(blk % 16) * 16 + k, w0, w1);
 }
 INLINE const uint8_t *p16_blk_bytes(const pgd_type t, const uint8_t *p, size_t blk) {
     return t == PGD_TYPE_Q8_0   ? p + blk * P16_Q8_BLOCK
            : P16_Q4X(t)         ? p + blk * P16_Q4X_BLOCK(t)
            : P16_K4(t) ? p + blk / 8 * P16_K4_SB(t) + P16_Q4K_Q + blk % 8 * 32 * P16_K4_KB(t)
-                                : p + blk / 16 * P16_Q6K_SB + P16_Q6K_Q + blk % 16 * 192;
+           : t == PGD_TYPE_Q6_K ? p + blk / 16 * P16_Q6K_SB + P16_Q6K_Q + blk % 16 * 192
+                                : p + blk / 16 * P16_Q3K_SB + P16_Q3K_Q + blk % 16 * 96;
 }
 #define P16_BLK_LINES(t)                                                                         \
     ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64                                             \
      : P16_Q4X(t)         ? (P16_Q4X_BLOCK(t) + 63) / 64                                         \
      : P16_K4(t)          ? P16_K4_KB(t) / 2                                                     \
-                            : 3)
+     : (t) == PGD_TYPE_Q6_K ? 3                                                                  \
+                            : 2)
 /* Block blk's per-row factors: Q8_0 the scales (nm unused), Q4_K d1 and -m1, Q6_K d1, -32 d1,
  * Q4_0..Q5_1 d and the offset. */
 INLINE void p16_blk_scales(const pgd_type t, const uint8_t *p, size_t blk, __m256 d[2],
@@ -623,14 +676,16 @@ INLINE void p16_blk_scales(const pgd_type t, const uint8_t *p, size_t blk, __m25
         p16_s_q4x(t, p + blk * P16_Q4X_BLOCK(t), d, nm);
     } else if (P16_K4(t)) {
         p16_s_q4k(p + blk / 8 * P16_K4_SB(t), (int)(blk % 8), d, nm);
-    } else {
+    } else if (t == PGD_TYPE_Q6_K) {
         p16_s_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16), d, nm);
+    } else {
+        p16_s_q3k(p + blk / 16 * P16_Q3K_SB, (int)(blk % 16), d, nm);
     }
 }
 /* The end of a block's chain s: y = fma(d, s, y); all but Q8_0 then y = fma(nm, xs, y). */
 INLINE __m256 p16_fold(const pgd_type t, __m256 d, __m256 nm, __m256 s, __m256 y, float xs) {
     y = _mm256_fmadd_ps(d, s, y);
-    return t != PGD_TYPE_Q8_0 ? _mm256_fmadd_ps(nm, _mm256_set1_ps(xs), y) : y;
+    return P16_HAS_OFF(t) ? _mm256_fmadd_ps(nm, _mm256_set1_ps(xs), y) : y;
 }
 
 /* Elements [k0, k1) of one panel as F32, wf[k - k0][16] (F16 weights; Q8_0/Q4_K quants), and
@@ -690,7 +745,7 @@ INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K,
         const float *d = ds + (b0 - k0) / bl * 32;
 #pragma GCC unroll 6
         for (int u = 0; u < NT; u++) {
-            const float xsu = q8 && t != PGD_TYPE_Q8_0 ? xs[(size_t)u * xss + b0 / bl] : 0.0f;
+            const float xsu = q8 && P16_HAS_OFF(t) ? xs[(size_t)u * xss + b0 / bl] : 0.0f;
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 float *yt = y + (size_t)u * N + 8 * h;
@@ -724,13 +779,15 @@ P16_TILES(p16_tiles_q41, PGD_TYPE_Q4_1)
 P16_TILES(p16_tiles_q50, PGD_TYPE_Q5_0)
 P16_TILES(p16_tiles_q51, PGD_TYPE_Q5_1)
 P16_TILES(p16_tiles_q5k, PGD_TYPE_Q5_K)
+P16_TILES(p16_tiles_q3k, PGD_TYPE_Q3_K)
 
 static size_t p16_panel_bytes(pgd_type t, size_t K) {
     return t == PGD_TYPE_F16    ? 16 * K * 2
            : t == PGD_TYPE_Q8_0 ? (K / 32) * P16_Q8_BLOCK
            : P16_Q4X(t)         ? (K / 32) * P16_Q4X_BLOCK(t)
            : P16_K4(t)          ? (K / 256) * P16_K4_SB(t)
-                                : (K / 256) * P16_Q6K_SB;
+           : t == PGD_TYPE_Q6_K ? (K / 256) * P16_Q6K_SB
+                                : (K / 256) * P16_Q3K_SB;
 }
 
 /* Q8_0 decode prefetches each panel's stream this far ahead, one hint per 64-byte line: 4
@@ -778,7 +835,7 @@ INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t
                     sq[2 * q + 1] = _mm256_fmadd_ps(w1, b, sq[2 * q + 1]);
                 }
             }
-            const float xsb = t != PGD_TYPE_Q8_0 ? xs[blk] : 0.0f;
+            const float xsb = P16_HAS_OFF(t) ? xs[blk] : 0.0f;
 #pragma GCC unroll 4
             for (int q = 0; q < NP; q++) {
                 __m256 d[2], nm[2];
@@ -813,6 +870,7 @@ static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, siz
     case PGD_TYPE_Q4_1: p16_gemv_t(PGD_TYPE_Q4_1, P, x, y, K, lo, hi, xs); return;
     case PGD_TYPE_Q5_0: p16_gemv_t(PGD_TYPE_Q5_0, P, x, y, K, lo, hi, xs); return;
     case PGD_TYPE_Q5_K: p16_gemv_t(PGD_TYPE_Q5_K, P, x, y, K, lo, hi, xs); return;
+    case PGD_TYPE_Q3_K: p16_gemv_t(PGD_TYPE_Q3_K, P, x, y, K, lo, hi, xs); return;
     default: p16_gemv_t(PGD_TYPE_Q5_1, P, x, y, K, lo, hi, xs); return;
     }
 }
@@ -881,7 +939,7 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
         float xsb[4];
 #pragma GCC unroll 4
         for (int u = 0; u < NT; u++)
-            xsb[u] = t != PGD_TYPE_Q8_0 ? xs[(size_t)u * xss + blk] : 0.0f;
+            xsb[u] = P16_HAS_OFF(t) ? xs[(size_t)u * xss + blk] : 0.0f;
 #pragma GCC unroll 4
         for (int q = 0; q < NP; q++) {
             __m256 d[2], nm[2], z = _mm256_setzero_ps();
@@ -922,6 +980,7 @@ P16_FEW_SET(PGD_TYPE_Q4_1, q41)
 P16_FEW_SET(PGD_TYPE_Q5_0, q50)
 P16_FEW_SET(PGD_TYPE_Q5_1, q51)
 P16_FEW_SET(PGD_TYPE_Q5_K, q5k)
+P16_FEW_SET(PGD_TYPE_Q3_K, q3k)
 
 /* The panel types' kernels: tiles of the GEMM, few-token functions. */
 typedef struct p16_kernels {
@@ -938,6 +997,7 @@ static p16_kernels p16_kernels_of(pgd_type t) {
     case PGD_TYPE_Q4_1: return (p16_kernels){p16_tiles_q41, p16_few_q41};
     case PGD_TYPE_Q5_0: return (p16_kernels){p16_tiles_q50, p16_few_q50};
     case PGD_TYPE_Q5_K: return (p16_kernels){p16_tiles_q5k, p16_few_q5k};
+    case PGD_TYPE_Q3_K: return (p16_kernels){p16_tiles_q3k, p16_few_q3k};
     default: return (p16_kernels){p16_tiles_q51, p16_few_q51};
     }
 }
@@ -952,6 +1012,14 @@ static p16_kernels p16_kernels_of(pgd_type t) {
  * convert cheaply, and past 3 tokens p16_gemm is as fast or faster (bench/RESULTS.md). */
 #define P16_FEW_MAX 24
 #define P16_FEW_MAX_F16 3
+/* the 5-bit types and Q3_K decode costlier per group: past 8 tokens the GEMM's one conversion per
+ * slice wins (4096 x 4096 at 16 tokens: Q5_0 1.02x the row-major tiles against 0.78x, Q3_K
+ * 0.87x against 0.74x) */
+#define P16_FEW_MAX_SLOW 8
+#define P16_FEW_MAX_OF(t)                                                                        \
+    ((t) == PGD_TYPE_F16 ? P16_FEW_MAX_F16                                                       \
+     : P16_Q5(t) || (t) == PGD_TYPE_Q5_K || (t) == PGD_TYPE_Q3_K ? P16_FEW_MAX_SLOW              \
+                                                                : P16_FEW_MAX)
 static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
                     int n, long lo, long hi, const float *xs, size_t xss) {
     const size_t pb = p16_panel_bytes(t, K);
@@ -1024,6 +1092,11 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
         return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
                w->row_bytes == (size_t)(w->n_in / 256) * Q6_K_BYTES;
     }
+    if (w->type == PGD_TYPE_Q3_K && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
+        env = getenv("PAGODA_PACK_Q3_K");
+        return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
+               w->row_bytes == (size_t)(w->n_in / 256) * Q3_K_BYTES;
+    }
     if (P16_Q4X(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
         env = getenv("PAGODA_PACK_Q4_Q5");
         return !(env && env[0] == '0') && w->n_in % 32 == 0 &&
@@ -1066,6 +1139,17 @@ static void pack_row_block(pgd_type t, const uint8_t *ib, uint8_t *o, int r) {
             q[lo_byte] |= (uint8_t)(lo << lo_shift);
             q[8 + r / 4] |= (uint8_t)(hi << (2 * (r % 4)));
         }
+    } else if (t == PGD_TYPE_Q3_K) {
+        memcpy(o + 2 * r, ib + 108, 2); /* d */
+        for (int i = 0; i < 12; i++) o[32 + 16 * i + r] = ib[96 + i];
+        for (int e = 0; e < 256; e++) { /* ggml's order: half, shift, 16 + 16 */
+            const int half = e / 128, s = (e % 128) / 32, hs = (e % 32) / 16, l = e % 16;
+            int q2 = (ib[32 + 32 * half + 16 * hs + l] >> (2 * s)) & 3;
+            int hb = (ib[16 * hs + l] >> (4 * half + s)) & 1;
+            uint8_t *q = o + P16_Q3K_Q + 6 * e;
+            q[r / 4] |= (uint8_t)(q2 << (2 * (r % 4)));
+            q[4 + r / 8] |= (uint8_t)(hb << (r % 8));
+        }
     } else { /* Q4_0, Q4_1, Q5_0, Q5_1: d [m] [qh] qs */
         const int qs_at = 2 + 2 * P16_HAS_M(t) + 4 * P16_Q5(t);
         memcpy(o + 2 * r, ib, 2);
@@ -1101,6 +1185,7 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
     case PGD_TYPE_Q4_K: rb = Q4_K_BYTES; break;
     case PGD_TYPE_Q5_K: rb = Q5_K_BYTES; break;
     case PGD_TYPE_Q6_K: rb = Q6_K_BYTES; break;
+    case PGD_TYPE_Q3_K: rb = Q3_K_BYTES; break;
     default: PGD_ASSERT(P16_Q4X(w->type)); rb = (size_t)P16_Q4X_BLOCK(w->type) / 16; break;
     }
     const size_t nb = w->row_bytes / rb;
@@ -1221,7 +1306,7 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
         const float *xs = (const float *)c->act; /* p16_xsum of each block, per token */
         const size_t xss = c->act_row_bytes / sizeof(float);
         if (c->n == 1) p16_gemv(w->type, w->data, c->x, c->y, (size_t)w->n_in, lo, hi, xs);
-        else if (c->n <= (w->type == PGD_TYPE_F16 ? P16_FEW_MAX_F16 : P16_FEW_MAX))
+        else if (c->n <= P16_FEW_MAX_OF(w->type))
             p16_few(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
                     hi, xs, xss);
         else p16_gemm(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
@@ -1301,7 +1386,7 @@ void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *
         else quant_chunk(&c, 0, 0);
     }
 #ifdef PGD_F32ACT_SIMD
-    if (w->panel16 && w->type != PGD_TYPE_F16 && w->type != PGD_TYPE_Q8_0) {
+    if (w->panel16 && w->type != PGD_TYPE_F16 && P16_HAS_OFF(w->type)) {
         if (n > 1) pgd_pool_run_chunks(pool, xsum_chunk, &c, n);
         else xsum_chunk(&c, 0, 0);
     }
