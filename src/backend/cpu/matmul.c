@@ -1068,6 +1068,23 @@ static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, siz
 }
 #endif
 
+/* The block types with a panel layout: elements and bytes per row block, the switch-off. */
+static const struct {
+    pgd_type t;
+    int qk, bytes;
+    const char *env;
+} k_p16_fmts[] = {
+    {PGD_TYPE_Q8_0, 32, Q8_0_BYTES, "PAGODA_PACK_Q8_0"},
+    {PGD_TYPE_Q4_0, 32, 18, "PAGODA_PACK_Q4_Q5"},
+    {PGD_TYPE_Q4_1, 32, 20, "PAGODA_PACK_Q4_Q5"},
+    {PGD_TYPE_Q5_0, 32, 22, "PAGODA_PACK_Q4_Q5"},
+    {PGD_TYPE_Q5_1, 32, 24, "PAGODA_PACK_Q4_Q5"},
+    {PGD_TYPE_Q3_K, 256, Q3_K_BYTES, "PAGODA_PACK_Q3_K"},
+    {PGD_TYPE_Q4_K, 256, Q4_K_BYTES, "PAGODA_PACK_Q4_K"},
+    {PGD_TYPE_Q5_K, 256, Q5_K_BYTES, "PAGODA_PACK_Q5_K"},
+    {PGD_TYPE_Q6_K, 256, Q6_K_BYTES, "PAGODA_PACK_Q6_K"},
+};
+
 bool pgd_cpu_can_pack(const pgd_weight *w) {
 #ifdef PGD_F32ACT_SIMD
     const char *env = getenv("PAGODA_PACK");
@@ -1077,30 +1094,12 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
         env = getenv("PAGODA_PACK_F16");
         return !(env && env[0] == '0') && w->row_bytes == (size_t)w->n_in * 2;
     }
-    if (w->type == PGD_TYPE_Q8_0 && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
-        env = getenv("PAGODA_PACK_Q8_0");
-        return !(env && env[0] == '0') && w->n_in % 32 == 0 &&
-               w->row_bytes == (size_t)(w->n_in / 32) * Q8_0_BYTES;
-    }
-    if (P16_K4(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
-        env = getenv(w->type == PGD_TYPE_Q4_K ? "PAGODA_PACK_Q4_K" : "PAGODA_PACK_Q5_K");
-        return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
-               w->row_bytes == (size_t)(w->n_in / 256) * (size_t)P16_K4_SB(w->type) / 16;
-    }
-    if (w->type == PGD_TYPE_Q6_K && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
-        env = getenv("PAGODA_PACK_Q6_K");
-        return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
-               w->row_bytes == (size_t)(w->n_in / 256) * Q6_K_BYTES;
-    }
-    if (w->type == PGD_TYPE_Q3_K && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
-        env = getenv("PAGODA_PACK_Q3_K");
-        return !(env && env[0] == '0') && w->n_in % 256 == 0 &&
-               w->row_bytes == (size_t)(w->n_in / 256) * Q3_K_BYTES;
-    }
-    if (P16_Q4X(w->type) && pgd_vec_dot_type(w->type) == PGD_TYPE_F32) {
-        env = getenv("PAGODA_PACK_Q4_Q5");
-        return !(env && env[0] == '0') && w->n_in % 32 == 0 &&
-               w->row_bytes == (size_t)(w->n_in / 32) * (size_t)P16_Q4X_BLOCK(w->type) / 16;
+    for (size_t i = 0; i < sizeof k_p16_fmts / sizeof k_p16_fmts[0]; i++) {
+        if (k_p16_fmts[i].t != w->type) continue;
+        env = getenv(k_p16_fmts[i].env);
+        return !(env && env[0] == '0') && pgd_vec_dot_type(w->type) == PGD_TYPE_F32 &&
+               w->n_in % k_p16_fmts[i].qk == 0 &&
+               w->row_bytes == (size_t)(w->n_in / k_p16_fmts[i].qk) * (size_t)k_p16_fmts[i].bytes;
     }
     return false;
 #else
@@ -1179,15 +1178,10 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
         return;
     }
     /* block types: panel block bytes = 16 row blocks; each row block packed by its type */
-    size_t rb;
-    switch (w->type) {
-    case PGD_TYPE_Q8_0: rb = Q8_0_BYTES; break;
-    case PGD_TYPE_Q4_K: rb = Q4_K_BYTES; break;
-    case PGD_TYPE_Q5_K: rb = Q5_K_BYTES; break;
-    case PGD_TYPE_Q6_K: rb = Q6_K_BYTES; break;
-    case PGD_TYPE_Q3_K: rb = Q3_K_BYTES; break;
-    default: PGD_ASSERT(P16_Q4X(w->type)); rb = (size_t)P16_Q4X_BLOCK(w->type) / 16; break;
-    }
+    size_t rb = 0;
+    for (size_t i = 0; i < sizeof k_p16_fmts / sizeof k_p16_fmts[0]; i++)
+        if (k_p16_fmts[i].t == w->type) rb = (size_t)k_p16_fmts[i].bytes;
+    PGD_ASSERT(rb != 0);
     const size_t nb = w->row_bytes / rb;
     for (int64_t p = 0; p < w->n_out / 16; p++)
         for (size_t b = 0; b < nb; b++) {
