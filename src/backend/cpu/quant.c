@@ -197,18 +197,6 @@ static void unpack_k4_scales(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8]
     for (int j = 0; j < 8; j++) scale_min_k4(j, scales, &sc[j], &mn[j]);
 }
 
-/* Q3_K's scale i (0..15), 6 bits less 32: low 4 bits from byte i (i < 8) or the high half of
- * byte i - 8, high 2 bits from byte 8 + i % 4 (ggml's kmask unpacking, one scale at a time). */
-static int q3k_scale(const uint8_t *scales, int i) {
-    int lo = i < 8 ? scales[i] & 0xF : scales[i - 8] >> 4;
-    int hi = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
-    return (lo | hi << 4) - 32;
-}
-
-/* The 16 values of IQ4_NL's (and IQ4_XS's) non-linear 4-bit grid: the format's constants. */
-static const int8_t k_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                   1,    13,   25,  38,  53,  69,  89,  113};
-
 void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
     const uint8_t *p = src;
     float *y = dst;
@@ -273,8 +261,8 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
         for (int64_t b = 0; b < nb; b++, p += IQ4_NL_BYTES, y += PGD_QK) {
             float d = FP16(p);
             for (int l = 0; l < 16; l++) {
-                y[l] = d * (float)k_iq4nl[p[2 + l] & 0xF];
-                y[l + 16] = d * (float)k_iq4nl[p[2 + l] >> 4];
+                y[l] = d * (float)pgd__iq4nl_grid[p[2 + l] & 0xF];
+                y[l + 16] = d * (float)pgd__iq4nl_grid[p[2 + l] >> 4];
             }
         }
         return;
@@ -287,8 +275,8 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
                 int ls = ((p[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | ((sh >> (2 * ib)) & 3) << 4;
                 float dl = d * (float)(ls - 32);
                 for (int l = 0; l < 16; l++) {
-                    y[l] = dl * (float)k_iq4nl[qs[l] & 0xF];
-                    y[l + 16] = dl * (float)k_iq4nl[qs[l] >> 4];
+                    y[l] = dl * (float)pgd__iq4nl_grid[qs[l] & 0xF];
+                    y[l + 16] = dl * (float)pgd__iq4nl_grid[qs[l] >> 4];
                 }
             }
         }
@@ -303,7 +291,7 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
                 const int half = i / 8, shift = 2 * ((i / 2) % 4), off = 16 * (i % 2);
                 const uint8_t *q = qs + 32 * half + off;
                 if (q3) {
-                    float dl = d * (float)q3k_scale(p + 96, i);
+                    float dl = d * (float)pgd__q3k_scale(p + 96, i);
                     const uint8_t m = (uint8_t)(1u << (4 * half + shift / 2));
                     for (int l = 0; l < 16; l++)
                         y[l] = dl * (float)(((q[l] >> shift) & 3) - (hm[off + l] & m ? 0 : 4));

@@ -8,6 +8,20 @@
 #ifndef PGD_BACKEND_CPU_QUANT_F32ACT_H
 #define PGD_BACKEND_CPU_QUANT_F32ACT_H
 
+#include <stdint.h>
+
+/* Format pieces the scalar decoders (quant.c) and the register ones below share. */
+/* Q2_K/Q3_K-style scale i (0..15) of 12 packed bytes, 6 bits less 32: low 4 bits from byte i
+ * (i < 8) or the high half of byte i - 8, high 2 bits from byte 8 + i % 4 (ggml's kmask
+ * unpacking, one scale at a time). */
+static inline int pgd__q3k_scale(const uint8_t *sc, int i) {
+    int lo = i < 8 ? sc[i] & 0xF : sc[i - 8] >> 4;
+    return (lo | ((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4) - 32;
+}
+/* The 16 values of IQ4_NL's (and IQ4_XS's) non-linear 4-bit grid: the format's constants. */
+static const int8_t pgd__iq4nl_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                           1,    13,   25,  38,  53,  69,  89,  113};
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PGD_F32ACT_SIMD 1
 
@@ -55,19 +69,13 @@ PGD_F32ACT_INLINE __m256i pgd__f32act_i8x8(const uint8_t *p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 
-/* IQ4_NL's 16 grid values (quant.c's k_iq4nl) at the lanes' 4-bit indices: two 8-entry
- * permutes, chosen by the index's bit 3. */
+/* pgd__iq4nl_grid at the lanes' 4-bit indices: two 8-entry permutes, chosen by the index's
+ * bit 3. */
 PGD_F32ACT_INLINE __m256 pgd__f32act_iq4(__m256i idx) {
-    const __m256 lo = _mm256_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10);
-    const __m256 hi = _mm256_setr_ps(1, 13, 25, 38, 53, 69, 89, 113);
+    const __m256 lo = _mm256_cvtepi32_ps(pgd__f32act_i8x8((const uint8_t *)pgd__iq4nl_grid));
+    const __m256 hi = _mm256_cvtepi32_ps(pgd__f32act_i8x8((const uint8_t *)pgd__iq4nl_grid + 8));
     return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
                             _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
-}
-
-/* Q2_K / Q3_K: one 16-element scale group of group g's two, as quant.c's q3k_scale. */
-PGD_F32ACT_INLINE int pgd__f32act_q3k_scale(const uint8_t *sc, int i) {
-    int lo = i < 8 ? sc[i] & 0xF : sc[i - 8] >> 4;
-    return (lo | ((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4) - 32;
 }
 
 /* Dequantizes group g (elements 32g .. 32g+31) of a row of type t into w[0..3]. The float
@@ -84,45 +92,31 @@ PGD_F32ACT_INLINE void pgd__f32act_deq32(const pgd_type t, const uint8_t *row, i
             w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(pgd__f32act_i8x8(b + 2 + 8 * k)));
         return;
     }
-    case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: {
-        const bool q41 = t == PGD_TYPE_Q4_1;
-        const uint8_t *b = row + g * (q41 ? 20 : 18), *qs = b + (q41 ? 4 : 2);
-        const __m128 dm = pgd__f32act_h2(b); /* Q4_1: d, m; Q4_0: d, two quant bytes */
+    case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q5_0: case PGD_TYPE_Q5_1: {
+        /* d [m] [qh: bit i is element i's fifth bit] qs[16]; without m, q less 8 (16) */
+        const bool hm = t == PGD_TYPE_Q4_1 || t == PGD_TYPE_Q5_1;
+        const bool q5 = t == PGD_TYPE_Q5_0 || t == PGD_TYPE_Q5_1;
+        const uint8_t *b = row + g * (18 + 2 * hm + 4 * q5), *qs = b + 2 + 2 * hm + 4 * q5;
+        const __m128 dm = pgd__f32act_h2(b); /* d, and m when hm */
         __m256 d = _mm256_broadcastss_ps(dm);
         __m256i v0 = pgd__f32act_u8x8(qs), v1 = pgd__f32act_u8x8(qs + 8);
         __m256i q[4] = {_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4),
                         _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
-        if (q41) {
+        if (q5) {
+            uint32_t qh32;
+            memcpy(&qh32, b + 2 + 2 * hm, 4);
+            const __m256i qh = _mm256_set1_epi32((int)qh32), one = _mm256_set1_epi32(1);
+            const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            for (int k = 0; k < 4; k++) {
+                __m256i h = _mm256_srlv_epi32(qh, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * k)));
+                q[k] = _mm256_or_si256(q[k], _mm256_slli_epi32(_mm256_and_si256(h, one), 4));
+            }
+        }
+        if (hm) {
             __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
             for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, m);
         } else {
-            const __m256i off = _mm256_set1_epi32(8);
-            for (int k = 0; k < 4; k++)
-                w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], off)), d);
-        }
-        return;
-    }
-    case PGD_TYPE_Q5_0: case PGD_TYPE_Q5_1: {
-        const bool q51 = t == PGD_TYPE_Q5_1;
-        const uint8_t *b = row + g * (q51 ? 24 : 22), *qs = b + (q51 ? 8 : 6);
-        uint32_t qh32;
-        memcpy(&qh32, b + (q51 ? 4 : 2), 4);
-        const __m256i qh = _mm256_set1_epi32((int)qh32), one = _mm256_set1_epi32(1);
-        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m128 dm = pgd__f32act_h2(b); /* Q5_1: d, m; Q5_0: d, the first qh bytes */
-        __m256 d = _mm256_broadcastss_ps(dm);
-        __m256i v0 = pgd__f32act_u8x8(qs), v1 = pgd__f32act_u8x8(qs + 8);
-        __m256i q[4] = {_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4),
-                        _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
-        for (int k = 0; k < 4; k++) {
-            __m256i h = _mm256_srlv_epi32(qh, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * k)));
-            q[k] = _mm256_or_si256(q[k], _mm256_slli_epi32(_mm256_and_si256(h, one), 4));
-        }
-        if (q51) {
-            __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, m);
-        } else {
-            const __m256i off = _mm256_set1_epi32(16);
+            const __m256i off = _mm256_set1_epi32(q5 ? 16 : 8);
             for (int k = 0; k < 4; k++)
                 w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], off)), d);
         }
@@ -164,7 +158,7 @@ PGD_F32ACT_INLINE void pgd__f32act_deq32(const pgd_type t, const uint8_t *row, i
         __m256 dl[2], ml[2];
         for (int s = 0; s < 2; s++) {
             if (q3) {
-                dl[s] = _mm256_set1_ps(d * (float)pgd__f32act_q3k_scale(b + 96, 2 * j + s));
+                dl[s] = _mm256_set1_ps(d * (float)pgd__q3k_scale(b + 96, 2 * j + s));
                 ml[s] = _mm256_setzero_ps(); /* unused */
             } else {
                 const int sc = b[2 * j + s];
