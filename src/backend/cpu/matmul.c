@@ -859,21 +859,6 @@ INLINE void p16_gemv_t(const pgd_type t, const uint8_t *P, const float *x, float
         p16_gemv_np(t, 4, P + (size_t)(n / 16) * pb, pb, x, y + n, K, xs);
     for (; n < hi; n += 16) p16_gemv_np(t, 1, P + (size_t)(n / 16) * pb, pb, x, y + n, K, xs);
 }
-static void p16_gemv(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, long lo,
-                     long hi, const float *xs) {
-    switch (t) {
-    case PGD_TYPE_F16: p16_gemv_t(PGD_TYPE_F16, P, x, y, K, lo, hi, xs); return;
-    case PGD_TYPE_Q8_0: p16_gemv_t(PGD_TYPE_Q8_0, P, x, y, K, lo, hi, xs); return;
-    case PGD_TYPE_Q4_K: p16_gemv_t(PGD_TYPE_Q4_K, P, x, y, K, lo, hi, xs); return;
-    case PGD_TYPE_Q6_K: p16_gemv_t(PGD_TYPE_Q6_K, P, x, y, K, lo, hi, xs); return;
-    case PGD_TYPE_Q4_0: p16_gemv_t(PGD_TYPE_Q4_0, P, x, y, K, lo, hi, xs); return;
-    case PGD_TYPE_Q4_1: p16_gemv_t(PGD_TYPE_Q4_1, P, x, y, K, lo, hi, xs); return;
-    case PGD_TYPE_Q5_0: p16_gemv_t(PGD_TYPE_Q5_0, P, x, y, K, lo, hi, xs); return;
-    case PGD_TYPE_Q5_K: p16_gemv_t(PGD_TYPE_Q5_K, P, x, y, K, lo, hi, xs); return;
-    case PGD_TYPE_Q3_K: p16_gemv_t(PGD_TYPE_Q3_K, P, x, y, K, lo, hi, xs); return;
-    default: p16_gemv_t(PGD_TYPE_Q5_1, P, x, y, K, lo, hi, xs); return;
-    }
-}
 
 /* NT <= 4 tokens, NP panels (16 * NP rows; NP * NT <= 4: 8 independent FMA chains at most,
  * enough to hide the FMA latency in 16 registers): p16_gemv_np's chains for each token, every
@@ -967,7 +952,11 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
     P16_FEW_FN(T, 2, 2, p16_pair_##N##_2)                                                        \
     static const p16_few_fn p16_few_##N[5] = {p16_few_##N##_1, p16_few_##N##_2,                 \
                                               p16_few_##N##_3, p16_few_##N##_4,                 \
-                                              p16_pair_##N##_2};
+                                              p16_pair_##N##_2};                                \
+    static void p16_gemv_##N(const uint8_t *P, const float *x, float *y, size_t K, long lo,     \
+                             long hi, const float *xs) {                                         \
+        p16_gemv_t(T, P, x, y, K, lo, hi, xs);                                                   \
+    }
 typedef void (*p16_few_fn)(const uint8_t *, size_t, const float *, size_t, float *, size_t,
                            const float *, size_t);
 /* [nt - 1]: nt tokens over one panel; [4]: 2 tokens over two panels */
@@ -982,24 +971,27 @@ P16_FEW_SET(PGD_TYPE_Q5_1, q51)
 P16_FEW_SET(PGD_TYPE_Q5_K, q5k)
 P16_FEW_SET(PGD_TYPE_Q3_K, q3k)
 
-/* The panel types' kernels: tiles of the GEMM, few-token functions. */
+/* The panel types' kernels: tiles of the GEMM, few-token functions, the one-token GEMV. */
 typedef struct p16_kernels {
     const p16_fn *tiles;
     const p16_few_fn *few;
+    void (*gemv)(const uint8_t *, const float *, float *, size_t, long, long, const float *);
 } p16_kernels;
 static p16_kernels p16_kernels_of(pgd_type t) {
+#define P16_K(N) (p16_kernels){p16_tiles_##N, p16_few_##N, p16_gemv_##N}
     switch (t) {
-    case PGD_TYPE_F16: return (p16_kernels){p16_tiles_f16, p16_few_f16};
-    case PGD_TYPE_Q8_0: return (p16_kernels){p16_tiles_q8, p16_few_q8};
-    case PGD_TYPE_Q4_K: return (p16_kernels){p16_tiles_q4k, p16_few_q4k};
-    case PGD_TYPE_Q6_K: return (p16_kernels){p16_tiles_q6k, p16_few_q6k};
-    case PGD_TYPE_Q4_0: return (p16_kernels){p16_tiles_q40, p16_few_q40};
-    case PGD_TYPE_Q4_1: return (p16_kernels){p16_tiles_q41, p16_few_q41};
-    case PGD_TYPE_Q5_0: return (p16_kernels){p16_tiles_q50, p16_few_q50};
-    case PGD_TYPE_Q5_K: return (p16_kernels){p16_tiles_q5k, p16_few_q5k};
-    case PGD_TYPE_Q3_K: return (p16_kernels){p16_tiles_q3k, p16_few_q3k};
-    default: return (p16_kernels){p16_tiles_q51, p16_few_q51};
+    case PGD_TYPE_F16: return P16_K(f16);
+    case PGD_TYPE_Q8_0: return P16_K(q8);
+    case PGD_TYPE_Q4_K: return P16_K(q4k);
+    case PGD_TYPE_Q6_K: return P16_K(q6k);
+    case PGD_TYPE_Q4_0: return P16_K(q40);
+    case PGD_TYPE_Q4_1: return P16_K(q41);
+    case PGD_TYPE_Q5_0: return P16_K(q50);
+    case PGD_TYPE_Q5_K: return P16_K(q5k);
+    case PGD_TYPE_Q3_K: return P16_K(q3k);
+    default: return P16_K(q51);
     }
+#undef P16_K
 }
 
 /* A few tokens (n <= P16_FEW_MAX; F16: P16_FEW_MAX_F16), rows [lo, hi) (multiples of 16):
@@ -1068,22 +1060,19 @@ static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, siz
 }
 #endif
 
-/* The block types with a panel layout: elements and bytes per row block, the switch-off. */
+#ifdef PGD_F32ACT_SIMD
+/* The block types with a panel layout, and the variable that turns each off. */
 static const struct {
     pgd_type t;
-    int qk, bytes;
     const char *env;
 } k_p16_fmts[] = {
-    {PGD_TYPE_Q8_0, 32, Q8_0_BYTES, "PAGODA_PACK_Q8_0"},
-    {PGD_TYPE_Q4_0, 32, 18, "PAGODA_PACK_Q4_Q5"},
-    {PGD_TYPE_Q4_1, 32, 20, "PAGODA_PACK_Q4_Q5"},
-    {PGD_TYPE_Q5_0, 32, 22, "PAGODA_PACK_Q4_Q5"},
-    {PGD_TYPE_Q5_1, 32, 24, "PAGODA_PACK_Q4_Q5"},
-    {PGD_TYPE_Q3_K, 256, Q3_K_BYTES, "PAGODA_PACK_Q3_K"},
-    {PGD_TYPE_Q4_K, 256, Q4_K_BYTES, "PAGODA_PACK_Q4_K"},
-    {PGD_TYPE_Q5_K, 256, Q5_K_BYTES, "PAGODA_PACK_Q5_K"},
-    {PGD_TYPE_Q6_K, 256, Q6_K_BYTES, "PAGODA_PACK_Q6_K"},
+    {PGD_TYPE_Q8_0, "PAGODA_PACK_Q8_0"}, {PGD_TYPE_Q4_0, "PAGODA_PACK_Q4_Q5"},
+    {PGD_TYPE_Q4_1, "PAGODA_PACK_Q4_Q5"}, {PGD_TYPE_Q5_0, "PAGODA_PACK_Q4_Q5"},
+    {PGD_TYPE_Q5_1, "PAGODA_PACK_Q4_Q5"}, {PGD_TYPE_Q3_K, "PAGODA_PACK_Q3_K"},
+    {PGD_TYPE_Q4_K, "PAGODA_PACK_Q4_K"}, {PGD_TYPE_Q5_K, "PAGODA_PACK_Q5_K"},
+    {PGD_TYPE_Q6_K, "PAGODA_PACK_Q6_K"},
 };
+#endif
 
 bool pgd_cpu_can_pack(const pgd_weight *w) {
 #ifdef PGD_F32ACT_SIMD
@@ -1097,9 +1086,9 @@ bool pgd_cpu_can_pack(const pgd_weight *w) {
     for (size_t i = 0; i < sizeof k_p16_fmts / sizeof k_p16_fmts[0]; i++) {
         if (k_p16_fmts[i].t != w->type) continue;
         env = getenv(k_p16_fmts[i].env);
+        const uint64_t rb = pgd_type_row_bytes(w->type, (uint64_t)w->n_in); /* 0: no blocks */
         return !(env && env[0] == '0') && pgd_vec_dot_type(w->type) == PGD_TYPE_F32 &&
-               w->n_in % k_p16_fmts[i].qk == 0 &&
-               w->row_bytes == (size_t)(w->n_in / k_p16_fmts[i].qk) * (size_t)k_p16_fmts[i].bytes;
+               rb != 0 && w->row_bytes == rb;
     }
     return false;
 #else
@@ -1178,9 +1167,7 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
         return;
     }
     /* block types: panel block bytes = 16 row blocks; each row block packed by its type */
-    size_t rb = 0;
-    for (size_t i = 0; i < sizeof k_p16_fmts / sizeof k_p16_fmts[0]; i++)
-        if (k_p16_fmts[i].t == w->type) rb = (size_t)k_p16_fmts[i].bytes;
+    const size_t rb = pgd_type_block_bytes(w->type);
     PGD_ASSERT(rb != 0);
     const size_t nb = w->row_bytes / rb;
     for (int64_t p = 0; p < w->n_out / 16; p++)
@@ -1299,7 +1286,8 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     if (w->panel16) {
         const float *xs = (const float *)c->act; /* p16_xsum of each block, per token */
         const size_t xss = c->act_row_bytes / sizeof(float);
-        if (c->n == 1) p16_gemv(w->type, w->data, c->x, c->y, (size_t)w->n_in, lo, hi, xs);
+        if (c->n == 1)
+            p16_kernels_of(w->type).gemv(w->data, c->x, c->y, (size_t)w->n_in, lo, hi, xs);
         else if (c->n <= P16_FEW_MAX_OF(w->type))
             p16_few(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
                     hi, xs, xss);
