@@ -11,10 +11,9 @@
 
 /* A 2-D weight: n_out rows of n_in elements, each row row_bytes long (row-major), unless
  * panel16: then data holds panels of 16 rows, each k-major, as pgd_cpu_pack writes them (F16:
- * element k of rows 16p..16p+15 at halves 16p * n_in + 16k + r; Q8_0: per panel and 32-element
- * block, the 16 fp16 scales then q[k][16]; Q4_K: per panel and 256-element super-block, the 16
- * rows' d, dmin, scale bytes transposed, then per k 8 bytes of two nibbles, rows i and 8 + i).
- * The same bytes as row-major. */
+ * element k of rows 16p..16p+15 at halves 16p * n_in + 16k + r; the block types: per panel and
+ * block, the 16 rows' scale fields, then per element k the 16 rows' quants; the layouts are in
+ * matmul.c). The same bytes as row-major. */
 typedef struct pgd_weight {
     pgd_type type;
     int64_t n_in, n_out;
@@ -23,11 +22,11 @@ typedef struct pgd_weight {
     bool panel16;
 } pgd_weight;
 
-/* Whether this build multiplies w in the panel16 layout (F16, or Q8_0 / Q4_K with F32
- * activations; AVX2+FMA+F16C, n_out a multiple of 16; PAGODA_PACK=0, PAGODA_PACK_F16=0,
- * PAGODA_PACK_Q8_0=0 or PAGODA_PACK_Q4_K=0 say no). The layout changes a row's summation order
- * (one FMA chain over k instead of 8 lanes and a tree; Q4_K: a chain per 32-element group, then
- * its scale and offset terms), the same for every batch size. */
+/* Whether this build multiplies w in the panel16 layout (F16, or Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q3_K, Q4_K, Q5_K, Q6_K with F32 activations; AVX2+FMA+F16C, n_out a multiple of 16;
+ * PAGODA_PACK=0 or the type's PAGODA_PACK_<TYPE>=0 say no). The layout changes a row's summation
+ * order (F16: one FMA chain over k instead of 8 lanes and a tree; block types: a chain per block,
+ * then its scale and offset terms), the same for every batch size. */
 bool pgd_cpu_can_pack(const pgd_weight *w);
 /* Writes w's rows (row-major, w->data) into dst in the panel16 layout (the same byte count). */
 void pgd_cpu_pack(const pgd_weight *w, void *dst);
