@@ -60,6 +60,11 @@ typedef struct pgd_engine_config {
     float gpu_memory_utilization;   /* CUDA: share (0, 1] of each GPU's memory for weights,
                                        activations and the KV pool, which gets what is left
                                        (replaces kv_cache_bytes there); 0: 0.9. CPU: unused */
+    /* LoRA adapters (PEFT directories; CPU backend), loaded at create: a request's lora = k
+       runs with lora_paths[k - 1]. Each is read and checked against the model (one line naming
+       the adapter's file on failure) */
+    const char *const *lora_paths;
+    int32_t n_loras;
 } pgd_engine_config;
 
 typedef struct pgd_request_params {
@@ -142,6 +147,9 @@ typedef struct pgd_request_params {
        either the token whose text is exactly this ("<think>"), and the constraint then waits for
        constrain_after, or one the constraint allows, and it holds from there */
     const char *think_open;
+    /* the LoRA adapter to run with: 0 none (the base model), k: the engine's lora_paths[k - 1].
+       Prefix-cache hits are only between requests of the same adapter */
+    int32_t lora;
 } pgd_request_params;
 
 #define PGD_MAX_CHOICES 256

@@ -37,6 +37,7 @@ typedef enum {
     PGD_OP_LOCAL_ROPE,   /* a second set of RoPE frequencies (pgd_rope_params.inv_freq_local) */
     PGD_OP_SOFTCAP,      /* x = c tanh(x / c): the softcap op, attention's pgd_kv_layer.softcap */
     PGD_OP_ATTN_SCALE,   /* attention scores scaled by pgd_kv_layer.scale */
+    PGD_OP_LORA,         /* y[t] += scale * B (A x[t]) with row t's adapter (LoRA) */
     PGD_OP_COUNT
 } pgd_op;
 
@@ -103,6 +104,15 @@ static inline size_t pgd_moe_work_floats(int32_t n_rows, int32_t dim, const pgd_
            2 * (size_t)e->n_expert + 17;
 }
 
+/* One LoRA adapter's delta on one matrix, on one rank's slice of it, as the lora op sees it
+ * (src/model/lora.h): y += scale * B (A x). NULL a: the adapter leaves the matrix alone. */
+typedef struct pgd_lora_mat {
+    const float *a;  /* (rank) rows, lda floats apart; the rank's first input column */
+    const float *b;  /* (n_out, rank): the rank's output rows */
+    int32_t rank, lda;
+    float scale;
+} pgd_lora_mat;
+
 typedef struct pgd_backend pgd_backend;
 
 /* Every entry may assume supports() said yes for its op and weight type. Ops are enqueued in
@@ -168,6 +178,13 @@ typedef struct pgd_backend_ops {
     void (*moe)(pgd_backend *be, const pgd_moe *e, const float *x, const float *router,
                 float *out, float *work, int n_rows, int dim);
     void (*add)(pgd_backend *be, float *x, const float *y, size_t n);
+    /* LoRA: for every row t of x (n_rows, n_in) with adapter[t] = k > 0 (host) and mats[k - 1].a
+     * set, y[t] (of n_out) += scale * B (A x[t]) of mats[k - 1]; other rows are left alone. work
+     * holds n_rows * max_rank floats (max_rank: the largest mats[].rank). Each row's result depends
+     * on that row only, in a fixed order (batch invariance). NULL where supports() says no. */
+    void (*lora)(pgd_backend *be, const pgd_lora_mat *mats, const int32_t *adapter,
+                 const float *x, float *y, float *work, int n_rows, int n_in, int n_out,
+                 int max_rank);
     /* dst (n, dim) = src rows s->logit_rows[0..n) */
     void (*gather_rows)(pgd_backend *be, const float *src, float *dst, int dim, const pgd_step *s);
     /* Copies the first n slots of block src to block dst of one layer's K and V. */

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/pool.h"
 #include "cli/cli.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "pagoda/pagoda.h"
 #include "sample/sampler.h"
@@ -18,7 +19,7 @@
 #define PREFILL_CHUNK 64
 
 typedef struct gen_opts {
-    const char *model, *prompt, *file, *ids, *out, *draft_model, *device;
+    const char *model, *prompt, *file, *ids, *out, *draft_model, *device, *lora;
     long tp;
     float gpu_util;           /* --gpu-memory-utilization; 0: the default */
     pgd_spec_mode speculative;
@@ -39,6 +40,7 @@ static void usage_generate(FILE *f) {
             "                       [--num-speculative-tokens K] [--draft-model M]\n"
             "                       [--load-format auto|dummy] [--device cpu|cuda]\n"
             "                       [--tensor-parallel-size N] [--gpu-memory-utilization F]\n"
+            "                       [--lora DIR]\n"
             "Writes only the generated text to stdout; prefill and decode speeds to stderr.\n"
             "  -m MODEL         GGUF file or Hugging Face model directory (default %s)\n"
             "  --load-format auto|dummy  dummy: MODEL is a config.json (or its folder) and the\n"
@@ -54,6 +56,8 @@ static void usage_generate(FILE *f) {
             "  --ignore-eos     keep generating past end-of-generation tokens\n"
             "  --print-ids      print generated token ids instead of text\n"
             "  --weights-f32    dequantize every weight to F32 at load (reference path)\n"
+            "  --lora DIR       run with a LoRA adapter: a PEFT directory (adapter_config.json,\n"
+            "                   adapter_model.safetensors; CPU backend)\n"
             "  --speculative ngram|draft  speculative decoding by n-gram prompt lookup or a draft\n"
             "                   model (the output distribution is unchanged); the acceptance rate\n"
             "                   is reported on stderr\n"
@@ -94,6 +98,8 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
             o->file = v;
         } else if (!strcmp(a, "--ids")) {
             o->ids = v;
+        } else if (!strcmp(a, "--lora")) {
+            o->lora = v;
         } else if (!strcmp(a, "--out") && logits_cmd) {
             o->out = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
@@ -151,12 +157,14 @@ typedef struct gen_ctx {
     pgd_model *model;
     pgd_pool *pool;
     pgd_session sess;
+    pgd_lora *lora;
     int32_t *prompt;
     size_t n_prompt;
 } gen_ctx;
 
 static void gen_free(gen_ctx *g) {
     if (g->sess.model) pgd_session_free(&g->sess);
+    pgd_lora_free(g->lora);
     pgd_pool_free(g->pool);
     pgd_model_free(g->model);
     free(g->prompt);
@@ -181,11 +189,15 @@ static int gen_setup(const gen_opts *o, gen_ctx *g) {
     long nt = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
     if (nt < 1) nt = 1;
     if ((rc = pgd_pool_create((int)nt, &g->pool, &err)) ||
-        (rc = pgd_session_init(&g->sess, g->model, g->pool, PREFILL_CHUNK, &err))) {
+        (rc = pgd_session_init(&g->sess, g->model, g->pool, PREFILL_CHUNK, &err)) ||
+        (o->lora && ((rc = pgd_lora_load(o->lora, g->model, &g->lora, &err)) ||
+                     (rc = pgd_fwd_set_loras(&g->sess.fwd, (const pgd_lora *const *)&g->lora, 1,
+                                             &err))))) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         gen_free(g);
         return rc;
     }
+    g->sess.lora = o->lora ? 1 : 0;
     if (o->ids) {
         if (pgd_cli_parse_ids(o->ids, &g->prompt, &g->n_prompt)) {
             fprintf(stderr, "pagoda: --ids: not a list of token ids\n");
@@ -261,6 +273,8 @@ int pgd_cli_generate(int argc, char **argv) {
     ec.tensor_parallel_size = (int32_t)o.tp;
     ec.load_format_dummy = o.load_dummy;
     ec.gpu_memory_utilization = o.gpu_util;
+    ec.lora_paths = &o.lora;
+    ec.n_loras = o.lora ? 1 : 0;
     char err[512];
     pgd_engine *e = NULL;
     if (pgd_engine_create(&ec, &e, err, sizeof err)) {
@@ -295,7 +309,7 @@ int pgd_cli_generate(int argc, char **argv) {
         .max_tokens = (int32_t)(o.n_predict < room ? o.n_predict : room),
         .temperature = o.temperature, .top_p = o.top_p, .top_k = (int32_t)o.top_k,
         .seed = o.seed_set ? o.seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16),
-        .ignore_eos = o.ignore_eos, .logprobs = -1,
+        .ignore_eos = o.ignore_eos, .logprobs = -1, .lora = o.lora ? 1 : 0,
     };
     uint64_t rid;
     if (pgd_engine_submit(e, &rp, &rid, err, sizeof err)) {
@@ -358,7 +372,8 @@ int pgd_cli_logits(int argc, char **argv) {
     int prc = parse_gen(argc, argv, &o, true);
     if (prc) return prc > 0 ? 0 : 2;
     if (!o.ids || !o.out) {
-        fprintf(stderr, "usage: pagoda logits -m MODEL --ids \"1 2 3\" --out FILE [--weights-f32]\n"
+        fprintf(stderr, "usage: pagoda logits -m MODEL --ids \"1 2 3\" --out FILE [--weights-f32] "
+                        "[--lora DIR]\n"
                         "Writes float32 logits, shape (n_ids, n_vocab), row i predicting token i+1.\n");
         return 2;
     }

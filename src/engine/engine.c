@@ -15,6 +15,7 @@
 
 #include "backend/cpu/pool.h"
 #include "kv/kv.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "pagoda/pagoda.h"
 #include "engine/engine_internal.h"
@@ -105,6 +106,8 @@ struct pgd_engine {
     pgd_model *model;
     pgd_pool *pool;
     pgd_fwd fwd;
+    struct pgd_lora **loras;        /* (n_loras) the configuration's adapters */
+    int32_t n_loras;
     pgd_kv_cache kv;
     pgd_kv_mgr mgr;
     int32_t n_ctx, max_blocks_per_seq;
@@ -133,6 +136,7 @@ struct pgd_engine {
     int32_t *b_sampled;                         /* (max_logits) */
     int64_t *b_slot;                            /* (max_num_batched_tokens) */
     const int32_t **b_tables;                   /* (max_num_seqs) */
+    int32_t *b_lora;                            /* (max_num_seqs) their adapters */
     seq **b_seqs;                               /* (max_num_seqs) sequences in this step */
     /* prompt logprobs of this step, by logits row, computed on the pool before out_mu */
     struct lp_row {
@@ -437,6 +441,19 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     if ((rc = pgd_fwd_init(&e->fwd, e->model, e->pool, c->max_num_batched_tokens, e->max_logits,
                            &perr)))
         goto fail_perr;
+    if (c->n_loras > 0) {
+        if (!(e->loras = calloc((size_t)c->n_loras, sizeof *e->loras))) {
+            rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
+            goto fail_perr;
+        }
+        for (; e->n_loras < c->n_loras; e->n_loras++)
+            if ((rc = pgd_lora_load(c->lora_paths[e->n_loras], e->model, &e->loras[e->n_loras],
+                                    &perr)))
+                goto fail_perr;
+        if ((rc = pgd_fwd_set_loras(&e->fwd, (const pgd_lora *const *)e->loras, e->n_loras,
+                                    &perr)))
+            goto fail_perr;
+    }
     size_t n_blocks = 0;
     if (e->model->shards[0].be.ops->mem_info) {
         if ((rc = device_kv_blocks(e, kdt, &n_blocks, &perr))) goto fail_perr;
@@ -475,6 +492,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->b_rows = malloc((size_t)e->max_logits * sizeof *e->b_rows);
     e->b_slot = malloc(T * sizeof *e->b_slot);
     e->b_tables = malloc(S * sizeof *e->b_tables);
+    e->b_lora = calloc(S, sizeof *e->b_lora);
     e->b_seqs = malloc(S * sizeof *e->b_seqs);
     e->b_sample = malloc((size_t)e->max_logits * sizeof *e->b_sample);
     e->b_sampled = malloc((size_t)e->max_logits * sizeof *e->b_sampled);
@@ -484,6 +502,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     int32_t nv = e->model->cfg.n_vocab;
     e->eog = malloc((size_t)nv * sizeof *e->eog);
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_rows || !e->b_slot || !e->b_tables ||
+        !e->b_lora ||
         !e->b_seqs || !e->b_sample || !e->b_sampled || !e->lp_rows || !e->lp_todo || !e->eog ||
         !e->hidden) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
@@ -532,6 +551,8 @@ void pgd_engine_free(pgd_engine *e) {
     free_list(&e->running);
     free_list(&e->incoming);
     pgd_fwd_free(&e->fwd);
+    for (int32_t i = 0; i < e->n_loras; i++) pgd_lora_free(e->loras[i]);
+    free(e->loras);
     pgd_draft_free(&e->draft);
     pgd_kv_cache_free(&e->kv);
     pgd_kv_mgr_free(&e->mgr);
@@ -543,6 +564,7 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->b_rows);
     free(e->b_slot);
     free(e->b_tables);
+    free(e->b_lora);
     free(e->b_seqs);
     free(e->b_sample);
     free(e->b_sampled);
@@ -631,6 +653,8 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     const pgd_model_config *mc = &e->model->cfg;
     if (p->n_prompt < 1 || !p->prompt)
         return fail(err, errlen, PGD_EINVAL, "%s", "the prompt is empty");
+    if (p->lora < 0 || p->lora > e->n_loras)
+        return fail(err, errlen, PGD_EINVAL, "%s", "no such LoRA adapter");
     if (p->max_tokens < 0)
         return fail(err, errlen, PGD_EINVAL, "%s", "max_tokens must not be negative");
     if (p->embedding && p->max_tokens)
@@ -728,6 +752,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         seq_free(s);
         return fail(err, errlen, PGD_EINVAL, "%s", "logprobs must be between 0 and 20");
     }
+    s->kv.ns = (uint32_t)p->lora;
     /* a zeroed params struct means no logprobs: -1 and 0 differ only for callers that ask */
     s->logprobs = p->logprobs;
     s->prompt_lp = p->prompt_logprobs;
@@ -1463,6 +1488,7 @@ int pgd_engine_step(pgd_engine *e) {
     for (int32_t i = 0; i < ns; i++) {
         seq *s = e->b_seqs[i];
         e->b_tables[i] = s->kv.table;
+        e->b_lora[i] = (int32_t)s->kv.ns;
         for (int32_t j = 0; j < s->sched_n; j++) {
             int32_t p = s->n_computed + j;
             e->b_tokens[nt] = s->tokens[p];
@@ -1499,7 +1525,8 @@ int pgd_engine_step(pgd_engine *e) {
     PGD_ASSERT(nt == used && nl <= e->max_logits);
     pgd_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
                    .slot = e->b_slot, .block_tables = e->b_tables, .n_logits = nl,
-                   .logit_rows = e->b_rows, .hidden = b_hidden ? e->hidden : NULL};
+                   .logit_rows = e->b_rows, .hidden = b_hidden ? e->hidden : NULL,
+                   .seq_lora = e->n_loras ? e->b_lora : NULL};
     if (e->device_sampling && nl > 0) plan_device_sampling(e, ns, &b);
     int rc = pgd_model_forward(&e->fwd, &e->kv, &b);
     int32_t n_prefill = 0;

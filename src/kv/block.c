@@ -22,6 +22,11 @@ static uint64_t block_hash(uint64_t parent, const int32_t *tokens, int32_t n) {
     return h ? h : 1; /* 0 means "no hash" */
 }
 
+/* The parent hash of a sequence's first block: its namespace's. */
+static uint64_t root_hash(const pgd_kv_seq *s) {
+    return s->ns ? mix64(0x6a09e667f3bcc909ull ^ s->ns) : 0;
+}
+
 /* ---- map ---- */
 
 static size_t map_slot(const pgd_kv_mgr *m, uint64_t h) { return (size_t)(h & (m->map_cap - 1)); }
@@ -168,7 +173,7 @@ int32_t pgd_kv_match_prefix(pgd_kv_mgr *m, pgd_kv_seq *s, const int32_t *tokens,
     int32_t bs = m->block_size;
     m->stats.prefix_queries += n;
     if (!m->prefix_caching || n < 1) return 0;
-    uint64_t parent_hash = 0;
+    uint64_t parent_hash = root_hash(s);
     int32_t parent = -1;
     /* only blocks that end before the last token: its logits must be computed */
     int32_t n_full = (n - 1) / bs;
@@ -179,8 +184,10 @@ int32_t pgd_kv_match_prefix(pgd_kv_mgr *m, pgd_kv_seq *s, const int32_t *tokens,
         int32_t b = map_get(m, h);
         if (b < 0) break;
         pgd_kv_block *k = &m->blocks[b];
-        bool parent_ok = parent < 0 ? k->parent == -1
-                                    : k->parent == parent && k->parent_gen == m->blocks[parent].gen;
+        bool parent_ok = k->ns == s->ns &&
+                         (parent < 0 ? k->parent == -1
+                                     : k->parent == parent &&
+                                           k->parent_gen == m->blocks[parent].gen);
         if (!parent_ok || memcmp(m->tokens + (size_t)b * bs, bt, (size_t)bs * sizeof *bt)) break;
         if (k->ref == 0) list_remove(m, b);
         k->ref++;
@@ -224,7 +231,7 @@ void pgd_kv_commit(pgd_kv_mgr *m, pgd_kv_seq *s, const int32_t *tokens, int32_t 
     int32_t full = n_computed / bs;
     if (full > s->n_blocks) full = s->n_blocks;
     if (!m->prefix_caching) return;
-    uint64_t parent_hash = s->chain_hash;
+    uint64_t parent_hash = s->n_hashed ? s->chain_hash : root_hash(s);
     for (int32_t i = s->n_hashed; i < full; i++) {
         int32_t b = s->table[i];
         pgd_kv_block *k = &m->blocks[b];
@@ -236,6 +243,7 @@ void pgd_kv_commit(pgd_kv_mgr *m, pgd_kv_seq *s, const int32_t *tokens, int32_t 
             k->hash = h;
             k->parent = i > 0 ? s->table[i - 1] : -1;
             k->parent_gen = i > 0 ? m->blocks[s->table[i - 1]].gen : 0;
+            k->ns = s->ns;
             memcpy(m->tokens + (size_t)b * bs, bt, (size_t)bs * sizeof *bt);
             map_put(m, h, b);
         }
@@ -254,6 +262,7 @@ void pgd_kv_fork(pgd_kv_mgr *m, const pgd_kv_seq *src, pgd_kv_seq *dst) {
     dst->n_blocks = src->n_blocks;
     dst->n_hashed = src->n_hashed;
     dst->chain_hash = src->chain_hash;
+    dst->ns = src->ns;
 }
 
 void pgd_kv_release(pgd_kv_mgr *m, pgd_kv_seq *s) {

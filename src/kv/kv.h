@@ -23,6 +23,7 @@ typedef struct pgd_kv_block {
     int32_t parent;       /* block id of the previous block in the registering sequence, -1 first */
     uint32_t parent_gen;  /* parent's generation at registration */
     uint32_t gen;         /* bumped whenever the block is (re)allocated */
+    uint32_t ns;          /* namespace of the registering sequence (pgd_kv_seq.ns) */
 } pgd_kv_block;
 
 typedef struct pgd_kv_seq {
@@ -30,6 +31,10 @@ typedef struct pgd_kv_seq {
     int32_t n_blocks, max_blocks;
     int32_t n_hashed;     /* leading full blocks already hashed (registered when prefix caching) */
     uint64_t chain_hash;  /* prefix hash of block n_hashed - 1 (0 before the first) */
+    /* Prefix-cache namespace: blocks are shared only between sequences of the same one, as KV
+     * computed under one LoRA adapter is not the KV of the same tokens under another (0: the
+     * base model). Set after pgd_kv_seq_init. */
+    uint32_t ns;
 } pgd_kv_seq;
 
 /* A copy-on-write copy the runner must perform before the next step: the first n slots of block

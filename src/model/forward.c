@@ -20,6 +20,7 @@
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
 #include "comm/comm.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "util/clock.h"
 
@@ -116,6 +117,13 @@ typedef struct pgd_fwd_rank {
     float *router;           /* (max_tokens, n_expert): router logits (MoE models) */
     float *moe_work;         /* the moe op's scratch for max_tokens rows */
     float *logits;           /* (max_logits, n_vocab of this rank); == f->logits when shared */
+    /* LoRA (pgd_fwd_set_loras): per layer and matrix, each adapter's slice of this rank;
+     * whether any adapter changes it; the step's adapter of each token; the op's scratch */
+    pgd_lora_mat *lora_mats;  /* (n_layer, PGD_LAYER_N_MATRICES, n_loras) host */
+    bool *lora_on;            /* (n_layer, PGD_LAYER_N_MATRICES) */
+    int32_t *lora_tok;        /* (max_tokens) host */
+    float *lora_work;         /* (max_tokens, lora_max_rank) */
+    int32_t lora_max_rank;
     pthread_t thread;
     bool started;
     int rc;
@@ -351,11 +359,14 @@ void pgd_fwd_free(pgd_fwd *f) {
         if (r->prof) prof_print(r);
         if (!be->ops) continue;
         float *bufs[] = {r->x, r->xb, r->xb2, r->xb3, r->q, r->k, r->v, r->hb, r->hb2, r->router,
-                         r->moe_work, r->logits != f->logits ? r->logits : NULL};
+                         r->moe_work, r->logits != f->logits ? r->logits : NULL, r->lora_work};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->ops->mem_free(be, bufs[i]);
         if (be->impl) be->ops->free(be);
         if (r->own_pool) pgd_pool_free(r->own_pool);
+        free(r->lora_mats);
+        free(r->lora_on);
+        free(r->lora_tok);
     }
     pgd_comm_free(f->comm);
     free(f->ranks);
@@ -364,6 +375,60 @@ void pgd_fwd_free(pgd_fwd *f) {
     free(f->inv_freq_local);
     free(f->logits);
     memset(f, 0, sizeof *f);
+}
+
+/* Rank r's slice of adapter l's delta on matrix mi of layer il: column-parallel matrices
+ * (Q/K/V, gate/up) take B's rows of the rank's outputs, row-parallel ones (O, down) A's columns
+ * of its inputs, whose partial products the all-reduce then sums as it does W's. */
+static pgd_lora_mat lora_slice(const pgd_model *m, const pgd_shard *sh, const pgd_lora *l,
+                               int il, int mi) {
+    const pgd_model_config *c = &m->cfg;
+    const pgd_lora_matrix *lm = &l->m[il * PGD_LAYER_N_MATRICES + mi];
+    pgd_lora_mat o = {0};
+    if (!lm->a) return o;
+    int64_t q_all = (int64_t)c->n_head * c->head_dim;
+    int64_t q_lo = (int64_t)sh->rank * sh->n_head * c->head_dim;
+    int64_t kv_lo = (int64_t)sh->rank * sh->n_kv_head * c->head_dim;
+    int64_t out_lo[] = {q_lo, kv_lo, kv_lo, 0, sh->ffn_lo, sh->ffn_lo, 0};
+    int64_t in_lo[] = {0, 0, 0, q_lo, 0, 0, sh->ffn_lo};
+    int64_t lda[] = {c->dim, c->dim, c->dim, q_all, c->dim, c->dim, c->ffn_dim};
+    o.a = lm->a + in_lo[mi];
+    o.b = lm->b + out_lo[mi] * l->rank;
+    o.rank = l->rank;
+    o.lda = (int32_t)lda[mi];
+    o.scale = l->scale;
+    return o;
+}
+
+int pgd_fwd_set_loras(pgd_fwd *f, const pgd_lora *const *loras, int32_t n, pgd_err *err) {
+    const pgd_model *m = f->model;
+    PGD_ASSERT(f->n_loras == 0);
+    if (n <= 0) return PGD_OK;
+    int32_t nl = m->cfg.n_layer, nm = PGD_LAYER_N_MATRICES, max_rank = 0;
+    for (int32_t k = 0; k < n; k++)
+        if (loras[k]->rank > max_rank) max_rank = loras[k]->rank;
+    for (int ri = 0; ri < f->n_ranks; ri++) {
+        pgd_fwd_rank *r = &f->ranks[ri];
+        if (!r->be.ops->supports(PGD_OP_LORA, PGD_TYPE_F32) || !r->be.ops->host_memory)
+            return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: LoRA adapters run on the CPU backend "
+                               "only, not on %s", loras[0]->path, r->be.ops->name);
+        r->lora_mats = calloc((size_t)nl * nm * n, sizeof *r->lora_mats);
+        r->lora_on = calloc((size_t)nl * nm, sizeof *r->lora_on);
+        r->lora_tok = calloc((size_t)f->max_tokens, sizeof *r->lora_tok);
+        bool ok = r->lora_mats && r->lora_on && r->lora_tok;
+        r->lora_work = balloc(&r->be, (size_t)f->max_tokens * max_rank, sizeof(float), &ok);
+        if (!ok) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", loras[0]->path);
+        r->lora_max_rank = max_rank;
+        for (int32_t il = 0; il < nl; il++)
+            for (int32_t mi = 0; mi < nm; mi++)
+                for (int32_t k = 0; k < n; k++) {
+                    pgd_lora_mat *lm = &r->lora_mats[((size_t)il * nm + mi) * n + k];
+                    *lm = lora_slice(m, &m->shards[ri], loras[k], il, mi);
+                    if (lm->a) r->lora_on[il * nm + mi] = true;
+                }
+    }
+    f->n_loras = n;
+    return PGD_OK;
 }
 
 /* ---- the layer program ---- */
@@ -422,6 +487,27 @@ static const float *post_norm(pgd_fwd_rank *r, const float *w, int n) {
     return r->xb3;
 }
 
+/* Fills r->lora_tok from the batch's sequences; false when no token of the step has an adapter. */
+static bool lora_tokens(const pgd_fwd *f, pgd_fwd_rank *r, const pgd_batch *b) {
+    if (!f->n_loras || !b->seq_lora) return false;
+    bool any = false;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t k = b->seq_lora[b->seq[i]];
+        r->lora_tok[i] = k > 0 && k <= f->n_loras ? k : 0;
+        any |= r->lora_tok[i] > 0;
+    }
+    return any;
+}
+
+/* y (n, n_out) += the step's adapters' deltas on matrix mi of layer il, x (n, n_in) its input. */
+static void lora_apply(const pgd_fwd *f, pgd_fwd_rank *r, int il, int mi, const float *x,
+                       float *y, int n, int n_in, int n_out) {
+    int nm = PGD_LAYER_N_MATRICES;
+    if (!r->lora_on[il * nm + mi]) return;
+    r->be.ops->lora(&r->be, &r->lora_mats[((size_t)il * nm + mi) * f->n_loras], r->lora_tok, x,
+                    y, r->lora_work, n, n_in, n_out, r->lora_max_rank);
+}
+
 static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
     const pgd_model *m = f->model;
     const pgd_model_config *c = &m->cfg;
@@ -440,6 +526,8 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
     pgd_rope_params rp_local = rp;
     rp_local.local = true;
     if ((rc = o->begin(be, &s, &rp))) return rc;
+    bool lora = lora_tokens(f, r, b);
+    int ffn_dim = sh->ffn_dim;
 
     TIMED(r, PR_EMBED, o->embed(be, &sh->tok_embd, sh->vocab_lo, &s, r->x));
     TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->x, (size_t)n * dim));
@@ -460,6 +548,11 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
         if (l->bq) o->add_bias(be, r->q, l->bq, n, q_dim);
         if (l->bk) o->add_bias(be, r->k, l->bk, n, kv_dim);
         if (l->bv) o->add_bias(be, r->v, l->bv, n, kv_dim);
+        if (lora) { /* after the biases, as PEFT adds the delta to the base layer's output */
+            lora_apply(f, r, il, 0, r->xb, r->q, n, dim, q_dim);
+            lora_apply(f, r, il, 1, r->xb, r->k, n, dim, kv_dim);
+            lora_apply(f, r, il, 2, r->xb, r->v, n, dim, kv_dim);
+        }
         if (l->q_norm)
             TIMED(r, PR_NORM, o->qk_norm(be, r->q, r->k, l->q_norm, l->k_norm, n, sh->n_head,
                                          sh->n_kv_head, c->head_dim, c->rms_eps));
@@ -476,6 +569,7 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
         TIMED(r, PR_ATTN,
               o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s));
         TIMED(r, PR_O, o->matmul(be, &l->wo, r->xb, r->xb2, n));
+        if (lora) lora_apply(f, r, il, 3, r->xb, r->xb2, n, q_dim, dim);
         TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
         if (rc) return rc;
         out = post_norm(r, l->post_attn_norm, n);
@@ -486,9 +580,14 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
         } else {
             TIMED(r, PR_GATE, o->matmul(be, &l->w_gate, r->xb, r->hb, n));
             TIMED(r, PR_UP, o->matmul(be, &l->w_up, r->xb, r->hb2, n));
+            if (lora) {
+                lora_apply(f, r, il, 4, r->xb, r->hb, n, dim, ffn_dim);
+                lora_apply(f, r, il, 5, r->xb, r->hb2, n, dim, ffn_dim);
+            }
             if (c->gelu) TIMED(r, PR_ACT, o->gelu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
             else TIMED(r, PR_ACT, o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
             TIMED(r, PR_DOWN, o->matmul(be, &l->w_down, r->hb, r->xb2, n));
+            if (lora) lora_apply(f, r, il, 6, r->hb, r->xb2, n, ffn_dim, dim);
         }
         TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
         if (rc) return rc;
@@ -622,7 +721,7 @@ int pgd_session_forward(pgd_session *s, const int32_t *tokens, int32_t n, bool a
     pgd_batch b = {
         .n_tokens = n, .tokens = tokens, .pos = s->pos, .seq = s->seq, .slot = s->slot,
         .block_tables = tables, .n_logits = all_logits ? n : 1,
-        .logit_rows = all_logits ? s->rows : &s->rows[n - 1],
+        .logit_rows = all_logits ? s->rows : &s->rows[n - 1], .seq_lora = &s->lora,
     };
     int rc = pgd_model_forward(&s->fwd, &s->kv, &b);
     if (rc == PGD_OK) s->n_past += n;

@@ -206,6 +206,9 @@ typedef struct pgd_batch {
     /* (n_logits, dim) host out, or NULL: each logit row's final hidden state (after the output
        norm, the LM head's input): embeddings */
     float *hidden;
+    /* (n_seqs) or NULL (none): each sequence's LoRA adapter, 0 for none, k for the forward's
+       adapter k - 1 (pgd_fwd_set_loras) */
+    const int32_t *seq_lora;
 } pgd_batch;
 
 /* Scratch for pgd_model_forward, sized once for up to max_tokens tokens and max_logits logit
@@ -224,11 +227,17 @@ typedef struct pgd_fwd {
     struct pgd_fwd_rank *ranks;  /* (n_ranks) owned: backend instance + activations per rank */
     struct pgd_comm *comm;       /* owned; NULL with one rank */
     struct pgd_fwd_sync *sync;   /* owned; rank threads and their step hand-off */
+    int32_t n_loras;             /* LoRA adapters a batch's sequences may use (seq_lora) */
 } pgd_fwd;
 
 int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tokens,
                  int32_t max_logits, pgd_err *err);
 void pgd_fwd_free(pgd_fwd *f);
+/* Makes the adapters (borrowed; src/model/lora.h) available to the batches this forward runs:
+ * sequence seq_lora = k runs with loras[k - 1]. Once, before the first step; refused where a
+ * backend has no lora op. */
+struct pgd_lora;
+int pgd_fwd_set_loras(pgd_fwd *f, const struct pgd_lora *const *loras, int32_t n, pgd_err *err);
 /* Runs the batch; logits of batch->logit_rows[i] land in f->logits row i (with batch->sample:
  * their sampled tokens in batch->sampled, the logits only when need_logits). The logits of a token
  * are bit-identical whatever else shares its batch and however its sequence was chunked.
@@ -246,6 +255,7 @@ typedef struct pgd_session {
     int32_t *pos, *seq, *rows; /* (max_batch) */
     int64_t *slot;           /* (max_batch) */
     float *logits;           /* = fwd.logits */
+    int32_t lora;            /* the sequence's adapter (pgd_batch.seq_lora), 0: none */
 } pgd_session;
 
 int pgd_session_init(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t max_batch,

@@ -140,6 +140,13 @@ static int open_file(pgd_safetensors *st, const char *path, pgd_err *err) {
     return pgd_st_parse(st, f->map.data, f->map.size, f->path, err);
 }
 
+int pgd_st_open_file(pgd_safetensors *st, const char *path, pgd_err *err) {
+    memset(st, 0, sizeof *st);
+    int rc = open_file(st, path, err);
+    if (rc) pgd_st_close(st);
+    return rc;
+}
+
 int pgd_st_open_dir(pgd_safetensors *st, const char *dir, pgd_err *err) {
     memset(st, 0, sizeof *st);
     char path[PATH_MAX];
@@ -148,9 +155,7 @@ int pgd_st_open_dir(pgd_safetensors *st, const char *dir, pgd_err *err) {
     int rc = pgd_read_file(path, &idx, NULL, NULL);
     if (rc == PGD_ENOENT) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        rc = open_file(st, path, err);
-        if (rc) pgd_st_close(st);
-        return rc;
+        return pgd_st_open_file(st, path, err);
     }
     if (rc) return pgd_err_set(err, rc, "%s: cannot read", path);
     cJSON *root = cJSON_Parse(idx);

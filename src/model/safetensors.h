@@ -34,6 +34,8 @@ typedef struct pgd_safetensors {
 /* Parses one safetensors buffer (borrowed) and appends its tensors to st. name is used in error
  * messages. Used directly by the fuzz tests. */
 int pgd_st_parse(pgd_safetensors *st, const void *buf, size_t len, const char *name, pgd_err *err);
+/* Opens one safetensors file. */
+int pgd_st_open_file(pgd_safetensors *st, const char *path, pgd_err *err);
 /* Opens DIR/model.safetensors, or every shard named by DIR/model.safetensors.index.json. */
 int pgd_st_open_dir(pgd_safetensors *st, const char *dir, pgd_err *err);
 void pgd_st_close(pgd_safetensors *st);

@@ -66,6 +66,10 @@ static const opt table[] = {
     {"speculative-disable-by-batch-size", 0, T_INT, OFF(speculative_disable_by_batch_size), "0",
      0, 4096, NULL,
      "no proposals while this many requests run (a large batch is compute-bound; 0: never)"},
+    {"lora-modules", 0, T_STR, OFF(lora_modules), NULL, 0, 0, NULL,
+     "LoRA adapters (PEFT directories; CPU backend) served as models of their own: NAME=DIR, "
+     "several separated by commas or spaces (as vLLM's); a request's \"model\": NAME runs "
+     "with that adapter"},
     {"device", 0, T_STR, OFF(device), "cpu", 0, 0, "PAGODA_DEVICE", "backend: cpu or cuda"},
     {"tensor-parallel-size", 0, T_INT, OFF(tensor_parallel_size), "1", 1, 64,
      "PAGODA_TENSOR_PARALLEL",
@@ -302,6 +306,20 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
                 return -1;
             }
             v = argv[++i];
+        }
+        if (o->offset == OFF(lora_modules) && !given) {
+            /* vLLM's form: --lora-modules a=DIR b=DIR, up to the next option */
+            size_t n = strlen(v) + 1;
+            int j = i + 1;
+            for (; j < argc && argv[j][0] != '-'; j++) n += strlen(argv[j]) + 1;
+            char *joined = malloc(n);
+            if (!joined) return -1;
+            strcpy(joined, v);
+            for (; i + 1 < j; i++) strcat(strcat(joined, ","), argv[i + 1]);
+            int rc = set_opt(c, o, joined, "the command line");
+            free(joined);
+            if (rc) return -1;
+            continue;
         }
         if (set_opt(c, o, v, "the command line")) return -1;
     }

@@ -15,6 +15,7 @@ typedef struct pgd_server_config {
     char *model, *host, *served_model_name, *kv_dtype, *config_file;
     char *speculative, *draft_model, *device, *load_format, *tool_call_parser;
     char *reasoning_parser;
+    char *lora_modules;     /* "NAME=DIR,NAME=DIR...": LoRA adapters served under those names */
     float gpu_memory_utilization;
     int num_speculative_tokens, tensor_parallel_size, speculative_disable_by_batch_size;
     int port, threads, ctx, max_num_batched_tokens, max_num_seqs, block_size, max_waiting;

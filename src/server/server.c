@@ -47,6 +47,8 @@ typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } 
 
 typedef struct server server;
 
+#define PGD_SERVER_MAX_LORAS 64
+
 typedef struct req_ctx {
     server *s;
     struct MHD_Connection *conn;
@@ -84,6 +86,8 @@ typedef struct req_ctx {
     struct req_ctx *run_prev, *run_next; /* in server.running while PH_RUNNING */
     bool in_run_list;
     bool client_gone;          /* the liveness check saw the client leave */
+    int32_t lora;              /* the request's adapter (pgd_request_params.lora), 0: none */
+    const char *model;         /* the model name it asked for: the server's or an adapter's */
 } req_ctx;
 
 struct server {
@@ -101,6 +105,10 @@ struct server {
     pgd_jinja_tmpl *tmpl;      /* the model's chat template, or NULL */
     pgd_api_limits limits;
     char model_name[256];
+    /* --lora-modules: the adapters' names and directories (pointers into lora_spec) */
+    char *lora_spec;
+    const char *lora_names[PGD_SERVER_MAX_LORAS], *lora_paths[PGD_SERVER_MAX_LORAS];
+    int32_t n_loras;
     char load_error[512];
     volatile bool ready;
     bool draining, load_failed;
@@ -117,6 +125,44 @@ struct server {
 };
 
 /* ---- small helpers ---- */
+
+/* Splits --lora-modules ("NAME=DIR,NAME=DIR") into s->lora_names/lora_paths; one line on stderr
+ * and -1 for a malformed list. Names are printable without quotes or backslashes (they go into
+ * JSON and logs as they are), distinct and not the base model's. */
+static int parse_lora_modules(server *s, const char *spec) {
+    if (!spec || !*spec) return 0;
+    if (!(s->lora_spec = strdup(spec))) return -1;
+    char *save = NULL;
+    for (char *m = strtok_r(s->lora_spec, ",", &save); m; m = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(m, '=');
+        if (!eq || eq == m || !eq[1]) {
+            fprintf(stderr, "pagoda: --lora-modules: '%.200s' is not NAME=DIR\n", m);
+            return -1;
+        }
+        *eq = 0;
+        for (const char *p = m; *p; p++)
+            if ((unsigned char)*p <= 0x20 || *p == '"' || *p == '\\' || *p == 0x7f) {
+                fprintf(stderr, "pagoda: --lora-modules: the name '%.200s' has a space, quote, "
+                                "backslash or control character\n", m);
+                return -1;
+            }
+        bool dup = !strcmp(m, s->model_name);
+        for (int32_t i = 0; i < s->n_loras; i++) dup |= !strcmp(m, s->lora_names[i]);
+        if (dup || strlen(m) >= sizeof s->model_name) {
+            fprintf(stderr, "pagoda: --lora-modules: the name '%.200s' is %s\n", m,
+                    dup ? "taken (by the model or another adapter)" : "too long");
+            return -1;
+        }
+        if (s->n_loras == PGD_SERVER_MAX_LORAS) {
+            fprintf(stderr, "pagoda: --lora-modules: at most %d adapters\n",
+                    PGD_SERVER_MAX_LORAS);
+            return -1;
+        }
+        s->lora_names[s->n_loras] = m;
+        s->lora_paths[s->n_loras++] = eq + 1;
+    }
+    return 0;
+}
 
 static void run_list_remove(server *s, req_ctx *c) {
     if (!c->in_run_list) return;
@@ -285,7 +331,7 @@ static void flush_echo(server *s, req_ctx *c, int i) {
     pgd_api_choice *ch = &c->choices[i];
     if (!ch->echo_pending) return;
     ch->echo_pending = false;
-    char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
+    char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, c->model, i,
                                 ch->text ? ch->text : "", c->echo_len[i], NULL, 0, false, NULL,
                                 NULL, ch->logprobs);
     ch->logprobs = NULL; /* the frame owned it */
@@ -389,7 +435,7 @@ static void handle_event(server *s, const pgd_event *ev) {
         if (c->api.tool_format || c->api.reasoning)
             stream_chat_text(c, i, ev, &rtext, &rlen, &text, &text_len, &fin, &calls);
         if (text_len || rlen || lp || (fin && !calls) || !c->role_sent[i]) {
-            char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i, text,
+            char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, c->model, i, text,
                                         text_len, rtext, rlen, c->api.chat && !c->role_sent[i],
                                         calls ? NULL : fin, ch, lp);
             c->role_sent[i] = true;
@@ -397,7 +443,7 @@ static void handle_event(server *s, const pgd_event *ev) {
             free(f);
         }
         if (calls) {
-            char *f = pgd_api_tool_calls_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
+            char *f = pgd_api_tool_calls_chunk_sse(&c->api, c->id, c->created, c->model, i,
                                                    calls, fin, ch);
             if (f) out_append(c, f, strlen(f));
             free(f);
@@ -434,7 +480,7 @@ static void finish_request(server *s, req_ctx *c) {
     if (c->conn_done) return;
     if (c->api.stream && c->ph == PH_STREAMING) {
         if (c->api.include_usage) {
-            char *u = pgd_api_usage_chunk_sse(&c->api, c->id, c->created, s->model_name,
+            char *u = pgd_api_usage_chunk_sse(&c->api, c->id, c->created, c->model,
                                               c->prompt_tokens, c->completion_tokens);
             if (u) out_append(c, u, strlen(u));
             free(u);
@@ -443,7 +489,7 @@ static void finish_request(server *s, req_ctx *c) {
         out_append(c, done, sizeof done - 1);
         c->stream_done = true;
     } else if (!c->has_err && c->api.embed) {
-        c->resp = pgd_api_embeddings_json(&c->api, s->model_name, c->choices, c->n_choices,
+        c->resp = pgd_api_embeddings_json(&c->api, c->model, c->choices, c->n_choices,
                                           pgd_engine_dim(s->engine), c->prompt_tokens);
         if (!c->resp) {
             pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
@@ -452,7 +498,7 @@ static void finish_request(server *s, req_ctx *c) {
         c->status = 200;
         c->ph = PH_RESPOND;
     } else if (!c->has_err) {
-        c->resp = pgd_api_completion_json(&c->api, c->id, c->created, s->model_name, c->choices,
+        c->resp = pgd_api_completion_json(&c->api, c->id, c->created, c->model, c->choices,
                                           c->n_choices, c->prompt_tokens, c->completion_tokens);
         c->status = 200;
         c->ph = PH_RESPOND;
@@ -722,7 +768,7 @@ static void submit_all(server *s, req_ctx *c) {
                                   : NULL,
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
-                .embedding = c->choices[i].embedding,
+                .embedding = c->choices[i].embedding, .lora = c->lora,
             };
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);
@@ -781,7 +827,7 @@ static void after_work_cb(uv_work_t *w, int status) {
             /* echo goes out first */
             for (int i = 0; i < c->n_choices; i++)
                 if (c->echo_len[i] && !c->choices[i].echo_pending) {
-                    char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, s->model_name, i,
+                    char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, c->model, i,
                                                 c->choices[i].text, c->echo_len[i], NULL, 0,
                                                 false, NULL, NULL, NULL);
                     if (f) out_append(c, f, strlen(f));
@@ -827,6 +873,17 @@ static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
     cJSON_AddStringToObject(m, "owned_by", "pagoda");
     cJSON_AddNumberToObject(m, "max_model_len", s->ready ? pgd_engine_n_ctx(s->engine) : 0);
     cJSON_AddItemToArray(d, m);
+    for (int32_t i = 0; i < s->n_loras; i++) { /* as vLLM lists its adapters */
+        m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "id", s->lora_names[i]);
+        cJSON_AddStringToObject(m, "object", "model");
+        cJSON_AddNumberToObject(m, "created", 0);
+        cJSON_AddStringToObject(m, "owned_by", "pagoda");
+        cJSON_AddStringToObject(m, "root", s->lora_paths[i]);
+        cJSON_AddStringToObject(m, "parent", s->model_name);
+        cJSON_AddNumberToObject(m, "max_model_len", s->ready ? pgd_engine_n_ctx(s->engine) : 0);
+        cJSON_AddItemToArray(d, m);
+    }
     char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     enum MHD_Result r = send_body(conn, 200, js ? js : "{}", "application/json", NULL);
@@ -1035,6 +1092,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         if (!c) return MHD_NO;
         c->s = s;
         c->conn = conn;
+        c->model = s->model_name;
         c->refs = 1;
         c->live_next = s->live;
         if (s->live) s->live->live_prev = c;
@@ -1189,10 +1247,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                                 &s->limits, &c->api, &e))
             return send_error(c, conn, &e);
         c->api_parsed = true;
-        if (c->api.model && strcmp(c->api.model, s->model_name)) {
+        c->model = s->model_name;
+        for (int32_t i = 0; c->api.model && i < s->n_loras; i++)
+            if (!strcmp(c->api.model, s->lora_names[i])) {
+                c->lora = i + 1;
+                c->model = s->lora_names[i];
+            }
+        if (c->api.model && !c->lora && strcmp(c->api.model, s->model_name)) {
             pgd_api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
-                              "the model '%.200s' does not exist; this server serves '%s'",
-                              c->api.model, s->model_name);
+                              "the model '%.200s' does not exist; this server serves '%s'%s",
+                              c->api.model, s->model_name,
+                              s->n_loras ? " and the LoRA adapters /v1/models lists" : "");
             e.status = 400;
             return send_error(c, conn, &e);
         }
@@ -1328,6 +1393,8 @@ static void load_work_cb(uv_work_t *w) {
     ec.tensor_parallel_size = s->cfg.tensor_parallel_size;
     ec.load_format_dummy = !strcmp(s->cfg.load_format, "dummy");
     ec.gpu_memory_utilization = s->cfg.gpu_memory_utilization;
+    ec.lora_paths = s->lora_paths;
+    ec.n_loras = s->n_loras;
     if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;
     /* every endpoint takes or returns text: a dummy model needs the tokenizer beside its config */
     if (!pgd_engine_has_tokenizer(s->engine)) {
@@ -1480,6 +1547,12 @@ int pgd_serve(const pgd_server_config *cfg) {
              cfg->served_model_name ? cfg->served_model_name : base);
     for (char *p = s->model_name; *p; p++) /* safe inside JSON logs and Prometheus labels */
         if ((unsigned char)*p < 0x20 || *p == '"' || *p == '\\') *p = '_';
+    if (parse_lora_modules(s, cfg->lora_modules)) {
+        free(s->lora_spec);
+        free(s->events);
+        free(s);
+        return 2;
+    }
     s->limits = (pgd_api_limits){.max_n = cfg->max_n, .max_logprobs = cfg->max_logprobs,
                                  .max_tokens_limit = cfg->max_tokens_limit,
                                  .max_prompts = cfg->max_prompts,
@@ -1565,6 +1638,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     if (s->tok) pgd_tokenizer_free(s->tok);
     if (s->tmpl) pgd_jinja_free(s->tmpl);
     free(s->events);
+    free(s->lora_spec);
     pgd_metrics_free(&s->metrics);
     free(s);
     return code;

@@ -74,6 +74,38 @@ static void test_prefix_hits(void) {
     pgd_kv_mgr_free(&m);
 }
 
+/* Prefix-cache namespaces (one per LoRA adapter): blocks computed in one are never served to a
+ * sequence of another, and each namespace keeps its own copy of the same tokens. */
+static void test_namespaces(void) {
+    pgd_kv_mgr m;
+    pgd_err err;
+    CHECK_EQ_INT(pgd_kv_mgr_init(&m, 16, 4, true, &err), 0);
+    int32_t toks[12];
+    for (int i = 0; i < 12; i++) toks[i] = 7 + i;
+    pgd_kv_seq s[4];
+    pgd_kv_copy cp;
+    for (int i = 0; i < 4; i++) pgd_kv_seq_init(&s[i], 4);
+    s[1].ns = 1;
+    s[2].ns = 2;
+    s[3].ns = 1;
+    for (int i = 0; i < 3; i++) { /* namespaces 0, 1, 2 compute the same 12 tokens */
+        CHECK_EQ_INT(pgd_kv_match_prefix(&m, &s[i], toks, 12), 0);
+        CHECK_EQ_INT(pgd_kv_reserve(&m, &s[i], 0, 12, &cp), 0);
+        pgd_kv_commit(&m, &s[i], toks, 12);
+        CHECK_EQ_INT(s[i].n_hashed, 3);
+    }
+    CHECK(s[0].table[0] != s[1].table[0] && s[1].table[0] != s[2].table[0]);
+    /* a second sequence of namespace 1 shares namespace 1's blocks only */
+    CHECK_EQ_INT(pgd_kv_match_prefix(&m, &s[3], toks, 12), 8);
+    CHECK_EQ_INT(s[3].table[0], s[1].table[0]);
+    CHECK_EQ_INT(s[3].table[1], s[1].table[1]);
+    for (int i = 0; i < 4; i++) pgd_kv_release(&m, &s[i]);
+    CHECK_EQ_INT(pgd_kv_check(&m), 0);
+    CHECK_EQ_INT(m.n_cached, 9); /* three namespaces' three full blocks each */
+    for (int i = 0; i < 4; i++) pgd_kv_seq_free(&s[i]);
+    pgd_kv_mgr_free(&m);
+}
+
 static void test_copy_on_write(void) {
     pgd_kv_mgr m;
     pgd_err err;
@@ -249,6 +281,7 @@ static void test_truncate(void) {
 
 int main(void) {
     test_prefix_hits();
+    test_namespaces();
     test_copy_on_write();
     test_random_workload();
     test_truncate();

@@ -361,6 +361,65 @@ static void cpu_add(pgd_backend *be, float *x, const float *y, size_t n) {
     par_for(be, add_range, &c, (long)n, 1, 64);
 }
 
+/* ---- LoRA ---------------------------------------------------------------------------------- */
+
+/* A dot product in one fixed order (eight interleaved partial sums, then a fixed tree), whatever
+ * the caller: the row's result never depends on the batch. */
+static float lora_dot(const float *a, const float *b, int n) {
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    for (int k = 0; i < n; i++, k++) s[k] += a[i] * b[i];
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+typedef struct lora_ctx {
+    const pgd_lora_mat *mats;
+    const int32_t *adapter;
+    const float *x;
+    float *y, *work;
+    int n_rows, n_in, n_out, max_rank;
+} lora_ctx;
+
+static const pgd_lora_mat *lora_of(const lora_ctx *c, long t) {
+    int32_t k = c->adapter[t];
+    return k > 0 && c->mats[k - 1].a ? &c->mats[k - 1] : NULL;
+}
+
+/* work[t] = A x[t] for rows t in [lo, hi) */
+static void lora_down_range(void *arg, long lo, long hi) {
+    const lora_ctx *c = arg;
+    for (long t = lo; t < hi; t++) {
+        const pgd_lora_mat *lm = lora_of(c, t);
+        if (!lm) continue;
+        const float *x = c->x + (size_t)t * c->n_in;
+        float *u = c->work + (size_t)t * c->max_rank;
+        for (int j = 0; j < lm->rank; j++) u[j] = lora_dot(lm->a + (size_t)j * lm->lda, x, c->n_in);
+    }
+}
+
+/* y[t][o] += scale * B[o] . work[t] for output rows o in [lo, hi), every adapted row t */
+static void lora_up_range(void *arg, long lo, long hi) {
+    const lora_ctx *c = arg;
+    for (long t = 0; t < c->n_rows; t++) {
+        const pgd_lora_mat *lm = lora_of(c, t);
+        if (!lm) continue;
+        const float *u = c->work + (size_t)t * c->max_rank;
+        float *y = c->y + (size_t)t * c->n_out;
+        for (long o = lo; o < hi; o++)
+            y[o] += lora_dot(lm->b + (size_t)o * lm->rank, u, lm->rank) * lm->scale;
+    }
+}
+
+static void cpu_lora(pgd_backend *be, const pgd_lora_mat *mats, const int32_t *adapter,
+                     const float *x, float *y, float *work, int n_rows, int n_in, int n_out,
+                     int max_rank) {
+    lora_ctx c = {mats, adapter, x, y, work, n_rows, n_in, n_out, max_rank};
+    par_for(be, lora_down_range, &c, n_rows, (long)max_rank * n_in, 1);
+    par_for(be, lora_up_range, &c, n_out, (long)max_rank * n_rows, 16);
+}
+
 /* ---- RoPE ---------------------------------------------------------------------------------- */
 
 typedef struct rope_ctx {
@@ -1218,6 +1277,7 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
     .softcap = cpu_softcap,
     .silu_gate = cpu_silu_gate,
     .moe = cpu_moe,
+    .lora = cpu_lora,
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .copy_block = cpu_copy_block,
