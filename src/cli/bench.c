@@ -12,6 +12,7 @@
 
 #include "backend/cpu/pool.h"
 #include "cli/cli.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "util/clock.h"
 
@@ -22,6 +23,7 @@
 typedef struct bench_opts {
     const char *model;
     const char *device;    /* "cpu" or "cuda"; NULL: the default (cpu, or $PAGODA_DEVICE) */
+    const char *lora;      /* --lora: every sequence runs with this adapter */
     long tp;               /* --tensor-parallel-size; 0: the default */
     float gpu_util;        /* --gpu-memory-utilization; 0: the default */
     bool load_dummy;       /* --load-format dummy */
@@ -48,6 +50,7 @@ static void usage(FILE *f) {
             "                    [--batch 1,4,16,64] [--json] [--load-format auto|dummy]\n"
             "                    [--device cpu|cuda] [--tensor-parallel-size N]\n"
             "                    [--gpu-memory-utilization F] [--kv-dtype f32|f16|bf16]\n"
+            "                    [--lora DIR]\n"
             "Measures pp (prefill tokens/s of a -p token prompt), tg (decode tokens/s, -n)\n"
             "and batched decode tokens/s (B sequences in their own paged KV blocks, each step\n"
             "one token per sequence with its logits, %d steps from position 0), median of -r\n"
@@ -63,6 +66,8 @@ static void usage(FILE *f) {
             "                   shapes, no download and no tokenizer needed\n"
             "  --device cpu|cuda, --tensor-parallel-size N   backend and ranks (default cpu, 1)\n"
             "  --kv-dtype f32|f16|bf16  element type of the K/V cache (default f32)\n"
+            "  --lora DIR       every sequence runs with this LoRA adapter (the rooflines stay\n"
+            "                   the base model's)\n"
             "  --gpu-memory-utilization F  CUDA: share (0, 1] of each GPU's memory the process\n"
             "                   may use; loading fails if the weights exceed it (bench allocates\n"
             "                   exactly the KV its tests need); accepted and ignored on the CPU\n",
@@ -100,6 +105,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         if (!v) goto bad;
         int rc = 0;
         if (!strcmp(a, "-m")) o->model = v;
+        else if (!strcmp(a, "--lora")) o->lora = v;
         else if (!strcmp(a, "-p")) rc = pgd_cli_parse_long(v, 0, 1 << 16, &o->n_prompt);
         else if (!strcmp(a, "-n")) rc = pgd_cli_parse_long(v, 0, 1 << 16, &o->n_gen);
         else if (!strcmp(a, "-d")) rc = pgd_cli_parse_long(v, 0, 1 << 20, &o->depth);
@@ -318,7 +324,8 @@ static void set_roofline(result *r, double bw, double peak) {
 /* Batched decode: for each B, B sequences with their own blocks of a paged KV cache step
  * together BATCH_STEPS times from position 0, every step one token per sequence with its
  * logits, as the engine's decode steps run. Fills one result per batch size. */
-static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *o, long max_b,
+static int batched_decode(const pgd_model *m, const pgd_lora *lora, pgd_pool *pool,
+                          const bench_opts *o, long max_b,
                           const model_cost *mc, result *res, int *n_res, double *times) {
     pgd_err err = {{0}};
     const int32_t per_seq = (BATCH_STEPS + BATCH_BLOCK - 1) / BATCH_BLOCK;
@@ -328,16 +335,18 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
     int rc = 1;
     int32_t *tok = malloc(sizeof *tok * (size_t)max_b), *pos = malloc(sizeof *pos * (size_t)max_b);
     int32_t *seq = malloc(sizeof *seq * (size_t)max_b), *rows = malloc(sizeof *rows * (size_t)max_b);
+    int32_t *seq_lora = malloc(sizeof *seq_lora * (size_t)max_b);
     int64_t *slot = malloc(sizeof *slot * (size_t)max_b);
     int32_t *blocks = malloc(sizeof *blocks * (size_t)(max_b * per_seq));
     const int32_t **tables = malloc(sizeof *tables * (size_t)max_b);
-    if (!tok || !pos || !seq || !rows || !slot || !blocks || !tables) {
+    if (!tok || !pos || !seq || !rows || !slot || !blocks || !tables || !seq_lora) {
         fprintf(stderr, "pagoda bench: out of memory\n");
         goto out;
     }
     if (pgd_kv_cache_init(&kv, m, o->kv_type, (int32_t)(max_b * per_seq), BATCH_BLOCK, &err) ||
         !(have_kv = true) ||
-        pgd_fwd_init(&f, m, pool, (int32_t)max_b, (int32_t)max_b, &err) || !(have_fwd = true)) {
+        pgd_fwd_init(&f, m, pool, (int32_t)max_b, (int32_t)max_b, &err) || !(have_fwd = true) ||
+        (lora && pgd_fwd_set_loras(&f, &lora, 1, &err))) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
         goto out;
     }
@@ -345,6 +354,7 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
         for (int32_t k = 0; k < per_seq; k++) blocks[j * per_seq + k] = (int32_t)(j * per_seq + k);
         tables[j] = blocks + j * per_seq;
         seq[j] = (int32_t)j;
+        seq_lora[j] = lora ? 1 : 0;
         rows[j] = (int32_t)j;
         tok[j] = (int32_t)((j * 7919 + 13) % m->cfg.n_vocab);
     }
@@ -352,7 +362,7 @@ static int batched_decode(const pgd_model *m, pgd_pool *pool, const bench_opts *
         long b = o->batches[bi];
         pgd_batch batch = {.n_tokens = (int32_t)b, .tokens = tok, .pos = pos, .seq = seq,
                            .slot = slot, .block_tables = tables, .n_logits = (int32_t)b,
-                           .logit_rows = rows};
+                           .logit_rows = rows, .seq_lora = seq_lora};
         for (long r = 0; r < o->reps; r++) {
             double t = pgd_now_s();
             for (int32_t step = 0; step < BATCH_STEPS; step++) {
@@ -382,6 +392,7 @@ out:
     free(tok);
     free(pos);
     free(seq);
+    free(seq_lora);
     free(rows);
     free(slot);
     free(blocks);
@@ -396,6 +407,7 @@ int pgd_cli_bench(int argc, char **argv) {
     pgd_model *m = NULL;
     pgd_pool *pool = NULL;
     pgd_session s;
+    pgd_lora *lora = NULL;
     bool have_session = false;
     int rc = 1;
     int32_t *tokens = NULL;
@@ -420,11 +432,13 @@ int pgd_cli_bench(int argc, char **argv) {
         goto done;
     }
     if (pgd_pool_create((int)o.threads, &pool, &err) != 0 ||
-        pgd_session_init_kv(&s, m, pool, (int32_t)max_batch, o.kv_type, &err) != 0) {
+        pgd_session_init_kv(&s, m, pool, (int32_t)max_batch, o.kv_type, &err) != 0 ||
+        !(have_session = true) || (o.lora && pgd_lora_load(o.lora, m, &lora, &err)) ||
+        (lora && pgd_fwd_set_loras(&s.fwd, (const pgd_lora *const *)&lora, 1, &err))) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
         goto done;
     }
-    have_session = true;
+    s.lora = lora ? 1 : 0;
     tokens = malloc(sizeof *tokens * (size_t)max_batch);
     if (!tokens) goto done;
     uint64_t rng = 0x853c49e6748fea9bull;
@@ -512,7 +526,7 @@ int pgd_cli_bench(int argc, char **argv) {
     for (int bi = 0; bi < o.n_batches; bi++)
         if (o.batches[bi] > max_b) max_b = o.batches[bi];
     if (max_b > 0 &&
-        batched_decode(m, pool, &o, max_b, &mc, res, &n_res, times) != 0)
+        batched_decode(m, lora, pool, &o, max_b, &mc, res, &n_res, times) != 0)
         goto done;
     /* The CPU's probes again after the tests: other tenants of a shared machine take bandwidth
      * and cores at moments, and the roofline is the machine's best reading of either. */
@@ -580,6 +594,7 @@ done:
     free(times);
     free(tokens);
     if (have_session) pgd_session_free(&s);
+    pgd_lora_free(lora);
     pgd_pool_free(pool);
     pgd_model_free(m);
     return rc;

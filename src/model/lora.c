@@ -138,6 +138,15 @@ static float *to_f32(const pgd_st_tensor *t) {
     return f;
 }
 
+/* A new (cols, rows) copy of the (rows, cols) matrix b, or NULL. */
+static float *transposed(const float *b, size_t rows, size_t cols) {
+    float *t = malloc(rows * cols * sizeof *t);
+    if (!t) return NULL;
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) t[j * rows + i] = b[i * cols + j];
+    return t;
+}
+
 /* llama.cpp's converter stores a llama file's Q/K rows of each head as (pairs, 2) instead of
  * (2, halves); B's rows follow the model's (pgd_rope_mode NORM). */
 static int permute_rows(float *b, int32_t n_head, int32_t head_dim, int32_t rank) {
@@ -235,13 +244,15 @@ static int read_tensors(const char *dir, const pgd_model *m, pgd_lora *l, pgd_er
         }
         pgd_lora_matrix *lm = &l->m[k];
         lm->a = to_f32(ta);
-        lm->b = to_f32(tb);
+        float *b = to_f32(tb);
         int mi = k % nm;
-        if (lm->a && lm->b && m->cfg.rope_mode == PGD_ROPE_NORM && mi <= 1 &&
-            permute_rows(lm->b, mi == 0 ? m->cfg.n_head : m->cfg.n_kv_head, m->cfg.head_dim,
+        if (b && m->cfg.rope_mode == PGD_ROPE_NORM && mi <= 1 &&
+            permute_rows(b, mi == 0 ? m->cfg.n_head : m->cfg.n_kv_head, m->cfg.head_dim,
                          l->rank))
-            free(lm->b), lm->b = NULL;
-        if (!lm->a || !lm->b) {
+            free(b), b = NULL;
+        lm->bt = b ? transposed(b, (size_t)tb->shape[0], (size_t)l->rank) : NULL;
+        free(b);
+        if (!lm->a || !lm->bt) {
             rc = pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);
             goto done;
         }
@@ -280,7 +291,7 @@ void pgd_lora_free(pgd_lora *l) {
     if (!l) return;
     for (int32_t k = 0; l->m && k < l->n_layer * PGD_LAYER_N_MATRICES; k++) {
         free(l->m[k].a);
-        free(l->m[k].b);
+        free(l->m[k].bt);
     }
     free(l->m);
     free(l->path);

@@ -17,8 +17,8 @@
 
 typedef struct pgd_lora_matrix {
     float *a;  /* (rank, n_in) F32, owned; NULL: the adapter leaves this matrix alone */
-    float *b;  /* (n_out, rank) F32, owned; rows in the model's order (a GGUF llama file's Q/K
-                  rows are permuted for adjacent-pair RoPE, so are these) */
+    float *bt; /* B transposed, (rank, n_out) F32, owned; outputs in the model's order (a GGUF
+                  llama file's Q/K rows are permuted for adjacent-pair RoPE, so are these) */
 } pgd_lora_matrix;
 
 typedef struct pgd_lora {

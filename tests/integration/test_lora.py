@@ -1,0 +1,473 @@
+"""PEFT LoRA adapters on the CPU backend, against peft on transformers.
+
+Adapters are made with peft on the tiny random models of make_tiny_models.py and saved with
+save_pretrained (lora_ref.py); their lora_A/lora_B are seeded random values, so each adapter
+moves the logits by far more than the bounds. Pagoda applies an adapter to the HF directory and
+to the F32 GGUF (whose Llama Q/K rows are permuted: Pagoda permutes the adapter's q/k B rows to
+match), and must give peft's logits at test_forward's F32 bound and peft's greedy tokens;
+tensor parallel (two ranks) must give the one-rank answer. The server serves several adapters
+beside the base model (--lora-modules), each request by its "model", with a prefix cache kept
+apart per adapter. A bad adapter directory is refused with an error naming the file.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import util  # noqa: E402
+from lora_ref import ALL7, Ref, make_adapter  # noqa: E402
+from server_util import SANITIZER_MARKERS, Server, sse_events, validate  # noqa: E402
+from test_forward import F32_BOUND, describe_worst, prompt_ids  # noqa: E402
+
+torch.set_num_threads(2)
+
+N_GEN = 16
+# Two ranks against one on the same F32 weights: the row-parallel projections (o_proj,
+# down_proj and their adapters' A) sum two halves instead of one whole, which moves logits by
+# 3.5e-7..6e-7 of max|logit| on these models with and without an adapter (measured); 1e-5 leaves
+# an order of magnitude and is far below what a mis-split adapter does (the adapters move
+# logits by 0.26..0.78 of max|logit|).
+TP_BOUND = 1e-5
+
+# adapter name -> (tiny model, LoraConfig arguments, seed of its random weights)
+ADAPTERS = {
+    # every projection of every layer
+    "llama": ("llama", dict(r=8, lora_alpha=16, target_modules=list(ALL7)), 1),
+    # the server's second adapter: another rank and scale, some projections, layer 1 only
+    "llama-b": ("llama", dict(r=4, lora_alpha=16, layers_to_transform=[1],
+                              target_modules=["q_proj", "k_proj", "o_proj", "up_proj"]), 2),
+    # rsLoRA (scale lora_alpha / sqrt(r) = 4, where lora_alpha / r would be 2), layer 0 only,
+    # on a model with q/k/v biases
+    "qwen2": ("qwen2", dict(r=4, lora_alpha=8, use_rslora=True, layers_to_transform=[0],
+                            target_modules=["q_proj", "v_proj", "down_proj"]), 3),
+    # refused (test_bad_adapter): made for other dimensions (head_dim 32: q_proj 64 -> 128)
+    # than the tiny Llama's; adapting the embedding or the LM head (peft then also saves the
+    # base layer: ...embed_tokens.lora_embedding_A/B and .base_layer.weight, lm_head.lora_A/B
+    # and .base_layer.weight)
+    "qwen3": ("qwen3", dict(r=8, lora_alpha=16, target_modules=list(ALL7)), 4),
+    "llama-embed": ("llama", dict(r=8, lora_alpha=16,
+                                  target_modules=list(ALL7) + ["embed_tokens"]), 5),
+    "llama-lm_head": ("llama", dict(r=8, lora_alpha=16,
+                                    target_modules=list(ALL7) + ["lm_head"]), 6),
+}
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_models, tmp_path_factory):
+    """adapters(name) -> the saved adapter directory (made once per module)."""
+    root = tmp_path_factory.mktemp("lora")
+    made = {}
+
+    def get(name):
+        if name not in made:
+            model, config, seed = ADAPTERS[name]
+            made[name] = make_adapter(tiny_models[model]["hf"], root / name, seed, **config)
+        return made[name]
+    return get
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_models, adapters):
+    """refs(model, adapter=None) -> lora_ref.Ref (transformers, with the adapter through peft)."""
+    cache = {}
+
+    def get(model, adapter=None):
+        if (model, adapter) not in cache:
+            cache[model, adapter] = Ref(tiny_models[model]["hf"],
+                                        adapters(adapter) if adapter else None)
+        return cache[model, adapter]
+    return get
+
+
+def model_path(tiny_models, model, fmt):
+    return tiny_models[model]["hf" if fmt == "hf" else "gguf_" + fmt]
+
+
+def ids_for(model):
+    return prompt_ids(model, {"llama": 32000, "qwen2": 151936}[model])
+
+
+def tp_env(n):
+    return dict(os.environ, PAGODA_TENSOR_PARALLEL=str(n))
+
+
+def pagoda_logits(model, ids, out, *extra, env=None):
+    p = util.run_pagoda("logits", "-m", model, "--ids", " ".join(map(str, ids)), "--out", out,
+                        *extra, env=env)
+    n_vocab = int(p.stdout.split()[-1])
+    a = np.fromfile(out, dtype="<f4")
+    assert a.size == len(ids) * n_vocab, (a.size, len(ids), n_vocab)
+    return a.reshape(len(ids), n_vocab)
+
+
+def pagoda_greedy(model, ids, n, *extra, env=None):
+    p = util.run_pagoda("generate", "-m", model, "--ids", " ".join(map(str, ids)), "-n", n,
+                        "--temperature", "0", "--ignore-eos", "--print-ids", *extra, env=env)
+    return [int(x) for x in p.stdout.split()]
+
+
+def rel(a, ref):
+    return float(np.abs(a - ref).max() / np.abs(ref).max())
+
+
+# ---- logits and greedy tokens against peft ----
+
+LOGIT_CASES = [("llama", "hf"), ("llama", "F32"), ("llama-b", "F32"), ("qwen2", "hf"),
+               ("qwen2", "F32")]
+
+
+@pytest.mark.parametrize("adapter,fmt", LOGIT_CASES)
+def test_lora_logits(pagoda_bin, tiny_models, adapters, refs, adapter, fmt, tmp_path):
+    """Teacher-forced logits over 64 tokens with the adapter equal peft's at the F32 bound; the
+    adapter moves peft's logits by over 100x that bound (so ignoring it, a wrong scale, a
+    missing q/k permutation on the GGUF, or a wrong layer fails)."""
+    model = ADAPTERS[adapter][0]
+    ids = ids_for(model)
+    ref = refs(model, adapter).logits(ids)
+    moved = rel(ref, refs(model).logits(ids))
+    assert moved > 100 * F32_BOUND, f"the adapter hardly moves peft's logits ({moved:.3e})"
+    a = pagoda_logits(model_path(tiny_models, model, fmt), ids, tmp_path / "l.f32",
+                      "--lora", adapters(adapter))
+    assert a.shape == ref.shape
+    err = rel(a, ref)
+    print(f"{adapter} {fmt}: rel err {err:.3e} (bound {F32_BOUND:.0e}); adapter moves logits "
+          f"by {moved:.3f}")
+    assert err <= F32_BOUND, (f"{adapter} {fmt}: rel err {err:.3e} > {F32_BOUND}; "
+                              + describe_worst(a, ref, F32_BOUND))
+
+
+GREEDY_CASES = [("llama", "hf"), ("llama", "F32"), ("qwen2", "hf")]
+
+
+@pytest.mark.parametrize("adapter,fmt", GREEDY_CASES)
+def test_lora_greedy(pagoda_bin, tiny_models, adapters, refs, adapter, fmt):
+    """`generate --lora` gives PeftModel.generate(do_sample=False)'s tokens, token for token (F32
+    weights: exact, as test_forward's test_greedy holds F32 models), and they are not the base
+    model's."""
+    model = ADAPTERS[adapter][0]
+    ids = ids_for(model)
+    want = refs(model, adapter).greedy(ids, N_GEN)
+    assert len(want) == N_GEN
+    assert want != refs(model).greedy(ids, N_GEN), "the adapter leaves peft's greedy tokens"
+    got = pagoda_greedy(model_path(tiny_models, model, fmt), ids, N_GEN, "--lora",
+                        adapters(adapter))
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    assert got == want, f"{adapter} {fmt}: differs from peft's generate() first at step {first}"
+
+
+TP_CASES = [("llama", "hf"), ("llama", "F32"), ("qwen2", "F32")]
+
+
+@pytest.mark.parametrize("adapter,fmt", TP_CASES)
+def test_lora_tensor_parallel(pagoda_bin, tiny_models, adapters, adapter, fmt, tmp_path):
+    """PAGODA_TENSOR_PARALLEL=2 (the CPU's in-process communicator: two heads and one KV head
+    per rank, the adapters' B rows of q/k/v/gate/up and A columns of o/down split with their
+    projections) with an adapter gives the one-rank greedy tokens and logits within TP_BOUND.
+    The two runs' logits are not bit-identical: two ranks really ran (summing halves rounds
+    differently), rather than a silent fall-back to one with an adapter."""
+    model = ADAPTERS[adapter][0]
+    path, lora = model_path(tiny_models, model, fmt), adapters(adapter)
+    ids = ids_for(model)
+    one = pagoda_logits(path, ids, tmp_path / "tp1.f32", "--lora", lora, env=tp_env(1))
+    two = pagoda_logits(path, ids, tmp_path / "tp2.f32", "--lora", lora, env=tp_env(2))
+    err = rel(two, one)
+    print(f"{adapter} {fmt}: TP=2 vs TP=1 rel {err:.3e}")
+    assert err <= TP_BOUND, f"TP=2 rel err {err:.3e} > {TP_BOUND}; " + describe_worst(
+        two, one, TP_BOUND)
+    assert not np.array_equal(two, one), "TP=2 gave TP=1's logits bit for bit: did it split?"
+    g1 = pagoda_greedy(path, ids, N_GEN, "--lora", lora, env=tp_env(1))
+    g2 = pagoda_greedy(path, ids, N_GEN, "--lora", lora, env=tp_env(2))
+    assert len(g1) == N_GEN and g2 == g1
+
+
+# ---- the server: several adapters, one base model ----
+
+@pytest.fixture(scope="module")
+def lora_server(pagoda_bin, tiny_models, adapters):
+    """`pagoda serve` on the tiny Llama's HF directory (it has a tokenizer), adapters a and b."""
+    s = Server(tiny_models["llama"]["hf"], "--lora-modules",
+               f"a={adapters('llama')},b={adapters('llama-b')}")
+    s.start()
+    yield s
+    s.stop()
+
+
+# Prompts of 35 and 57 tokens with BOS (over 2 and 3 KV blocks of 16 tokens).
+PROMPT = ("Once upon a time, in a land far away, there lived a little girl named Lily who "
+          "loved to play outside in the park with her friends and her dog.")
+LONG_PROMPT = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk, "
+               "carrying a lantern, a flask of tea and a worn notebook in which he wrote down "
+               "the ships he saw, the colour of the sea and the shape of the clouds.")
+
+
+def reference_text(tiny_models, adapters, model, prompt):
+    """What `pagoda generate` writes for prompt alone (16 tokens, greedy, past EOS) with the
+    adapter that model names ("a", "b"; anything else: none)."""
+    lora = {"a": ["--lora", adapters("llama")], "b": ["--lora", adapters("llama-b")]}
+    p = util.run_pagoda("generate", "-m", tiny_models["llama"]["hf"], "-p", prompt, "-n",
+                        N_GEN, "--temperature", "0", "--ignore-eos", *lora.get(model, []))
+    return p.stdout.decode("utf-8", "replace")
+
+
+def complete(server, prompt, model=None, stream=False):
+    body = {"prompt": prompt, "max_tokens": N_GEN, "temperature": 0, "ignore_eos": True}
+    if model is not None:
+        body["model"] = model
+    if not stream:
+        r = requests.post(server.url("/v1/completions"), json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        assert c["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == N_GEN
+        assert model is None or r.json()["model"] == model, r.json()  # the name asked for
+        return c["text"]
+    with requests.post(server.url("/v1/completions"), json=dict(body, stream=True), stream=True,
+                       timeout=300) as r:
+        assert r.status_code == 200, r.text
+        text = ""
+        for ev in sse_events(r.iter_lines()):
+            if ev == "[DONE]":
+                break
+            text += "".join(c["text"] for c in ev["choices"])
+        return text
+
+
+def n_tokens(server, prompt):
+    r = requests.post(server.url("/tokenize"), json={"prompt": prompt}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["count"]
+
+
+def base_id(server):
+    r = requests.get(server.url("/v1/models"), timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["data"][0]["id"]
+
+
+def test_lora_server_models(lora_server, tiny_models, adapters):
+    """/v1/models: the base model first, then each adapter (id its name, parent the base model,
+    root its directory); the listing still matches OpenAI's schema. An unknown model name is
+    the error it was (400, param "model", code model_not_found, the name in the message)."""
+    r = requests.get(lora_server.url("/v1/models"), timeout=30)
+    assert r.status_code == 200, r.text
+    validate(r.json(), "ListModelsResponse")
+    data = r.json()["data"]
+    base = Path(tiny_models["llama"]["hf"]).name  # an HF directory's model id: its name
+    assert [m["id"] for m in data] == [base, "a", "b"], data
+    for m, name in zip(data[1:], ("llama", "llama-b")):
+        assert m["object"] == "model" and m["parent"] == base, m
+        assert m["root"] in (str(adapters(name)), os.path.realpath(adapters(name))), m
+    r = requests.post(lora_server.url("/v1/completions"),
+                      json={"model": "no-such-adapter", "prompt": [5, 6], "max_tokens": 1},
+                      timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "model" and err["code"] == "model_not_found", err
+    assert "no-such-adapter" in err["message"], err
+
+
+def test_lora_server_concurrent(lora_server, tiny_models, adapters):
+    """The same request (a 35-token prompt: over 2 KV blocks of 16) with the base model (by its
+    name and with no "model"), a and b, three times each plus once streamed, all at once: every
+    answer is its own model's `pagoda generate` alone (and carries the model name asked for),
+    and the three models' answers differ."""
+    assert n_tokens(lora_server, PROMPT) > 32
+    base = base_id(lora_server)
+    refs = {m: reference_text(tiny_models, adapters, m, PROMPT) for m in (base, "a", "b")}
+    assert len(set(refs.values())) == 3, f"the adapters do not change the answer: {refs}"
+    jobs = [(m, stream) for m in (base, "a", "b") for stream in (False, False, False, True)]
+    jobs += [(None, False), (None, True)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        texts = list(pool.map(lambda j: complete(lora_server, PROMPT, *j), jobs))
+    for (m, stream), text in zip(jobs, texts):
+        want = refs[m or base]
+        assert text == want, f"model {m!r} (stream {stream}): {text!r} != alone {want!r}"
+
+
+def test_lora_server_prefix_cache_per_adapter(lora_server, tiny_models, adapters):
+    """A 57-token prompt (3 full KV blocks) in turn with the base model, a, the base model, a,
+    b: each answer is its model's answer alone. The prefix cache is per adapter: a's first run
+    and b's take no prompt token from it (the base model's KV of the same prompt is not
+    theirs), the base model's and a's second runs do (so the cache is in play)."""
+    assert n_tokens(lora_server, LONG_PROMPT) > 48
+    base = base_id(lora_server)
+    refs = {m: reference_text(tiny_models, adapters, m, LONG_PROMPT) for m in (base, "a", "b")}
+    assert len(set(refs.values())) == 3, f"the adapters do not change the answer: {refs}"
+
+    def hits():
+        return lora_server.metrics()["pagoda:prefix_cache_hits_total"]
+
+    for m, cached in ((base, False), ("a", False), (base, True), ("a", True), ("b", False)):
+        before = hits()
+        text = complete(lora_server, LONG_PROMPT, m)
+        took = hits() - before
+        assert text == refs[m], f"{m}: {text!r} != alone {refs[m]!r} (prefix hits {took})"
+        if cached:
+            assert took > 0, f"{m}: the second run of the prompt took nothing from the cache"
+        else:
+            assert took == 0, f"{m}: took {took} prompt tokens from another model's cache"
+
+
+# ---- bad adapters ----
+
+def _edit_config(**changes):
+    def edit(d):
+        p = d / "adapter_config.json"
+        cfg = json.loads(p.read_text())
+        for k, v in changes.items():
+            cfg[k] = v(cfg[k]) if callable(v) else v
+        p.write_text(json.dumps(cfg, indent=2))
+    return edit
+
+
+def _with_tensors(**shapes):
+    """Adds (or replaces) tensors of adapter_model.safetensors: name suffix after
+    base_model.model. -> shape."""
+    def edit(d):
+        from safetensors.torch import load_file, save_file
+        p = d / "adapter_model.safetensors"
+        sd = load_file(str(p))
+        for k, shape in shapes.items():
+            k = "base_model.model." + k
+            sd[k] = 0.01 * torch.ones(shape)
+        save_file(sd, str(p), metadata={"format": "pt"})
+    return edit
+
+
+def _truncate(n):
+    def edit(d):
+        p = d / "adapter_model.safetensors"
+        data = p.read_bytes()
+        p.write_bytes(data[:n if n > 0 else len(data) // 2])
+    return edit
+
+
+def _remove(*names):
+    def edit(d):
+        for n in names:
+            (d / n).unlink()
+    return edit
+
+
+# case -> (what the directory is: an edit of a copy of the good Llama adapter, "missing" (no
+# such directory) or another adapter's name (a copy of it, whole); what the error must name,
+# any of: "dir", "config" (adapter_config.json), "weights" (adapter_model.safetensors), "bin"
+# (adapter_model.bin))
+BAD = {
+    "missing-dir": ("missing", ("dir",)),
+    "empty-dir": (_remove("adapter_config.json", "adapter_model.safetensors", "README.md"),
+                  ("dir",)),
+    "no-config": (_remove("adapter_config.json"), ("config",)),
+    "bin-only": (lambda d: (d / "adapter_model.safetensors").rename(d / "adapter_model.bin"),
+                 ("weights", "bin")),
+    # peft's own adapters of embed_tokens and lm_head (beside the 7 projections)
+    "target-embed_tokens": ("llama-embed", ("config", "weights")),
+    "target-lm_head": ("llama-lm_head", ("config", "weights")),
+    # an lm_head LoRA in the file that adapter_config.json does not list
+    "lm_head-tensor": (_with_tensors(**{"lm_head.lora_A.weight": (8, 64),
+                                        "lm_head.lora_B.weight": (32000, 8)}), ("weights",)),
+    "modules_to_save": (_edit_config(modules_to_save=["lm_head"]), ("config",)),
+    "use_dora": (_edit_config(use_dora=True), ("config",)),
+    "bias-all": (_edit_config(bias="all"), ("config",)),
+    "bias-lora_only": (_edit_config(bias="lora_only"), ("config",)),
+    "rank_pattern": (_edit_config(rank_pattern={"q_proj": 8}), ("config",)),
+    "alpha_pattern": (_edit_config(alpha_pattern={"q_proj": 32}), ("config",)),
+    # the Qwen3 adapter (same targets, made for head_dim 32: q/k/v outputs twice the Llama's)
+    "other-model": ("qwen3", ("weights",)),
+    # k_proj's B as if the model had 4 KV heads (64 rows where the tiny Llama's k is 32)
+    "k-lora_B-rows": (_with_tensors(**{"model.layers.1.self_attn.k_proj.lora_B.weight":
+                                       (64, 8)}), ("weights",)),
+    # down_proj's A reading a 256-wide intermediate (the tiny Llama's is 128)
+    "down-lora_A-cols": (_with_tensors(**{"model.layers.0.mlp.down_proj.lora_A.weight":
+                                          (8, 256)}), ("weights",)),
+    "truncated-half": (_truncate(0), ("weights",)),
+    "truncated-header": (_truncate(20), ("weights",)),
+}
+COMMANDS = ("logits", "generate", "serve")
+
+
+def names(err, d, kinds):
+    """Whether err names one of kinds' paths: the whole path, or the directory and the file's
+    name."""
+    for kind in kinds:
+        if kind == "dir":
+            if str(d) in err:
+                return True
+            continue
+        f = {"config": "adapter_config.json", "weights": "adapter_model.safetensors",
+             "bin": "adapter_model.bin"}[kind]
+        if str(d / f) in err or (str(d) in err and f in err):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_adapter(pagoda_bin, tiny_models, adapters, tmp_path, case, command):
+    """Each bad adapter (an edit of a copy of a good one) makes logits, generate and serve (as
+    the second of two --lora-modules) exit with a status (not a signal), with an error on
+    stderr naming the offending file, and no crash or sanitizer report."""
+    edit, kinds = BAD[case]
+    d = tmp_path / "adapter"
+    if edit != "missing":
+        shutil.copytree(adapters(edit if isinstance(edit, str) else "llama"), d)
+        if callable(edit):
+            edit(d)
+    model = tiny_models["llama"]["hf"]
+    if command == "logits":
+        args = ["logits", "-m", model, "--ids", "1 2 3", "--out", tmp_path / "x.f32", "--lora", d]
+    elif command == "generate":
+        args = ["generate", "-m", model, "--ids", "1 2 3", "-n", "2", "--temperature", "0",
+                "--lora", d]
+    else:
+        args = ["serve", "-m", model, "--port", "0", "-t", "1", "--lora-modules",
+                f"good={adapters('llama')},bad={d}"]
+    p = subprocess.run([str(util.PAGODA)] + [str(a) for a in args], capture_output=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    err = p.stderr.decode("utf-8", "replace")
+    assert p.returncode != 0, f"{case} {command}: accepted (exit 0):\n{err[-2000:]}"
+    assert p.returncode > 0, f"{case} {command}: killed by signal {-p.returncode}:\n{err[-2000:]}"
+    assert err.strip(), f"{case} {command}: exit {p.returncode} with nothing on stderr"
+    for marker in SANITIZER_MARKERS + ("Sanitizer", "Segmentation"):
+        assert marker not in err, f"{case} {command}: {marker!r} in stderr:\n{err[-4000:]}"
+    assert names(err, d, kinds), (f"{case} {command}: the error names none of {kinds} under "
+                                  f"{d}:\n{err[-2000:]}")
+
+
+@pytest.mark.parametrize("spec,why", [
+    ("a", "is not NAME=DIR"),
+    ("=DIR", "is not NAME=DIR"),
+    ("a=", "is not NAME=DIR"),
+    ("a=D1,a=D2", "is taken"),
+    ("a b=D", "is not NAME=DIR"),
+    ('q"x=D', "has a space, quote"),
+])
+def test_lora_modules_syntax(pagoda_bin, tiny_models, spec, why):
+    """A malformed --lora-modules list (no NAME=DIR, a name taken twice or by the model, a name
+    that could not go into JSON as it is) stops `pagoda serve` before it loads anything, with one
+    line saying what is wrong."""
+    model = tiny_models["llama"]["hf"]
+    args = ["serve", "-m", model, "--port", "0", "--lora-modules"] + spec.split(" ")
+    p = subprocess.run([str(util.PAGODA)] + [str(a) for a in args], capture_output=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    err = p.stderr.decode("utf-8", "replace")
+    assert p.returncode > 0, err
+    assert "--lora-modules" in err and why in err, err
+
+
+def test_lora_modules_base_name_taken(pagoda_bin, tiny_models, adapters):
+    """An adapter may not take the base model's name (requests for it would be ambiguous)."""
+    model = tiny_models["llama"]["hf"]
+    p = subprocess.run([str(util.PAGODA), "serve", "-m", str(model), "--port", "0",
+                        "--served-model-name", "m", "--lora-modules", f"m={adapters('llama')}"],
+                       capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    err = p.stderr.decode("utf-8", "replace")
+    assert p.returncode > 0 and "is taken" in err, err
