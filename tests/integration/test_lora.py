@@ -164,6 +164,25 @@ def test_lora_greedy(pagoda_bin, tiny_models, adapters, refs, adapter, fmt):
     assert got == want, f"{adapter} {fmt}: differs from peft's generate() first at step {first}"
 
 
+def test_lora_speculation_is_exact(pagoda_bin, tiny_models, adapters, refs):
+    """Speculative decoding with an adapter keeps peft's greedy tokens: the draft (the base model,
+    without the adapter) proposes, the model with the adapter verifies, so every proposal the
+    adapter's model would not choose is rejected. (The n-gram proposer shares that
+    verification; on these random models its proposals never occur.)"""
+    ids = ids_for("llama")
+    path, lora = tiny_models["llama"]["hf"], adapters("llama")
+    want = refs("llama", "llama").greedy(ids, 2 * N_GEN)
+    p = util.run_pagoda("generate", "-m", path, "--ids", " ".join(map(str, ids)), "-n",
+                        2 * N_GEN, "--temperature", "0", "--ignore-eos", "--print-ids",
+                        "--lora", lora, "--speculative", "draft", "--num-speculative-tokens",
+                        "4", "--draft-model", path)
+    got = [int(x) for x in p.stdout.split()]
+    err = p.stderr.decode()
+    proposed = int(err.split("speculation: ")[1].split()[0])
+    assert proposed > 0, err
+    assert got == want, f"{got} != peft's {want}"
+
+
 TP_CASES = [("llama", "hf"), ("llama", "F32"), ("qwen2", "F32")]
 
 
