@@ -43,6 +43,16 @@ typedef struct pending {
     int line;
 } pending;
 
+/* --lora-modules: the adapters' names and directories (pointers into spec), and the base model's
+ * name (its file's or directory's base name, as the server's default) */
+#define BATCH_MAX_LORAS 64
+typedef struct lora_set {
+    char *spec;
+    const char *names[BATCH_MAX_LORAS], *paths[BATCH_MAX_LORAS];
+    int n;
+    char base[256];
+} lora_set;
+
 static void usage_batch(FILE *f) {
     fprintf(f,
             "usage: pagoda batch [-m MODEL] --input IN.jsonl --output OUT.jsonl [options]\n"
@@ -68,6 +78,10 @@ static void usage_batch(FILE *f) {
             "  --block-size N                KV block size in tokens (default 16)\n"
             "  --kv-dtype f32|f16|bf16       KV cache element type (default f32)\n"
             "  --no-prefix-caching           turn the prefix cache off\n"
+            "  --lora-modules NAME=DIR ...   LoRA adapters (PEFT directories; CPU backend): a line\n"
+            "                                with \"model\": NAME runs with that adapter, one with\n"
+            "                                no \"model\" or the model's own name (its file's base\n"
+            "                                name) without; any other name is an error line\n"
             "  --weights-f32                 dequantize weights to F32 at load\n"
             "  --stagger N                   submit one request every N steps (default: all at once)\n"
             "  --stats FILE                  write the run's statistics as JSON\n"
@@ -146,18 +160,40 @@ static int parse_vllm_fields(const cJSON *j, pending *pd, char *msg, size_t ml) 
 }
 
 /* Parses one request line into p (prompt tokenized with the engine's tokenizer). */
-static int parse_line(pgd_engine *e, cJSON *j, pending *pd, result *r, char *msg, size_t ml) {
+/* A line's "model" with --lora-modules: an adapter's name (-> its pgd_request_params.lora), the
+ * base model's, or none; anything else is refused. Without adapters "model" is not read. */
+static int line_lora(const cJSON *j, const lora_set *ls, int32_t *lora, char *msg, size_t ml) {
+    *lora = 0;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (!ls->n || !m || cJSON_IsNull(m)) return 0;
+    if (cJSON_IsString(m)) {
+        if (!strcmp(m->valuestring, ls->base)) return 0;
+        for (int i = 0; i < ls->n; i++)
+            if (!strcmp(m->valuestring, ls->names[i])) {
+                *lora = i + 1;
+                return 0;
+            }
+    }
+    snprintf(msg, ml, "\"model\" must be '%.64s' or one of the adapters --lora-modules names",
+             ls->base);
+    return -1;
+}
+
+static int parse_line(pgd_engine *e, const lora_set *ls, cJSON *j, pending *pd, result *r,
+                      char *msg, size_t ml) {
     memset(&pd->p, 0, sizeof pd->p);
     pd->p.max_tokens = 16;
     pd->p.temperature = 1.0f;
     pd->p.top_p = 1.0f;
     cJSON *x;
     if ((x = cJSON_GetObjectItemCaseSensitive(j, "id"))) r->id = cJSON_Duplicate(x, true);
+    if (line_lora(j, ls, &pd->p.lora, msg, ml)) return -1;
     cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
     bool embed = !pr && (pr = cJSON_GetObjectItemCaseSensitive(j, "input")) != NULL;
     const char *key = embed ? "input" : "prompt";
     cJSON_ArrayForEach(x, j) /* an embedding line has nothing else to say */
-        if (embed && strcmp(x->string, "id") && strcmp(x->string, "input")) {
+        if (embed && strcmp(x->string, "id") && strcmp(x->string, "input") &&
+            strcmp(x->string, "model")) {
             snprintf(msg, ml, "an embedding line (\"input\") takes no \"%.64s\"", x->string);
             return -1;
         }
@@ -382,6 +418,8 @@ int pgd_cli_batch(int argc, char **argv) {
     FILE *trace = NULL;
     long stagger = 0;
     bool show_progress = true;
+    lora_set ls = {0};
+    char lmsg[320];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -406,6 +444,16 @@ int pgd_cli_batch(int argc, char **argv) {
         }
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) ec.model_path = v;
+        else if (!strcmp(a, "--lora-modules")) {
+            /* vLLM's form, NAME=DIR NAME=DIR up to the next option, or comma-separated */
+            size_t n = strlen(v) + 1;
+            int j = i + 1;
+            for (; j < argc && argv[j][0] != '-'; j++) n += strlen(argv[j]) + 1;
+            free(ls.spec);
+            if (!(ls.spec = malloc(n))) return 1;
+            strcpy(ls.spec, v);
+            for (; i + 1 < j; i++) strcat(strcat(ls.spec, ","), argv[i + 1]);
+        }
         else if (!strcmp(a, "--input")) in_path = v;
         else if (!strcmp(a, "--output")) out_path = v;
         else if (!strcmp(a, "--stats")) stats_path = v;
@@ -462,19 +510,32 @@ int pgd_cli_batch(int argc, char **argv) {
     }
     if (!in_path || !out_path) {
         usage_batch(stderr);
+        free(ls.spec);
         return 2;
     }
+    const char *bn = strrchr(ec.model_path, '/');
+    snprintf(ls.base, sizeof ls.base, "%s", bn && bn[1] ? bn + 1 : ec.model_path);
+    if (ls.spec && pgd_parse_lora_modules(ls.spec, ls.base, ls.names, ls.paths, BATCH_MAX_LORAS,
+                                          &ls.n, lmsg, sizeof lmsg)) {
+        fprintf(stderr, "pagoda: %s\n", lmsg);
+        free(ls.spec);
+        return 2;
+    }
+    ec.lora_paths = ls.paths;
+    ec.n_loras = ls.n;
     char *input = NULL;
     size_t in_len = 0;
     pgd_err perr = {{0}};
     if (pgd_read_file(in_path, &input, &in_len, &perr)) {
         fprintf(stderr, "pagoda: %s\n", perr.msg);
+        free(ls.spec);
         return 1;
     }
     FILE *out = fopen(out_path, "w");
     if (!out) {
         perror(out_path);
         free(input);
+        free(ls.spec);
         return 1;
     }
     char err[512];
@@ -483,6 +544,7 @@ int pgd_cli_batch(int argc, char **argv) {
         fprintf(stderr, "pagoda: %s\n", err);
         fclose(out);
         free(input);
+        free(ls.spec);
         return 1;
     }
     /* split lines (blank lines are skipped, not counted) */
@@ -516,7 +578,8 @@ int pgd_cli_batch(int argc, char **argv) {
         cJSON *j = cJSON_Parse(lines[i]);
         char msg[256];
         if (!cJSON_IsObject(j)) set_error(&res[i], "the line is not a JSON object");
-        else if (parse_line(e, j, &pend[i], &res[i], msg, sizeof msg)) set_error(&res[i], msg);
+        else if (parse_line(e, &ls, j, &pend[i], &res[i], msg, sizeof msg))
+            set_error(&res[i], msg);
         else n_valid++;
         cJSON_Delete(j);
     }
@@ -674,5 +737,6 @@ done:
     free(input);
     if (fclose(out) != 0) exit_code = 1;
     pgd_engine_free(e);
+    free(ls.spec); /* after the engine: the adapter paths point into it */
     return exit_code;
 }

@@ -41,6 +41,7 @@
 #include "server/metrics.h"
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
+#include "util/parse.h"
 
 typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
@@ -108,7 +109,7 @@ struct server {
     /* --lora-modules: the adapters' names and directories (pointers into lora_spec) */
     char *lora_spec;
     const char *lora_names[PGD_SERVER_MAX_LORAS], *lora_paths[PGD_SERVER_MAX_LORAS];
-    int32_t n_loras;
+    int n_loras;
     char load_error[512];
     volatile bool ready;
     bool draining, load_failed;
@@ -126,40 +127,15 @@ struct server {
 
 /* ---- small helpers ---- */
 
-/* Splits --lora-modules ("NAME=DIR,NAME=DIR") into s->lora_names/lora_paths; one line on stderr
- * and -1 for a malformed list. Names are printable without quotes or backslashes (they go into
- * JSON and logs as they are), distinct and not the base model's. */
+/* Splits --lora-modules into s->lora_names/lora_paths (-1 after one line on stderr). */
 static int parse_lora_modules(server *s, const char *spec) {
     if (!spec || !*spec) return 0;
+    char msg[320];
     if (!(s->lora_spec = strdup(spec))) return -1;
-    char *save = NULL;
-    for (char *m = strtok_r(s->lora_spec, ",", &save); m; m = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(m, '=');
-        if (!eq || eq == m || !eq[1]) {
-            fprintf(stderr, "pagoda: --lora-modules: '%.200s' is not NAME=DIR\n", m);
-            return -1;
-        }
-        *eq = 0;
-        for (const char *p = m; *p; p++)
-            if ((unsigned char)*p <= 0x20 || *p == '"' || *p == '\\' || *p == 0x7f) {
-                fprintf(stderr, "pagoda: --lora-modules: the name '%.200s' has a space, quote, "
-                                "backslash or control character\n", m);
-                return -1;
-            }
-        bool dup = !strcmp(m, s->model_name);
-        for (int32_t i = 0; i < s->n_loras; i++) dup |= !strcmp(m, s->lora_names[i]);
-        if (dup || strlen(m) >= sizeof s->model_name) {
-            fprintf(stderr, "pagoda: --lora-modules: the name '%.200s' is %s\n", m,
-                    dup ? "taken (by the model or another adapter)" : "too long");
-            return -1;
-        }
-        if (s->n_loras == PGD_SERVER_MAX_LORAS) {
-            fprintf(stderr, "pagoda: --lora-modules: at most %d adapters\n",
-                    PGD_SERVER_MAX_LORAS);
-            return -1;
-        }
-        s->lora_names[s->n_loras] = m;
-        s->lora_paths[s->n_loras++] = eq + 1;
+    if (pgd_parse_lora_modules(s->lora_spec, s->model_name, s->lora_names, s->lora_paths,
+                               PGD_SERVER_MAX_LORAS, &s->n_loras, msg, sizeof msg)) {
+        fprintf(stderr, "pagoda: %s\n", msg);
+        return -1;
     }
     return 0;
 }

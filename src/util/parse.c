@@ -2,7 +2,10 @@
 #include "util/parse.h"
 
 #include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 int pgd_parse_size(const char *s, size_t *out) {
@@ -17,5 +20,39 @@ int pgd_parse_size(const char *s, size_t *out) {
     else if (*end) return -1;
     if (v * mul > 1e15) return -1;
     *out = (size_t)(v * mul);
+    return 0;
+}
+
+int pgd_parse_lora_modules(char *spec, const char *reserved, const char **names,
+                           const char **paths, int max, int *n, char *msg, size_t ml) {
+    *n = 0;
+    char *save = NULL;
+    for (char *m = strtok_r(spec, ",", &save); m; m = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(m, '=');
+        if (!eq || eq == m || !eq[1]) {
+            snprintf(msg, ml, "--lora-modules: '%.200s' is not NAME=DIR", m);
+            return -1;
+        }
+        *eq = 0;
+        for (const char *p = m; *p; p++)
+            if ((unsigned char)*p <= 0x20 || *p == '"' || *p == '\\' || *p == 0x7f) {
+                snprintf(msg, ml, "--lora-modules: the name '%.200s' has a space, quote, "
+                         "backslash or control character", m);
+                return -1;
+            }
+        bool taken = reserved && !strcmp(m, reserved);
+        for (int i = 0; i < *n; i++) taken |= !strcmp(m, names[i]);
+        if (taken || strlen(m) > 200) {
+            snprintf(msg, ml, "--lora-modules: the name '%.200s' is %s", m,
+                     taken ? "taken (by the model or another adapter)" : "too long");
+            return -1;
+        }
+        if (*n == max) {
+            snprintf(msg, ml, "--lora-modules: at most %d adapters", max);
+            return -1;
+        }
+        names[*n] = m;
+        paths[(*n)++] = eq + 1;
+    }
     return 0;
 }

@@ -9,4 +9,11 @@
  * than 1e15 bytes. */
 int pgd_parse_size(const char *s, size_t *out);
 
+/* vLLM's --lora-modules list, "NAME=DIR,NAME=DIR...", split in place in spec: up to max names
+ * and directories (pointers into spec) into names/paths, their count in *n. Names are printable
+ * without spaces, quotes or backslashes (they go into JSON and logs as they are), distinct, and
+ * not `reserved` (the base model's name; NULL: none). Returns 0, or -1 with one line in msg. */
+int pgd_parse_lora_modules(char *spec, const char *reserved, const char **names,
+                           const char **paths, int max, int *n, char *msg, size_t ml);
+
 #endif

@@ -490,3 +490,36 @@ def test_lora_modules_base_name_taken(pagoda_bin, tiny_models, adapters):
                        capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
     err = p.stderr.decode("utf-8", "replace")
     assert p.returncode > 0 and "is taken" in err, err
+
+
+def test_lora_batch(pagoda_bin, tiny_models, adapters, tmp_path):
+    """`pagoda batch --lora-modules`: each line runs with the adapter its "model" names, or
+    without (no "model", or the model's own name: its directory's base name), all in one run,
+    each line's tokens those of `generate` alone; an unknown name is that line's error and the
+    other lines still run."""
+    path = tiny_models["llama"]["hf"]
+    ids = ids_for("llama")[:20]
+    base = Path(path).name
+    want = {m: pagoda_greedy(path, ids, N_GEN, *extra) for m, extra in
+            (("a", ["--lora", adapters("llama")]), ("b", ["--lora", adapters("llama-b")]),
+             (None, []))}
+    assert len({tuple(v) for v in want.values()}) == 3
+    models = ["a", None, "b", base, "a", "nope", "b"]
+    lines = []
+    for i, m in enumerate(models):
+        line = {"id": i, "prompt": ids, "max_tokens": N_GEN, "temperature": 0,
+                "ignore_eos": True}
+        if m is not None:
+            line["model"] = m
+        lines.append(json.dumps(line))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    util.run_pagoda("batch", "-m", path, "--input", inp, "--output", out, "--no-progress",
+                    "--lora-modules", f"a={adapters('llama')}", f"b={adapters('llama-b')}")
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [g["id"] for g in got] == list(range(len(models)))
+    for g, m in zip(got, models):
+        if m == "nope":
+            assert "error" in g and "model" in g["error"]["message"], g
+            continue
+        assert g["token_ids"] == want[None if m == base else m], (m, g)
