@@ -212,6 +212,9 @@ typedef struct pgd_engine_stats {
        accepted ones by position in the proposal (vLLM's spec_decode_num_* counters) */
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     int64_t spec_accepted_per_pos[PGD_SPEC_MAX_TOKENS];
+    /* LoRA: bit k - 1 set when adapter k (pgd_request_params.lora; the first 64) has running /
+       waiting requests */
+    uint64_t lora_running, lora_waiting;
 } pgd_engine_stats;
 
 /* Fills c with the defaults. */

@@ -1439,6 +1439,11 @@ static void snapshot_stats(pgd_engine *e) {
     pgd_engine_stats *s = &e->stats;
     s->num_running = e->running.n;
     s->num_waiting = e->waiting.n;
+    s->lora_running = s->lora_waiting = 0;
+    for (int l = 0; e->n_loras && l < 2; l++)
+        for (seq *q = (l ? e->waiting : e->running).head; q; q = q->next)
+            if (q->kv.ns >= 1 && q->kv.ns <= 64)
+                *(l ? &s->lora_waiting : &s->lora_running) |= 1ull << (q->kv.ns - 1);
     s->kv_blocks_total = e->mgr.n_blocks;
     s->kv_blocks_used = e->mgr.n_blocks - e->mgr.n_free;
     s->kv_blocks_cached = e->mgr.n_cached;

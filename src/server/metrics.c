@@ -85,8 +85,18 @@ static void gauge(buf *b, const char *model, const char *name, const char *type,
             name, help, name, type, name, model, v);
 }
 
+/* "a,b": the adapters whose bits are set in mask. */
+static void lora_list(buf *b, const char *const *names, int n, uint64_t mask) {
+    bool first = true;
+    for (int k = 0; k < n && k < 64; k++)
+        if (mask >> k & 1) {
+            bprintf(b, "%s%s", first ? "" : ",", names[k]);
+            first = false;
+        }
+}
+
 char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st,
-                         const char *model) {
+                         const char *model, const char *const *lora_names, int n_loras) {
     buf b = {0};
     pgd_engine_stats st;
     memset(&st, 0, sizeof st);
@@ -118,6 +128,16 @@ char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st
             model, (unsigned long long)m->finished_length);
     bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"abort\"} %llu\n",
             model, (unsigned long long)m->finished_abort);
+    if (n_loras > 0) { /* vLLM's info gauge: the adapters in use, as label values */
+        bprintf(&b, "# HELP pagoda:lora_requests_info Running and waiting LoRA adapters.\n"
+                    "# TYPE pagoda:lora_requests_info gauge\n"
+                    "pagoda:lora_requests_info{model_name=\"%s\",max_lora=\"%d\","
+                    "running_lora_adapters=\"", model, n_loras);
+        lora_list(&b, lora_names, n_loras, st.lora_running);
+        bprintf(&b, "\",waiting_lora_adapters=\"");
+        lora_list(&b, lora_names, n_loras, st.lora_waiting);
+        bprintf(&b, "\"} 1\n");
+    }
     if (m->n_spec_positions > 0) {
         gauge(&b, model, "spec_decode_num_drafts_total", "counter",
               "Verifications of speculative proposals.", (double)st.spec_drafts);

@@ -34,7 +34,9 @@ void pgd_metrics_init(pgd_metrics *m, int n_spec_positions);
 void pgd_metrics_free(pgd_metrics *m);
 void pgd_metrics_observe(pgd_metrics *m, pgd_histogram_id h, double seconds);
 void pgd_metrics_count_finish(pgd_metrics *m, const char *reason, bool aborted);
-/* The text exposition (malloc'd) with the engine's gauges from st (NULL while loading: zeros). */
-char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *st, const char *model);
+/* The text exposition (malloc'd) with the engine's gauges from st (NULL while loading: zeros);
+ * with LoRA adapters (n_loras > 0, their names), vLLM's lora_requests_info too. */
+char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *st, const char *model,
+                         const char *const *lora_names, int n_loras);
 
 #endif

@@ -1129,7 +1129,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                 pgd_engine_get_stats(s->engine, &st);
                 drain_events(s);
             }
-            char *txt = pgd_metrics_render(&s->metrics, s->ready ? &st : NULL, s->model_name);
+            char *txt = pgd_metrics_render(&s->metrics, s->ready ? &st : NULL, s->model_name,
+                                           s->lora_names, s->n_loras);
             c->status = 200;
             enum MHD_Result r = send_body(conn, 200, txt ? txt : "",
                                           "text/plain; version=0.0.4; charset=utf-8", NULL);

@@ -523,3 +523,37 @@ def test_lora_batch(pagoda_bin, tiny_models, adapters, tmp_path):
             assert "error" in g and "model" in g["error"]["message"], g
             continue
         assert g["token_ids"] == want[None if m == base else m], (m, g)
+
+
+def test_lora_metrics(pagoda_bin, tiny_models, adapters):
+    """/metrics carries vLLM's lora_requests_info: max_lora, and the adapters with running and
+    with waiting requests (one sequence runs at a time here, so a request for b with n = 3 has
+    b both running and waiting), empty again when they finish."""
+    import re
+    import threading
+    s = Server(tiny_models["llama"]["hf"], "--max-num-seqs", "1", "--lora-modules",
+               f"a={adapters('llama')},b={adapters('llama-b')}")
+    s.start()
+    try:
+        def info():
+            text = requests.get(s.url("/metrics"), timeout=10).text
+            m = re.search(r'^pagoda:lora_requests_info\{[^}]*max_lora="(\d+)",'
+                          r'running_lora_adapters="([^"]*)",waiting_lora_adapters="([^"]*)"\} 1$',
+                          text, re.M)
+            assert m, text
+            return m.groups()
+
+        assert info() == ("2", "", "")
+        body = {"model": "b", "prompt": [1, 450, 4996], "max_tokens": 400, "n": 3,
+                "temperature": 0, "ignore_eos": True}
+        t = threading.Thread(target=lambda: requests.post(s.url("/v1/completions"), json=body,
+                                                          timeout=300))
+        t.start()
+        seen = set()
+        while t.is_alive():
+            seen.add(info())
+        t.join()
+        assert ("2", "b", "b") in seen, seen
+        assert info() == ("2", "", "")
+    finally:
+        s.stop()
