@@ -65,6 +65,8 @@ typedef struct pgd_engine_config {
        the adapter's file on failure) */
     const char *const *lora_paths;
     int32_t n_loras;
+    int32_t max_loras;              /* adapter slots, for pgd_engine_load_lora too (at least
+                                       n_loras; 0: n_loras) */
 } pgd_engine_config;
 
 typedef struct pgd_request_params {
@@ -147,8 +149,9 @@ typedef struct pgd_request_params {
        either the token whose text is exactly this ("<think>"), and the constraint then waits for
        constrain_after, or one the constraint allows, and it holds from there */
     const char *think_open;
-    /* the LoRA adapter to run with: 0 none (the base model), k: the engine's lora_paths[k - 1].
-       Prefix-cache hits are only between requests of the same adapter */
+    /* the LoRA adapter to run with: 0 none (the base model), k: the adapter in slot k (the
+       configuration's lora_paths[k - 1], or pgd_engine_load_lora's). Prefix-cache hits are only
+       between requests of the same adapter (the same load of it) */
     int32_t lora;
 } pgd_request_params;
 
@@ -257,6 +260,17 @@ int pgd_engine_start(pgd_engine *e, void (*notify)(void *), void *notify_arg);
 void pgd_engine_stop(pgd_engine *e);
 
 void pgd_engine_get_stats(pgd_engine *e, pgd_engine_stats *s);
+
+/* LoRA adapters at run time (vLLM's /v1/load_lora_adapter), from any thread: reads the PEFT
+ * directory at path (on the caller's thread) and puts it into a free slot between two steps;
+ * *lora gets the slot (pgd_request_params.lora). Fails (err filled: the file's problem, or
+ * every one of max_loras slots taken) without touching the running requests. */
+int pgd_engine_load_lora(pgd_engine *e, const char *path, int32_t *lora, char *err,
+                         size_t errlen);
+/* Retires slot lora: requests submitted with it still finish with it, new ones are refused; the
+ * adapter is freed and the slot reused once the last finishes. PGD_ENOENT if the slot holds
+ * none. */
+int pgd_engine_unload_lora(pgd_engine *e, int32_t lora);
 
 #ifdef __cplusplus
 }

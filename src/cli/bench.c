@@ -346,7 +346,7 @@ static int batched_decode(const pgd_model *m, const pgd_lora *lora, pgd_pool *po
     if (pgd_kv_cache_init(&kv, m, o->kv_type, (int32_t)(max_b * per_seq), BATCH_BLOCK, &err) ||
         !(have_kv = true) ||
         pgd_fwd_init(&f, m, pool, (int32_t)max_b, (int32_t)max_b, &err) || !(have_fwd = true) ||
-        (lora && pgd_fwd_set_loras(&f, &lora, 1, &err))) {
+        (lora && pgd_fwd_use_lora(&f, lora, &err))) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
         goto out;
     }
@@ -434,7 +434,7 @@ int pgd_cli_bench(int argc, char **argv) {
     if (pgd_pool_create((int)o.threads, &pool, &err) != 0 ||
         pgd_session_init_kv(&s, m, pool, (int32_t)max_batch, o.kv_type, &err) != 0 ||
         !(have_session = true) || (o.lora && pgd_lora_load(o.lora, m, &lora, &err)) ||
-        (lora && pgd_fwd_set_loras(&s.fwd, (const pgd_lora *const *)&lora, 1, &err))) {
+        (lora && pgd_fwd_use_lora(&s.fwd, lora, &err))) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
         goto done;
     }

@@ -191,8 +191,7 @@ static int gen_setup(const gen_opts *o, gen_ctx *g) {
     if ((rc = pgd_pool_create((int)nt, &g->pool, &err)) ||
         (rc = pgd_session_init(&g->sess, g->model, g->pool, PREFILL_CHUNK, &err)) ||
         (o->lora && ((rc = pgd_lora_load(o->lora, g->model, &g->lora, &err)) ||
-                     (rc = pgd_fwd_set_loras(&g->sess.fwd, (const pgd_lora *const *)&g->lora, 1,
-                                             &err))))) {
+                     (rc = pgd_fwd_use_lora(&g->sess.fwd, g->lora, &err))))) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         gen_free(g);
         return rc;

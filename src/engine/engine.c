@@ -36,6 +36,7 @@ typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
 
 typedef struct seq {
     uint64_t id, user_data;
+    int32_t lora;             /* the LoRA slot it holds (pgd_request_params.lora), 0: none */
     int32_t *tokens;          /* (n_prompt + max_tokens): prompt, then generated tokens */
     int32_t n_prompt, n_tokens, max_tokens;
     int32_t n_computed;       /* tokens whose K/V are in the cache */
@@ -101,13 +102,25 @@ typedef struct seq_list {
     int32_t n;
 } seq_list;
 
+struct pgd_engine;
+static int install_lora(struct pgd_engine *e, struct pgd_lora *l, int32_t *k, pgd_err *err);
+
 struct pgd_engine {
     pgd_engine_config cfg;
     pgd_model *model;
     pgd_pool *pool;
     pgd_fwd fwd;
-    struct pgd_lora **loras;        /* (n_loras) the configuration's adapters */
+    /* LoRA slots 1..n_loras (loras[k - 1], NULL: free), changed between steps under lora_mu
+     * (the engine thread holds it over each forward pass): each one's prefix-cache namespace
+     * (never reused: a new load is a new namespace), the sequences holding it, and whether it
+     * was unloaded while held */
+    pthread_mutex_t lora_mu;
+    struct pgd_lora **loras;
+    uint32_t *lora_ns;
+    int32_t *lora_users;
+    bool *lora_retired;
     int32_t n_loras;
+    uint32_t next_ns;
     pgd_kv_cache kv;
     pgd_kv_mgr mgr;
     int32_t n_ctx, max_blocks_per_seq;
@@ -401,6 +414,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->cfg = *c;
     e->next_id = 1;
     pthread_mutex_init(&e->in_mu, NULL);
+    pthread_mutex_init(&e->lora_mu, NULL);
     pthread_mutex_init(&e->out_mu, NULL);
     pthread_cond_init(&e->out_cv, NULL);
     pthread_cond_init(&e->in_cv, NULL);
@@ -441,18 +455,25 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     if ((rc = pgd_fwd_init(&e->fwd, e->model, e->pool, c->max_num_batched_tokens, e->max_logits,
                            &perr)))
         goto fail_perr;
-    if (c->n_loras > 0) {
-        if (!(e->loras = calloc((size_t)c->n_loras, sizeof *e->loras))) {
+    int32_t slots = c->max_loras > c->n_loras ? c->max_loras : c->n_loras;
+    if (slots > 0) {
+        e->loras = calloc((size_t)slots, sizeof *e->loras);
+        e->lora_ns = calloc((size_t)slots, sizeof *e->lora_ns);
+        e->lora_users = calloc((size_t)slots, sizeof *e->lora_users);
+        e->lora_retired = calloc((size_t)slots, sizeof *e->lora_retired);
+        if (!e->loras || !e->lora_ns || !e->lora_users || !e->lora_retired) {
             rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
             goto fail_perr;
         }
-        for (; e->n_loras < c->n_loras; e->n_loras++)
-            if ((rc = pgd_lora_load(c->lora_paths[e->n_loras], e->model, &e->loras[e->n_loras],
-                                    &perr)))
+        if ((rc = pgd_fwd_reserve_loras(&e->fwd, slots, &perr))) goto fail_perr;
+        e->n_loras = slots;
+        for (int32_t i = 0; i < c->n_loras; i++) {
+            pgd_lora *l;
+            int32_t k;
+            if ((rc = pgd_lora_load(c->lora_paths[i], e->model, &l, &perr)) ||
+                (rc = install_lora(e, l, &k, &perr)))
                 goto fail_perr;
-        if ((rc = pgd_fwd_set_loras(&e->fwd, (const pgd_lora *const *)e->loras, e->n_loras,
-                                    &perr)))
-            goto fail_perr;
+        }
     }
     size_t n_blocks = 0;
     if (e->model->shards[0].be.ops->mem_info) {
@@ -551,8 +572,12 @@ void pgd_engine_free(pgd_engine *e) {
     free_list(&e->running);
     free_list(&e->incoming);
     pgd_fwd_free(&e->fwd);
-    for (int32_t i = 0; i < e->n_loras; i++) pgd_lora_free(e->loras[i]);
+    for (int32_t i = 0; e->loras && i < e->n_loras; i++) pgd_lora_free(e->loras[i]);
     free(e->loras);
+    free(e->lora_ns);
+    free(e->lora_users);
+    free(e->lora_retired);
+    pthread_mutex_destroy(&e->lora_mu);
     pgd_draft_free(&e->draft);
     pgd_kv_cache_free(&e->kv);
     pgd_kv_mgr_free(&e->mgr);
@@ -654,7 +679,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     if (p->n_prompt < 1 || !p->prompt)
         return fail(err, errlen, PGD_EINVAL, "%s", "the prompt is empty");
     if (p->lora < 0 || p->lora > e->n_loras)
-        return fail(err, errlen, PGD_EINVAL, "%s", "no such LoRA adapter");
+        return fail(err, errlen, PGD_EINVAL, "%s", "no such LoRA adapter slot");
     if (p->max_tokens < 0)
         return fail(err, errlen, PGD_EINVAL, "%s", "max_tokens must not be negative");
     if (p->embedding && p->max_tokens)
@@ -752,7 +777,6 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         seq_free(s);
         return fail(err, errlen, PGD_EINVAL, "%s", "logprobs must be between 0 and 20");
     }
-    s->kv.ns = (uint32_t)p->lora;
     /* a zeroed params struct means no logprobs: -1 and 0 differ only for callers that ask */
     s->logprobs = p->logprobs;
     s->prompt_lp = p->prompt_logprobs;
@@ -833,6 +857,22 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         seq_free(s);
         return fail(err, errlen, PGD_ERANGE, "%s", "the waiting queue is full");
     }
+    if (p->lora) { /* the sequence holds its adapter until it finishes (lora_release) */
+        pthread_mutex_lock(&e->lora_mu);
+        int32_t k = p->lora - 1;
+        bool ok = e->loras[k] && !e->lora_retired[k];
+        if (ok) {
+            e->lora_users[k]++;
+            s->lora = p->lora;
+            s->kv.ns = e->lora_ns[k];
+        }
+        pthread_mutex_unlock(&e->lora_mu);
+        if (!ok) {
+            pthread_mutex_unlock(&e->in_mu);
+            seq_free(s);
+            return fail(err, errlen, PGD_EINVAL, "%s", "the LoRA adapter is not loaded");
+        }
+    }
     s->id = e->next_id++;
     s->t_submit = pgd_now_s();
     *id = s->id;
@@ -862,6 +902,72 @@ void pgd_engine_abort(pgd_engine *e, uint64_t id) {
 
 /* ---- the step ---- */
 
+/* ---- LoRA slots ---- */
+
+/* Empties slot k (index k - 1) and frees its adapter; lora_mu held. */
+static void lora_slot_free(pgd_engine *e, int32_t k) {
+    pgd_err perr;
+    pgd_fwd_set_lora(&e->fwd, k + 1, NULL, &perr); /* emptying allocates nothing: cannot fail */
+    pgd_lora_free(e->loras[k]);
+    e->loras[k] = NULL;
+    e->lora_retired[k] = false;
+}
+
+/* Puts adapter l (taken over, freed on failure) into a free slot, *k its number. */
+static int install_lora(pgd_engine *e, pgd_lora *l, int32_t *k, pgd_err *err) {
+    pthread_mutex_lock(&e->lora_mu);
+    int32_t i = 0;
+    while (i < e->n_loras && e->loras[i]) i++;
+    int rc = i == e->n_loras ? pgd_err_set(err, PGD_ERANGE, "%s: all %d LoRA adapter slots are "
+                                           "taken (--max-loras)", l->path, e->n_loras)
+                             : pgd_fwd_set_lora(&e->fwd, i + 1, l, err);
+    if (!rc) {
+        e->loras[i] = l;
+        if (++e->next_ns == 0) e->next_ns++; /* (0 is the base model's) */
+        e->lora_ns[i] = e->next_ns;
+        e->lora_users[i] = 0;
+        *k = i + 1;
+    }
+    pthread_mutex_unlock(&e->lora_mu);
+    if (rc) pgd_lora_free(l);
+    return rc;
+}
+
+/* A finished sequence lets go of its adapter; the last one out of an unloaded slot frees it. */
+static void lora_release(pgd_engine *e, seq *s) {
+    if (!s->lora) return;
+    pthread_mutex_lock(&e->lora_mu);
+    int32_t k = s->lora - 1;
+    if (--e->lora_users[k] == 0 && e->lora_retired[k]) lora_slot_free(e, k);
+    pthread_mutex_unlock(&e->lora_mu);
+    s->lora = 0;
+}
+
+int pgd_engine_load_lora(pgd_engine *e, const char *path, int32_t *lora, char *err,
+                         size_t errlen) {
+    pgd_err perr = {{0}};
+    pgd_lora *l = NULL;
+    int rc = !e->n_loras ? pgd_err_set(&perr, PGD_EINVAL, "the engine has no LoRA adapter slots "
+                                       "(max_loras)")
+                         : pgd_lora_load(path, e->model, &l, &perr);
+    if (!rc) rc = install_lora(e, l, lora, &perr);
+    if (rc && err && errlen) snprintf(err, errlen, "%s", perr.msg);
+    return rc;
+}
+
+int pgd_engine_unload_lora(pgd_engine *e, int32_t lora) {
+    if (lora < 1 || lora > e->n_loras) return PGD_ENOENT;
+    pthread_mutex_lock(&e->lora_mu);
+    int32_t k = lora - 1;
+    int rc = e->loras[k] && !e->lora_retired[k] ? PGD_OK : PGD_ENOENT;
+    if (!rc) {
+        e->lora_retired[k] = true;
+        if (e->lora_users[k] == 0) lora_slot_free(e, k);
+    }
+    pthread_mutex_unlock(&e->lora_mu);
+    return rc;
+}
+
 static void finish_seq(pgd_engine *e, seq *s, pgd_finish_reason why, const char *error) {
     list_remove(s->state == SEQ_RUNNING ? &e->running : &e->waiting, s);
     if (s->state == SEQ_WAITING) {
@@ -871,6 +977,7 @@ static void finish_seq(pgd_engine *e, seq *s, pgd_finish_reason why, const char 
     }
     pgd_kv_release(&e->mgr, &s->kv);
     if (e->spec_mode == PGD_SPEC_DRAFT) pgd_draft_seq_release(&e->draft, &s->dseq);
+    lora_release(e, s);
     if (why != PGD_FINISH_ABORT && why != PGD_FINISH_ERROR) {
         /* bytes of a character the generation stopped in the middle of: one U+FFFD, as
          * Hugging Face's decode reports them, so the text stays valid UTF-8 */
@@ -1442,8 +1549,8 @@ static void snapshot_stats(pgd_engine *e) {
     s->lora_running = s->lora_waiting = 0;
     for (int l = 0; e->n_loras && l < 2; l++)
         for (seq *q = (l ? e->waiting : e->running).head; q; q = q->next)
-            if (q->kv.ns >= 1 && q->kv.ns <= 64)
-                *(l ? &s->lora_waiting : &s->lora_running) |= 1ull << (q->kv.ns - 1);
+            if (q->lora >= 1 && q->lora <= 64)
+                *(l ? &s->lora_waiting : &s->lora_running) |= 1ull << (q->lora - 1);
     s->kv_blocks_total = e->mgr.n_blocks;
     s->kv_blocks_used = e->mgr.n_blocks - e->mgr.n_free;
     s->kv_blocks_cached = e->mgr.n_cached;
@@ -1493,7 +1600,7 @@ int pgd_engine_step(pgd_engine *e) {
     for (int32_t i = 0; i < ns; i++) {
         seq *s = e->b_seqs[i];
         e->b_tables[i] = s->kv.table;
-        e->b_lora[i] = (int32_t)s->kv.ns;
+        e->b_lora[i] = s->lora;
         for (int32_t j = 0; j < s->sched_n; j++) {
             int32_t p = s->n_computed + j;
             e->b_tokens[nt] = s->tokens[p];
@@ -1533,7 +1640,9 @@ int pgd_engine_step(pgd_engine *e) {
                    .logit_rows = e->b_rows, .hidden = b_hidden ? e->hidden : NULL,
                    .seq_lora = e->n_loras ? e->b_lora : NULL};
     if (e->device_sampling && nl > 0) plan_device_sampling(e, ns, &b);
+    if (e->n_loras) pthread_mutex_lock(&e->lora_mu); /* adapters change between steps only */
     int rc = pgd_model_forward(&e->fwd, &e->kv, &b);
+    if (e->n_loras) pthread_mutex_unlock(&e->lora_mu);
     int32_t n_prefill = 0;
     for (int32_t i = 0; i < ns; i++) {
         seq *s = e->b_seqs[i];

@@ -117,7 +117,7 @@ typedef struct pgd_fwd_rank {
     float *router;           /* (max_tokens, n_expert): router logits (MoE models) */
     float *moe_work;         /* the moe op's scratch for max_tokens rows */
     float *logits;           /* (max_logits, n_vocab of this rank); == f->logits when shared */
-    /* LoRA (pgd_fwd_set_loras): per layer and matrix, each adapter's slice of this rank;
+    /* LoRA (pgd_fwd_set_lora): per layer and matrix, each adapter's slice of this rank;
      * whether any adapter changes it; the step's adapter of each token; the op's scratch */
     pgd_lora_mat *lora_mats;  /* (n_layer, PGD_LAYER_N_MATRICES, n_loras) host */
     bool *lora_on;            /* (n_layer, PGD_LAYER_N_MATRICES) */
@@ -404,35 +404,57 @@ static pgd_lora_mat lora_slice(const pgd_model *m, const pgd_shard *sh, const pg
     return o;
 }
 
-int pgd_fwd_set_loras(pgd_fwd *f, const pgd_lora *const *loras, int32_t n, pgd_err *err) {
+int pgd_fwd_reserve_loras(pgd_fwd *f, int32_t n, pgd_err *err) {
     const pgd_model *m = f->model;
     PGD_ASSERT(f->n_loras == 0);
     if (n <= 0) return PGD_OK;
-    int32_t nl = m->cfg.n_layer, nm = PGD_LAYER_N_MATRICES, max_rank = 0;
-    for (int32_t k = 0; k < n; k++)
-        if (loras[k]->rank > max_rank) max_rank = loras[k]->rank;
+    size_t nlm = (size_t)m->cfg.n_layer * PGD_LAYER_N_MATRICES;
     for (int ri = 0; ri < f->n_ranks; ri++) {
         pgd_fwd_rank *r = &f->ranks[ri];
         if (!r->be.ops->supports(PGD_OP_LORA, PGD_TYPE_F32) || !r->be.ops->host_memory)
-            return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: LoRA adapters run on the CPU backend "
-                               "only, not on %s", loras[0]->path, r->be.ops->name);
-        r->lora_mats = calloc((size_t)nl * nm * n, sizeof *r->lora_mats);
-        r->lora_on = calloc((size_t)nl * nm, sizeof *r->lora_on);
+            return pgd_err_set(err, PGD_EUNSUPPORTED, "LoRA adapters run on the CPU backend "
+                               "only, not on %s", r->be.ops->name);
+        r->lora_mats = calloc(nlm * (size_t)n, sizeof *r->lora_mats);
+        r->lora_on = calloc(nlm, sizeof *r->lora_on);
         r->lora_tok = calloc((size_t)f->max_tokens, sizeof *r->lora_tok);
-        bool ok = r->lora_mats && r->lora_on && r->lora_tok;
-        r->lora_work = balloc(&r->be, (size_t)f->max_tokens * max_rank, sizeof(float), &ok);
-        if (!ok) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", loras[0]->path);
-        r->lora_max_rank = max_rank;
-        for (int32_t il = 0; il < nl; il++)
-            for (int32_t mi = 0; mi < nm; mi++)
-                for (int32_t k = 0; k < n; k++) {
-                    pgd_lora_mat *lm = &r->lora_mats[((size_t)il * nm + mi) * n + k];
-                    *lm = lora_slice(m, &m->shards[ri], loras[k], il, mi);
-                    if (lm->a) r->lora_on[il * nm + mi] = true;
-                }
+        if (!r->lora_mats || !r->lora_on || !r->lora_tok)
+            return pgd_err_set(err, PGD_ENOMEM, "LoRA: out of memory");
     }
     f->n_loras = n;
     return PGD_OK;
+}
+
+int pgd_fwd_set_lora(pgd_fwd *f, int32_t k, const pgd_lora *l, pgd_err *err) {
+    const pgd_model *m = f->model;
+    PGD_ASSERT(k >= 1 && k <= f->n_loras);
+    int32_t n = f->n_loras, nm = PGD_LAYER_N_MATRICES;
+    size_t nlm = (size_t)m->cfg.n_layer * nm;
+    for (int ri = 0; ri < f->n_ranks; ri++) {
+        pgd_fwd_rank *r = &f->ranks[ri];
+        if (l && l->rank > r->lora_max_rank) { /* the op's scratch grows with the largest rank */
+            bool ok = true;
+            float *w = balloc(&r->be, (size_t)f->max_tokens * (size_t)l->rank, sizeof(float),
+                              &ok);
+            if (!ok) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", l->path);
+            if (r->lora_work) r->be.ops->mem_free(&r->be, r->lora_work);
+            r->lora_work = w;
+            r->lora_max_rank = l->rank;
+        }
+        memset(r->lora_on, 0, nlm * sizeof *r->lora_on);
+        for (size_t i = 0; i < nlm; i++) {
+            pgd_lora_mat *lm = &r->lora_mats[i * (size_t)n];
+            lm[k - 1] = l ? lora_slice(m, &m->shards[ri], l, (int)(i / (size_t)nm),
+                                       (int)(i % (size_t)nm))
+                          : (pgd_lora_mat){0};
+            for (int32_t j = 0; j < n; j++) r->lora_on[i] |= lm[j].a != NULL;
+        }
+    }
+    return PGD_OK;
+}
+
+int pgd_fwd_use_lora(pgd_fwd *f, const pgd_lora *l, pgd_err *err) {
+    int rc = pgd_fwd_reserve_loras(f, 1, err);
+    return rc ? rc : pgd_fwd_set_lora(f, 1, l, err);
 }
 
 /* ---- the layer program ---- */

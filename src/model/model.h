@@ -207,7 +207,7 @@ typedef struct pgd_batch {
        norm, the LM head's input): embeddings */
     float *hidden;
     /* (n_seqs) or NULL (none): each sequence's LoRA adapter, 0 for none, k for the forward's
-       adapter k - 1 (pgd_fwd_set_loras) */
+       adapter slot k (pgd_fwd_set_lora) */
     const int32_t *seq_lora;
 } pgd_batch;
 
@@ -227,17 +227,21 @@ typedef struct pgd_fwd {
     struct pgd_fwd_rank *ranks;  /* (n_ranks) owned: backend instance + activations per rank */
     struct pgd_comm *comm;       /* owned; NULL with one rank */
     struct pgd_fwd_sync *sync;   /* owned; rank threads and their step hand-off */
-    int32_t n_loras;             /* LoRA adapters a batch's sequences may use (seq_lora) */
+    int32_t n_loras;             /* LoRA slots a batch's sequences may use (seq_lora) */
 } pgd_fwd;
 
 int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tokens,
                  int32_t max_logits, pgd_err *err);
 void pgd_fwd_free(pgd_fwd *f);
-/* Makes the adapters (borrowed; src/model/lora.h) available to the batches this forward runs:
- * sequence seq_lora = k runs with loras[k - 1]. Once, before the first step; refused where a
+/* LoRA adapters (src/model/lora.h) for the batches this forward runs: reserve n slots once, then
+ * put an adapter (borrowed) into slot k (1..n), or NULL to empty it, between steps; a sequence
+ * with seq_lora = k runs with slot k's adapter (none while the slot is empty). Refused where a
  * backend has no lora op. */
 struct pgd_lora;
-int pgd_fwd_set_loras(pgd_fwd *f, const struct pgd_lora *const *loras, int32_t n, pgd_err *err);
+int pgd_fwd_reserve_loras(pgd_fwd *f, int32_t n, pgd_err *err);
+int pgd_fwd_set_lora(pgd_fwd *f, int32_t k, const struct pgd_lora *l, pgd_err *err);
+/* One slot holding l: pgd_fwd_reserve_loras(f, 1) and pgd_fwd_set_lora(f, 1, l). */
+int pgd_fwd_use_lora(pgd_fwd *f, const struct pgd_lora *l, pgd_err *err);
 /* Runs the batch; logits of batch->logit_rows[i] land in f->logits row i (with batch->sample:
  * their sampled tokens in batch->sampled, the logits only when need_logits). The logits of a token
  * are bit-identical whatever else shares its batch and however its sequence was chunked.

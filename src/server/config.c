@@ -70,6 +70,13 @@ static const opt table[] = {
      "LoRA adapters (PEFT directories; CPU backend) served as models of their own: NAME=DIR, "
      "several separated by commas or spaces (as vLLM's); a request's \"model\": NAME runs "
      "with that adapter"},
+    {"max-loras", 0, T_INT, OFF(max_loras), "0", 0, 64, NULL,
+     "LoRA adapter slots (0: as many as --lora-modules names, at least 8 with "
+     "--allow-runtime-lora-updating)"},
+    {"allow-runtime-lora-updating", 0, T_BOOL, OFF(allow_runtime_lora_updating), "false", 0, 0,
+     "PAGODA_ALLOW_RUNTIME_LORA_UPDATING",
+     "serve POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and "
+     "/v1/unload_lora_adapter {\"lora_name\"} (vLLM's), to change adapters while serving"},
     {"device", 0, T_STR, OFF(device), "cpu", 0, 0, "PAGODA_DEVICE", "backend: cpu or cuda"},
     {"tensor-parallel-size", 0, T_INT, OFF(tensor_parallel_size), "1", 1, 64,
      "PAGODA_TENSOR_PARALLEL",

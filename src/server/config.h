@@ -16,6 +16,8 @@ typedef struct pgd_server_config {
     char *speculative, *draft_model, *device, *load_format, *tool_call_parser;
     char *reasoning_parser;
     char *lora_modules;     /* "NAME=DIR,NAME=DIR...": LoRA adapters served under those names */
+    int max_loras;          /* adapter slots (0: the --lora-modules, or 8 with runtime loading) */
+    bool allow_runtime_lora_updating; /* /v1/load_lora_adapter and /v1/unload_lora_adapter */
     float gpu_memory_utilization;
     int num_speculative_tokens, tensor_parallel_size, speculative_disable_by_batch_size;
     int port, threads, ctx, max_num_batched_tokens, max_num_seqs, block_size, max_waiting;

@@ -43,7 +43,8 @@
 #include "util/clock.h"
 #include "util/parse.h"
 
-typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED } route;
+typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_LORA_LOAD,
+               R_LORA_UNLOAD } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
 
 typedef struct server server;
@@ -89,6 +90,8 @@ typedef struct req_ctx {
     bool client_gone;          /* the liveness check saw the client leave */
     int32_t lora;              /* the request's adapter (pgd_request_params.lora), 0: none */
     const char *model;         /* the model name it asked for: the server's or an adapter's */
+    const char *resp_type;     /* c->resp's Content-Type; NULL: JSON */
+    char *lora_name, *lora_path; /* /v1/load_lora_adapter's, while the load work runs */
 } req_ctx;
 
 struct server {
@@ -106,10 +109,12 @@ struct server {
     pgd_jinja_tmpl *tmpl;      /* the model's chat template, or NULL */
     pgd_api_limits limits;
     char model_name[256];
-    /* --lora-modules: the adapters' names and directories (pointers into lora_spec) */
-    char *lora_spec;
-    const char *lora_names[PGD_SERVER_MAX_LORAS], *lora_paths[PGD_SERVER_MAX_LORAS];
-    int n_loras;
+    /* LoRA adapters by engine slot - 1 (NULL: free), owned; changed on the loop thread only
+     * (--lora-modules at start, then /v1/load_lora_adapter and /v1/unload_lora_adapter) */
+    char *lora_names[PGD_SERVER_MAX_LORAS], *lora_paths[PGD_SERVER_MAX_LORAS];
+    int n_loras;               /* slots */
+    int n_static_loras;        /* --lora-modules' (slots 1..n) */
+    char *lora_loading;        /* the name a load work item is reading, or NULL */
     char load_error[512];
     volatile bool ready;
     bool draining, load_failed;
@@ -127,16 +132,32 @@ struct server {
 
 /* ---- small helpers ---- */
 
-/* Splits --lora-modules into s->lora_names/lora_paths (-1 after one line on stderr). */
-static int parse_lora_modules(server *s, const char *spec) {
-    if (!spec || !*spec) return 0;
-    char msg[320];
-    if (!(s->lora_spec = strdup(spec))) return -1;
-    if (pgd_parse_lora_modules(s->lora_spec, s->model_name, s->lora_names, s->lora_paths,
-                               PGD_SERVER_MAX_LORAS, &s->n_loras, msg, sizeof msg)) {
+/* --lora-modules into slots 1..n of s->lora_names/lora_paths, and the number of slots (-1 after
+ * one line on stderr). */
+static int parse_lora_modules(server *s, const pgd_server_config *cfg) {
+    char msg[320], *spec = cfg->lora_modules ? strdup(cfg->lora_modules) : NULL;
+    const char *names[PGD_SERVER_MAX_LORAS], *paths[PGD_SERVER_MAX_LORAS];
+    int n = 0, rc = 0;
+    if (cfg->lora_modules && !spec) return -1;
+    if (spec && pgd_parse_lora_modules(spec, s->model_name, names, paths, PGD_SERVER_MAX_LORAS,
+                                       &n, msg, sizeof msg)) {
         fprintf(stderr, "pagoda: %s\n", msg);
-        return -1;
+        rc = -1;
     }
+    for (int i = 0; !rc && i < n; i++)
+        if (!(s->lora_names[i] = strdup(names[i])) || !(s->lora_paths[i] = strdup(paths[i])))
+            rc = -1;
+    free(spec);
+    int want = cfg->max_loras ? cfg->max_loras : cfg->allow_runtime_lora_updating ? 8 : 0;
+    s->n_static_loras = n;
+    s->n_loras = n > want ? n : want;
+    return rc;
+}
+
+/* The slot of the adapter named name, 0 for none. */
+static int32_t lora_slot_of(const server *s, const char *name) {
+    for (int i = 0; name && i < s->n_loras; i++)
+        if (s->lora_names[i] && !strcmp(name, s->lora_names[i])) return i + 1;
     return 0;
 }
 
@@ -175,6 +196,8 @@ static void ctx_unref(req_ctx *c) {
     free(c->body);
     free(c->resp);
     free(c->out);
+    free(c->lora_name);
+    free(c->lora_path);
     free(c);
 }
 
@@ -632,6 +655,13 @@ static bool scores_prompt(const pgd_api_request *r) {
 static void submit_all(server *s, req_ctx *c) {
     pgd_api_request *r = &c->api;
     int32_t n_ctx = pgd_engine_n_ctx(s->engine);
+    if (c->lora && lora_slot_of(s, c->model) != c->lora) { /* unloaded while the work ran */
+        pgd_api_error_set(&c->err, 404, "invalid_request_error", "model", "model_not_found",
+                          "the LoRA adapter '%.200s' was unloaded", c->model);
+        c->err.status = 400;
+        c->has_err = true;
+        return;
+    }
     if (r->n_prompts * r->n > s->cfg.max_waiting) {
         /* a 429 would never clear: the queue cannot take this many sequences at once */
         pgd_api_error_set(&c->err, 400, "invalid_request_error", r->n > 1 ? "n" : "prompt", NULL,
@@ -850,6 +880,7 @@ static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
     cJSON_AddNumberToObject(m, "max_model_len", s->ready ? pgd_engine_n_ctx(s->engine) : 0);
     cJSON_AddItemToArray(d, m);
     for (int32_t i = 0; i < s->n_loras; i++) { /* as vLLM lists its adapters */
+        if (!s->lora_names[i]) continue;
         m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "id", s->lora_names[i]);
         cJSON_AddStringToObject(m, "object", "model");
@@ -992,6 +1023,137 @@ static void tokenize_after_cb(uv_work_t *w, int status) {
     run_mhd(s);
 }
 
+/* ---- LoRA adapters at run time ---- */
+
+/* A 200 answer of plain text (vLLM answers its LoRA routes so). */
+static enum MHD_Result answer_text(req_ctx *c, struct MHD_Connection *conn, const char *fmt,
+                                   const char *name) {
+    char txt[320];
+    snprintf(txt, sizeof txt, fmt, name);
+    c->status = 200;
+    c->ph = PH_RESPOND;
+    return send_body(conn, 200, txt, "text/plain; charset=utf-8", NULL);
+}
+
+static void lora_load_work_cb(uv_work_t *w) {
+    req_ctx *c = w->data;
+    char err[512];
+    if (pgd_engine_load_lora(c->s->engine, c->lora_path, &c->lora, err, sizeof err)) {
+        pgd_api_error_set(&c->err, 400, "invalid_request_error", "lora_path", NULL, "%s", err);
+        c->has_err = true;
+    }
+}
+
+/* The loaded adapter's name goes into the table (its engine slot is a free one). */
+static void lora_load_after_cb(uv_work_t *w, int status) {
+    req_ctx *c = w->data;
+    server *s = c->s;
+    (void)status;
+    free(s->lora_loading);
+    s->lora_loading = NULL;
+    if (!c->has_err) {
+        int k = c->lora - 1;
+        free(s->lora_names[k]);
+        free(s->lora_paths[k]);
+        s->lora_names[k] = c->lora_name;
+        s->lora_paths[k] = c->lora_path;
+        char txt[320];
+        snprintf(txt, sizeof txt, "Success: LoRA adapter '%s' added successfully.", c->lora_name);
+        c->lora_name = c->lora_path = NULL;
+        c->resp = strdup(txt);
+        c->resp_type = "text/plain; charset=utf-8";
+        c->status = 200;
+    }
+    c->ph = PH_RESPOND;
+    resume(c);
+    ctx_unref(c); /* the work's reference */
+    run_mhd(s);
+}
+
+/* POST /v1/load_lora_adapter {"lora_name", "lora_path"} and /v1/unload_lora_adapter
+ * {"lora_name"} (vLLM's, with --allow-runtime-lora-updating). A load reads the adapter on the
+ * thread pool, one at a time, and its name serves once it sits in an engine slot. An unload takes
+ * the name away at once; requests already running with the adapter finish with it, and the
+ * engine frees it after the last one. */
+static enum MHD_Result lora_update(server *s, req_ctx *c, struct MHD_Connection *conn) {
+    pgd_api_error e;
+    bool load = c->rt == R_LORA_LOAD;
+    cJSON *o = pgd_api_body_check(c->body ? c->body : "", c->body_len, &e)
+                   ? NULL
+                   : pgd_api_json_parse(c->body ? c->body : "", c->body_len);
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "lora_name");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "lora_path");
+    if (!cJSON_IsString(n) || (load && !cJSON_IsString(p))) {
+        cJSON_Delete(o);
+        pgd_api_error_set(&e, 400, "invalid_request_error", cJSON_IsString(n) ? "lora_path"
+                                                                              : "lora_name",
+                          NULL, "the body must be {\"lora_name\": NAME%s}",
+                          load ? ", \"lora_path\": DIR" : "");
+        return send_error(c, conn, &e);
+    }
+    int32_t k = lora_slot_of(s, n->valuestring);
+    if (!load) {
+        if (!k) {
+            pgd_api_error_set(&e, 404, "invalid_request_error", "lora_name", "model_not_found",
+                              "The lora adapter '%.200s' cannot be found.", n->valuestring);
+            cJSON_Delete(o);
+            return send_error(c, conn, &e);
+        }
+        pgd_engine_unload_lora(s->engine, k);
+        free(s->lora_names[k - 1]);
+        free(s->lora_paths[k - 1]);
+        s->lora_names[k - 1] = s->lora_paths[k - 1] = NULL;
+        enum MHD_Result r = answer_text(c, conn, "Success: LoRA adapter '%s' removed "
+                                        "successfully.", n->valuestring);
+        cJSON_Delete(o);
+        return r;
+    }
+    char why[320];
+    bool taken = k || !strcmp(n->valuestring, s->model_name) ||
+                 (s->lora_loading && !strcmp(n->valuestring, s->lora_loading));
+    if (pgd_lora_name_check(n->valuestring, why, sizeof why) || taken) {
+        if (taken)
+            snprintf(why, sizeof why, "The lora adapter '%.200s' has already been loaded.",
+                     n->valuestring);
+        pgd_api_error_set(&e, 400, "invalid_request_error", "lora_name", NULL, "%s", why);
+        cJSON_Delete(o);
+        return send_error(c, conn, &e);
+    }
+    if (s->lora_loading) {
+        pgd_api_error_set(&e, 429, "rate_limit_error", NULL, "lora_loading",
+                          "the LoRA adapter '%.200s' is being loaded; retry", s->lora_loading);
+        cJSON_Delete(o);
+        return send_error(c, conn, &e);
+    }
+    c->lora_name = strdup(n->valuestring);
+    c->lora_path = strdup(p->valuestring);
+    s->lora_loading = strdup(n->valuestring);
+    cJSON_Delete(o);
+    if (!c->lora_name || !c->lora_path || !s->lora_loading) {
+        free(s->lora_loading);
+        s->lora_loading = NULL;
+        pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return send_error(c, conn, &e);
+    }
+    c->ph = PH_WORKING;
+    c->refs++; /* held by the work item */
+    s->in_flight++;
+    c->work.data = c;
+    c->suspended = true;
+    MHD_suspend_connection(conn);
+    if (uv_queue_work(&s->loop, &c->work, lora_load_work_cb, lora_load_after_cb)) {
+        c->suspended = false;
+        MHD_resume_connection(conn);
+        c->refs--;
+        free(s->lora_loading);
+        s->lora_loading = NULL;
+        c->ph = PH_RESPOND;
+        pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "cannot schedule the request");
+        return send_error(c, conn, &e);
+    }
+    return MHD_YES;
+}
+
 /* GET /v1/kv_plan[?gpu=NAME]: the capacity plan for this server's model and KV budget. */
 static enum MHD_Result answer_kv_plan(server *s, req_ctx *c, struct MHD_Connection *conn) {
     pgd_api_error e;
@@ -1088,6 +1250,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             {"/v1/embeddings", true, R_EMBED},
             {"/v1/models", false, -1},                {"/health", false, -2},
             {"/metrics", false, -3},                  {"/v1/kv_plan", false, -4},
+            {"/v1/load_lora_adapter", true, R_LORA_LOAD},
+            {"/v1/unload_lora_adapter", true, R_LORA_UNLOAD},
         };
         int found = -100;
         bool post_route = false;
@@ -1096,6 +1260,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                 found = routes[i].rt;
                 post_route = routes[i].post;
             }
+        if ((found == R_LORA_LOAD || found == R_LORA_UNLOAD) &&
+            !s->cfg.allow_runtime_lora_updating)
+            found = -100; /* (vLLM's routes exist only when allowed too) */
         if (found == -100) {
             pgd_api_error_set(&e, 404, "invalid_request_error", NULL, "not_found",
                               "no route %s %s", method, url);
@@ -1130,7 +1297,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                 drain_events(s);
             }
             char *txt = pgd_metrics_render(&s->metrics, s->ready ? &st : NULL, s->model_name,
-                                           s->lora_names, s->n_loras);
+                                           (const char *const *)s->lora_names, s->n_loras);
             c->status = 200;
             enum MHD_Result r = send_body(conn, 200, txt ? txt : "",
                                           "text/plain; version=0.0.4; charset=utf-8", NULL);
@@ -1199,6 +1366,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                               "the request body exceeds %zu bytes", s->cfg.max_body_bytes);
             return send_error(c, conn, &e);
         }
+        if (c->rt == R_LORA_LOAD || c->rt == R_LORA_UNLOAD) return lora_update(s, c, conn);
         if (c->rt == R_TOKENIZE || c->rt == R_DETOKENIZE) {
             c->ph = PH_WORKING;
             c->refs++; /* held by the work item */
@@ -1225,11 +1393,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             return send_error(c, conn, &e);
         c->api_parsed = true;
         c->model = s->model_name;
-        for (int32_t i = 0; c->api.model && i < s->n_loras; i++)
-            if (!strcmp(c->api.model, s->lora_names[i])) {
-                c->lora = i + 1;
-                c->model = s->lora_names[i];
-            }
+        if ((c->lora = lora_slot_of(s, c->api.model))) c->model = c->api.model;
         if (c->api.model && !c->lora && strcmp(c->api.model, s->model_name)) {
             pgd_api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
                               "the model '%.200s' does not exist; this server serves '%s'%s",
@@ -1285,7 +1449,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     if (c->status && c->resp == NULL && !c->has_err) return MHD_YES;
     if (c->has_err) return send_error(c, conn, &c->err);
     return send_body(conn, c->status ? c->status : 200, c->resp ? c->resp : "{}",
-                     "application/json", NULL);
+                     c->resp_type ? c->resp_type : "application/json", NULL);
 }
 
 /* term: MHD's termination code, or -1 when the connection ended while choices still ran (the
@@ -1370,8 +1534,9 @@ static void load_work_cb(uv_work_t *w) {
     ec.tensor_parallel_size = s->cfg.tensor_parallel_size;
     ec.load_format_dummy = !strcmp(s->cfg.load_format, "dummy");
     ec.gpu_memory_utilization = s->cfg.gpu_memory_utilization;
-    ec.lora_paths = s->lora_paths;
-    ec.n_loras = s->n_loras;
+    ec.lora_paths = (const char *const *)s->lora_paths;
+    ec.n_loras = s->n_static_loras;
+    ec.max_loras = s->n_loras;
     if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;
     /* every endpoint takes or returns text: a dummy model needs the tokenizer beside its config */
     if (!pgd_engine_has_tokenizer(s->engine)) {
@@ -1524,8 +1689,8 @@ int pgd_serve(const pgd_server_config *cfg) {
              cfg->served_model_name ? cfg->served_model_name : base);
     for (char *p = s->model_name; *p; p++) /* safe inside JSON logs and Prometheus labels */
         if ((unsigned char)*p < 0x20 || *p == '"' || *p == '\\') *p = '_';
-    if (parse_lora_modules(s, cfg->lora_modules)) {
-        free(s->lora_spec);
+    if (parse_lora_modules(s, cfg)) {
+        for (int i = 0; i < PGD_SERVER_MAX_LORAS; i++) free(s->lora_names[i]), free(s->lora_paths[i]);
         free(s->events);
         free(s);
         return 2;
@@ -1615,7 +1780,8 @@ int pgd_serve(const pgd_server_config *cfg) {
     if (s->tok) pgd_tokenizer_free(s->tok);
     if (s->tmpl) pgd_jinja_free(s->tmpl);
     free(s->events);
-    free(s->lora_spec);
+    for (int i = 0; i < s->n_loras; i++) free(s->lora_names[i]), free(s->lora_paths[i]);
+    free(s->lora_loading);
     pgd_metrics_free(&s->metrics);
     free(s);
     return code;

@@ -23,6 +23,21 @@ int pgd_parse_size(const char *s, size_t *out) {
     return 0;
 }
 
+int pgd_lora_name_check(const char *name, char *msg, size_t ml) {
+    size_t n = strlen(name);
+    for (const char *p = name; *p; p++)
+        if ((unsigned char)*p <= 0x20 || *p == '"' || *p == '\\' || *p == 0x7f) {
+            snprintf(msg, ml, "the name '%.200s' has a space, quote, backslash or control "
+                     "character", name);
+            return -1;
+        }
+    if (n == 0 || n > 200) {
+        snprintf(msg, ml, "a LoRA adapter's name is 1 to 200 bytes");
+        return -1;
+    }
+    return 0;
+}
+
 int pgd_parse_lora_modules(char *spec, const char *reserved, const char **names,
                            const char **paths, int max, int *n, char *msg, size_t ml) {
     *n = 0;
@@ -34,17 +49,16 @@ int pgd_parse_lora_modules(char *spec, const char *reserved, const char **names,
             return -1;
         }
         *eq = 0;
-        for (const char *p = m; *p; p++)
-            if ((unsigned char)*p <= 0x20 || *p == '"' || *p == '\\' || *p == 0x7f) {
-                snprintf(msg, ml, "--lora-modules: the name '%.200s' has a space, quote, "
-                         "backslash or control character", m);
-                return -1;
-            }
+        char why[280];
+        if (pgd_lora_name_check(m, why, sizeof why)) {
+            snprintf(msg, ml, "--lora-modules: %s", why);
+            return -1;
+        }
         bool taken = reserved && !strcmp(m, reserved);
         for (int i = 0; i < *n; i++) taken |= !strcmp(m, names[i]);
-        if (taken || strlen(m) > 200) {
-            snprintf(msg, ml, "--lora-modules: the name '%.200s' is %s", m,
-                     taken ? "taken (by the model or another adapter)" : "too long");
+        if (taken) {
+            snprintf(msg, ml, "--lora-modules: the name '%.200s' is taken (by the model or "
+                     "another adapter)", m);
             return -1;
         }
         if (*n == max) {

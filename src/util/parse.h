@@ -9,6 +9,9 @@
  * than 1e15 bytes. */
 int pgd_parse_size(const char *s, size_t *out);
 
+/* Whether name can name a LoRA adapter: 1 to 200 printable bytes without spaces, quotes or
+ * backslashes (it goes into JSON and logs as it is). Returns 0, or -1 with one line in msg. */
+int pgd_lora_name_check(const char *name, char *msg, size_t ml);
 /* vLLM's --lora-modules list, "NAME=DIR,NAME=DIR...", split in place in spec: up to max names
  * and directories (pointers into spec) into names/paths, their count in *n. Names are printable
  * without spaces, quotes or backslashes (they go into JSON and logs as they are), distinct, and

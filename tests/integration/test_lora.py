@@ -557,3 +557,97 @@ def test_lora_metrics(pagoda_bin, tiny_models, adapters):
         assert info() == ("2", "", "")
     finally:
         s.stop()
+
+
+# ---- adapters loaded and unloaded while serving (vLLM's runtime LoRA updating) ----
+
+def lora_post(server, route, **body):
+    return requests.post(server.url(route), json=body, timeout=60)
+
+
+def test_runtime_lora_routes_off_by_default(lora_server, adapters):
+    """Without --allow-runtime-lora-updating the routes do not exist (as in vLLM)."""
+    r = lora_post(lora_server, "/v1/load_lora_adapter", lora_name="c",
+                  lora_path=str(adapters("llama")))
+    assert r.status_code == 404, r.text
+    r = lora_post(lora_server, "/v1/unload_lora_adapter", lora_name="a")
+    assert r.status_code == 404, r.text
+
+
+def test_runtime_lora_load_unload(pagoda_bin, tiny_models, adapters):
+    """Load an adapter, serve it, unload it, load another one under a new name into the freed
+    slot: each answer is its adapter's answer alone, the new adapter takes nothing from the old
+    one's prefix cache (a load is a new namespace, whatever its slot), and names, errors and
+    /v1/models follow vLLM's routes."""
+    s = Server(tiny_models["llama"]["hf"], "--allow-runtime-lora-updating", "--max-loras", "1")
+    s.start()
+    try:
+        base = base_id(s)
+        refs = {m: reference_text(tiny_models, adapters, m, LONG_PROMPT) for m in ("a", "b")}
+        r = lora_post(s, "/v1/load_lora_adapter", lora_name="a", lora_path=str(adapters("llama")))
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'a' added successfully."
+        assert [m["id"] for m in requests.get(s.url("/v1/models"), timeout=30).json()["data"]] \
+            == [base, "a"]
+        # the same name again, the model's own name, a bad directory, no slot left
+        for name, path, code, words in (
+                ("a", adapters("llama"), 400, "already been loaded"),
+                (base, adapters("llama"), 400, "already been loaded"),
+                ("c", "/no/such/dir", 400, "/no/such/dir"),
+                ("c", adapters("llama-b"), 400, "slots are taken")):
+            r = lora_post(s, "/v1/load_lora_adapter", lora_name=name, lora_path=str(path))
+            assert r.status_code == code and words in r.json()["error"]["message"], r.text
+        r = lora_post(s, "/v1/load_lora_adapter", lora_name="c")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+        assert complete(s, LONG_PROMPT, "a") == refs["a"]
+        assert complete(s, LONG_PROMPT, "a") == refs["a"]  # now from a's prefix cache
+        r = lora_post(s, "/v1/unload_lora_adapter", lora_name="a")
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'a' removed successfully."
+        r = lora_post(s, "/v1/unload_lora_adapter", lora_name="a")
+        assert r.status_code == 404 and "cannot be found" in r.json()["error"]["message"]
+        r = requests.post(s.url("/v1/completions"),
+                          json={"model": "a", "prompt": "Hi", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_found", r.text
+        r = lora_post(s, "/v1/load_lora_adapter", lora_name="b",
+                      lora_path=str(adapters("llama-b")))
+        assert r.status_code == 200, r.text
+        before = s.metrics()["pagoda:prefix_cache_hits_total"]
+        assert complete(s, LONG_PROMPT, "b") == refs["b"]
+        assert s.metrics()["pagoda:prefix_cache_hits_total"] == before, "b got a's cached KV"
+    finally:
+        s.stop()
+
+
+def test_runtime_lora_unload_while_running(pagoda_bin, tiny_models, adapters):
+    """Unloading an adapter while a request streams with it: the request finishes with the
+    adapter (its whole answer is the adapter's answer alone), new requests for it are refused,
+    and its slot takes a new adapter once it is done."""
+    s = Server(tiny_models["llama"]["hf"], "--allow-runtime-lora-updating", "--max-loras", "1")
+    s.start()
+    try:
+        n = 400
+        assert lora_post(s, "/v1/load_lora_adapter", lora_name="a",
+                         lora_path=str(adapters("llama"))).status_code == 200
+        want = util.run_pagoda("generate", "-m", tiny_models["llama"]["hf"], "-p", PROMPT, "-n",
+                               n, "--temperature", "0", "--ignore-eos", "--lora",
+                               adapters("llama")).stdout.decode("utf-8", "replace")
+        body = {"model": "a", "prompt": PROMPT, "max_tokens": n, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        text, unloaded = "", None
+        with requests.post(s.url("/v1/completions"), json=body, stream=True, timeout=300) as r:
+            assert r.status_code == 200, r.text
+            for ev in sse_events(r.iter_lines()):
+                if ev == "[DONE]":
+                    break
+                text += "".join(c["text"] for c in ev["choices"])
+                if unloaded is None:  # after the first chunk: the request runs
+                    unloaded = lora_post(s, "/v1/unload_lora_adapter", lora_name="a")
+        assert unloaded is not None and unloaded.status_code == 200, unloaded
+        assert text == want
+        r = requests.post(s.url("/v1/completions"),
+                          json={"model": "a", "prompt": "Hi", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 400, r.text
+        r = lora_post(s, "/v1/load_lora_adapter", lora_name="b",
+                      lora_path=str(adapters("llama-b")))
+        assert r.status_code == 200, r.text  # the one slot was freed when the request ended
+    finally:
+        s.stop()
