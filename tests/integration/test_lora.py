@@ -651,3 +651,40 @@ def test_runtime_lora_unload_while_running(pagoda_bin, tiny_models, adapters):
         assert r.status_code == 200, r.text  # the one slot was freed when the request ended
     finally:
         s.stop()
+
+
+@pytest.mark.skipif(not os.environ.get("PAGODA_ASAN_BUILD"), reason="PAGODA_ASAN_BUILD is not set")
+def test_lora_server_asan(tiny_models, adapters):
+    """The LoRA paths under AddressSanitizer + UBSan + LeakSanitizer: a --lora-modules adapter
+    and one loaded at run time, requests of the base model and both adapters at once (tensor
+    parallel on two CPU ranks), a bad load, an unload while its request streams, a reload into
+    the freed slot, SIGTERM: exit 0 and no sanitizer report."""
+    binary = Path(os.environ["PAGODA_ASAN_BUILD"]) / "pagoda"
+    env = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:halt_on_error=1",
+           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+           "PAGODA_TENSOR_PARALLEL": "2"}
+    s = Server(tiny_models["llama"]["hf"], "--allow-runtime-lora-updating", "--max-loras", "2",
+               "--lora-modules", f"a={adapters('llama')}", binary=binary, env=env,
+               ready_timeout=300)
+    s.start()
+    try:
+        assert lora_post(s, "/v1/load_lora_adapter", lora_name="b",
+                         lora_path=str(adapters("llama-b"))).status_code == 200
+        assert lora_post(s, "/v1/load_lora_adapter", lora_name="c",
+                         lora_path="/no/such/dir").status_code == 400
+        jobs = [(m, stream) for m in (None, "a", "b") for stream in (False, True)]
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            texts = list(pool.map(lambda j: complete(s, PROMPT, *j), jobs))
+        assert len(set(texts)) == 3
+        body = {"model": "b", "prompt": PROMPT, "max_tokens": 64, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        with requests.post(s.url("/v1/completions"), json=body, stream=True, timeout=300) as r:
+            for i, _ in enumerate(sse_events(r.iter_lines())):
+                if i == 0:
+                    assert lora_post(s, "/v1/unload_lora_adapter",
+                                     lora_name="b").status_code == 200
+        assert lora_post(s, "/v1/load_lora_adapter", lora_name="b2",
+                         lora_path=str(adapters("llama-b"))).status_code == 200
+        assert complete(s, PROMPT, "b2") == texts[4]
+    finally:
+        s.stop()  # asserts exit 0 and no ASan/LSan/UBSan report
