@@ -98,11 +98,11 @@ void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t 
 /* PAGODA_PROFILE=1: wall time per op of the layer program, summed over every step and printed
  * by pgd_fwd_free (CPU backend only: a device backend's ops return before their work is done). */
 enum { PR_EMBED, PR_NORM, PR_Q, PR_K, PR_V, PR_ROPE_KV, PR_ATTN, PR_O, PR_GATE, PR_UP, PR_ACT,
-       PR_DOWN, PR_ROUTER, PR_MOE, PR_REDUCE, PR_HEAD, PR_N };
+       PR_DOWN, PR_ROUTER, PR_MOE, PR_REDUCE, PR_HEAD, PR_LORA, PR_N };
 static const char *const pr_name[PR_N] = {
     "embed", "rms_norm", "matmul q", "matmul k", "matmul v", "rope+kv store", "attention",
     "matmul o", "matmul gate", "matmul up", "silu*up", "matmul down", "matmul router", "experts",
-    "all-reduce", "lm head"};
+    "all-reduce", "lm head", "lora"};
 
 typedef struct pgd_fwd_rank {
     struct pgd_fwd *f;
@@ -530,8 +530,9 @@ static void lora_apply(const pgd_fwd *f, pgd_fwd_rank *r, int il, int mi, const 
                        float *y, int n, int n_in, int n_out) {
     int nm = PGD_LAYER_N_MATRICES;
     if (!r->lora_on[il * nm + mi]) return;
-    r->be.ops->lora(&r->be, &r->lora_mats[((size_t)il * nm + mi) * f->n_loras], r->lora_tok, x,
-                    y, r->lora_work, n, n_in, n_out, r->lora_max_rank);
+    TIMED(r, PR_LORA,
+          r->be.ops->lora(&r->be, &r->lora_mats[((size_t)il * nm + mi) * f->n_loras],
+                          r->lora_tok, x, y, r->lora_work, n, n_in, n_out, r->lora_max_rank));
 }
 
 static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {

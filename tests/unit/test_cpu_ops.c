@@ -640,9 +640,10 @@ static void test_moe(void) {
  * slices (A's columns lda apart, B's rows of a wider matrix ldb apart, as tensor parallel
  * takes them), with rows of no adapter and of an adapter that leaves the matrix alone
  * untouched; bit-identical on 1 and 2 threads and for each row alone. Sizes reach every path:
- * 32- and 8-wide output groups and the scalar tail, and dot products with tails. */
+ * 32- and 8-wide output groups and the scalar tail, dot products with tails, the pool (400 rows)
+ * and the calling thread alone (one row). */
 static void test_lora(void) {
-    enum { IN = 200, LDA = 260, IN_LO = 30, OUT = 75, LDB = 100, OUT_LO = 20, R = 300 };
+    enum { IN = 200, LDA = 260, IN_LO = 30, OUT = 75, LDB = 100, OUT_LO = 20, R = 400 };
     const int ranks[2] = {5, 12};
     float *a[2], *bt[2];
     pgd_lora_mat mats[3] = {{0}};

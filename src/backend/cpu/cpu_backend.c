@@ -401,23 +401,25 @@ static const pgd_lora_mat *lora_of(const lora_ctx *c, long t) {
     return k > 0 && c->mats[k - 1].a ? &c->mats[k - 1] : NULL;
 }
 
-/* work[t] = A x[t] for rows t in [lo, hi) */
-static void lora_down_range(void *arg, long lo, long hi) {
+/* u[t][j] = A[j] . x[t] for units i = t * max_rank + j in [lo, hi) (rows t with an adapter,
+ * j below its rank): one dot product each, so a single row's spreads over the pool too. */
+static void lora_down(void *arg, long lo, long hi) {
     const lora_ctx *c = arg;
-    for (long t = lo; t < hi; t++) {
+    for (long i = lo; i < hi; i++) {
+        long t = i / c->max_rank;
+        int j = (int)(i % c->max_rank);
         const pgd_lora_mat *lm = lora_of(c, t);
-        if (!lm) continue;
-        const float *x = c->x + (size_t)t * c->n_in;
-        float *u = c->work + (size_t)t * c->max_rank;
-        for (int j = 0; j < lm->rank; j++) u[j] = lora_dot(lm->a + (size_t)j * lm->lda, x, c->n_in);
+        if (!lm || j >= lm->rank) continue;
+        c->work[i] = lora_dot(lm->a + (size_t)j * lm->lda, c->x + (size_t)t * c->n_in, c->n_in);
     }
 }
 
-/* y[t][o] += scale * (B work[t])[o] for output rows o in [lo, hi), every adapted row t: per
- * output, the sum over j of work[t][j] B[o][j] in increasing j, then the scale. 32 or 8 outputs
- * at a time from the transposed B, each lane summing in that same order, so the grouping never
- * changes a result; the last n_out % 8 one at a time in the same order. */
-static void lora_up_range(void *arg, long lo, long hi) {
+/* y[t][o] += scale * (B u[t])[o] for outputs o in [lo, hi), every row t with an adapter: per
+ * output, the sum over j of u[t][j] B[o][j] in increasing j, then the scale. 32 or 8 outputs at
+ * a time from the transposed B, each lane summing in that same order, so the grouping (and the
+ * range) never changes a result; the last n_out % 8 one at a time in the same order. A range
+ * of outputs reads its part of B once for all the rows. */
+static void lora_up(void *arg, long lo, long hi) {
     const lora_ctx *c = arg;
     for (long t = 0; t < c->n_rows; t++) {
         const pgd_lora_mat *lm = lora_of(c, t);
@@ -427,7 +429,7 @@ static void lora_up_range(void *arg, long lo, long hi) {
         long o = lo;
 #ifdef __AVX2__
         __m256 sc = _mm256_set1_ps(lm->scale);
-        for (; o + 32 <= hi; o += 32) { /* four independent chains; each lane's sum as below */
+        for (; o + 32 <= hi; o += 32) { /* four independent chains */
             __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                              _mm256_setzero_ps()};
             for (int j = 0; j < lm->rank; j++) {
@@ -450,7 +452,8 @@ static void lora_up_range(void *arg, long lo, long hi) {
 #endif
         for (; o < hi; o++) {
             float acc = 0;
-            for (int j = 0; j < lm->rank; j++) acc = fmaf(u[j], lm->bt[(size_t)j * lm->ldb + o], acc);
+            for (int j = 0; j < lm->rank; j++)
+                acc = fmaf(u[j], lm->bt[(size_t)j * lm->ldb + o], acc);
             y[o] = fmaf(acc, lm->scale, y[o]);
         }
     }
@@ -460,8 +463,8 @@ static void cpu_lora(pgd_backend *be, const pgd_lora_mat *mats, const int32_t *a
                      const float *x, float *y, float *work, int n_rows, int n_in, int n_out,
                      int max_rank) {
     lora_ctx c = {mats, adapter, x, y, work, n_rows, n_in, n_out, max_rank};
-    par_for(be, lora_down_range, &c, n_rows, (long)max_rank * n_in, 1);
-    par_for(be, lora_up_range, &c, n_out, (long)max_rank * n_rows, 16);
+    par_for(be, lora_down, &c, (long)n_rows * max_rank, n_in, 1);
+    par_for(be, lora_up, &c, n_out, (long)max_rank * n_rows, 32);
 }
 
 /* ---- RoPE ---------------------------------------------------------------------------------- */
