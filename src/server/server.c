@@ -1023,6 +1023,24 @@ static void tokenize_after_cb(uv_work_t *w, int status) {
     run_mhd(s);
 }
 
+/* Runs `run` on the thread pool with the connection suspended (the work holds a reference to
+ * c; `after` resumes it). -1, with nothing held or suspended, when the work cannot be queued. */
+static int queue_conn_work(server *s, req_ctx *c, struct MHD_Connection *conn,
+                           uv_work_cb run, uv_after_work_cb after) {
+    c->ph = PH_WORKING;
+    c->refs++; /* held by the work item */
+    s->in_flight++;
+    c->work.data = c;
+    c->suspended = true;
+    MHD_suspend_connection(conn);
+    if (!uv_queue_work(&s->loop, &c->work, run, after)) return 0;
+    c->suspended = false;
+    MHD_resume_connection(conn);
+    c->refs--;
+    c->ph = PH_RESPOND;
+    return -1;
+}
+
 /* ---- LoRA adapters at run time ---- */
 
 /* A 200 answer of plain text (vLLM answers its LoRA routes so). */
@@ -1135,19 +1153,9 @@ static enum MHD_Result lora_update(server *s, req_ctx *c, struct MHD_Connection 
         pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
         return send_error(c, conn, &e);
     }
-    c->ph = PH_WORKING;
-    c->refs++; /* held by the work item */
-    s->in_flight++;
-    c->work.data = c;
-    c->suspended = true;
-    MHD_suspend_connection(conn);
-    if (uv_queue_work(&s->loop, &c->work, lora_load_work_cb, lora_load_after_cb)) {
-        c->suspended = false;
-        MHD_resume_connection(conn);
-        c->refs--;
+    if (queue_conn_work(s, c, conn, lora_load_work_cb, lora_load_after_cb)) {
         free(s->lora_loading);
         s->lora_loading = NULL;
-        c->ph = PH_RESPOND;
         pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "cannot schedule the request");
         return send_error(c, conn, &e);
     }
@@ -1368,17 +1376,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         }
         if (c->rt == R_LORA_LOAD || c->rt == R_LORA_UNLOAD) return lora_update(s, c, conn);
         if (c->rt == R_TOKENIZE || c->rt == R_DETOKENIZE) {
-            c->ph = PH_WORKING;
-            c->refs++; /* held by the work item */
-            s->in_flight++;
-            c->work.data = c;
-            c->suspended = true;
-            MHD_suspend_connection(conn);
-            if (uv_queue_work(&s->loop, &c->work, tokenize_work_cb, tokenize_after_cb)) {
-                c->suspended = false;
-                MHD_resume_connection(conn);
-                c->refs--;
-                c->ph = PH_RESPOND;
+            if (queue_conn_work(s, c, conn, tokenize_work_cb, tokenize_after_cb)) {
                 pgd_api_error_set(&e, 500, "server_error", NULL, NULL,
                                   "cannot schedule the request");
                 return send_error(c, conn, &e);
