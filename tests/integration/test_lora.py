@@ -688,3 +688,26 @@ def test_lora_server_asan(tiny_models, adapters):
         assert complete(s, PROMPT, "b2") == texts[4]
     finally:
         s.stop()  # asserts exit 0 and no ASan/LSan/UBSan report
+
+
+def test_lora_embeddings(lora_server, refs):
+    """/v1/embeddings with "model": an adapter is the adapter's model's last hidden state (after
+    the final norm), L2-normalized, as PEFT on transformers computes it; the base model's differs
+    from it."""
+    ids = ids_for("llama")[:24]
+    pm = refs("llama", "llama").model  # PeftModel: its inner model carries the adapter's layers
+    with torch.no_grad():
+        h = pm.base_model.model.model(torch.tensor([ids])).last_hidden_state[0, -1]
+    want = h.double().numpy() / np.linalg.norm(h.double().numpy())
+    got = {}
+    for m in ("a", None):
+        body = {"input": [ids]}
+        if m:
+            body["model"] = m
+        r = requests.post(lora_server.url("/v1/embeddings"), json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == (m or base_id(lora_server))
+        got[m] = np.array(r.json()["data"][0]["embedding"])
+    err = np.abs(got["a"] - want).max()
+    assert err < 1e-5, err
+    assert np.abs(got[None] - want).max() > 100 * err + 1e-3
