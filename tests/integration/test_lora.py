@@ -145,6 +145,20 @@ def test_lora_logits(pagoda_bin, tiny_models, adapters, refs, adapter, fmt, tmp_
                               + describe_worst(a, ref, F32_BOUND))
 
 
+def test_lora_quantized_base(pagoda_bin, tiny_models, adapters, tmp_path):
+    """On a Q8_0 base the adapter adds its delta to the quantized projections' output: the
+    quantized path gives the logits of the reference path (the same file's weights dequantized
+    at load, --weights-f32) with the same adapter, at the F32 bound; the adapter moves them far
+    more than that."""
+    path, lora = tiny_models["llama"]["gguf_Q8_0"], adapters("llama")
+    ids = ids_for("llama")
+    q = pagoda_logits(path, ids, tmp_path / "q.f32", "--lora", lora)
+    f = pagoda_logits(path, ids, tmp_path / "f.f32", "--lora", lora, "--weights-f32")
+    base = pagoda_logits(path, ids, tmp_path / "b.f32", "--weights-f32")
+    assert rel(q, f) <= F32_BOUND, describe_worst(q, f, F32_BOUND)
+    assert rel(base, f) > 100 * F32_BOUND
+
+
 GREEDY_CASES = [("llama", "hf"), ("llama", "F32"), ("qwen2", "hf")]
 
 
