@@ -49,6 +49,13 @@ ADAPTERS = {
     # on a model with q/k/v biases
     "qwen2": ("qwen2", dict(r=4, lora_alpha=8, use_rslora=True, layers_to_transform=[0],
                             target_modules=["q_proj", "v_proj", "down_proj"]), 3),
+    # other architectures: Gemma 3 (GELU gate, QK-norm, sliding-window layers, embeddings
+    # scaled), SmolLM3 (NoPE layers), and the attention of a mixture of experts (its experts
+    # take no adapter)
+    "gemma3": ("gemma3", dict(r=8, lora_alpha=16, target_modules=list(ALL7)), 7),
+    "smollm3": ("smollm3", dict(r=8, lora_alpha=16, target_modules=list(ALL7)), 8),
+    "qwen3moe": ("qwen3moe", dict(r=8, lora_alpha=16,
+                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]), 9),
     # refused (test_bad_adapter): made for other dimensions (head_dim 32: q_proj 64 -> 128)
     # than the tiny Llama's; adapting the embedding or the LM head (peft then also saves the
     # base layer: ...embed_tokens.lora_embedding_A/B and .base_layer.weight, lm_head.lora_A/B
@@ -93,7 +100,7 @@ def model_path(tiny_models, model, fmt):
 
 
 def ids_for(model):
-    return prompt_ids(model, {"llama": 32000, "qwen2": 151936}[model])
+    return prompt_ids(model, 151936 if model.startswith("qwen") else 32000)
 
 
 def tp_env(n):
@@ -122,7 +129,8 @@ def rel(a, ref):
 # ---- logits and greedy tokens against peft ----
 
 LOGIT_CASES = [("llama", "hf"), ("llama", "F32"), ("llama-b", "F32"), ("qwen2", "hf"),
-               ("qwen2", "F32")]
+               ("qwen2", "F32"), ("gemma3", "hf"), ("gemma3", "F32"), ("smollm3", "hf"),
+               ("smollm3", "F32"), ("qwen3moe", "hf"), ("qwen3moe", "F32")]
 
 
 @pytest.mark.parametrize("adapter,fmt", LOGIT_CASES)
