@@ -24,6 +24,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--alpha", type=float, default=32)
+    ap.add_argument("--dtype", choices=("f32", "f16"), default="f32",
+                    help="the tensors' type (Pagoda keeps F16 and BF16 adapters as they are)")
     a = ap.parse_args()
     r = GGUFReader(a.gguf)
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
@@ -41,8 +43,9 @@ def main():
     for il in range(n_layer):
         for mod, (n_out, n_in) in shapes.items():
             p = f"base_model.model.model.layers.{il}.{mod}"
-            t[p + ".lora_A.weight"] = rng.normal(0, 0.02, (a.rank, n_in)).astype(np.float32)
-            t[p + ".lora_B.weight"] = rng.normal(0, 0.02, (n_out, a.rank)).astype(np.float32)
+            dt = np.float16 if a.dtype == "f16" else np.float32
+            t[p + ".lora_A.weight"] = rng.normal(0, 0.02, (a.rank, n_in)).astype(dt)
+            t[p + ".lora_B.weight"] = rng.normal(0, 0.02, (n_out, a.rank)).astype(dt)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     save_file(t, str(out / "adapter_model.safetensors"))
@@ -50,7 +53,7 @@ def main():
            "target_modules": [m.split(".")[1] for m in shapes], "modules_to_save": None}
     (out / "adapter_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     print(f"{out}: rank {a.rank}, {n_layer} layers x 7 matrices, "
-          f"{sum(v.size for v in t.values()) * 4 / 1e6:.1f} MB of F32")
+          f"{sum(v.nbytes for v in t.values()) / 1e6:.1f} MB of {a.dtype.upper()}")
 
 
 if __name__ == "__main__":

@@ -107,8 +107,9 @@ static inline size_t pgd_moe_work_floats(int32_t n_rows, int32_t dim, const pgd_
 /* One LoRA adapter's delta on one matrix, on one rank's slice of it, as the lora op sees it
  * (src/model/lora.h): y += scale * B (A x). NULL a: the adapter leaves the matrix alone. */
 typedef struct pgd_lora_mat {
-    const float *a;  /* A: (rank) rows, lda floats apart; the rank's first input column */
-    const float *bt; /* B transposed: (rank) rows, ldb floats apart; the rank's first output */
+    const void *a;   /* A: (rank) rows, lda elements apart; the rank's first input column */
+    const void *bt;  /* B transposed: (rank) rows, ldb elements apart; the rank's first output */
+    pgd_type type;   /* of A's and B's elements: F32, F16 or BF16 */
     int32_t rank, lda, ldb;
     float scale;
 } pgd_lora_mat;

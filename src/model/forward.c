@@ -392,11 +392,13 @@ static pgd_lora_mat lora_slice(const pgd_model *m, const pgd_shard *sh, const pg
     int64_t out_lo[] = {q_lo, kv_lo, kv_lo, 0, sh->ffn_lo, sh->ffn_lo, 0};
     int64_t in_lo[] = {0, 0, 0, q_lo, 0, 0, sh->ffn_lo};
     int64_t lda[] = {c->dim, c->dim, c->dim, q_all, c->dim, c->dim, c->ffn_dim};
-    o.a = lm->a + in_lo[mi];
     int64_t n_out_all[] = {q_all, (int64_t)c->n_kv_head * c->head_dim,
                            (int64_t)c->n_kv_head * c->head_dim, c->dim, c->ffn_dim, c->ffn_dim,
                            c->dim};
-    o.bt = lm->bt + out_lo[mi];
+    size_t es = pgd_dtype_size(lm->type);
+    o.a = (const char *)lm->a + (size_t)in_lo[mi] * es;
+    o.bt = (const char *)lm->bt + (size_t)out_lo[mi] * es;
+    o.type = lm->type;
     o.rank = l->rank;
     o.lda = (int32_t)lda[mi];
     o.ldb = (int32_t)n_out_all[mi];

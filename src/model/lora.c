@@ -126,39 +126,45 @@ done:
     return rc;
 }
 
-/* Copies tensor t (rows x cols of F32/F16/BF16) into a new F32 buffer. */
-static float *to_f32(const pgd_st_tensor *t) {
+/* Tensor t (rows x cols of F32, F16 or BF16) as a new buffer of elements of type `as`: the
+ * file's bytes when `as` is t's type, else widened to F32. */
+static void *copy_tensor(const pgd_st_tensor *t, pgd_type as) {
     size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
-    float *f = malloc(rows * cols * sizeof *f);
+    void *f = malloc(rows * cols * pgd_dtype_size(as));
     if (!f) return NULL;
-    size_t es = t->type == PGD_TYPE_F32 ? 4 : 2;
+    if (as == t->type) { /* (the mapping may be misaligned for the type: copied bytewise) */
+        memcpy(f, t->data, rows * cols * pgd_dtype_size(as));
+        return f;
+    }
+    size_t es = pgd_dtype_size(t->type);
     for (size_t i = 0; i < rows; i++)
-        pgd_dequantize_row(t->type, (const char *)t->data + i * cols * es, f + i * cols,
+        pgd_dequantize_row(t->type, (const char *)t->data + i * cols * es, (float *)f + i * cols,
                            (int64_t)cols);
     return f;
 }
 
-/* A new (cols, rows) copy of the (rows, cols) matrix b, or NULL. */
-static float *transposed(const float *b, size_t rows, size_t cols) {
-    float *t = malloc(rows * cols * sizeof *t);
+/* A new (cols, rows) copy of the (rows, cols) matrix b of es-byte elements, or NULL. */
+static void *transposed(const void *b, size_t rows, size_t cols, size_t es) {
+    char *t = malloc(rows * cols * es);
     if (!t) return NULL;
     for (size_t i = 0; i < rows; i++)
-        for (size_t j = 0; j < cols; j++) t[j * rows + i] = b[i * cols + j];
+        for (size_t j = 0; j < cols; j++)
+            memcpy(t + (j * rows + i) * es, (const char *)b + (i * cols + j) * es, es);
     return t;
 }
 
 /* llama.cpp's converter stores a llama file's Q/K rows of each head as (pairs, 2) instead of
- * (2, halves); B's rows follow the model's (pgd_rope_mode NORM). */
-static int permute_rows(float *b, int32_t n_head, int32_t head_dim, int32_t rank) {
-    size_t row = (size_t)rank * sizeof(float), half = (size_t)head_dim / 2;
-    float *tmp = malloc((size_t)head_dim * row);
+ * (2, halves); B's rows (rank elements of es bytes) follow the model's (pgd_rope_mode NORM). */
+static int permute_rows(void *b, int32_t n_head, int32_t head_dim, int32_t rank, size_t es) {
+    size_t row = (size_t)rank * es, half = (size_t)head_dim / 2;
+    char *tmp = malloc((size_t)head_dim * row);
     if (!tmp) return PGD_ENOMEM;
     for (int32_t h = 0; h < n_head; h++) {
-        float *hb = b + (size_t)h * head_dim * rank;
+        char *hb = (char *)b + (size_t)h * head_dim * row;
         memcpy(tmp, hb, (size_t)head_dim * row);
         for (size_t i = 0; i < half; i++)
             for (size_t j = 0; j < 2; j++)
-                memcpy(hb + (2 * i + j) * (size_t)rank, tmp + (j * half + i) * (size_t)rank, row);
+                memcpy(hb + (2 * i + j) * row, tmp + (j * half + i) * row, row);
     }
     free(tmp);
     return PGD_OK;
@@ -243,14 +249,16 @@ static int read_tensors(const char *dir, const pgd_model *m, pgd_lora *l, pgd_er
             goto done;
         }
         pgd_lora_matrix *lm = &l->m[k];
-        lm->a = to_f32(ta);
-        float *b = to_f32(tb);
+        lm->type = ta->type == tb->type ? ta->type : PGD_TYPE_F32;
+        size_t es = pgd_dtype_size(lm->type);
+        lm->a = copy_tensor(ta, lm->type);
+        void *b = copy_tensor(tb, lm->type);
         int mi = k % nm;
         if (b && m->cfg.rope_mode == PGD_ROPE_NORM && mi <= 1 &&
             permute_rows(b, mi == 0 ? m->cfg.n_head : m->cfg.n_kv_head, m->cfg.head_dim,
-                         l->rank))
+                         l->rank, es))
             free(b), b = NULL;
-        lm->bt = b ? transposed(b, (size_t)tb->shape[0], (size_t)l->rank) : NULL;
+        lm->bt = b ? transposed(b, (size_t)tb->shape[0], (size_t)l->rank, es) : NULL;
         free(b);
         if (!lm->a || !lm->bt) {
             rc = pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);

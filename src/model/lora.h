@@ -15,10 +15,14 @@
 /* The largest rank read (vLLM's --max-lora-rank tops out at 512 too). */
 #define PGD_LORA_MAX_RANK 512
 
+/* A and B keep the file's element type when both have the same one of F32, F16 and BF16 (the
+ * op widens each element exactly, so the results are those of F32 copies); mixed types are
+ * widened to F32 at load. */
 typedef struct pgd_lora_matrix {
-    float *a;  /* (rank, n_in) F32, owned; NULL: the adapter leaves this matrix alone */
-    float *bt; /* B transposed, (rank, n_out) F32, owned; outputs in the model's order (a GGUF
-                  llama file's Q/K rows are permuted for adjacent-pair RoPE, so are these) */
+    void *a;        /* (rank, n_in), owned; NULL: the adapter leaves this matrix alone */
+    void *bt;       /* B transposed, (rank, n_out), owned; outputs in the model's order (a GGUF
+                       llama file's Q/K rows are permuted for adjacent-pair RoPE, so are these) */
+    pgd_type type;  /* of both */
 } pgd_lora_matrix;
 
 typedef struct pgd_lora {

@@ -14,10 +14,12 @@ import torch
 ALL7 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def make_adapter(model_dir, out_dir, seed, a_std=0.1, b_std=0.05, **config):
+def make_adapter(model_dir, out_dir, seed, a_std=0.1, b_std=0.05, dtype=None, **config):
     """Saves a PEFT LoRA adapter of the HF model in model_dir to out_dir (LoraConfig(**config),
     lora_dropout 0, every lora_A/lora_B N(0, a_std^2)/N(0, b_std^2) from a generator seeded
-    with seed). Returns out_dir."""
+    with seed), its tensors stored as dtype (torch.float16 / bfloat16; None: float32, as PEFT
+    saves them). PEFT reads a half-precision adapter back into float32 modules, so the reference
+    computes with exactly the stored values. Returns out_dir."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -33,6 +35,11 @@ def make_adapter(model_dir, out_dir, seed, a_std=0.1, b_std=0.05, **config):
                 n += 1
     assert n, "peft made no LoRA weights"
     model.save_pretrained(str(out_dir))
+    if dtype is not None:
+        from safetensors.torch import load_file, save_file
+        f = str(out_dir / "adapter_model.safetensors")
+        save_file({k: v.to(dtype) for k, v in load_file(f).items()}, f,
+                  metadata={"format": "pt"})
     return out_dir
 
 

@@ -49,6 +49,11 @@ ADAPTERS = {
     # on a model with q/k/v biases
     "qwen2": ("qwen2", dict(r=4, lora_alpha=8, use_rslora=True, layers_to_transform=[0],
                             target_modules=["q_proj", "v_proj", "down_proj"]), 3),
+    # stored in half precision (kept so in memory: the op widens each element)
+    "llama-bf16": ("llama", dict(r=8, lora_alpha=16, target_modules=list(ALL7),
+                                 dtype=torch.bfloat16), 10),
+    "qwen2-f16": ("qwen2", dict(r=4, lora_alpha=8, target_modules=list(ALL7),
+                                dtype=torch.float16), 11),
     # other architectures: Gemma 3 (GELU gate, QK-norm, sliding-window layers, embeddings
     # scaled), SmolLM3 (NoPE layers), and the attention of a mixture of experts (its experts
     # take no adapter)
@@ -130,7 +135,8 @@ def rel(a, ref):
 
 LOGIT_CASES = [("llama", "hf"), ("llama", "F32"), ("llama-b", "F32"), ("qwen2", "hf"),
                ("qwen2", "F32"), ("gemma3", "hf"), ("gemma3", "F32"), ("smollm3", "hf"),
-               ("smollm3", "F32"), ("qwen3moe", "hf"), ("qwen3moe", "F32")]
+               ("smollm3", "F32"), ("qwen3moe", "hf"), ("qwen3moe", "F32"), ("llama-bf16", "hf"),
+               ("llama-bf16", "F32"), ("qwen2-f16", "F32")]
 
 
 @pytest.mark.parametrize("adapter,fmt", LOGIT_CASES)

@@ -641,63 +641,87 @@ static void test_moe(void) {
  * takes them), with rows of no adapter and of an adapter that leaves the matrix alone
  * untouched; bit-identical on 1 and 2 threads and for each row alone. Sizes reach every path:
  * 32- and 8-wide output groups and the scalar tail, dot products with tails, the pool (400 rows)
- * and the calling thread alone (one row). */
+ * and the calling thread alone (one row). F16 and BF16 matrices give exactly what F32 copies of
+ * their values give (each element widened exactly). */
 static void test_lora(void) {
     enum { IN = 200, LDA = 260, IN_LO = 30, OUT = 75, LDB = 100, OUT_LO = 20, R = 400 };
     const int ranks[2] = {5, 12};
+    const pgd_type types[3] = {PGD_TYPE_F32, PGD_TYPE_F16, PGD_TYPE_BF16};
     float *a[2], *bt[2];
-    pgd_lora_mat mats[3] = {{0}};
-    for (int k = 0; k < 2; k++) {
-        a[k] = malloc(sizeof(float) * (size_t)ranks[k] * LDA);
-        bt[k] = malloc(sizeof(float) * (size_t)ranks[k] * LDB);
-        fill(a[k], (size_t)ranks[k] * LDA, 0.5f);
-        fill(bt[k], (size_t)ranks[k] * LDB, 0.5f);
-        mats[k] = (pgd_lora_mat){a[k] + IN_LO, bt[k] + OUT_LO, ranks[k], LDA, LDB,
-                                 k ? 0.75f : 2.0f};
-    }
-    /* mats[2]: an adapter without a delta on this matrix */
+    uint16_t *a16[2], *bt16[2];
     float *x = malloc(sizeof(float) * R * IN), *y0 = malloc(sizeof(float) * R * OUT);
     float *ya = malloc(sizeof(float) * R * OUT), *yb = malloc(sizeof(float) * R * OUT);
-    float *yc = malloc(sizeof(float) * R * OUT), *work = malloc(sizeof(float) * R * 12);
+    float *yc = malloc(sizeof(float) * R * OUT), *yf = malloc(sizeof(float) * R * OUT);
+    float *work = malloc(sizeof(float) * R * 12);
     int32_t adapter[R];
     fill(x, (size_t)R * IN, 1.0f);
     fill(y0, (size_t)R * OUT, 1.0f);
     for (int t = 0; t < R; t++) adapter[t] = t % 4; /* none, 1, 2, 3 (no delta) */
-    memcpy(ya, y0, sizeof(float) * R * OUT);
-    memcpy(yb, y0, sizeof(float) * R * OUT);
-    memcpy(yc, y0, sizeof(float) * R * OUT);
-    be2.ops->lora(&be2, mats, adapter, x, ya, work, R, IN, OUT, 12);
-    be1.ops->lora(&be1, mats, adapter, x, yb, work, R, IN, OUT, 12);
-    for (int t = 0; t < R; t++)
-        be2.ops->lora(&be2, mats, adapter + t, x + t * IN, yc + t * OUT, work, 1, IN, OUT, 12);
-    CHECK(memcmp(ya, yb, sizeof(float) * R * OUT) == 0);
-    CHECK(memcmp(ya, yc, sizeof(float) * R * OUT) == 0);
-    double worst = 0;
-    int untouched = 0;
-    for (int t = 0; t < R; t++) {
-        int k = adapter[t] - 1;
-        if (k < 0 || k > 1) {
-            untouched += !memcmp(ya + t * OUT, y0 + t * OUT, sizeof(float) * OUT);
-            continue;
-        }
-        const pgd_lora_mat *lm = &mats[k];
-        double u[12];
-        for (int j = 0; j < lm->rank; j++) {
-            u[j] = 0;
-            for (int i = 0; i < IN; i++) u[j] += (double)lm->a[j * LDA + i] * x[t * IN + i];
-        }
-        for (int o = 0; o < OUT; o++) {
-            double d = 0;
-            for (int j = 0; j < lm->rank; j++) d += (double)lm->bt[j * LDB + o] * u[j];
-            double want = y0[t * OUT + o] + lm->scale * d;
-            double e = fabs(ya[t * OUT + o] - want) / (1 + fabs(want));
-            if (e > worst) worst = e;
-        }
+    for (int k = 0; k < 2; k++) {
+        size_t na = (size_t)ranks[k] * LDA, nb = (size_t)ranks[k] * LDB;
+        a[k] = malloc(sizeof(float) * na), bt[k] = malloc(sizeof(float) * nb);
+        a16[k] = malloc(2 * na), bt16[k] = malloc(2 * nb);
     }
-    CHECK_EQ_INT(untouched, R / 2);
-    CHECK(worst < 1e-5);
-    for (int k = 0; k < 2; k++) free(a[k]), free(bt[k]);
-    free(x), free(y0), free(ya), free(yb), free(yc), free(work);
+    for (int ti = 0; ti < 3; ti++) {
+        pgd_type ty = types[ti];
+        pgd_lora_mat mats[3] = {{0}}, f32[3] = {{0}}; /* mats[2]: no delta on this matrix */
+        for (int k = 0; k < 2; k++) {
+            size_t na = (size_t)ranks[k] * LDA, nb = (size_t)ranks[k] * LDB;
+            fill(a[k], na, 0.5f);
+            fill(bt[k], nb, 0.5f);
+            for (size_t i = 0; ty != PGD_TYPE_F32 && i < na + nb; i++) {
+                float *v = i < na ? &a[k][i] : &bt[k][i - na];
+                uint16_t *h = i < na ? &a16[k][i] : &bt16[k][i - na];
+                *h = ty == PGD_TYPE_F16 ? pgd_fp32_to_fp16(*v) : pgd_fp32_to_bf16(*v);
+                *v = ty == PGD_TYPE_F16 ? pgd_fp16_to_fp32(*h) : pgd_bf16_to_fp32(*h);
+            }
+            float scale = k ? 0.75f : 2.0f;
+            f32[k] = (pgd_lora_mat){a[k] + IN_LO, bt[k] + OUT_LO, PGD_TYPE_F32, ranks[k], LDA,
+                                    LDB, scale};
+            mats[k] = ty == PGD_TYPE_F32
+                          ? f32[k]
+                          : (pgd_lora_mat){a16[k] + IN_LO, bt16[k] + OUT_LO, ty, ranks[k], LDA,
+                                           LDB, scale};
+        }
+        memcpy(ya, y0, sizeof(float) * R * OUT);
+        memcpy(yb, y0, sizeof(float) * R * OUT);
+        memcpy(yc, y0, sizeof(float) * R * OUT);
+        memcpy(yf, y0, sizeof(float) * R * OUT);
+        be2.ops->lora(&be2, mats, adapter, x, ya, work, R, IN, OUT, 12);
+        be1.ops->lora(&be1, mats, adapter, x, yb, work, R, IN, OUT, 12);
+        for (int t = 0; t < R; t++)
+            be2.ops->lora(&be2, mats, adapter + t, x + t * IN, yc + t * OUT, work, 1, IN, OUT, 12);
+        be2.ops->lora(&be2, f32, adapter, x, yf, work, R, IN, OUT, 12);
+        CHECK(memcmp(ya, yb, sizeof(float) * R * OUT) == 0);
+        CHECK(memcmp(ya, yc, sizeof(float) * R * OUT) == 0);
+        CHECK(memcmp(ya, yf, sizeof(float) * R * OUT) == 0);
+        double worst = 0;
+        int untouched = 0;
+        for (int t = 0; t < R; t++) {
+            int k = adapter[t] - 1;
+            if (k < 0 || k > 1) {
+                untouched += !memcmp(ya + t * OUT, y0 + t * OUT, sizeof(float) * OUT);
+                continue;
+            }
+            const float *ak = a[k] + IN_LO, *bk = bt[k] + OUT_LO;
+            double u[12];
+            for (int j = 0; j < ranks[k]; j++) {
+                u[j] = 0;
+                for (int i = 0; i < IN; i++) u[j] += (double)ak[j * LDA + i] * x[t * IN + i];
+            }
+            for (int o = 0; o < OUT; o++) {
+                double d = 0;
+                for (int j = 0; j < ranks[k]; j++) d += (double)bk[j * LDB + o] * u[j];
+                double want = y0[t * OUT + o] + mats[k].scale * d;
+                double e = fabs(ya[t * OUT + o] - want) / (1 + fabs(want));
+                if (e > worst) worst = e;
+            }
+        }
+        CHECK_EQ_INT(untouched, R / 2);
+        CHECK(worst < 1e-5);
+    }
+    for (int k = 0; k < 2; k++) free(a[k]), free(bt[k]), free(a16[k]), free(bt16[k]);
+    free(x), free(y0), free(ya), free(yb), free(yc), free(yf), free(work);
 }
 
 int main(void) {

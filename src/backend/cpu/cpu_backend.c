@@ -363,9 +363,24 @@ static void cpu_add(pgd_backend *be, float *x, const float *y, size_t n) {
 
 /* ---- LoRA ---------------------------------------------------------------------------------- */
 
-/* A dot product in one fixed order whatever the caller (so a row's result never depends on the
- * batch): 32 interleaved partial sums, then 8, then a fixed tree. */
-static float lora_dot(const float *a, const float *b, int n) {
+/* Element i of a LoRA matrix of type t (F32, F16 or BF16), widened exactly. */
+static inline float lora_el(const void *p, pgd_type t, size_t i) {
+    if (t == PGD_TYPE_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == PGD_TYPE_F16 ? pgd_fp16_to_fp32(h) : pgd_bf16_to_fp32(h);
+}
+
+#ifdef __AVX2__
+static inline __m256 lora_load8(const void *p, pgd_type t, size_t i) {
+    if (t == PGD_TYPE_F32) return _mm256_loadu_ps((const float *)p + i);
+    const uint16_t *q = (const uint16_t *)p + i;
+    return t == PGD_TYPE_F16 ? pgd_load8_f16(q) : pgd_load8_bf16(q);
+}
+#endif
+
+/* a . x (a of type t) in one fixed order whatever the caller (so a row's result never depends on
+ * the batch): 32 interleaved partial sums, then 8, then a fixed tree. */
+static float lora_dot(const void *a, pgd_type t, const float *x, int n) {
     int i = 0;
     float s[8];
 #ifdef __AVX2__
@@ -373,18 +388,18 @@ static float lora_dot(const float *a, const float *b, int n) {
                      _mm256_setzero_ps()};
     for (; i + 32 <= n; i += 32)
         for (int k = 0; k < 4; k++)
-            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k),
-                                     _mm256_loadu_ps(b + i + 8 * k), acc[k]);
+            acc[k] = _mm256_fmadd_ps(lora_load8(a, t, (size_t)(i + 8 * k)),
+                                     _mm256_loadu_ps(x + i + 8 * k), acc[k]);
     acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     for (; i + 8 <= n; i += 8)
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[0]);
+        acc[0] = _mm256_fmadd_ps(lora_load8(a, t, (size_t)i), _mm256_loadu_ps(x + i), acc[0]);
     _mm256_storeu_ps(s, acc[0]);
 #else
     memset(s, 0, sizeof s);
     for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+        for (int k = 0; k < 8; k++) s[k] += lora_el(a, t, (size_t)(i + k)) * x[i + k];
 #endif
-    for (int k = 0; i < n; i++, k++) s[k] += a[i] * b[i];
+    for (int k = 0; i < n; i++, k++) s[k] += lora_el(a, t, (size_t)i) * x[i];
     return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
@@ -410,7 +425,8 @@ static void lora_down(void *arg, long lo, long hi) {
         int j = (int)(i % c->max_rank);
         const pgd_lora_mat *lm = lora_of(c, t);
         if (!lm || j >= lm->rank) continue;
-        c->work[i] = lora_dot(lm->a + (size_t)j * lm->lda, c->x + (size_t)t * c->n_in, c->n_in);
+        c->work[i] = lora_dot((const char *)lm->a + (size_t)j * lm->lda * pgd_dtype_size(lm->type),
+                              lm->type, c->x + (size_t)t * c->n_in, c->n_in);
     }
 }
 
@@ -434,9 +450,10 @@ static void lora_up(void *arg, long lo, long hi) {
                              _mm256_setzero_ps()};
             for (int j = 0; j < lm->rank; j++) {
                 __m256 uj = _mm256_set1_ps(u[j]);
-                const float *bj = lm->bt + (size_t)j * lm->ldb + o;
+                size_t bj = (size_t)j * lm->ldb + (size_t)o;
                 for (int k = 0; k < 4; k++)
-                    acc[k] = _mm256_fmadd_ps(uj, _mm256_loadu_ps(bj + 8 * k), acc[k]);
+                    acc[k] = _mm256_fmadd_ps(uj, lora_load8(lm->bt, lm->type, bj + 8 * (size_t)k),
+                                             acc[k]);
             }
             for (int k = 0; k < 4; k++)
                 _mm256_storeu_ps(y + o + 8 * k,
@@ -446,14 +463,15 @@ static void lora_up(void *arg, long lo, long hi) {
             __m256 acc = _mm256_setzero_ps();
             for (int j = 0; j < lm->rank; j++)
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(u[j]),
-                                      _mm256_loadu_ps(lm->bt + (size_t)j * lm->ldb + o), acc);
+                                      lora_load8(lm->bt, lm->type, (size_t)j * lm->ldb + (size_t)o),
+                                      acc);
             _mm256_storeu_ps(y + o, _mm256_fmadd_ps(acc, sc, _mm256_loadu_ps(y + o)));
         }
 #endif
         for (; o < hi; o++) {
             float acc = 0;
             for (int j = 0; j < lm->rank; j++)
-                acc = fmaf(u[j], lm->bt[(size_t)j * lm->ldb + o], acc);
+                acc = fmaf(u[j], lora_el(lm->bt, lm->type, (size_t)j * lm->ldb + (size_t)o), acc);
             y[o] = fmaf(acc, lm->scale, y[o]);
         }
     }
