@@ -1688,7 +1688,8 @@ int pgd_serve(const pgd_server_config *cfg) {
     for (char *p = s->model_name; *p; p++) /* safe inside JSON logs and Prometheus labels */
         if ((unsigned char)*p < 0x20 || *p == '"' || *p == '\\') *p = '_';
     if (parse_lora_modules(s, cfg)) {
-        for (int i = 0; i < PGD_SERVER_MAX_LORAS; i++) free(s->lora_names[i]), free(s->lora_paths[i]);
+        for (int i = 0; i < PGD_SERVER_MAX_LORAS; i++)
+            free(s->lora_names[i]), free(s->lora_paths[i]);
         free(s->events);
         free(s);
         return 2;
