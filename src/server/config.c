@@ -145,8 +145,9 @@ static int set_opt(pgd_server_config *c, const opt *o, const char *v, const char
     }
     case T_BOOL: {
         bool *b = (bool *)base;
-        if (!v || !strcmp(v, "true") || !strcmp(v, "1")) *b = true;
-        else if (!strcmp(v, "false") || !strcmp(v, "0")) *b = false;
+        /* any case: vLLM's environment variables are written True */
+        if (!v || !strcasecmp(v, "true") || !strcmp(v, "1")) *b = true;
+        else if (!strcasecmp(v, "false") || !strcmp(v, "0")) *b = false;
         else goto bad;
         return 0;
     }
