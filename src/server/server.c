@@ -1409,16 +1409,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         snprintf(c->id, sizeof c->id, "%s-%016" PRIx64,
                  c->rt == R_CHAT ? "chatcmpl" : c->rt == R_EMBED ? "embd" : "cmpl",
                  ((uint64_t)c->created << 24) ^ ++s->next_req);
-        c->ph = PH_WORKING;
-        c->refs++; /* held by the work item */
-        s->in_flight++;
-        c->work.data = c;
-        c->suspended = true;
-        MHD_suspend_connection(conn);
-        if (uv_queue_work(&s->loop, &c->work, work_cb, after_work_cb)) {
-            c->suspended = false;
-            MHD_resume_connection(conn);
-            c->refs--;
+        if (queue_conn_work(s, c, conn, work_cb, after_work_cb)) {
             pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "cannot schedule the request");
             return send_error(c, conn, &e);
         }
