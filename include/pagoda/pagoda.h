@@ -67,6 +67,10 @@ typedef struct pgd_engine_config {
     int32_t n_loras;
     int32_t max_loras;              /* adapter slots, for pgd_engine_load_lora too (at least
                                        n_loras; 0: n_loras) */
+    /* vLLM's --scheduling-policy priority: requests wait, run and are preempted in the order of
+       (pgd_request_params.priority, arrival) instead of first come, first served, and a waiting
+       request preempts running ones of a lower priority (a larger value) when it does not fit */
+    bool priority_scheduling;
 } pgd_engine_config;
 
 typedef struct pgd_request_params {
@@ -153,6 +157,9 @@ typedef struct pgd_request_params {
        configuration's lora_paths[k - 1], or pgd_engine_load_lora's). Prefix-cache hits are only
        between requests of the same adapter (the same load of it) */
     int32_t lora;
+    /* with priority_scheduling: lower values are served first (ties by arrival); any value is
+       allowed. Without it, only 0 (vLLM's rule) */
+    int32_t priority;
 } pgd_request_params;
 
 #define PGD_MAX_CHOICES 256

@@ -3,6 +3,7 @@
 #include "api/openai.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,6 +225,21 @@ fail:
     return NULL;
 }
 
+/* vLLM's "priority": an integer, lower served first; not 0 only under priority scheduling. */
+static int get_priority(const cJSON *o, const pgd_api_limits *lim, pgd_api_request *r,
+                        pgd_api_error *err) {
+    double v = 0;
+    if (get_num(o, "priority", INT32_MIN, INT32_MAX, true, &v, err)) return -1;
+    if (v != 0 && !lim->priority_scheduling) {
+        pgd_api_error_set(err, 400, "invalid_request_error", "priority", NULL, "%s",
+                          "'priority' other than 0 needs a server started with "
+                          "--scheduling-policy priority");
+        return -1;
+    }
+    r->priority = (int32_t)v;
+    return 0;
+}
+
 int pgd_api_parse_embeddings(const char *body, size_t len, const pgd_api_limits *lim,
                              int32_t dim, pgd_api_request *r, pgd_api_error *err) {
     memset(r, 0, sizeof *r);
@@ -247,7 +263,9 @@ int pgd_api_parse_embeddings(const char *body, size_t len, const pgd_api_limits 
             dim);
     x = cJSON_GetObjectItemCaseSensitive(o, "user");
     if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("user", "'user' must be a string");
-    static const char *const known[] = {"model", "input", "encoding_format", "dimensions", "user"};
+    if (get_priority(o, lim, r, err)) goto fail;
+    static const char *const known[] = {"model", "input", "encoding_format", "dimensions", "user",
+                                        "priority"};
     cJSON_ArrayForEach(x, o) {
         bool ok = false;
         for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++)
@@ -598,7 +616,8 @@ static bool unset(const cJSON *x) {
 static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_limits *lim,
                               pgd_api_error *err) {
     if (get_ids(o, "stop_token_ids", 64, lim, &r->stop_ids, &r->n_stop_ids, err) ||
-        get_ids(o, "allowed_token_ids", lim->n_vocab, lim, &r->allowed_ids, &r->n_allowed, err))
+        get_ids(o, "allowed_token_ids", lim->n_vocab, lim, &r->allowed_ids, &r->n_allowed, err) ||
+        get_priority(o, lim, r, err))
         return -1;
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "allowed_token_ids");
     if (cJSON_IsArray(x) && r->n_allowed == 0)
@@ -659,8 +678,7 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     /* vLLM's other extensions that change what is generated: refused where set */
     static const char *const refused[] = {
         "guided_grammar", "guided_whitespace_pattern", "bad_words",
-        "use_beam_search", "logits_processors", "return_tokens_as_token_ids", "priority",
-        "structural_tag", "vllm_xargs", "kv_transfer_params"};
+        "use_beam_search", "logits_processors", "return_tokens_as_token_ids", "structural_tag", "vllm_xargs", "kv_transfer_params"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (!unset(cJSON_GetObjectItemCaseSensitive(o, refused[i])))
             BAD(refused[i], "'%s' (a vLLM extension) is not supported", refused[i]);

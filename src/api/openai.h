@@ -27,6 +27,7 @@ typedef struct pgd_api_limits {
     int32_t max_prompts;      /* completions: prompts per request */
     int32_t max_prompt_tokens;/* token-array prompts: ids per prompt */
     int32_t n_vocab;          /* token ids must be < n_vocab */
+    bool priority_scheduling; /* requests may set "priority" (else only 0, as vLLM) */
 } pgd_api_limits;
 
 typedef struct pgd_api_prompt {
@@ -90,6 +91,7 @@ typedef struct pgd_api_request {
     struct pgd_regex *regex_dfa;   /* owned: compiled by the server off its I/O thread */
     char **choices;                /* guided_choice / structured_outputs.choice (n_choices) */
     int32_t n_choices;
+    int32_t priority;              /* vLLM's "priority": lower is served first */
     bool embed;                    /* /v1/embeddings: prompts are its inputs */
     bool embed_base64;             /* encoding_format "base64" */
 } pgd_api_request;

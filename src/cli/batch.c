@@ -61,6 +61,7 @@ static void usage_batch(FILE *f) {
             "  \"ignore_eos\": false, \"min_p\": P, \"presence_penalty\": X,\n"
             "  \"frequency_penalty\": X, \"repetition_penalty\": R, \"logit_bias\": {\"id\": bias},\n"
             "  \"min_tokens\": N, \"logprobs\": N (0..20), \"speculative\": false (opt out),\n"
+            "  \"priority\": P (with --scheduling-policy priority; lower first),\n"
             "  \"response_format\": {\"type\": \"json_object\"} or {\"type\": \"json_schema\",\n"
             "  \"json_schema\": {\"schema\": {...}}} (output: one JSON object, of that schema)}\n"
             "  or, for an embedding, {\"id\": ..., \"input\": \"...\" or [token ids]} (output:\n"
@@ -73,6 +74,9 @@ static void usage_batch(FILE *f) {
             "  -t, --threads N               worker threads (default: all CPUs)\n"
             "  --max-num-batched-tokens N    token budget per step = prefill chunk (default 512)\n"
             "  --max-num-seqs N              running sequences cap (default 64)\n"
+            "  --scheduling-policy fcfs|priority  priority: lines run, and are preempted, in the\n"
+            "                                order of their \"priority\" (lower first; ties by\n"
+            "                                line order) instead of first come, first served\n"
             "  --kv-cache-memory SIZE        KV pool budget, e.g. 512MiB, 2GiB (default 512MiB;\n"
             "                                CPU only: on CUDA --gpu-memory-utilization sizes it)\n"
             "  --block-size N                KV block size in tokens (default 16)\n"
@@ -194,7 +198,7 @@ static int parse_line(pgd_engine *e, const lora_set *ls, cJSON *j, pending *pd, 
     const char *key = embed ? "input" : "prompt";
     cJSON_ArrayForEach(x, j) /* an embedding line has nothing else to say */
         if (embed && strcmp(x->string, "id") && strcmp(x->string, "input") &&
-            strcmp(x->string, "model")) {
+            strcmp(x->string, "model") && strcmp(x->string, "priority")) {
             snprintf(msg, ml, "an embedding line (\"input\") takes no \"%.64s\"", x->string);
             return -1;
         }
@@ -235,7 +239,7 @@ static int parse_line(pgd_engine *e, const lora_set *ls, cJSON *j, pending *pd, 
     }
     pd->p.prompt = pd->prompt;
     double mt = 16, temp = 1.0, tp = 1.0, tk = 0, seed = (double)pd->line, minp = 0, pres = 0,
-           freq = 0, rep = 1, mint = 0, lps = -1;
+           freq = 0, rep = 1, mint = 0, lps = -1, prio = 0;
     const struct { const char *key; double lo, hi; bool integer; double *dst; } nums[] = {
         {"max_tokens", 1, 1e7, true, &mt},
         {"temperature", 0, 100, false, &temp},
@@ -248,6 +252,7 @@ static int parse_line(pgd_engine *e, const lora_set *ls, cJSON *j, pending *pd, 
         {"repetition_penalty", 0.01, 100, false, &rep},
         {"min_tokens", 0, 1e7, true, &mint},
         {"logprobs", 0, 20, true, &lps},
+        {"priority", INT32_MIN, INT32_MAX, true, &prio},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         x = cJSON_GetObjectItemCaseSensitive(j, nums[i].key);
@@ -272,6 +277,7 @@ static int parse_line(pgd_engine *e, const lora_set *ls, cJSON *j, pending *pd, 
     pd->p.repetition_penalty = (float)rep;
     pd->p.min_tokens = (int32_t)mint;
     pd->p.logprobs = (int32_t)lps;
+    pd->p.priority = (int32_t)prio;
     r->logprobs = (int32_t)lps;
     x = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
     if (x && !cJSON_IsNull(x)) {
@@ -465,6 +471,9 @@ int pgd_cli_batch(int argc, char **argv) {
         } else if (!strcmp(a, "--max-num-batched-tokens")) {
             if (pgd_cli_parse_long(v, 1, 1 << 20, &l)) goto bad;
             ec.max_num_batched_tokens = (int32_t)l;
+        } else if (!strcmp(a, "--scheduling-policy")) {
+            if (strcmp(v, "fcfs") && strcmp(v, "priority")) goto bad;
+            ec.priority_scheduling = !strcmp(v, "priority");
         } else if (!strcmp(a, "--max-num-seqs")) {
             if (pgd_cli_parse_long(v, 1, 4096, &l)) goto bad;
             ec.max_num_seqs = (int32_t)l;

@@ -3,7 +3,8 @@
  * Every step re-forms the batch under a token budget: running decodes first (preempting the
  * most recently admitted sequence by recompute when a block is missing), then prefill chunks of
  * partially prefilled sequences, then waiting requests in arrival order while blocks, budget
- * and the sequence cap allow. The scheduler sees sequences and block counts, the runner builds
+ * and the sequence cap allow. Priority scheduling orders both lists by (priority, arrival)
+ * instead, preempts the lowest priority, and lets a request take room from lower ones. The scheduler sees sequences and block counts, the runner builds
  * the flattened batch, the block manager (src/kv) sees only token and block ids. */
 #include <math.h>
 #include <pthread.h>
@@ -37,6 +38,7 @@ typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
 typedef struct seq {
     uint64_t id, user_data;
     int32_t lora;             /* the LoRA slot it holds (pgd_request_params.lora), 0: none */
+    int32_t priority;         /* pgd_request_params.priority: lower first */
     int32_t *tokens;          /* (n_prompt + max_tokens): prompt, then generated tokens */
     int32_t n_prompt, n_tokens, max_tokens;
     int32_t n_computed;       /* tokens whose K/V are in the cache */
@@ -203,6 +205,35 @@ static void list_push_front(seq_list *l, seq *s) {
     if (l->head) l->head->prev = s;
     else l->tail = s;
     l->head = s;
+    l->n++;
+}
+
+/* Whether a is served before b under priority scheduling: the lower priority value, then the
+ * earlier submission (ids increase with submission). */
+static bool served_before(const seq *a, const seq *b) {
+    return a->priority != b->priority ? a->priority < b->priority : a->id < b->id;
+}
+
+/* Puts s into the waiting or running list l. First come, first served appends (a preempted
+ * sequence goes back to the front of the queue: front); priority scheduling keeps both lists in
+ * served_before order, so a list's tail is always its lowest priority, latest arrival. */
+static void list_enqueue(const pgd_engine_config *c, seq_list *l, seq *s, bool front) {
+    if (!c->priority_scheduling) {
+        if (front) list_push_front(l, s);
+        else list_push_back(l, s);
+        return;
+    }
+    seq *at = l->tail; /* s goes right after at */
+    while (at && served_before(s, at)) at = at->prev;
+    if (!at) {
+        list_push_front(l, s);
+        return;
+    }
+    s->prev = at;
+    s->next = at->next;
+    if (at->next) at->next->prev = s;
+    else l->tail = s;
+    at->next = s;
     l->n++;
 }
 
@@ -402,11 +433,15 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     if (c->block_size < 1 || c->block_size > 1024 || c->max_num_batched_tokens < 1 ||
         c->max_num_seqs < 1 || c->max_num_seqs > 4096 || c->num_speculative_tokens < 0 ||
         c->num_speculative_tokens > PGD_SPEC_MAX_TOKENS || c->ngram_min < 0 ||
-        c->ngram_max < 0 || c->speculative_disable_by_batch_size < 0 || (c->ngram_min && c->ngram_max && c->ngram_min > c->ngram_max) ||
+        c->ngram_max < 0 || c->speculative_disable_by_batch_size < 0 ||
+        (c->ngram_min && c->ngram_max && c->ngram_min > c->ngram_max) ||
         (c->speculative != PGD_SPEC_NONE && c->speculative != PGD_SPEC_NGRAM &&
          c->speculative != PGD_SPEC_DRAFT))
         return fail(err, errlen, PGD_EINVAL, "%s", "invalid engine configuration (block size, "
                     "max-num-batched-tokens, max-num-seqs or speculative decoding)");
+    if (c->priority_scheduling && c->static_batching)
+        return fail(err, errlen, PGD_EINVAL, "%s", "static batching admits in arrival order: "
+                    "it cannot be combined with priority scheduling");
     if (!(c->gpu_memory_utilization >= 0 && c->gpu_memory_utilization <= 1))
         return fail(err, errlen, PGD_EINVAL, "%s", "gpu_memory_utilization must be in (0, 1]");
     pgd_engine *e = calloc(1, sizeof *e);
@@ -682,6 +717,9 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         return fail(err, errlen, PGD_EINVAL, "%s", "no such LoRA adapter slot");
     if (p->max_tokens < 0)
         return fail(err, errlen, PGD_EINVAL, "%s", "max_tokens must not be negative");
+    if (p->priority && !e->cfg.priority_scheduling)
+        return fail(err, errlen, PGD_EINVAL, "%s", "a priority other than 0 needs priority "
+                    "scheduling (--scheduling-policy priority)");
     if (p->embedding && p->max_tokens)
         return fail(err, errlen, PGD_EINVAL, "%s", "an embedding request generates nothing");
     for (int32_t i = 0; i < p->n_prompt; i++)
@@ -834,6 +872,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     s->max_tokens = p->max_tokens;
     s->user_data = p->user_data;
     s->ignore_eos = p->ignore_eos;
+    s->priority = p->priority;
     for (int32_t i = 0; i < p->n_stop; i++) {
         s->stop[i] = strdup(p->stop[i]);
         if (!s->stop[i]) {
@@ -1003,7 +1042,7 @@ static void drain_inbox(pgd_engine *e) {
     for (seq *s = in.head, *n; s; s = n) {
         n = s->next;
         s->state = SEQ_WAITING;
-        list_push_back(&e->waiting, s);
+        list_enqueue(&e->cfg, &e->waiting, s, false);
     }
     for (size_t i = 0; i < na; i++) {
         seq *lists[2] = {e->waiting.head, e->running.head};
@@ -1018,7 +1057,8 @@ static void drain_inbox(pgd_engine *e) {
     if (ab != small) free(ab);
 }
 
-/* Recompute preemption: drop the sequence's KV and put it back at the head of the queue. */
+/* Recompute preemption: drop the sequence's KV and put it back at the head of the queue (in its
+ * place, under priority scheduling). */
 static void preempt(pgd_engine *e, seq *s) {
     list_remove(&e->running, s);
     pgd_kv_release(&e->mgr, &s->kv);
@@ -1027,7 +1067,7 @@ static void preempt(pgd_engine *e, seq *s) {
     s->n_draft = 0;
     s->sched_n = 0;
     s->state = SEQ_WAITING;
-    list_push_front(&e->waiting, s);
+    list_enqueue(&e->cfg, &e->waiting, s, true);
     pthread_mutex_lock(&e->in_mu);
     e->n_pending++;
     pthread_mutex_unlock(&e->in_mu);
@@ -1091,9 +1131,54 @@ static int32_t fit_rows(const seq *s, int32_t n, int32_t left) {
  * positions' logits a cache hit would skip. */
 static bool may_hit_prefix(const seq *s) { return !s->prompt_lp || s->lp_pos >= s->n_prompt - 1; }
 
+/* Looks a waiting s up in the prefix cache: s->kv takes the blocks it matches, s->n_computed
+ * their tokens; stats0 keeps the counters for undo_lookup. */
+static int32_t lookup_prefix(pgd_engine *e, seq *s, int64_t stats0[2]) {
+    stats0[0] = e->mgr.stats.prefix_queries;
+    stats0[1] = e->mgr.stats.prefix_hits;
+    s->n_computed =
+        may_hit_prefix(s) ? pgd_kv_match_prefix(&e->mgr, &s->kv, s->tokens, s->n_tokens) : 0;
+    return s->n_computed;
+}
+
+/* Undoes lookup_prefix, counters included: s did not start after all. */
+static void undo_lookup(pgd_engine *e, seq *s, const int64_t stats0[2]) {
+    pgd_kv_release(&e->mgr, &s->kv);
+    s->n_computed = 0;
+    e->mgr.stats.prefix_queries = stats0[0];
+    e->mgr.stats.prefix_hits = stats0[1];
+}
+
+/* Preempts the running sequences of a lower priority than s (a larger value; the tail first)
+ * while s's next chunk of up to a whole budget does not fit in the free blocks (or, waiting,
+ * s has no sequence slot). */
+static void preempt_below(pgd_engine *e, seq *s, bool waiting) {
+    int32_t rem = s->n_tokens - s->n_computed, budget = e->cfg.max_num_batched_tokens;
+    int32_t want = rem < budget ? rem : budget;
+    while (e->running.tail && e->running.tail != s && e->running.tail->priority > s->priority &&
+           ((waiting && e->running.n >= e->cfg.max_num_seqs) || fit_tokens(e, s, want) < want))
+        preempt(e, e->running.tail);
+}
+
+/* Priority scheduling, before a step is formed: the running sequences still in prefill, best
+ * first, and the first waiting request take the room they need from lower priorities. Decodes
+ * need no help: one that misses a block preempts the list's tail, the lowest priority. */
+static void make_room(pgd_engine *e) {
+    if (!e->cfg.priority_scheduling) return;
+    for (seq *s = e->running.head; s; s = s->next)
+        if (s->n_tokens - s->n_computed > 1) preempt_below(e, s, false);
+    seq *h = e->waiting.head;
+    if (!h || (e->running.tail && e->running.tail->priority <= h->priority)) return;
+    int64_t stats0[2];
+    lookup_prefix(e, h, stats0);
+    preempt_below(e, h, true);
+    undo_lookup(e, h, stats0);
+}
+
 static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
     int32_t budget = e->cfg.max_num_batched_tokens, used = 0, ns = 0, rows = 0;
     const int32_t spec_off_at = e->cfg.speculative_disable_by_batch_size;
+    make_room(e);
     const bool spec_step = spec_off_at <= 0 || e->running.n < spec_off_at;
     /* 1. running decodes, in admission order */
     for (seq *s = e->running.head, *next; s && used < budget; s = next) {
@@ -1146,25 +1231,20 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
         used += n;
         rows += chunk_rows(s, n);
     }
-    /* 3. waiting requests, in order (preempted ones first) */
+    /* 3. waiting requests, in order (preempted ones first; by priority under priority
+     *    scheduling) */
     bool admit = !e->cfg.static_batching || e->running.n == 0 || e->admitting;
     e->admitting = false;
     while (admit && e->waiting.head && used < budget && e->running.n < e->cfg.max_num_seqs) {
         seq *s = e->waiting.head;
-        int64_t q0 = e->mgr.stats.prefix_queries, h0 = e->mgr.stats.prefix_hits;
-        int32_t hit = may_hit_prefix(s)
-                          ? pgd_kv_match_prefix(&e->mgr, &s->kv, s->tokens, s->n_tokens)
-                          : 0;
-        s->n_computed = hit;
+        int64_t stats0[2];
+        int32_t hit = lookup_prefix(e, s, stats0);
         int32_t rem = s->n_tokens - s->n_computed;
         int32_t n = fit_tokens(e, s, rem < budget - used ? rem : budget - used);
         n = fit_rows(s, n, e->max_logits - rows);
         if (n <= 0 || !reserve(e, s, n)) {
-            /* does not fit now: undo the lookup and wait (first come, first served) */
-            pgd_kv_release(&e->mgr, &s->kv);
-            s->n_computed = 0;
-            e->mgr.stats.prefix_queries = q0;
-            e->mgr.stats.prefix_hits = h0;
+            /* does not fit now: undo the lookup and wait (the head is never skipped) */
+            undo_lookup(e, s, stats0);
             break;
         }
         if (!s->admitted_once) {
@@ -1178,7 +1258,7 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
         e->n_pending--;
         pthread_mutex_unlock(&e->in_mu);
         s->state = SEQ_RUNNING;
-        list_push_back(&e->running, s);
+        list_enqueue(&e->cfg, &e->running, s, false);
         s->sched_n = n;
         sched[ns++] = s;
         used += n;

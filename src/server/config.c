@@ -48,6 +48,10 @@ static const opt table[] = {
      "KV cache budget (e.g. 512MiB, 4GiB); CPU only: on CUDA --gpu-memory-utilization sizes it"},
     {"kv-dtype", 0, T_STR, OFF(kv_dtype), "f32", 0, 0, NULL, "KV cache type: f32, f16 or bf16"},
     {"block-size", 0, T_INT, OFF(block_size), "16", 1, 1024, NULL, "KV block size in tokens"},
+    {"scheduling-policy", 0, T_STR, OFF(scheduling_policy), "fcfs", 0, 0, NULL,
+     "fcfs (first come, first served) or priority: requests are served, and preempted, in the "
+     "order of their \"priority\" (lower first; ties by arrival), and a waiting request "
+     "preempts running ones of a lower priority when it does not fit (vLLM's)"},
     {"no-prefix-caching", 0, T_BOOL, OFF(no_prefix_caching), "false", 0, 0, NULL,
      "turn the prefix cache off"},
     {"tool-call-parser", 0, T_STR, OFF(tool_call_parser), "auto", 0, 0, NULL,
@@ -340,6 +344,10 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
     }
     if (pgd_reasoning_format_of(c->reasoning_parser) < 0) {
         fprintf(stderr, "pagoda: --reasoning-parser must be deepseek_r1, qwen3 or none\n");
+        return -1;
+    }
+    if (strcmp(c->scheduling_policy, "fcfs") && strcmp(c->scheduling_policy, "priority")) {
+        fprintf(stderr, "pagoda: --scheduling-policy must be fcfs or priority\n");
         return -1;
     }
     if (strcmp(c->speculative, "none") && strcmp(c->speculative, "ngram") &&

@@ -15,6 +15,7 @@ typedef struct pgd_server_config {
     char *model, *host, *served_model_name, *kv_dtype, *config_file;
     char *speculative, *draft_model, *device, *load_format, *tool_call_parser;
     char *reasoning_parser;
+    char *scheduling_policy; /* "fcfs" or "priority" (requests' "priority" field) */
     char *lora_modules;     /* "NAME=DIR,NAME=DIR...": LoRA adapters served under those names */
     int max_loras;          /* adapter slots (0: the --lora-modules, or 8 with runtime loading) */
     bool allow_runtime_lora_updating; /* /v1/load_lora_adapter and /v1/unload_lora_adapter */

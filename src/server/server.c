@@ -775,6 +775,7 @@ static void submit_all(server *s, req_ctx *c) {
                 .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
                 .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
                 .embedding = c->choices[i].embedding, .lora = c->lora,
+                .priority = r->priority,
             };
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);
@@ -1512,6 +1513,7 @@ static void load_work_cb(uv_work_t *w) {
     ec.max_num_batched_tokens = s->cfg.max_num_batched_tokens;
     ec.max_num_seqs = s->cfg.max_num_seqs;
     ec.no_prefix_caching = s->cfg.no_prefix_caching;
+    ec.priority_scheduling = !strcmp(s->cfg.scheduling_policy, "priority");
     ec.max_waiting = s->cfg.max_waiting;
     ec.speculative = !strcmp(s->cfg.speculative, "ngram")   ? PGD_SPEC_NGRAM
                      : !strcmp(s->cfg.speculative, "draft") ? PGD_SPEC_DRAFT
@@ -1688,7 +1690,9 @@ int pgd_serve(const pgd_server_config *cfg) {
     s->limits = (pgd_api_limits){.max_n = cfg->max_n, .max_logprobs = cfg->max_logprobs,
                                  .max_tokens_limit = cfg->max_tokens_limit,
                                  .max_prompts = cfg->max_prompts,
-                                 .max_prompt_tokens = cfg->max_prompt_tokens, .n_vocab = 1};
+                                 .max_prompt_tokens = cfg->max_prompt_tokens, .n_vocab = 1,
+                                 .priority_scheduling =
+                                     !strcmp(cfg->scheduling_policy, "priority")};
     pgd_metrics_init(&s->metrics,
                      strcmp(cfg->speculative, "none") ? cfg->num_speculative_tokens : 0);
     uv_loop_init(&s->loop);
