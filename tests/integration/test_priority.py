@@ -4,8 +4,9 @@ one that holds the sequence slot it needs, and every answer equals the same requ
 with the server to itself. A server without the policy refuses a priority other than 0 with a
 400 naming the parameter, as vLLM does."""
 import json
+import os
 import threading
-import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -31,11 +32,25 @@ def test_priority_needs_the_policy(smol, path, body):
     assert post(smol, path, dict(body, priority=0)).status_code == 200
 
 
-@pytest.fixture(scope="module")
-def prio(default_model):
-    """One sequence slot under priority scheduling: whoever runs holds the whole engine."""
-    with Server(default_model, "--scheduling-policy", "priority", "--max-num-seqs", "1") as s:
-        yield s
+ASAN_BUILD = os.environ.get("PAGODA_ASAN_BUILD")
+ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:halt_on_error=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+
+
+@pytest.fixture(scope="module", params=["release", "asan"])
+def prio(request, default_model):
+    """One sequence slot under priority scheduling: whoever runs holds the whole engine. Also
+    under AddressSanitizer (with scripts/test.sh's PAGODA_ASAN_BUILD): preemption and
+    re-admission by priority, with no sanitizer report and a clean exit."""
+    kw = {}
+    if request.param == "asan":
+        if not ASAN_BUILD:
+            pytest.skip("PAGODA_ASAN_BUILD is not set")
+        kw = dict(binary=Path(ASAN_BUILD) / "pagoda", env=ASAN_ENV, ready_timeout=300)
+    s = Server(default_model, "--scheduling-policy", "priority", "--max-num-seqs", "1", **kw)
+    s.start()
+    yield s
+    s.stop()  # (asserts exit 0 and no sanitizer report)
 
 
 @pytest.mark.parametrize("bad", [1.5, "1", True, 2 ** 31])
