@@ -2,8 +2,9 @@
 """Generates src/tokenizer/unicode_tables.c from Python's unicodedata.
 
 Tables (all sorted, searched by binary search at run time):
-  - class ranges: letter (\\p{L}), number (\\p{N}), whitespace (\\s as Oniguruma and the Rust
-    regex crate see it: White_Space = U+0009..U+000D, U+0085, and categories Zs, Zl, Zp) and
+  - class ranges: letter (\\p{L}), number (\\p{N}), the two letter-and-mark classes of
+    Mistral's Tekken regex ([\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}] and
+    [\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]), whitespace (\\s as Oniguruma and the Rust regex crate see it: White_Space = U+0009..U+000D, U+0085, and categories Zs, Zl, Zp) and
     "may change under NFC" (the NFC quick check);
   - NFC data: canonical combining classes, canonical decompositions (one level, expanded
     recursively at run time) and primary composites (pairs that compose). Hangul syllables are
@@ -15,7 +16,7 @@ import sys
 import unicodedata
 
 MAX_CP = 0x110000
-FLAG_L, FLAG_N, FLAG_WS, FLAG_NFC_CHECK = 1, 2, 4, 8
+FLAG_L, FLAG_N, FLAG_WS, FLAG_NFC_CHECK, FLAG_UPPERISH, FLAG_LOWERISH = 1, 2, 4, 8, 16, 32
 
 
 def _comp_seconds():
@@ -40,6 +41,11 @@ def flags_of(cp):
         f |= FLAG_L
     if cat[0] == "N":
         f |= FLAG_N
+    # Mistral's Tekken regex: [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+    if cat in ("Lu", "Lt", "Lm", "Lo") or cat[0] == "M":
+        f |= FLAG_UPPERISH
+    if cat in ("Ll", "Lm", "Lo") or cat[0] == "M":
+        f |= FLAG_LOWERISH
     if cat in ("Zs", "Zl", "Zp") or 0x09 <= cp <= 0x0D or cp == 0x85:
         f |= FLAG_WS
     # NFC quick check: the character may change under NFC or combine with its neighbour.

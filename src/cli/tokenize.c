@@ -58,17 +58,44 @@ static int bench(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool
     return 0;
 }
 
+/* Prints a piece of the text as a JSON string, comma-separated (ctx: the text). */
+static int print_piece(void *ctx, size_t a, size_t b) {
+    const char *s = ctx;
+    char *p = malloc(b - a + 1);
+    if (!p) return PGD_ENOMEM;
+    memcpy(p, s + a, b - a);
+    p[b - a] = 0;
+    cJSON *j = cJSON_CreateString(p);
+    char *out = j ? cJSON_PrintUnformatted(j) : NULL;
+    free(p);
+    cJSON_Delete(j);
+    if (!out) return PGD_ENOMEM;
+    printf(a ? ", %s" : "%s", out);
+    free(out);
+    return 0;
+}
+
+static int print_pieces(const pgd_tokenizer *t, const char *s, size_t n) {
+    putchar('[');
+    int rc = pgd_tokenizer_pieces(t, s, n, print_piece, (void *)s);
+    puts("]");
+    return rc;
+}
+
 static void usage_tokenize(FILE *f) {
-    fprintf(f, "usage: pagoda tokenize [-m MODEL] [--no-bos] [--no-special] "
+    fprintf(f, "usage: pagoda tokenize [-m MODEL] [--no-bos] [--no-special] [--pieces] "
                "(TEXT | --file F | --jsonl F | --bench F)\n"
                "  MODEL is a GGUF file or a Hugging Face model directory (tokenizer.json).\n"
                "  --jsonl F: each line of F is a JSON string; prints one line of ids per line.\n"
+               "  --pieces: prints the pre-tokenizer's pieces instead (a JSON array of strings: "
+               "its regex alone,\n"
+               "    no special tokens, no normalization; text that is not UTF-8 is not JSON).\n"
                "  --bench F: prints the tokenizer's throughput on F in MB/s.\n");
 }
 
 int pgd_cli_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *jsonl = NULL, *bench_file = NULL, *text = NULL;
-    bool no_bos = false, no_special = false;
+    bool no_bos = false, no_special = false, pieces = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
@@ -81,6 +108,8 @@ int pgd_cli_tokenize(int argc, char **argv) {
             no_bos = true;
         } else if (!strcmp(a, "--no-special")) {
             no_special = true;
+        } else if (!strcmp(a, "--pieces")) {
+            pieces = true;
         } else if (!strcmp(a, "--file") && has_val) {
             file = argv[++i];
         } else if (!strcmp(a, "--jsonl") && has_val) {
@@ -121,7 +150,9 @@ int pgd_cli_tokenize(int argc, char **argv) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         goto done;
     }
-    if (text) {
+    if (pieces && (text || file)) {
+        if (print_pieces(t, text ? text : buf, text ? strlen(text) : len)) goto enc_fail;
+    } else if (text) {
         if (encode(t, text, strlen(text), bos, special, &ids, &cap, &n) != 0) goto enc_fail;
         print_ids(ids, n);
     } else if (file) {
@@ -140,11 +171,12 @@ int pgd_cli_tokenize(int argc, char **argv) {
                 fprintf(stderr, "pagoda: %s:%ld: not a JSON string\n", jsonl, ln);
                 goto done;
             }
-            int rc =
-                encode(t, j->valuestring, strlen(j->valuestring), bos, special, &ids, &cap, &n);
+            size_t jl = strlen(j->valuestring);
+            int rc = pieces ? print_pieces(t, j->valuestring, jl)
+                            : encode(t, j->valuestring, jl, bos, special, &ids, &cap, &n);
             cJSON_Delete(j);
             if (rc != 0) goto enc_fail;
-            print_ids(ids, n);
+            if (!pieces) print_ids(ids, n);
             line = eol ? eol + 1 : buf + len;
         }
     }

@@ -14,6 +14,10 @@ static const char LLAMA3_RE[] =
 static const char QWEN2_RE[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char TEKKEN_RE[] =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"
+    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char GPT2_RE[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -48,6 +52,7 @@ static int byte_level_pre(const cJSON *pre) {
         if (!re || !beh || strcmp(beh, "Isolated") != 0 || jbool(a, "invert", false)) return -1;
         if (strcmp(re, LLAMA3_RE) == 0) return PGD_PRE_LLAMA3;
         if (strcmp(re, QWEN2_RE) == 0) return PGD_PRE_QWEN2;
+        if (strcmp(re, TEKKEN_RE) == 0) return PGD_PRE_TEKKEN;
         if (strcmp(re, GPT2_RE) == 0) return PGD_PRE_GPT2;
     }
     return -1;

@@ -1,11 +1,15 @@
 /* Pre-tokenizers: hand-written matchers equivalent to the regexes of GPT-2 (also SmolLM2, after
- * splitting off every digit), Llama 3 and Qwen2, with the leftmost-first alternation and
- * backtracking of the regex engines (Oniguruma in HF tokenizers) made explicit. */
+ * splitting off every digit), Llama 3, Qwen2 and Mistral's Tekken, with the leftmost-first
+ * alternation and backtracking of the regex engines (Oniguruma in HF tokenizers, fancy-regex in
+ * tiktoken) made explicit. */
 #include "tokenizer/tok_internal.h"
 
 #include "tokenizer/unicode.h"
 
-enum { L = PGD_UNI_LETTER, N = PGD_UNI_NUMBER, S = PGD_UNI_SPACE };
+enum {
+    L = PGD_UNI_LETTER, N = PGD_UNI_NUMBER, S = PGD_UNI_SPACE,
+    UP = PGD_UNI_UPPERISH, LO = PGD_UNI_LOWERISH,
+};
 
 typedef struct text_cps {
     const uint32_t *cp;   /* (n) code points (PGD_UNI_INVALID | byte for invalid bytes) */
@@ -127,6 +131,60 @@ static int split_llama3(const text_cps *t, size_t pos, size_t end, size_t max_di
     return 0;
 }
 
+/* End of [UP]*[LO]+ from s (UP: [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], LO: [\p{Ll}\p{Lm}\p{Lo}\p{M}]),
+ * or 0 if it does not match there: the greedy UP run gives back characters until an LO one
+ * follows (Lm, Lo and marks are in both sets), which LO+ then extends as far as it goes. */
+static size_t upper_lower(const text_cps *t, size_t s, size_t end) {
+    size_t u = s;
+    while (u < end && (t->fl[u] & UP)) u++;
+    for (size_t k = u + 1; k-- > s;)
+        if (k < end && (t->fl[k] & LO)) {
+            size_t q = k + 1;
+            while (q < end && (t->fl[q] & LO)) q++;
+            return q;
+        }
+    return 0;
+}
+
+/* Tekken (tekken.json's pattern; Mistral Nemo, Small 3, Ministral):
+ * [^\r\n\p{L}\p{N}]?[UP]*[LO]+|[^\r\n\p{L}\p{N}]?[UP]+[LO]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|
+ * \s*[\r\n]+|\s+(?!\S)|\s+  -- no contractions; the optional lead is any character but
+ * \r, \n, a letter or a digit (a space, punctuation, a mark). */
+static int split_tekken(const text_cps *t, size_t pos, size_t end) {
+    while (pos < end) {
+        uint32_t c = t->cp[pos];
+        unsigned f = t->fl[pos];
+        bool lead = c != '\r' && c != '\n' && !(f & (L | N)) && pos + 1 < end;
+        size_t q = lead ? upper_lower(t, pos + 1, end) : 0; /* the lead taken first, then not */
+        if (!q) q = upper_lower(t, pos, end);
+        if (!q) { /* [UP]+[LO]*: no LO follows the UP run here, or the first alternative had */
+            size_t s = lead && (t->fl[pos + 1] & UP) ? pos + 1 : (f & UP) ? pos : end;
+            if (s < end) {
+                q = s;
+                while (q < end && (t->fl[q] & UP)) q++;
+            }
+        }
+        if (!q && (f & N)) q = pos + 1;
+        if (!q) {
+            size_t p = pos + (c == ' ');
+            if (p < end && !(t->fl[p] & (L | N | S))) {
+                q = p + 1;
+                while (q < end && !(t->fl[q] & (L | N | S))) q++;
+                while (q < end && (t->cp[q] == '\r' || t->cp[q] == '\n' || t->cp[q] == '/')) q++;
+            }
+        }
+        if (q) {
+            int rc = emit(t, pos, q);
+            if (rc) return rc;
+            pos = q;
+            continue;
+        }
+        int rc = whitespace(t, &pos, end, true);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int pgd__pretok_split(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn, void *ctx,
                       pgd_tok_scratch *sc) {
     if (n == 0) return 0;
@@ -147,7 +205,7 @@ int pgd__pretok_split(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn
             i++;
         } else {
             i += (size_t)pgd__utf8_decode(u + i, n - i, &cp[m]);
-            fl[m] = (uint8_t)(pgd__uni_flags(cp[m]) & (L | N | S));
+            fl[m] = (uint8_t)(pgd__uni_flags(cp[m]) & (L | N | S | UP | LO));
         }
         m++;
     }
@@ -158,6 +216,7 @@ int pgd__pretok_split(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn
     case PGD_PRE_GPT2: return split_gpt2(&t, 0, m);
     case PGD_PRE_LLAMA3: return split_llama3(&t, 0, m, 3);
     case PGD_PRE_QWEN2: return split_llama3(&t, 0, m, 1);
+    case PGD_PRE_TEKKEN: return split_tekken(&t, 0, m);
     case PGD_PRE_SMOLLM: {
         /* Digits(individual_digits=true): every \p{N} is its own piece; the GPT-2 regex then
          * runs on the text between them */

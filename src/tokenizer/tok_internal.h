@@ -30,6 +30,7 @@ typedef enum {
     PGD_PRE_SMOLLM, /* Digits(individual) then GPT-2 regex */
     PGD_PRE_LLAMA3, /* Llama 3 regex, \p{N}{1,3} */
     PGD_PRE_QWEN2,  /* Llama 3 regex with single \p{N} */
+    PGD_PRE_TEKKEN, /* Mistral's Tekken regex (Nemo, Small 3, Ministral, Pixtral) */
 } pgd_tok_pre;
 
 /* Open-addressing string -> id map over the token texts (the texts live in the tokenizer). */

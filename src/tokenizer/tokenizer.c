@@ -366,6 +366,7 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
             else if (pgd_str_eq(pre_s, "smaug-bpe")) /* SmolLM3: Llama 3's split, all merges */
                 pre = PGD_PRE_LLAMA3, smaug = true;
             else if (pgd_str_eq(pre_s, "qwen2")) pre = PGD_PRE_QWEN2;
+            else if (pgd_str_eq(pre_s, "tekken")) pre = PGD_PRE_TEKKEN;
             else if (pgd_str_eq(pre_s, "gpt-2") || pgd_str_eq(pre_s, "default")) pre = PGD_PRE_GPT2;
             else
                 return pgd_err_set(err, PGD_EUNSUPPORTED,
@@ -410,7 +411,8 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     if (rc) goto fail;
     t->pre = pre;
     t->nfc = pre == PGD_PRE_QWEN2;
-    t->ignore_merges = pre == PGD_PRE_LLAMA3 && !smaug;
+    /* tiktoken's rule, which llama.cpp applies to these: a word that is a token is not split */
+    t->ignore_merges = (pre == PGD_PRE_LLAMA3 && !smaug) || pre == PGD_PRE_TEKKEN;
     t->spm_by_score = true;
     bool b;
     t->add_space_prefix = model == PGD_TOKM_SPM;
@@ -557,6 +559,14 @@ static int encode_fragment(const pgd_tokenizer *t, const char *s, size_t n, pgd_
 
 static int encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
                   int32_t append, bool parse_special, int32_t *out, size_t cap, size_t *n_out);
+
+int pgd_tokenizer_pieces(const pgd_tokenizer *t, const char *text, size_t len,
+                         int (*fn)(void *ctx, size_t start, size_t end), void *ctx) {
+    pgd_tok_scratch sc = {0};
+    int rc = pgd__pretok_split(t->pre, text, len, fn, ctx, &sc);
+    free(sc.buf);
+    return rc;
+}
 
 int pgd_tokenizer_encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
                          bool parse_special, int32_t *out, size_t cap, size_t *n_out) {

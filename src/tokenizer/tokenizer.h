@@ -49,6 +49,14 @@ int pgd_tokenizer_encode_special(const pgd_tokenizer *t, const char *text, size_
                                  bool add_special, bool parse_special, int32_t *out, size_t cap,
                                  size_t *n_out);
 
+/* The pre-tokenizer alone (its regex, as written in the vocabulary: no special-token parsing,
+ * no normalization): calls fn with the byte range of each piece of text[0..len), in order.
+ * A SentencePiece vocabulary has none: one piece. Stops at fn's first non-zero return and
+ * returns it; PGD_ENOMEM if scratch memory could not be had. For testing the matchers against
+ * a regex engine (`pagoda tokenize --pieces`). */
+int pgd_tokenizer_pieces(const pgd_tokenizer *t, const char *text, size_t len,
+                         int (*fn)(void *ctx, size_t start, size_t end), void *ctx);
+
 /* The bytes a token stands for when decoded (byte-level mapping undone, "▁" turned into a
  * space, <0xAB> byte tokens turned into their byte). Special/control tokens give their text
  * when render_special, else nothing. Writes up to cap bytes, returns the byte length or a

@@ -150,14 +150,18 @@ static const unsigned char ascii_flags[128] = {
     ['3'] = PGD_UNI_NUMBER, ['4'] = PGD_UNI_NUMBER, ['5'] = PGD_UNI_NUMBER,
     ['6'] = PGD_UNI_NUMBER, ['7'] = PGD_UNI_NUMBER, ['8'] = PGD_UNI_NUMBER,
     ['9'] = PGD_UNI_NUMBER,
-    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1,
-    ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1,
-    ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1, ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1,
-    ['Y'] = 1, ['Z'] = 1,
-    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1,
-    ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1,
-    ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
-    ['y'] = 1, ['z'] = 1,
+#define UP_ (PGD_UNI_LETTER | PGD_UNI_UPPERISH)
+#define LO_ (PGD_UNI_LETTER | PGD_UNI_LOWERISH)
+    ['A'] = UP_, ['B'] = UP_, ['C'] = UP_, ['D'] = UP_, ['E'] = UP_, ['F'] = UP_, ['G'] = UP_,
+    ['H'] = UP_, ['I'] = UP_, ['J'] = UP_, ['K'] = UP_, ['L'] = UP_, ['M'] = UP_, ['N'] = UP_,
+    ['O'] = UP_, ['P'] = UP_, ['Q'] = UP_, ['R'] = UP_, ['S'] = UP_, ['T'] = UP_, ['U'] = UP_,
+    ['V'] = UP_, ['W'] = UP_, ['X'] = UP_, ['Y'] = UP_, ['Z'] = UP_,
+    ['a'] = LO_, ['b'] = LO_, ['c'] = LO_, ['d'] = LO_, ['e'] = LO_, ['f'] = LO_, ['g'] = LO_,
+    ['h'] = LO_, ['i'] = LO_, ['j'] = LO_, ['k'] = LO_, ['l'] = LO_, ['m'] = LO_, ['n'] = LO_,
+    ['o'] = LO_, ['p'] = LO_, ['q'] = LO_, ['r'] = LO_, ['s'] = LO_, ['t'] = LO_, ['u'] = LO_,
+    ['v'] = LO_, ['w'] = LO_, ['x'] = LO_, ['y'] = LO_, ['z'] = LO_,
+#undef UP_
+#undef LO_
 };
 
 unsigned pgd__uni_flags(uint32_t cp) {

@@ -332,3 +332,24 @@ def test_gguf_add_eos_token(pagoda_bin, tmp_path, flag):
     plain = [int(x) for x in
              util.run_pagoda("tokenize", "-m", path, "--no-bos", "Hello world").stdout.split()]
     assert ids[0] == 1 and (ids[-1] == 2) == flag and ids[1:len(ids) - flag] == plain
+
+
+def pagoda_pieces(model, texts):
+    """`pagoda tokenize --pieces`: the pre-tokenizer's pieces of each text."""
+    return [json.loads(x) for x in pagoda_jsonl("tokenize", model, texts, "--pieces")]
+
+
+def compare_pieces(name, model, pattern, texts):
+    """The hand-written pre-tokenizer against the `regex` module running the vocabulary's own
+    pattern (leftmost-first alternation with backtracking, as Oniguruma and fancy-regex)."""
+    import regex
+    ours = pagoda_pieces(model, texts)
+    ref = [regex.findall(pattern, t) for t in texts]
+    bad = [(t, o, r) for t, o, r in zip(texts, ours, ref) if o != r]
+    msg = "\n".join(f"  {t!r}\n    pagoda {o}\n    regex  {r}" for t, o, r in bad[:10])
+    assert not bad, f"{name}: {len(bad)}/{len(texts)} strings split differently:\n{msg}"
+
+
+@pytest.mark.parametrize("name,pattern", [("llama3", LLAMA3_RE), ("qwen2", QWEN2_RE)])
+def test_pieces_match_regex(name, pattern, corpus):
+    compare_pieces(name, VOCABS[name][0](), pattern, corpus)

@@ -1,0 +1,127 @@
+"""Mistral's Tekken tokenizer (Mistral Nemo, Small 3, Ministral, Pixtral), id for id against
+Mistral's own implementation.
+
+The vocabulary is the real one: `tekken_240718.json` (Mistral Nemo's), shipped inside the
+`mistral_common` package (Apache-2.0; installed from PyPI into the test virtualenv, not copied
+into this repository). The reference ids come from `mistral_common`'s `Tekkenizer` (tiktoken
+underneath: the pattern in the file, then byte-pair merges by rank with a whole-word lookup
+first). Pagoda reads the vocabulary in both forms a user downloads:
+  - a GGUF vocabulary, as llama.cpp's converter writes Mistral Nemo's (`tokenizer.ggml.model`
+    gpt2, `tokenizer.ggml.pre` "tekken", byte-level token texts and merges), and
+  - a Hugging Face `tokenizer.json`, as transformers' `convert_tekken_tokenizer` writes it
+    (Split on the Tekken pattern + ByteLevel, BPE with ignore_merges).
+Both are built here from the file (cached under ~/.cache/pagoda, keyed by the package version).
+Compared: the shared tokenizer corpus (tok_corpus.py) without special-token parsing, a corpus
+that stresses the pattern (case runs, marks, digits, slashes after newlines), the round trip
+through `pagoda detokenize`, special-token parsing against the HF conversion, and the
+pre-tokenizer's pieces against the `regex` module running the file's pattern."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tok_corpus  # noqa: E402
+import util  # noqa: E402
+from test_tokenizer import compare, compare_pieces, pagoda_encode, pagoda_jsonl  # noqa: E402
+
+mistral_common = pytest.importorskip("mistral_common")
+gguf = pytest.importorskip("gguf")
+
+
+def tekken_file():
+    import importlib.resources as res
+    p = Path(str(res.files("mistral_common") / "data" / "tekken_240718.json"))
+    if not p.exists():
+        pytest.skip(f"{p} is missing from mistral_common {mistral_common.__version__}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def forms():
+    """{"hf": dir with tokenizer.json, "gguf": vocabulary-only GGUF}, built once per version."""
+    out = util.CACHE / f"tekken-{mistral_common.__version__}"
+    hf, gg = out / "hf", out / "vocab-tekken.gguf"
+    if not gg.exists():
+        from transformers.integrations.mistral import convert_tekken_tokenizer
+        tok = convert_tekken_tokenizer(str(tekken_file()))
+        tok.save_pretrained(str(hf))
+        j = json.loads((hf / "tokenizer.json").read_text(encoding="utf-8"))
+        vocab = j["model"]["vocab"]
+        tokens = [None] * len(vocab)
+        for t, i in vocab.items():
+            tokens[i] = t
+        special = {a["id"] for a in j["added_tokens"] if a["special"]}
+        assert None not in tokens and len(special) == 1000
+        merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
+        tmp = gg.with_suffix(".tmp")
+        w = gguf.GGUFWriter(str(tmp), "llama")
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("tekken")
+        w.add_token_list(tokens)
+        w.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
+        w.add_token_merges(merges)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        tmp.rename(gg)
+    return {"hf": hf, "gguf": gg}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+    return Tekkenizer.from_file(str(tekken_file()))
+
+
+def pattern_corpus():
+    """Strings aimed at the pattern's corners: the upper-then-lower backtracking ([UP]*[LO]+
+    gives back Lm/Lo/mark characters), a lead character that is a mark, punctuation or a space,
+    single digits, " ?punct+[\\r\\n/]*" and the whitespace rules."""
+    base = [
+        "HTTPServer", "XMLHttpRequest", "iPhone", "McDonald's", "ABCdef GHI jkl", "ǅemal ǈ",
+        "ÀÉÎõü", "É\u0301cole", "a\u0301\u0302b", "\u0301abc", "\u0301ABC", " \u0301x",
+        "ʰello ʰELLO Aʰb", "日本語のテキスト", "한국어 텍스트", "Ελληνικά ΚΕΦΑΛΑΙΑ", "Русский ТЕКСТ",
+        "x1y22z333", "3.14159", "1,000,000", "v2.0-beta", "a/b/c", "!!\n/\n//", "?\r\n/x",
+        "end.\n\n\nnext", "  \t\n  x", "tail   ", "\n", "\r\n\r\n", " !", " !!x", "(ABC)", "'s 'T",
+        "don't", "DON'T", "e-mail", "😀 emoji👍🏽 ok", "🇫🇷!", "a\u200db", "\u00a0nbsp", "x\u2028y",
+        "Mc\u0308Z", "ABC\u0301", "ABC\u0301d", "AB\u02b0C", "\u02b0\u02b0", "\u0903\u0915\u093f",
+    ]
+    return base + [a + " " + b for a, b in zip(base, reversed(base))]
+
+
+@pytest.mark.parametrize("form", ["gguf", "hf"])
+def test_matches_mistral_common(form, forms, reference, pagoda_bin, capsys):
+    texts = tok_corpus.corpus() + pattern_corpus()
+    ref = [reference.encode(t, bos=False, eos=False) for t in texts]
+    ours = pagoda_encode(forms[form], texts, special=False)
+    compare(f"tekken ({form})", texts, ours, ref)
+    back = [json.loads(x) for x in pagoda_jsonl("detokenize", forms[form], ours)]
+    bad = [(t, b) for t, b in zip(texts, back) if t != b]
+    assert not bad, f"{len(bad)} round trips differ, e.g. {bad[:5]}"
+    with capsys.disabled():
+        print(f"\n[tokenizer] tekken ({form}): {len(texts)} strings id-for-id with "
+              f"mistral_common {mistral_common.__version__}, {len(texts)} round trips")
+
+
+def test_special_parsing_matches_hf(forms):
+    from tokenizers import Tokenizer
+    hf = Tokenizer.from_file(str(forms["hf"] / "tokenizer.json"))
+    spec = tok_corpus.special_corpus() + ["[INST] Hi [/INST]</s>[INST]x", "<s>[TOOL_CALLS]"]
+    ref = [e.ids for e in hf.encode_batch(spec, add_special_tokens=False)]
+    for form in ("gguf", "hf"):
+        compare(f"tekken ({form}, special)", spec, pagoda_encode(forms[form], spec, True), ref)
+
+
+@pytest.mark.parametrize("form", ["gguf", "hf"])
+def test_pieces_match_the_pattern(form, forms):
+    """The pieces themselves, against the `regex` module running tekken.json's pattern: ids
+    alone can hide a wrong split where no merge crosses it."""
+    pattern = json.loads(tekken_file().read_text(encoding="utf-8"))["config"]["pattern"]
+    compare_pieces("tekken", forms[form], pattern, tok_corpus.corpus() + pattern_corpus())
