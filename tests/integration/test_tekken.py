@@ -125,3 +125,89 @@ def test_pieces_match_the_pattern(form, forms):
     alone can hide a wrong split where no merge crosses it."""
     pattern = json.loads(tekken_file().read_text(encoding="utf-8"))["config"]["pattern"]
     compare_pieces("tekken", forms[form], pattern, tok_corpus.corpus() + pattern_corpus())
+
+
+NEMO_TEMPLATE = util.DATA / "chat-templates" / "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello there!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "What is 2+2?"}],
+    [{"role": "user", "content": "Écris un haïku sur la mer.\nMerci !"},
+     {"role": "assistant", "content": "Vagues  d'argent..."},
+     {"role": "user", "content": "HTTPServer/XMLHttpRequest: 12 345?"}],
+]
+
+
+@pytest.fixture(scope="module")
+def nemo(forms):
+    """A tiny random MistralForCausalLM in Mistral Nemo's shape where it matters here: the real
+    vocabulary and tokenizer (131,072 tokens), head_dim set apart from hidden/heads (Nemo: 128
+    against 5120 / 32) and Nemo's chat template -- a Hugging Face directory as users download."""
+    import shutil
+    out = util.CACHE / f"tekken-{mistral_common.__version__}" / "tiny-nemo"
+    if not (out / "config.json").exists():
+        import torch
+        import transformers
+        cfg = transformers.MistralConfig(
+            vocab_size=131072, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1e6,
+            max_position_embeddings=1024, sliding_window=None, tie_word_embeddings=False,
+            bos_token_id=1, eos_token_id=2)
+        torch.manual_seed(7)
+        model = transformers.MistralForCausalLM(cfg)
+        with torch.no_grad():  # wider than the 0.02 init: logits far from uniform
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0, 0.3)
+        tmp = out.with_name("tiny-nemo.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(str(tmp))
+        for f in forms["hf"].iterdir():
+            shutil.copy(f, tmp / f.name)
+        tc = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
+        tc["chat_template"] = NEMO_TEMPLATE.read_text(encoding="utf-8")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tc), encoding="utf-8")
+        tmp.rename(out)
+    return out
+
+
+def mistral_chat_ids(messages):
+    """mistral_common's own encoding of a chat (Mistral's reference for its instruct format)."""
+    from mistral_common.protocol.instruct.messages import (AssistantMessage, SystemMessage,
+                                                           UserMessage)
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+    kinds = {"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage}
+    mt = MistralTokenizer.from_file(str(tekken_file()))
+    req = ChatCompletionRequest(messages=[kinds[m["role"]](content=m["content"])
+                                          for m in messages])
+    return mt.encode_chat_completion(req).tokens
+
+
+def test_nemo_chat_prompt_and_logits(nemo, tmp_path):
+    """Served as Mistral Nemo is: a chat's prompt ids (`/tokenize` with messages, the ids a chat
+    completion runs on) equal mistral_common's encoding of the same chat, and the model's
+    logits over them match transformers (head_dim 32 with hidden 64 and 4 heads)."""
+    import numpy as np
+    import torch
+    import transformers
+    from server_util import Server
+    from test_forward import pagoda_logits
+    with Server(nemo) as s:
+        for msgs in CONVERSATIONS:
+            r = util.post(s, "/tokenize", {"messages": msgs})
+            assert r.status_code == 200, r.text
+            assert r.json()["tokens"] == mistral_chat_ids(msgs), msgs
+        r = util.post(s, "/v1/chat/completions", {"messages": CONVERSATIONS[1], "max_tokens": 4,
+                                                  "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(mistral_chat_ids(CONVERSATIONS[1]))
+    ids = mistral_chat_ids(CONVERSATIONS[2])
+    model = transformers.MistralForCausalLM.from_pretrained(str(nemo), dtype=torch.float32)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+    a = pagoda_logits(nemo, ids, [], tmp_path)
+    rel = float(np.abs(a - ref).max() / np.abs(ref).max())
+    print(f"tiny Nemo, {len(ids)} chat prompt ids: logits rel err {rel:.2e} against transformers")
+    assert rel <= 1e-4, rel  # F32 on both sides (test_forward.py's bound and why)
+    assert (a.argmax(1) == ref.argmax(1)).all()
