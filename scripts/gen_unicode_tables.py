@@ -4,8 +4,9 @@
 Tables (all sorted, searched by binary search at run time):
   - class ranges: letter (\\p{L}), number (\\p{N}), the two letter-and-mark classes of
     Mistral's Tekken regex ([\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}] and
-    [\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]), whitespace (\\s as Oniguruma and the Rust regex crate see it: White_Space = U+0009..U+000D, U+0085, and categories Zs, Zl, Zp) and
-    "may change under NFC" (the NFC quick check);
+    [\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]), whitespace (\\s as Oniguruma and the Rust regex crate
+    see it: White_Space = U+0009..U+000D, U+0085, and categories Zs, Zl, Zp) and "may change
+    under NFC" (the NFC quick check);
   - NFC data: canonical combining classes, canonical decompositions (one level, expanded
     recursively at run time) and primary composites (pairs that compose). Hangul syllables are
     handled algorithmically in the C code and are left out of these tables.

@@ -678,7 +678,8 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     /* vLLM's other extensions that change what is generated: refused where set */
     static const char *const refused[] = {
         "guided_grammar", "guided_whitespace_pattern", "bad_words",
-        "use_beam_search", "logits_processors", "return_tokens_as_token_ids", "structural_tag", "vllm_xargs", "kv_transfer_params"};
+        "use_beam_search", "logits_processors", "return_tokens_as_token_ids", "structural_tag",
+        "vllm_xargs", "kv_transfer_params"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (!unset(cJSON_GetObjectItemCaseSensitive(o, refused[i])))
             BAD(refused[i], "'%s' (a vLLM extension) is not supported", refused[i]);

@@ -4,8 +4,9 @@
  * most recently admitted sequence by recompute when a block is missing), then prefill chunks of
  * partially prefilled sequences, then waiting requests in arrival order while blocks, budget
  * and the sequence cap allow. Priority scheduling orders both lists by (priority, arrival)
- * instead, preempts the lowest priority, and lets a request take room from lower ones. The scheduler sees sequences and block counts, the runner builds
- * the flattened batch, the block manager (src/kv) sees only token and block ids. */
+ * instead, preempts the lowest priority, and lets a request take room from lower ones. The
+ * scheduler sees sequences and block counts, the runner builds the flattened batch, the block
+ * manager (src/kv) sees only token and block ids. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>

@@ -55,6 +55,26 @@ static int whitespace(const text_cps *t, size_t *pos, size_t end, bool newline_r
     return emit(t, p, stop);
 }
 
+/*  ?[^\s\p{L}\p{N}]+ and then [\r\n]* (Llama 3, Qwen2) or [\r\n/]* (Tekken: slash) at pos: the
+ * end of the match, or 0 if there is none. */
+static size_t punct_run(const text_cps *t, size_t pos, size_t end, bool slash) {
+    size_t p = pos + (t->cp[pos] == ' ');
+    if (p >= end || (t->fl[p] & (L | N | S))) return 0;
+    size_t q = p + 1;
+    while (q < end && !(t->fl[q] & (L | N | S))) q++;
+    while (q < end && (t->cp[q] == '\r' || t->cp[q] == '\n' || (slash && t->cp[q] == '/'))) q++;
+    return q;
+}
+
+/* Emits [*pos, q) when an earlier alternative matched (q > 0), else the whitespace ones
+ * (\s*[\r\n]+|\s+(?!\S)|\s+); moves *pos past the piece. */
+static int emit_or_space(const text_cps *t, size_t *pos, size_t q, size_t end) {
+    if (!q) return whitespace(t, pos, end, true);
+    int rc = emit(t, *pos, q);
+    *pos = q;
+    return rc;
+}
+
 /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
 static int split_gpt2(const text_cps *t, size_t pos, size_t end) {
     while (pos < end) {
@@ -112,20 +132,9 @@ static int split_llama3(const text_cps *t, size_t pos, size_t end, size_t max_di
             q = pos + 1;
             while (q < end && q - pos < max_digits && (t->fl[q] & N)) q++;
         } else {
-            size_t p = pos + (c == ' ');
-            if (p < end && !(t->fl[p] & (L | N | S))) {
-                q = p + 1;
-                while (q < end && !(t->fl[q] & (L | N | S))) q++;
-                while (q < end && (t->cp[q] == '\r' || t->cp[q] == '\n')) q++;
-            }
+            q = punct_run(t, pos, end, false);
         }
-        if (q) {
-            int rc = emit(t, pos, q);
-            if (rc) return rc;
-            pos = q;
-            continue;
-        }
-        int rc = whitespace(t, &pos, end, true);
+        int rc = emit_or_space(t, &pos, q, end);
         if (rc) return rc;
     }
     return 0;
@@ -165,21 +174,8 @@ static int split_tekken(const text_cps *t, size_t pos, size_t end) {
             }
         }
         if (!q && (f & N)) q = pos + 1;
-        if (!q) {
-            size_t p = pos + (c == ' ');
-            if (p < end && !(t->fl[p] & (L | N | S))) {
-                q = p + 1;
-                while (q < end && !(t->fl[q] & (L | N | S))) q++;
-                while (q < end && (t->cp[q] == '\r' || t->cp[q] == '\n' || t->cp[q] == '/')) q++;
-            }
-        }
-        if (q) {
-            int rc = emit(t, pos, q);
-            if (rc) return rc;
-            pos = q;
-            continue;
-        }
-        int rc = whitespace(t, &pos, end, true);
+        if (!q) q = punct_run(t, pos, end, true);
+        int rc = emit_or_space(t, &pos, q, end);
         if (rc) return rc;
     }
     return 0;

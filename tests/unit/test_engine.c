@@ -23,6 +23,13 @@ static uint32_t rnd(uint32_t n) {
 
 #define MAXREQ 4096
 
+/* The default engine configuration on the real stories260K, two threads. */
+static void stories_config(pgd_engine_config *c) {
+    pgd_engine_config_default(c);
+    c->model_path = "tests/data/models/stories260K.gguf";
+    c->n_threads = 2;
+}
+
 /* Runs 12 greedy requests through e, synchronously or on the engine thread (submitting from
  * this thread while it runs), and collects each request's tokens. */
 static void run_requests(pgd_engine *e, bool threaded, int32_t out[12][40], int32_t n_out[12]) {
@@ -56,9 +63,7 @@ static void run_requests(pgd_engine *e, bool threaded, int32_t out[12][40], int3
 
 static void test_threaded_matches_sync(void) {
     pgd_engine_config c;
-    pgd_engine_config_default(&c);
-    c.model_path = "tests/data/models/stories260K.gguf";
-    c.n_threads = 2;
+    stories_config(&c);
     pgd_engine *e;
     char err[256];
     CHECK_EQ_INT(pgd_engine_create(&c, &e, err, sizeof err), 0);
@@ -108,9 +113,7 @@ static void pr_run(pgd_engine *e, int max_steps, uint64_t base, int *first, int 
 /* Each of n requests run alone: the reference outputs. */
 static void pr_reference(int n, int32_t ref[][PR_TOK]) {
     pgd_engine_config c;
-    pgd_engine_config_default(&c);
-    c.model_path = "tests/data/models/stories260K.gguf";
-    c.n_threads = 2;
+    stories_config(&c);
     pgd_engine *e;
     char err[256];
     CHECK_EQ_INT(pgd_engine_create(&c, &e, err, sizeof err), 0);
@@ -131,9 +134,7 @@ static void pr_reference(int n, int32_t ref[][PR_TOK]) {
  * priority -1 preempts it at once, and the rest follow in (priority, arrival) order. */
 static void test_priority_slots(const int32_t ref[][PR_TOK]) {
     pgd_engine_config c;
-    pgd_engine_config_default(&c);
-    c.model_path = "tests/data/models/stories260K.gguf";
-    c.n_threads = 2;
+    stories_config(&c);
     c.max_num_seqs = 1;
     c.priority_scheduling = true;
     pgd_engine *e;
@@ -178,9 +179,7 @@ static void test_priority_slots(const int32_t ref[][PR_TOK]) {
  * First come, first served makes it wait, and refuses a priority. Returns its finish rank. */
 static int test_priority_blocks(const int32_t ref[][PR_TOK], bool priority) {
     pgd_engine_config c;
-    pgd_engine_config_default(&c);
-    c.model_path = "tests/data/models/stories260K.gguf";
-    c.n_threads = 2;
+    stories_config(&c);
     c.kv_cache_bytes = 10 * 16 * 1280;
     c.priority_scheduling = priority;
     pgd_engine *e;
@@ -226,9 +225,7 @@ static int test_priority_blocks(const int32_t ref[][PR_TOK], bool priority) {
 
 static void test_random_workload(bool priority) {
     pgd_engine_config c;
-    pgd_engine_config_default(&c);
-    c.model_path = "tests/data/models/stories260K.gguf";
-    c.n_threads = 2;
+    stories_config(&c);
     c.kv_cache_bytes = 48 * 16 * 1280; /* 48 blocks of 16 tokens (1,280 bytes per token) */
     c.max_num_batched_tokens = 48;
     c.max_num_seqs = 16;
