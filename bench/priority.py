@@ -9,7 +9,8 @@ workers each stream low-priority completions back to back (--bg-input-len words 
 --interval seconds with priority -1 (0 under fcfs, which takes no other). Reported per policy:
 the interactive requests' TTFT and end-to-end latency (median and p90, ms) and the background's
 output tokens/s over the interactive window; then the medians over the runs and the ratios
-priority / fcfs. One JSON file under --result-dir holds every run.
+priority / fcfs. One JSON file under --result-dir holds every run. --background 0 measures the
+interactive requests on an idle server (the baseline).
 
 usage: $(scripts/setup-venv.sh bench/requirements.txt)/bin/python bench/priority.py \\
            --runs 3 --result-dir bench/results/priority
@@ -126,7 +127,8 @@ def main():
     for p in ("fcfs", "priority"):
         print(f"| {p} | " + " | ".join(f"{med[p][k]:.1f}" for k in keys) + " |")
     print("| priority / fcfs | " +
-          " | ".join(f"{med['priority'][k] / med['fcfs'][k]:.2f}" for k in keys) + " |")
+          " | ".join(f"{med['priority'][k] / med['fcfs'][k]:.2f}" if med['fcfs'][k] else "-"
+                     for k in keys) + " |")
     return 0
 
 
