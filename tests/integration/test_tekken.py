@@ -16,6 +16,7 @@ that stresses the pattern (case runs, marks, digits, slashes after newlines), th
 through `pagoda detokenize`, special-token parsing against the HF conversion, and the
 pre-tokenizer's pieces against the `regex` module running the file's pattern."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -211,3 +212,24 @@ def test_nemo_chat_prompt_and_logits(nemo, tmp_path):
     print(f"tiny Nemo, {len(ids)} chat prompt ids: logits rel err {rel:.2e} against transformers")
     assert rel <= 1e-4, rel  # F32 on both sides (test_forward.py's bound and why)
     assert (a.argmax(1) == ref.argmax(1)).all()
+
+
+@pytest.mark.skipif(not os.environ.get("PAGODA_ASAN_BUILD"), reason="PAGODA_ASAN_BUILD is not set")
+def test_tekken_under_asan(forms, tmp_path):
+    """The Tekken matcher and its ids under AddressSanitizer + UBSan (scripts/test.sh's build):
+    the whole corpus through --pieces and through encoding, in both forms, with no report."""
+    import subprocess
+    from server_util import check_no_sanitizer_report
+    binary = Path(os.environ["PAGODA_ASAN_BUILD"]) / "pagoda"
+    f = tmp_path / "corpus.jsonl"
+    texts = tok_corpus.corpus() + pattern_corpus()
+    f.write_text("".join(json.dumps(t) + "\n" for t in texts), encoding="utf-8")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:halt_on_error=1",
+               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    for form in ("gguf", "hf"):
+        for extra in (["--pieces"], ["--no-bos", "--no-special"], []):
+            p = subprocess.run([str(binary), "tokenize", "-m", str(forms[form]), *extra,
+                                "--jsonl", str(f)], capture_output=True, env=env, timeout=600)
+            check_no_sanitizer_report(p.stderr.decode(errors="replace"))
+            assert p.returncode == 0, (form, extra, p.stderr[-2000:])
+            assert p.stdout.decode().count("\n") == len(texts)
