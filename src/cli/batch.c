@@ -453,13 +453,8 @@ int pgd_cli_batch(int argc, char **argv) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) ec.model_path = v;
         else if (!strcmp(a, "--lora-modules")) {
             /* vLLM's form, NAME=DIR NAME=DIR up to the next option, or comma-separated */
-            size_t n = strlen(v) + 1;
-            int j = i + 1;
-            for (; j < argc && argv[j][0] != '-'; j++) n += strlen(argv[j]) + 1;
             free(ls.spec);
-            if (!(ls.spec = malloc(n))) return 1;
-            strcpy(ls.spec, v);
-            for (; i + 1 < j; i++) strcat(strcat(ls.spec, ","), argv[i + 1]);
+            if (!(ls.spec = pgd_join_option_values(argc, argv, &i))) return 1;
         }
         else if (!strcmp(a, "--input")) in_path = v;
         else if (!strcmp(a, "--output")) out_path = v;

@@ -385,23 +385,19 @@ static pgd_lora_mat lora_slice(const pgd_model *m, const pgd_shard *sh, const pg
     const pgd_model_config *c = &m->cfg;
     const pgd_lora_matrix *lm = &l->m[il * PGD_LAYER_N_MATRICES + mi];
     pgd_lora_mat o = {0};
-    if (!lm->a) return o;
-    int64_t q_all = (int64_t)c->n_head * c->head_dim;
+    int64_t n_out, n_in; /* the full matrix: A's and B's row strides */
+    if (!lm->a || !pgd_lora_matrix_shape(m, il, mi, &n_out, &n_in)) return o;
     int64_t q_lo = (int64_t)sh->rank * sh->n_head * c->head_dim;
     int64_t kv_lo = (int64_t)sh->rank * sh->n_kv_head * c->head_dim;
     int64_t out_lo[] = {q_lo, kv_lo, kv_lo, 0, sh->ffn_lo, sh->ffn_lo, 0};
     int64_t in_lo[] = {0, 0, 0, q_lo, 0, 0, sh->ffn_lo};
-    int64_t lda[] = {c->dim, c->dim, c->dim, q_all, c->dim, c->dim, c->ffn_dim};
-    int64_t n_out_all[] = {q_all, (int64_t)c->n_kv_head * c->head_dim,
-                           (int64_t)c->n_kv_head * c->head_dim, c->dim, c->ffn_dim, c->ffn_dim,
-                           c->dim};
     size_t es = pgd_dtype_size(lm->type);
     o.a = (const char *)lm->a + (size_t)in_lo[mi] * es;
     o.bt = (const char *)lm->bt + (size_t)out_lo[mi] * es;
     o.type = lm->type;
     o.rank = l->rank;
-    o.lda = (int32_t)lda[mi];
-    o.ldb = (int32_t)n_out_all[mi];
+    o.lda = (int32_t)n_in;
+    o.ldb = (int32_t)n_out;
     o.scale = l->scale;
     return o;
 }
@@ -556,7 +552,6 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
     rp_local.local = true;
     if ((rc = o->begin(be, &s, &rp))) return rc;
     bool lora = lora_tokens(f, r, b);
-    int ffn_dim = sh->ffn_dim;
 
     TIMED(r, PR_EMBED, o->embed(be, &sh->tok_embd, sh->vocab_lo, &s, r->x));
     TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->x, (size_t)n * dim));
@@ -610,13 +605,13 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
             TIMED(r, PR_GATE, o->matmul(be, &l->w_gate, r->xb, r->hb, n));
             TIMED(r, PR_UP, o->matmul(be, &l->w_up, r->xb, r->hb2, n));
             if (lora) {
-                lora_apply(f, r, il, 4, r->xb, r->hb, n, dim, ffn_dim);
-                lora_apply(f, r, il, 5, r->xb, r->hb2, n, dim, ffn_dim);
+                lora_apply(f, r, il, 4, r->xb, r->hb, n, dim, sh->ffn_dim);
+                lora_apply(f, r, il, 5, r->xb, r->hb2, n, dim, sh->ffn_dim);
             }
             if (c->gelu) TIMED(r, PR_ACT, o->gelu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
             else TIMED(r, PR_ACT, o->silu_gate(be, r->hb, r->hb2, (size_t)n * sh->ffn_dim));
             TIMED(r, PR_DOWN, o->matmul(be, &l->w_down, r->hb, r->xb2, n));
-            if (lora) lora_apply(f, r, il, 6, r->hb, r->xb2, n, ffn_dim, dim);
+            if (lora) lora_apply(f, r, il, 6, r->hb, r->xb2, n, sh->ffn_dim, dim);
         }
         TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
         if (rc) return rc;

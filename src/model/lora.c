@@ -170,9 +170,8 @@ static int permute_rows(void *b, int32_t n_head, int32_t head_dim, int32_t rank,
     return PGD_OK;
 }
 
-/* Matrix mi's (n_out, n_in) in the model, full size; false when layer il has no such matrix
- * (a mixture-of-experts layer's FFN). */
-static bool matrix_shape(const pgd_model *m, int32_t il, int mi, int64_t *n_out, int64_t *n_in) {
+bool pgd_lora_matrix_shape(const pgd_model *m, int32_t il, int mi, int64_t *n_out,
+                           int64_t *n_in) {
     const pgd_model_config *c = &m->cfg;
     int64_t q = (int64_t)c->n_head * c->head_dim, kv = (int64_t)c->n_kv_head * c->head_dim;
     if (mi >= 4 && m->layers[il].moe.n_expert) return false;
@@ -213,7 +212,7 @@ static int read_tensors(const char *dir, const pgd_model *m, pgd_lora *l, pgd_er
             goto done;
         }
         int64_t n_out, n_in;
-        if (il >= nl || !matrix_shape(m, il, mi, &n_out, &n_in)) {
+        if (il >= nl || !pgd_lora_matrix_shape(m, il, mi, &n_out, &n_in)) {
             rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: tensor '%s': the model has no such "
                              "matrix", path, safe_name(t->name, nb, sizeof nb));
             goto done;

@@ -36,6 +36,11 @@ typedef struct pgd_lora {
     int32_t n_matrices;  /* of those, the ones the adapter changes */
 } pgd_lora;
 
+/* Matrix mi's (n_out, n_in) in model m (PGD_LAYER_MATRICES order), full size; false when layer
+ * il has no such matrix (a mixture-of-experts layer's FFN). */
+bool pgd_lora_matrix_shape(const pgd_model *m, int32_t il, int mi, int64_t *n_out,
+                           int64_t *n_in);
+
 /* Reads the adapter in directory dir for model m (its shapes checked against m's). Refuses, in
  * one line naming the file, what it would otherwise have to ignore: a tensor of any module other
  * than the attention's q/k/v/o projections and the dense FFN's gate/up/down, DoRA, LoRA biases,

@@ -319,15 +319,9 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
             }
             v = argv[++i];
         }
-        if (o->offset == OFF(lora_modules) && !given) {
-            /* vLLM's form: --lora-modules a=DIR b=DIR, up to the next option */
-            size_t n = strlen(v) + 1;
-            int j = i + 1;
-            for (; j < argc && argv[j][0] != '-'; j++) n += strlen(argv[j]) + 1;
-            char *joined = malloc(n);
+        if (o->offset == OFF(lora_modules) && !given) { /* vLLM's form: a=DIR b=DIR */
+            char *joined = pgd_join_option_values(argc, argv, &i);
             if (!joined) return -1;
-            strcpy(joined, v);
-            for (; i + 1 < j; i++) strcat(strcat(joined, ","), argv[i + 1]);
             int rc = set_opt(c, o, joined, "the command line");
             free(joined);
             if (rc) return -1;

@@ -870,28 +870,29 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 /* ---- simple endpoints ---- */
 
-static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", s->model_name);
+/* One entry of /v1/models into d: the model, or (root set) a LoRA adapter of it, as vLLM lists
+ * its adapters (root: the adapter's directory, parent: the base model). */
+static void add_model_entry(server *s, cJSON *d, const char *id, const char *root) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", 0);
     cJSON_AddStringToObject(m, "owned_by", "pagoda");
+    if (root) {
+        cJSON_AddStringToObject(m, "root", root);
+        cJSON_AddStringToObject(m, "parent", s->model_name);
+    }
     cJSON_AddNumberToObject(m, "max_model_len", s->ready ? pgd_engine_n_ctx(s->engine) : 0);
     cJSON_AddItemToArray(d, m);
-    for (int32_t i = 0; i < s->n_loras; i++) { /* as vLLM lists its adapters */
-        if (!s->lora_names[i]) continue;
-        m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "id", s->lora_names[i]);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", 0);
-        cJSON_AddStringToObject(m, "owned_by", "pagoda");
-        cJSON_AddStringToObject(m, "root", s->lora_paths[i]);
-        cJSON_AddStringToObject(m, "parent", s->model_name);
-        cJSON_AddNumberToObject(m, "max_model_len", s->ready ? pgd_engine_n_ctx(s->engine) : 0);
-        cJSON_AddItemToArray(d, m);
-    }
+}
+
+static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *d = cJSON_AddArrayToObject(o, "data");
+    add_model_entry(s, d, s->model_name, NULL);
+    for (int32_t i = 0; i < s->n_loras; i++)
+        if (s->lora_names[i]) add_model_entry(s, d, s->lora_names[i], s->lora_paths[i]);
     char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     enum MHD_Result r = send_body(conn, 200, js ? js : "{}", "application/json", NULL);
@@ -1513,7 +1514,7 @@ static void load_work_cb(uv_work_t *w) {
     ec.max_num_batched_tokens = s->cfg.max_num_batched_tokens;
     ec.max_num_seqs = s->cfg.max_num_seqs;
     ec.no_prefix_caching = s->cfg.no_prefix_caching;
-    ec.priority_scheduling = !strcmp(s->cfg.scheduling_policy, "priority");
+    ec.priority_scheduling = s->limits.priority_scheduling;
     ec.max_waiting = s->cfg.max_waiting;
     ec.speculative = !strcmp(s->cfg.speculative, "ngram")   ? PGD_SPEC_NGRAM
                      : !strcmp(s->cfg.speculative, "draft") ? PGD_SPEC_DRAFT

@@ -23,6 +23,17 @@ int pgd_parse_size(const char *s, size_t *out) {
     return 0;
 }
 
+char *pgd_join_option_values(int argc, char **argv, int *i) {
+    size_t n = strlen(argv[*i]) + 1;
+    int j = *i + 1;
+    for (; j < argc && argv[j][0] != '-'; j++) n += strlen(argv[j]) + 1;
+    char *joined = malloc(n);
+    if (!joined) return NULL;
+    strcpy(joined, argv[*i]);
+    for (; *i + 1 < j; (*i)++) strcat(strcat(joined, ","), argv[*i + 1]);
+    return joined;
+}
+
 int pgd_lora_name_check(const char *name, char *msg, size_t ml) {
     size_t n = strlen(name);
     for (const char *p = name; *p; p++)

@@ -9,6 +9,10 @@
  * than 1e15 bytes. */
 int pgd_parse_size(const char *s, size_t *out);
 
+/* vLLM's form of a list option, `--lora-modules a=DIR b=DIR`: argv[*i] and the arguments after
+ * it up to the next option (one starting with '-'), joined with commas into a new string, *i
+ * left on the last one taken. NULL when out of memory. */
+char *pgd_join_option_values(int argc, char **argv, int *i);
 /* Whether name can name a LoRA adapter: 1 to 200 printable bytes without spaces, quotes or
  * backslashes (it goes into JSON and logs as it is). Returns 0, or -1 with one line in msg. */
 int pgd_lora_name_check(const char *name, char *msg, size_t ml);
