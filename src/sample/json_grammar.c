@@ -768,6 +768,7 @@ int pgd_json_vocab_index(pgd_json_vocab *v) {
         }
     }
     if (sort_texts(v) || sort_long_first(v)) return PGD_ENOMEM;
+    v->max_len = (int32_t)max_len;
     v->stack = malloc((max_len + 1) * sizeof *v->stack);
     v->dfa_stack = malloc((max_len + 1) * sizeof *v->dfa_stack);
     v->char_stack = malloc((max_len + 1) * sizeof *v->char_stack);
@@ -860,6 +861,23 @@ int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const pgd_regex *re, int32_t 
             continue;
         }
         ds[nd->depth] = t;
+        for (int32_t k = 0; k < nd->n_tok; k++) allow[v->sorted[nd->tok + k]] = 1;
+        n_ok += nd->n_tok;
+        i++;
+    }
+    return n_ok;
+}
+
+int32_t pgd_json_vocab_walk(const pgd_json_vocab *v, bool (*step)(void *ctx, int32_t d, uint8_t b),
+                            void *ctx, uint8_t *allow) {
+    int32_t n_ok = 0;
+    memset(allow, 0, (size_t)v->n);
+    for (int32_t i = 0; i < v->n_trie;) {
+        const pgd_json_trie *nd = &v->trie[i];
+        if (!step(ctx, nd->depth, nd->byte)) {
+            i = nd->skip;
+            continue;
+        }
         for (int32_t k = 0; k < nd->n_tok; k++) allow[v->sorted[nd->tok + k]] = 1;
         n_ok += nd->n_tok;
         i++;

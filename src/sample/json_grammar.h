@@ -176,7 +176,7 @@ typedef struct pgd_json_vocab {
     /* index: the tokens that can be text (not empty, not end-of-generation) in a trie; those
      * without a quote that a string (between characters) accepts; those with a quote */
     int32_t *sorted;      /* (n_text) text token ids in byte order of their text */
-    int32_t n_text;
+    int32_t n_text, max_len; /* max_len: the longest text's bytes (the trie's depth) */
     struct pgd_json_trie *trie; /* (n_trie) the trie of the texts in depth-first order */
     int32_t n_trie;
     pgd_json_state *stack;/* (max_len + 1) the walk's states by depth (scratch) */
@@ -208,6 +208,12 @@ void pgd_json_vocab_allow_prefixes(const pgd_json_vocab *v, const char *r, size_
  * its whole subtree. Uses v's scratch. */
 int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const struct pgd_regex *re, int32_t q,
                                 uint8_t *allow);
+/* allow[0..v->n) = 1 for the text tokens whose every prefix step() takes, else 0; returns how
+ * many. step(ctx, d, b) makes the walk's state at depth d (bytes) from the one at depth d - 1
+ * (depth 0: the caller's) and byte b, false when b is refused: the trie is walked in depth-first
+ * order, a refused byte skipping its whole subtree. */
+int32_t pgd_json_vocab_walk(const pgd_json_vocab *v, bool (*step)(void *ctx, int32_t d, uint8_t b),
+                            void *ctx, uint8_t *allow);
 /* The lowest id of a text token whose text is exactly t[0..n), or -1. */
 int32_t pgd_json_vocab_find(const pgd_json_vocab *v, const char *t, size_t n);
 /* Frees every array of v (text, len and eog included). */

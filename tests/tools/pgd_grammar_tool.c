@@ -1,0 +1,121 @@
+/* Test tool: exposes sample/grammar to tests/integration/test_grammar.py.
+ *   pgd_grammar_tool GRAMMAR_FILE
+ * compiles the grammar; exits 3 printing the compiler's message when it is refused. Then reads
+ * lines of HEX text and prints one word a line: "match" (the text is a whole sentence of the
+ * grammar; "match+" when longer ones start with it too), "prefix" (some continuation makes
+ * one) or "dead".
+ *   pgd_grammar_tool mask MODEL_OR_VOCAB GRAMMAR_FILE
+ * reads the same lines and prints, for each text that is a match or a prefix, how many tokens
+ * of the vocabulary pgd_grammar_allowed allows next, after checking its mask token by token
+ * against the definition (the state fed the token's bytes stays alive); exits 1 at the first
+ * difference. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sample/grammar.h"
+#include "sample/json_grammar.h"
+#include "tokenizer/tokenizer.h"
+
+static int hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Decodes hex s into buf (cap bytes); the length, or -1. */
+static long unhex(const char *s, char *buf, size_t cap) {
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r')) n--;
+    if (n % 2 || n / 2 > cap) return -1;
+    for (size_t i = 0; i < n / 2; i++) {
+        int h = hexval(s[2 * i]), l = hexval(s[2 * i + 1]);
+        if (h < 0 || l < 0) return -1;
+        buf[i] = (char)(h * 16 + l);
+    }
+    return (long)(n / 2);
+}
+
+int main(int argc, char **argv) {
+    bool mask = argc == 4 && !strcmp(argv[1], "mask");
+    if (argc != 2 && !mask) {
+        fprintf(stderr, "usage: pgd_grammar_tool [mask MODEL] GRAMMAR_FILE < lines of hex\n");
+        return 2;
+    }
+    static char src[PGD_GRAMMAR_MAX_LEN + 2], line[1 << 17], text[1 << 16];
+    FILE *f = fopen(argv[argc - 1], "rb");
+    if (!f) return 2;
+    size_t sl = fread(src, 1, sizeof src, f);
+    fclose(f);
+    pgd_grammar g;
+    char msg[300];
+    if (pgd_grammar_compile(src, sl, &g, msg, sizeof msg)) {
+        printf("%s\n", msg);
+        return 3;
+    }
+    pgd_json_vocab v = {0};
+    pgd_tokenizer *tok = NULL;
+    uint8_t *allow = NULL;
+    if (mask) {
+        pgd_err err = {0};
+        if (pgd_tokenizer_load_path(argv[2], &tok, &err) ||
+            pgd_json_vocab_build(&v, tok, pgd_tokenizer_n_vocab(tok)) ||
+            !(allow = malloc((size_t)v.n))) {
+            fprintf(stderr, "%s: cannot load the vocabulary\n", argv[2]);
+            return 2;
+        }
+    }
+    pgd_grammar_scratch *sc = pgd_grammar_scratch_new(mask ? v.max_len : 16);
+    pgd_grammar_state st0, st, t;
+    if (!sc || pgd_grammar_state_init(&st0) || pgd_grammar_state_init(&st) ||
+        pgd_grammar_state_init(&t))
+        return 2;
+    pgd_grammar_state_start(&st0, &g, sc);
+    int rc = 0;
+    while (fgets(line, sizeof line, stdin)) {
+        long n = unhex(line, text, sizeof text);
+        if (n < 0) return 2;
+        pgd_grammar_state_assign(&st, &st0); /* then fed the text a byte at a time: every cut of a character */
+        bool alive = true;
+        for (long i = 0; i < n && alive; i++) alive = pgd_grammar_feed(&st, &g, sc, text + i, 1);
+        if (!mask) {
+            printf("%s\n", !alive ? "dead"
+                           : pgd_grammar_complete(&st) ? (pgd_grammar_extends(&st) ? "match+"
+                                                                                   : "match")
+                                                       : "prefix");
+            continue;
+        }
+        if (!alive) continue;
+        int32_t n_ok = pgd_grammar_allowed(&st, &g, sc, &v, allow), count = 0;
+        for (int32_t id = 0; id < v.n && !rc; id++) {
+            bool want = false;
+            if (!v.eog[id] && v.len[id] > 0) {
+                pgd_grammar_state_assign(&t, &st);
+                want = pgd_grammar_feed(&t, &g, sc, v.text[id], v.len[id]);
+            }
+            if (want != (allow[id] != 0)) {
+                fprintf(stderr, "token %d: mask %d, definition %d\n", id, allow[id], want);
+                rc = 1;
+            }
+            count += want;
+        }
+        if (rc) break;
+        if (count != n_ok) {
+            fprintf(stderr, "count %d != %d\n", n_ok, count);
+            rc = 1;
+            break;
+        }
+        printf("%d\n", n_ok);
+    }
+    free(allow);
+    if (mask) pgd_json_vocab_free(&v);
+    if (tok) pgd_tokenizer_free(tok);
+    pgd_grammar_state_free(&st0);
+    pgd_grammar_state_free(&st);
+    pgd_grammar_state_free(&t);
+    pgd_grammar_scratch_free(sc);
+    pgd_grammar_free(&g);
+    return rc;
+}
