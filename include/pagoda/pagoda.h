@@ -145,9 +145,17 @@ typedef struct pgd_request_params {
        engine copies instead of compiling the pattern again (a server compiles once per request,
        off its I/O thread, for all its choices); NULL: the engine compiles regex */
     const struct pgd_regex *regex_dfa;
-    /* a reasoning model's thinking before a constrained answer (JSON, choices or a regex), as vLLM
-       applies a grammar only once the reasoning has ended: the constraint holds from the token
-       after the one that completes this text ("</think>"); until then sampling is free */
+    /* guided_grammar: the output is a sentence of this GBNF grammar's root rule
+       (src/sample/grammar.h), ending (STOP) when no byte can extend it, or at an
+       end-of-generation token once it is one; needs a tokenizer; no speculation */
+    const char *grammar;
+    /* with grammar: compiled already (pgd_grammar_compile), which the engine copies; NULL: the
+       engine compiles grammar */
+    const struct pgd_grammar *grammar_c;
+    /* a reasoning model's thinking before a constrained answer (JSON, choices, a regex or a
+       grammar), as vLLM applies a grammar only once the reasoning has ended: the constraint
+       holds from the token after the one that completes this text ("</think>"); until then
+       sampling is free */
     const char *constrain_after;
     /* with constrain_after, thinking the model may open or not (qwen3): the first token is
        either the token whose text is exactly this ("<think>"), and the constraint then waits for

@@ -14,6 +14,7 @@
 #include "api/tool_calls.h"
 #include "sample/json_grammar.h"
 #include "sample/regex.h"
+#include "sample/grammar.h"
 #include "tokenizer/unicode.h"
 #include "util/status.h"
 
@@ -586,6 +587,40 @@ int pgd_api_compile_regex(pgd_api_request *r, pgd_api_error *err) {
     return 0;
 }
 
+/* A GBNF grammar (grammar.h), compiled later like a regex. */
+static int set_grammar(pgd_api_request *r, const cJSON *x, const char *what, pgd_api_error *err) {
+    if (!cJSON_IsString(x)) BAD(what, "'%s' must be a string (a GBNF grammar)", what);
+    if (strlen(x->valuestring) > PGD_GRAMMAR_MAX_LEN)
+        BAD(what, "'%s' is longer than %d bytes", what, PGD_GRAMMAR_MAX_LEN);
+    if (!(r->grammar = strdup(x->valuestring))) {
+        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    r->grammar_param = what;
+    return 0;
+fail:
+    return -1;
+}
+
+int pgd_api_compile_grammar(pgd_api_request *r, pgd_api_error *err) {
+    if (!r->grammar || r->grammar_c) return 0;
+    char msg[300];
+    pgd_grammar *g = malloc(sizeof *g);
+    int rc = g ? pgd_grammar_compile(r->grammar, strlen(r->grammar), g, msg, sizeof msg)
+               : PGD_ENOMEM;
+    if (rc) {
+        free(g);
+        if (rc == PGD_ENOMEM)
+            pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        else
+            pgd_api_error_set(err, 400, "invalid_request_error", r->grammar_param, NULL,
+                              "'%s': %s", r->grammar_param, msg);
+        return -1;
+    }
+    r->grammar_c = g;
+    return 0;
+}
+
 /* A JSON Schema given as an object or as a string holding one (vLLM takes both). */
 static int set_schema_value(pgd_api_request *r, const cJSON *x, const char *what,
                             pgd_api_error *err) {
@@ -638,11 +673,13 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     const cJSON *gj = cJSON_GetObjectItemCaseSensitive(o, "guided_json");
     const cJSON *gc = cJSON_GetObjectItemCaseSensitive(o, "guided_choice");
     const cJSON *gr = cJSON_GetObjectItemCaseSensitive(o, "guided_regex");
+    const cJSON *gg = cJSON_GetObjectItemCaseSensitive(o, "guided_grammar");
+    const cJSON *lg = cJSON_GetObjectItemCaseSensitive(o, "grammar"); /* llama.cpp's */
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "structured_outputs");
     bool gc_set = gc && !cJSON_IsNull(gc); /* an empty list of choices is an error */
     bool gr_set = gr && !cJSON_IsNull(gr); /* "" too: the empty answer */
-    int kinds = r->json_object + !unset(gj) + gc_set + gr_set;
-    const cJSON *sj = NULL, *sc = NULL, *sr = NULL, *y;
+    int kinds = r->json_object + !unset(gj) + gc_set + gr_set + !unset(gg) + !unset(lg);
+    const cJSON *sj = NULL, *sc = NULL, *sr = NULL, *sg = NULL, *y;
     if (!unset(so)) {
         if (!cJSON_IsObject(so))
             BAD("structured_outputs", "'structured_outputs' must be an object");
@@ -651,17 +688,19 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
             if (!strcmp(y->string, "json")) sj = y;
             else if (!strcmp(y->string, "choice")) sc = y;
             else if (!strcmp(y->string, "regex")) sr = y;
+            else if (!strcmp(y->string, "grammar")) sg = y;
             else if (!strcmp(y->string, "json_object") && !cJSON_IsBool(y))
                 BAD("structured_outputs", "'structured_outputs.json_object' must be a boolean");
             else if (strcmp(y->string, "json_object"))
                 BAD("structured_outputs", "'structured_outputs.%s' is not supported (json, "
-                    "json_object, choice and regex are)", y->string);
+                    "json_object, choice, regex and grammar are)", y->string);
             kinds++;
         }
     }
     if (kinds > 1)
         BAD(NULL, "ask for one kind of structured output: response_format, guided_json, "
-            "guided_choice, guided_regex or one key of structured_outputs");
+            "guided_choice, guided_regex, guided_grammar, grammar or one key of "
+            "structured_outputs");
     if (!unset(gj) && set_schema_value(r, gj, "guided_json", err)) return -1;
     if (sj && set_schema_value(r, sj, "structured_outputs.json", err)) return -1;
     if (so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "json_object")))
@@ -670,14 +709,17 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     if (sc && set_choices(r, sc, "structured_outputs.choice", err)) return -1;
     if (gr_set && set_regex(r, gr, "guided_regex", err)) return -1;
     if (sr && set_regex(r, sr, "structured_outputs.regex", err)) return -1;
-    if ((r->json_object || r->n_choices || r->regex) && r->min_tokens > 0)
+    if (!unset(gg) && set_grammar(r, gg, "guided_grammar", err)) return -1;
+    if (!unset(lg) && set_grammar(r, lg, "grammar", err)) return -1;
+    if (sg && set_grammar(r, sg, "structured_outputs.grammar", err)) return -1;
+    if ((r->json_object || r->n_choices || r->regex || r->grammar) && r->min_tokens > 0)
         BAD("min_tokens", "'min_tokens' cannot be combined with structured output, which ends "
             "where it is whole");
-    if ((r->json_object || r->n_choices || r->regex) && r->tool_required)
+    if ((r->json_object || r->n_choices || r->regex || r->grammar) && r->tool_required)
         BAD("tool_choice", "a required tool call cannot be combined with structured output");
     /* vLLM's other extensions that change what is generated: refused where set */
     static const char *const refused[] = {
-        "guided_grammar", "guided_whitespace_pattern", "bad_words",
+        "guided_whitespace_pattern", "bad_words",
         "use_beam_search", "logits_processors", "return_tokens_as_token_ids", "structural_tag",
         "vllm_xargs", "kv_transfer_params"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
@@ -898,6 +940,9 @@ void pgd_api_request_free(pgd_api_request *r) {
     free(r->regex);
     if (r->regex_dfa) pgd_regex_free(r->regex_dfa);
     free(r->regex_dfa);
+    free(r->grammar);
+    if (r->grammar_c) pgd_grammar_free(r->grammar_c);
+    free(r->grammar_c);
     if (r->schema_c) pgd_json_schema_free(r->schema_c);
     free(r->schema_c);
     memset(r, 0, sizeof *r);

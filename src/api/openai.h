@@ -89,6 +89,10 @@ typedef struct pgd_api_request {
     char *regex;                   /* guided_regex / structured_outputs.regex, or NULL */
     const char *regex_param;       /* the parameter that gave it (for a 400 on its pattern) */
     struct pgd_regex *regex_dfa;   /* owned: compiled by the server off its I/O thread */
+    char *grammar;                 /* guided_grammar / structured_outputs.grammar / llama.cpp's
+                                      grammar (GBNF), or NULL */
+    const char *grammar_param;     /* the parameter that gave it (for a 400 on its text) */
+    struct pgd_grammar *grammar_c; /* owned: compiled by the server off its I/O thread */
     char **choices;                /* guided_choice / structured_outputs.choice (n_choices) */
     int32_t n_choices;
     int32_t priority;              /* vLLM's "priority": lower is served first */
@@ -111,6 +115,10 @@ int pgd_api_parse_embeddings(const char *body, size_t len, const pgd_api_limits 
  * regex.h refuses is a 400 naming its parameter. 0, or -1 with err. Slow for complex patterns
  * (the work budget bounds it): call it off the I/O thread. */
 int pgd_api_compile_regex(pgd_api_request *r, pgd_api_error *err);
+/* Compiles r->grammar (if any) into r->grammar_c, once for all the request's choices; a grammar
+ * grammar.h refuses is a 400 naming its parameter, with the compiler's reason. 0, or -1 with
+ * err. */
+int pgd_api_compile_grammar(pgd_api_request *r, pgd_api_error *err);
 /* Compiles r->json_schema (if any) into r->schema_c, once for all the request's choices; a
  * schema json_grammar.h refuses is a 400 naming its parameter. 0, or -1 with err. Up to ~0.1 s
  * for a schema with complex patterns: call it off the I/O thread. */

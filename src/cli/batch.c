@@ -39,6 +39,7 @@ typedef struct pending {
     char *json_schema;    /* response_format json_schema's schema, compact JSON */
     char **choices;       /* guided_choice (p.n_choices) */
     char *regex;          /* guided_regex */
+    char *grammar;        /* guided_grammar */
     int32_t *stop_ids;    /* stop_token_ids (p.n_stop_token_ids) */
     int line;
 } pending;
@@ -117,7 +118,19 @@ static void set_error(result *r, const char *msg) {
     r->done = true;
 }
 
-/* vLLM's guided_choice, guided_regex and stop_token_ids (the engine checks what they hold). */
+/* *out = a copy of j's string key, or NULL where it is absent or null: 0, or -1 with msg. */
+static int string_field(const cJSON *j, const char *key, char **out, char *msg, size_t ml) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (!cJSON_IsString(x) || !(*out = strdup(x->valuestring))) {
+        snprintf(msg, ml, "\"%s\" must be a string", key);
+        return -1;
+    }
+    return 0;
+}
+
+/* vLLM's guided_choice, guided_regex, guided_grammar and stop_token_ids (the engine checks what
+ * they hold). */
 static int parse_vllm_fields(const cJSON *j, pending *pd, char *msg, size_t ml) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, "guided_choice"), *y;
     if (x && !cJSON_IsNull(x)) {
@@ -135,14 +148,11 @@ static int parse_vllm_fields(const cJSON *j, pending *pd, char *msg, size_t ml) 
         }
         pd->p.choices = (const char *const *)pd->choices;
     }
-    x = cJSON_GetObjectItemCaseSensitive(j, "guided_regex");
-    if (x && !cJSON_IsNull(x)) {
-        if (!cJSON_IsString(x) || !(pd->regex = strdup(x->valuestring))) {
-            snprintf(msg, ml, "\"guided_regex\" must be a string");
-            return -1;
-        }
-        pd->p.regex = pd->regex;
-    }
+    if (string_field(j, "guided_regex", &pd->regex, msg, ml) ||
+        string_field(j, "guided_grammar", &pd->grammar, msg, ml))
+        return -1;
+    pd->p.regex = pd->regex;
+    pd->p.grammar = pd->grammar;
     x = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids");
     if (x && !cJSON_IsNull(x)) {
         int n = cJSON_IsArray(x) ? cJSON_GetArraySize(x) : -1;
@@ -733,6 +743,7 @@ done:
         for (int32_t k = 0; k < pend[i].p.n_choices; k++) free(pend[i].choices[k]);
         free(pend[i].choices);
         free(pend[i].regex);
+        free(pend[i].grammar);
         free(pend[i].stop_ids);
     }
     if (trace) fclose(trace);

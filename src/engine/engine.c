@@ -23,6 +23,7 @@
 #include "engine/engine_internal.h"
 #include "sample/json_grammar.h"
 #include "sample/regex.h"
+#include "sample/grammar.h"
 #include "sample/sampler.h"
 #include "spec/spec.h"
 #include "util/clock.h"
@@ -93,6 +94,10 @@ typedef struct seq {
      * its mask walks most of the vocabulary): (n_vocab) each, allocated with the request */
     uint8_t *re_memo[RE_MEMO];
     int32_t re_memo_q[RE_MEMO], re_memo_next;
+    bool has_gr;              /* guided_grammar: gr, in state gr_st (started at admission, on
+                                 the engine thread: it needs the engine's scratch) */
+    pgd_grammar gr;
+    pgd_grammar_state gr_st;
     /* constrain_after: the constraint (JSON, choices) waits for c_after while thinking */
     enum { C_ON, C_THINKING, C_FIRST } c_wait; /* C_FIRST: think_tok or the constraint */
     char *c_after;
@@ -131,6 +136,8 @@ struct pgd_engine {
     int32_t *eog;                   /* (n_eog) end-of-generation token ids */
     int32_t n_eog;
     pgd_json_vocab json_vocab;      /* tokens' bytes for the JSON mask (with a tokenizer) */
+    pgd_grammar_scratch *gr_scratch; /* every grammar request's feeding and masking (with a
+                                        tokenizer; the engine thread alone) */
     uint8_t *json_allow;            /* (n_vocab) this step's mask */
     /* speculative decoding */
     pgd_spec_mode spec_mode;
@@ -266,6 +273,8 @@ static void seq_free(seq *s) {
     free(s->c_after);
     pgd_regex_free(&s->re);
     for (int i = 0; i < RE_MEMO; i++) free(s->re_memo[i]);
+    pgd_grammar_free(&s->gr);
+    pgd_grammar_state_free(&s->gr_st);
     free(s->text);
     free(s);
 }
@@ -573,7 +582,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     /* a step's mask (constrained requests); the bytes of every token, for JSON and choices */
     e->json_allow = malloc((size_t)nv);
     if (!e->json_allow ||
-        (e->model->tok && pgd_json_vocab_build(&e->json_vocab, e->model->tok, nv))) {
+        (e->model->tok && (pgd_json_vocab_build(&e->json_vocab, e->model->tok, nv) ||
+                           !(e->gr_scratch = pgd_grammar_scratch_new(e->json_vocab.max_len))))) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
@@ -635,6 +645,7 @@ void pgd_engine_free(pgd_engine *e) {
     pgd_sampler_scratch_free(&e->sample_scratch);
     free(e->eog);
     pgd_json_vocab_free(&e->json_vocab);
+    pgd_grammar_scratch_free(e->gr_scratch);
     free(e->json_allow);
     free(e->aborts);
     free(e->events);
@@ -687,7 +698,8 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
         for (int32_t i = 0; i < p->n_allowed_token_ids; i++)
             s->allowed[p->allowed_token_ids[i]] = 1;
     }
-    if (p->constrain_after && *p->constrain_after && (s->json || p->n_choices || p->regex)) {
+    if (p->constrain_after && *p->constrain_after && (s->json || p->n_choices || p->regex ||
+                                                      p->grammar)) {
         if (!(s->c_after = strdup(p->constrain_after))) return PGD_ENOMEM;
         s->c_wait = p->think_open ? C_FIRST : C_THINKING;
         s->think_tok = p->think_open ? pgd_json_vocab_find(&e->json_vocab, p->think_open,
@@ -754,9 +766,10 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     if (json && !e->model->tok)
         return fail(err, errlen, PGD_EUNSUPPORTED, "%s", "JSON output needs a tokenizer; "
                     "the model has none (--load-format dummy)");
-    if ((json || p->n_choices || p->regex) && p->min_tokens > 0)
+    if ((json || p->n_choices || p->regex || p->grammar) && p->min_tokens > 0)
         return fail(err, errlen, PGD_EINVAL, "%s", "min_tokens cannot be combined with "
-                    "structured output (JSON, choices, a regex), which ends where it is whole");
+                    "structured output (JSON, choices, a regex, a grammar), which ends where it "
+                    "is whole");
     for (int32_t i = 0; i < p->n_stop; i++) {
         size_t l = p->stop[i] ? strlen(p->stop[i]) : 0;
         if (l == 0 || l > MAX_STOP_LEN)
@@ -775,12 +788,12 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     }
     if (p->n_choices < 0 || p->n_choices > PGD_MAX_CHOICES)
         return fail(err, errlen, PGD_EINVAL, "%s", "too many choices");
-    if ((p->n_choices || p->regex) && !e->model->tok)
-        return fail(err, errlen, PGD_EINVAL, "%s", "choices and regular expressions need a "
-                    "tokenizer; the model has none (--load-format dummy)");
-    if (json + (p->n_choices > 0) + (p->regex != NULL) > 1)
+    if ((p->n_choices || p->regex || p->grammar) && !e->model->tok)
+        return fail(err, errlen, PGD_EINVAL, "%s", "choices, regular expressions and grammars "
+                    "need a tokenizer; the model has none (--load-format dummy)");
+    if (json + (p->n_choices > 0) + (p->regex != NULL) + (p->grammar != NULL) > 1)
         return fail(err, errlen, PGD_EINVAL, "%s", "one kind of structured output at a time "
-                    "(JSON, choices or a regular expression)");
+                    "(JSON, choices, a regular expression or a grammar)");
     for (int32_t i = 0; i < p->n_choices; i++) {
         size_t l = p->choices[i] ? strlen(p->choices[i]) : 0;
         if (l == 0 || l > PGD_MAX_CHOICE_LEN)
@@ -824,7 +837,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
      * state after the ones before it) */
     s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json && !p->n_choices &&
-              !p->n_allowed_token_ids && !p->regex;
+              !p->n_allowed_token_ids && !p->regex && !p->grammar;
     s->json = json;
     if (copy_constraints(e, s, p)) {
         seq_free(s);
@@ -847,6 +860,18 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
                 return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
             }
         }
+    }
+    if (p->grammar) {
+        char why[200] = "out of memory";
+        int rc = p->grammar_c ? pgd_grammar_copy(&s->gr, p->grammar_c)
+                              : pgd_grammar_compile(p->grammar, strlen(p->grammar), &s->gr, why,
+                                                    sizeof why);
+        if (!rc) rc = pgd_grammar_state_init(&s->gr_st);
+        if (rc) {
+            seq_free(s);
+            return fail(err, errlen, rc, "grammar: %s", why);
+        }
+        s->has_gr = true;
     }
     pgd_json_init(&s->json_st, true);
     if (p->json_schema) {
@@ -1249,6 +1274,7 @@ static int32_t schedule(pgd_engine *e, seq **sched, int32_t *n_sched) {
             break;
         }
         if (!s->admitted_once) {
+            if (s->has_gr) pgd_grammar_state_start(&s->gr_st, &s->gr, e->gr_scratch);
             s->n_cached = hit;
             s->admitted_once = true;
             s->queue_seconds = pgd_now_s() - s->t_submit;
@@ -1448,7 +1474,8 @@ static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id) {
 static bool build_mask(pgd_engine *e, seq *s) {
     int32_t nv = e->model->cfg.n_vocab;
     bool under_min = s->n_stop_ids > 0 && s->n_tokens - s->n_prompt < s->sampler.params.min_tokens;
-    bool constrained = (s->json || s->choices || s->has_re) && s->c_wait != C_THINKING;
+    bool constrained =
+        (s->json || s->choices || s->has_re || s->has_gr) && s->c_wait != C_THINKING;
     if (!constrained && !s->allowed && !under_min) return false;
     uint8_t *a = e->json_allow;
     if (constrained && s->json) {
@@ -1467,6 +1494,10 @@ static bool build_mask(pgd_engine *e, seq *s) {
             memcpy(s->re_memo[m], a, (size_t)nv);
             s->re_memo_q[m] = s->re_q;
         }
+    } else if (constrained && s->has_gr) {
+        pgd_grammar_allowed(&s->gr_st, &s->gr, e->gr_scratch, &e->json_vocab, a);
+        if (pgd_grammar_complete(&s->gr_st))
+            for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
     } else if (constrained) {
         choice_mask(e, s, a);
     } else { /* allowed_token_ids alone (or the stop tokens under min_tokens) */
@@ -1515,6 +1546,16 @@ static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id) {
         if (q < 0) return PGD_FINISH_ERROR;
         s->re_q = q;
         return s->re.accept[q] && !s->re.extend[q] ? PGD_FINISH_STOP : 0;
+    }
+    if (s->has_gr) { /* as the regex: STOP at a sentence no byte can extend */
+        const pgd_json_vocab *v = &e->json_vocab;
+        if (v->eog[id]) return PGD_FINISH_STOP;
+        if (!v->len[id] ||
+            !pgd_grammar_feed(&s->gr_st, &s->gr, e->gr_scratch, v->text[id], v->len[id]))
+            return PGD_FINISH_ERROR;
+        return pgd_grammar_complete(&s->gr_st) && !pgd_grammar_extends(&s->gr_st)
+                   ? PGD_FINISH_STOP
+                   : 0;
     }
     return 0;
 }
@@ -1586,7 +1627,7 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
 static bool device_sampleable(const pgd_engine *e, const seq *s) {
     const pgd_sampler_params *p = &s->sampler.params;
     return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !s->json && !s->choices &&
-           !s->allowed && !s->has_re &&
+           !s->allowed && !s->has_re && !s->has_gr &&
            (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
            p->presence_penalty == 0 && p->frequency_penalty == 0 &&
            ((e->n_eog == 0 && s->n_stop_ids == 0) || s->n_tokens - s->n_prompt >= p->min_tokens);

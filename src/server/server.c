@@ -620,7 +620,8 @@ static void work_cb(uv_work_t *w) {
     req_ctx *c = w->data;
     server *s = c->s;
     pgd_api_request *r = &c->api;
-    if (pgd_api_compile_regex(r, &c->err) || pgd_api_compile_schema(r, &c->err)) {
+    if (pgd_api_compile_regex(r, &c->err) || pgd_api_compile_schema(r, &c->err) ||
+        pgd_api_compile_grammar(r, &c->err)) {
         /* here, not on the I/O thread */
         c->has_err = true;
         return;
@@ -765,6 +766,7 @@ static void submit_all(server *s, req_ctx *c) {
                 .allowed_token_ids = r->allowed_ids, .n_allowed_token_ids = r->n_allowed,
                 .choices = (const char *const *)r->choices, .n_choices = r->n_choices,
                 .regex = r->regex, .regex_dfa = r->regex_dfa,
+                .grammar = r->grammar, .grammar_c = r->grammar_c,
                 /* a constrained answer thinks first: the prompt may have opened the thinking
                  * or closed it already; else deepseek_r1 thinks from the start and under qwen3
                  * the model may open it with its first token */
