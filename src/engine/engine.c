@@ -33,7 +33,7 @@ _Static_assert(PGD_SPEC_MAX_K == PGD_SPEC_MAX_TOKENS, "one limit on proposals");
 #define MAX_STOP 16
 #define MAX_STOP_IDS 64     /* stop token ids per request */
 #define MAX_STOP_LEN 64
-#define RE_MEMO 4           /* DFA states whose masks a regex request keeps */
+#define RE_MEMO 4           /* states whose masks a regex or grammar request keeps */
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
 
@@ -90,10 +90,13 @@ typedef struct seq {
     bool has_re;              /* guided_regex: re, in state re_q */
     pgd_regex re;
     int32_t re_q;
-    /* the masks of the last RE_MEMO DFA states seen (a pattern like [a-z ]+ stays in a few, and
-     * its mask walks most of the vocabulary): (n_vocab) each, allocated with the request */
+    /* the masks of the last RE_MEMO DFA or grammar states seen (a pattern like [a-z ]+ stays in
+     * a few, and its mask walks most of the vocabulary): (n_vocab) each, allocated with the
+     * request; a regex's states by number, a grammar's by key (gr_keys) */
     uint8_t *re_memo[RE_MEMO];
     int32_t re_memo_q[RE_MEMO], re_memo_next;
+    pgd_grammar_key *gr_keys; /* (RE_MEMO) */
+    const char *err_msg;      /* why a constraint ended it (FINISH_ERROR), or NULL: the default */
     bool has_gr;              /* guided_grammar: gr, in state gr_st (started at admission, on
                                  the engine thread: it needs the engine's scratch) */
     pgd_grammar gr;
@@ -138,6 +141,7 @@ struct pgd_engine {
     pgd_json_vocab json_vocab;      /* tokens' bytes for the JSON mask (with a tokenizer) */
     pgd_grammar_scratch *gr_scratch; /* every grammar request's feeding and masking (with a
                                         tokenizer; the engine thread alone) */
+    pgd_grammar_key gr_key;         /* the key of the state being masked */
     uint8_t *json_allow;            /* (n_vocab) this step's mask */
     /* speculative decoding */
     pgd_spec_mode spec_mode;
@@ -275,6 +279,7 @@ static void seq_free(seq *s) {
     for (int i = 0; i < RE_MEMO; i++) free(s->re_memo[i]);
     pgd_grammar_free(&s->gr);
     pgd_grammar_state_free(&s->gr_st);
+    free(s->gr_keys);
     free(s->text);
     free(s);
 }
@@ -720,6 +725,15 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
     return PGD_OK;
 }
 
+/* The mask memo of a regex or grammar request: PGD_OK or PGD_ENOMEM (seq_free frees it). */
+static int alloc_memo(seq *s, int32_t nv) {
+    for (int i = 0; i < RE_MEMO; i++) {
+        s->re_memo_q[i] = -1;
+        if (!(s->re_memo[i] = malloc((size_t)nv))) return PGD_ENOMEM;
+    }
+    return PGD_OK;
+}
+
 int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, char *err,
                       size_t errlen) {
     char msg[200];
@@ -853,12 +867,9 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
             return fail(err, errlen, rc, "regular expression: %s", why);
         }
         s->has_re = true;
-        for (int i = 0; i < RE_MEMO; i++) {
-            s->re_memo_q[i] = -1;
-            if (!(s->re_memo[i] = malloc((size_t)nv))) {
-                seq_free(s);
-                return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
-            }
+        if (alloc_memo(s, nv)) {
+            seq_free(s);
+            return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
         }
     }
     if (p->grammar) {
@@ -867,6 +878,8 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
                               : pgd_grammar_compile(p->grammar, strlen(p->grammar), &s->gr, why,
                                                     sizeof why);
         if (!rc) rc = pgd_grammar_state_init(&s->gr_st);
+        if (!rc && (alloc_memo(s, nv) || !(s->gr_keys = calloc(RE_MEMO, sizeof *s->gr_keys))))
+            rc = PGD_ENOMEM;
         if (rc) {
             seq_free(s);
             return fail(err, errlen, rc, "grammar: %s", why);
@@ -1495,9 +1508,28 @@ static bool build_mask(pgd_engine *e, seq *s) {
             s->re_memo_q[m] = s->re_q;
         }
     } else if (constrained && s->has_gr) {
-        pgd_grammar_allowed(&s->gr_st, &s->gr, e->gr_scratch, &e->json_vocab, a);
-        if (pgd_grammar_complete(&s->gr_st))
-            for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
+        pgd_grammar_key *key = &e->gr_key;
+        pgd_grammar_state_key(&s->gr_st, key);
+        int m = 0;
+        while (m < RE_MEMO && !pgd_grammar_key_equal(key, &s->gr_keys[m])) m++;
+        if (m < RE_MEMO) {
+            memcpy(a, s->re_memo[m], (size_t)nv);
+        } else {
+            if (pgd_grammar_allowed(&s->gr_st, &s->gr, e->gr_scratch, &e->json_vocab, a) < 0) {
+                /* nothing allowed: the sample fails and ends the request with this */
+                s->err_msg = "the grammar is too ambiguous here: its token mask needs more than "
+                             "10^7 parse steps";
+                return true;
+            }
+            if (pgd_grammar_complete(&s->gr_st))
+                for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
+            if (key->n) {
+                m = s->re_memo_next;
+                s->re_memo_next = (m + 1) % RE_MEMO;
+                memcpy(s->re_memo[m], a, (size_t)nv);
+                s->gr_keys[m] = *key;
+            }
+        }
     } else if (constrained) {
         choice_mask(e, s, a);
     } else { /* allowed_token_ids alone (or the stop tokens under min_tokens) */
@@ -1800,11 +1832,12 @@ int pgd_engine_step(pgd_engine *e) {
         if (why) {
             pthread_mutex_unlock(&e->out_mu);
             finish_seq(e, s, why,
-                       why == PGD_FINISH_ERROR ? "no token is left that the constraints allow "
+                       why != PGD_FINISH_ERROR ? NULL
+                       : s->err_msg            ? s->err_msg
+                                               : "no token is left that the constraints allow "
                                                  "and the model scores (allowed_token_ids "
                                                  "outside the structured output's, or "
-                                                 "non-finite logits)"
-                                               : NULL);
+                                                 "non-finite logits)");
             pthread_mutex_lock(&e->out_mu);
         }
     }

@@ -679,6 +679,7 @@ struct pgd_grammar_scratch {
     int32_t *wpos, *wpar;/* (WORK_CAP) items to expand */
     uint32_t stamp;
     const pgd_grammar *g;/* during a walk */
+    int64_t work;        /* items expanded and stacks tested since the walk began */
 };
 
 pgd_grammar_scratch *pgd_grammar_scratch_new(int32_t max_len) {
@@ -793,6 +794,7 @@ static bool expand(pgd_grammar_scratch *sc, const pgd_grammar *g, level *N, int3
     sc->wpar[nw++] = par0;
     while (nw) {
         nw--;
+        sc->work++;
         int32_t pos = sc->wpos[nw], par = sc->wpar[nw];
         bool fresh;
         if (hslot(sc, pos, par, 1, &fresh) < 0) return false;
@@ -861,6 +863,7 @@ static bool step(pgd_grammar_scratch *sc, const pgd_grammar *g, int32_t d, uint8
     N->need = need;
     N->ulen = ulen;
     const int32_t *lt = sc->tops + L->top0;
+    sc->work += L->n_top;
     if (need) { /* the same stacks, those whose next character can still be it */
         for (int32_t i = 0; i < L->n_top; i++)
             if (cls_meets(g, g->el[sc->pos[lt[i]]] >> 1, lo, hi)) {
@@ -981,18 +984,37 @@ bool pgd_grammar_feed(pgd_grammar_state *st, const pgd_grammar *g, pgd_grammar_s
     return save(sc, st);
 }
 
+void pgd_grammar_state_key(const pgd_grammar_state *st, pgd_grammar_key *k) {
+    k->n = 0;
+    int32_t n = 3 + 2 * st->n_nodes + st->n_top;
+    if (n > PGD_GRAMMAR_KEY_MAX) return;
+    k->w[0] = st->n_nodes;
+    k->w[1] = st->n_top;
+    /* a whole last character (need 0) leaves nothing of itself in the state */
+    k->w[2] = st->need ? (int32_t)(st->can_end | st->need << 1 | st->ulen << 3 | st->acc << 6)
+                       : st->can_end;
+    memcpy(k->w + 3, st->pos, (size_t)st->n_nodes * sizeof *k->w);
+    memcpy(k->w + 3 + st->n_nodes, st->par, (size_t)st->n_nodes * sizeof *k->w);
+    memcpy(k->w + 3 + 2 * st->n_nodes, st->top, (size_t)st->n_top * sizeof *k->w);
+    k->n = n;
+}
+
 static bool walk_step(void *ctx, int32_t depth, uint8_t b) {
     pgd_grammar_scratch *sc = ctx;
-    return step(sc, sc->g, depth - 1, b);
+    return sc->work <= PGD_GRAMMAR_MAX_WORK && step(sc, sc->g, depth - 1, b);
 }
 
 int32_t pgd_grammar_allowed(const pgd_grammar_state *st, const pgd_grammar *g,
                             pgd_grammar_scratch *sc, pgd_json_vocab *v, uint8_t *allow) {
     load(sc, st);
     sc->g = g;
+    sc->work = 0;
     if (v->max_len > sc->max_len) { /* a scratch made for a shorter vocabulary: none */
         memset(allow, 0, (size_t)v->n);
         return 0;
     }
-    return pgd_json_vocab_walk(v, walk_step, sc, allow);
+    int32_t n = pgd_json_vocab_walk(v, walk_step, sc, allow);
+    if (sc->work <= PGD_GRAMMAR_MAX_WORK) return n;
+    memset(allow, 0, (size_t)v->n);
+    return -1;
 }
