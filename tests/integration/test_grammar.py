@@ -11,8 +11,12 @@
 4. The server: sampled answers of a random-weight model are sentences of the grammar when they
    stop and prefixes of one when cut by max_tokens; a real model's greedy answer, streamed or
    not; bad grammars get 400s naming the parameter."""
+import json
+import os
 import random
+import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 import requests
@@ -208,3 +212,210 @@ def test_mask_matches_definition(vocab, tmp_path):
         assert p.returncode == 0, (grammar[:30], p.stderr)
         counts = [int(x) for x in p.stdout.split()]
         assert len(counts) == len(prefixes) and max(counts) > 0
+
+
+# ---- 4. the server ----
+
+post = util.post
+
+
+def full_status(grammar, text):
+    g = xgr.Grammar.from_ebnf(xgr_form(grammar))
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([])).compile_grammar(g)
+    return xgr_status(compiled, g, text)
+
+
+SERVER_GRAMMARS = [ARITH.replace("root ::= expr", 'root ::= "[" expr "]"'), 'root ::= [A-Z]{2} "-" [0-9]{3} | "none"',
+                   'root ::= item{1,3}\nitem ::= "- " [a-zé ]{1,8} "\\n"']
+
+
+@pytest.mark.parametrize("grammar", SERVER_GRAMMARS, ids=["arith", "code", "list"])
+def test_sampled_answers_are_sentences(rnd, grammar):
+    """The random model's sampled answers wander over the whole vocabulary: constrained, each
+    is a sentence of the grammar when it stops and a prefix of one when max_tokens cuts it (by
+    xgrammar); unconstrained, none is."""
+    base = {"prompt": "Hello", "max_tokens": 12, "n": 8, "temperature": 1.0}
+    n_stop = 0
+    for seed in range(3):
+        r = post(rnd, "/v1/completions", dict(base, seed=seed, guided_grammar=grammar))
+        assert r.status_code == 200, r.text
+        validate(r.json(), "CreateCompletionResponse")
+        for c in r.json()["choices"]:
+            want = "match" if c["finish_reason"] == "stop" else "prefix"
+            assert full_status(grammar, c["text"]) in (want, "match"), c
+            n_stop += c["finish_reason"] == "stop"
+        free = post(rnd, "/v1/completions", dict(base, seed=seed)).json()
+        assert not any(full_status(grammar, c["text"]) == "match" for c in free["choices"])
+    assert n_stop >= 2  # (3, 24 and 15 of the 24 answers stop)
+
+
+def test_real_model_json_grammar_equals_json_mode(default_server):
+    """llama.cpp's json.gbnf and response_format json_object are two implementations of almost
+    the same language (json.gbnf's whitespace and number digits are narrower): on the real model
+    their greedy answers agree token for token, here and streamed, and xgrammar takes the
+    answer as a sentence."""
+    s = default_server
+    chat = {"messages": [{"role": "user", "content": "Give a JSON object with a name and an "
+                          "age."}], "max_tokens": 60, "temperature": 0}
+    want = post(s, "/v1/chat/completions", dict(chat, response_format={"type": "json_object"}))
+    want = want.json()["choices"][0]
+    assert want["finish_reason"] == "stop", want
+    for key in ("grammar", "guided_grammar"):
+        r = post(s, "/v1/chat/completions", dict(chat, **{key: JSON_GBNF}))
+        assert r.status_code == 200, r.text
+        validate(r.json(), "CreateChatCompletionResponse")
+        got = r.json()["choices"][0]
+        assert got["message"]["content"] == want["message"]["content"], (got, want)
+        assert got["finish_reason"] == "stop"
+    assert full_status(JSON_GBNF, want["message"]["content"]) == "match"
+    r = post(s, "/v1/chat/completions", dict(chat, stream=True,
+                                             structured_outputs={"grammar": JSON_GBNF}),
+             stream=True)
+    text = "".join(ch["delta"].get("content") or "" for ev in
+                   sse_events(r.iter_lines(decode_unicode=True)) if ev != "[DONE]"
+                   for ch in ev["choices"])
+    assert text == want["message"]["content"]
+
+
+def test_real_model_greedy_choice(default_server):
+    """A grammar of a few answers: the greedy answer is the one the model scores first, and it
+    is the same through guided_choice, the same language another way."""
+    body = {"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}
+    g = 'root ::= " " city "."\ncity ::= "Paris" | "London" | "Berlin"'
+    r = post(default_server, "/v1/completions", dict(body, guided_grammar=g))
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    ref = post(default_server, "/v1/completions",
+               dict(body, guided_choice=[" Paris.", " London.", " Berlin."])).json()
+    assert c["text"] == ref["choices"][0]["text"] == " Paris.", (c, ref)
+    assert c["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("extra,param,why", [
+    ({"guided_grammar": "root ::= foo"}, "guided_grammar", "'foo' is used but not defined"),
+    ({"grammar": 'root ::= "a" root'}, "grammar", "can never end"),
+    ({"structured_outputs": {"grammar": 5}}, "structured_outputs.grammar", "must be a string"),
+    ({"guided_grammar": "x" * 70000}, "guided_grammar", "longer than"),
+    ({"guided_grammar": 'root ::= "a"', "guided_regex": "a"}, None, "one kind"),
+    ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, None, "one kind")])
+def test_bad_grammars_are_400(default_server, extra, param, why):
+    r = post(default_server, "/v1/completions", dict({"prompt": "x", "max_tokens": 2}, **extra))
+    assert r.status_code == 400, r.text
+    validate(r.json(), "ErrorResponse")
+    assert r.json()["error"]["param"] == param, r.json()
+    assert why in r.json()["error"]["message"], r.json()
+
+
+def test_too_ambiguous_grammar_fails_alone(default_server):
+    """A grammar that keeps hundreds of parse stacks over a broad class would take seconds a
+    token to mask: the request fails with the reason once its mask passes the work limit, and
+    the server goes on serving (the same prompt with a plain grammar)."""
+    g = 'root ::= x{0,30} [^\\n]*\nx ::= [^\\n]{0,30}'
+    body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+    r = post(default_server, "/v1/completions", dict(body, guided_grammar=g))
+    assert r.status_code == 500, r.text
+    validate(r.json(), "ErrorResponse")
+    assert "too ambiguous" in r.json()["error"]["message"]
+    r = post(default_server, "/v1/completions", dict(body, guided_grammar='root ::= [^\\n]*'))
+    free = post(default_server, "/v1/completions", body).json()
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == free["choices"][0]["text"]
+
+
+def test_batch_lines_take_guided_grammar(tmp_path):
+    """`pagoda batch` lines take guided_grammar: the random model's sampled answers are
+    sentences, and a bad grammar is that line's error while the others run."""
+    import json
+    from test_engine import run_pagoda
+    model = util.DATA / "models" / "llama-2-tiny-random.gguf"
+    g = SERVER_GRAMMARS[1]
+    reqs = [{"id": i, "prompt": "Code:", "max_tokens": 8, "temperature": 1.0, "seed": i,
+             "guided_grammar": g} for i in range(4)]
+    reqs.append({"id": 9, "prompt": "x", "guided_grammar": "root ::= [a-"})
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    run_pagoda("batch", "-m", model, "--input", inp, "--output", out, "--no-progress")
+    res = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert all(full_status(g, res[i]["text"]) == "match" for i in range(4)), res
+    assert "unterminated character class" in res[9]["error"]["message"], res[9]
+
+
+def concurrent_matches_alone(server, bodies, url_path="/v1/completions"):
+    """Each body's answer sent alone, then all of them at once (one engine step holds many
+    grammar requests: one shared scratch, a mask memo each): the texts must be equal."""
+    import asyncio
+    import httpx
+    url = server.url(url_path)
+    alone = [post(server, url_path, b).json()["choices"][0]["text"] for b in bodies]
+
+    async def all_at_once():
+        async with httpx.AsyncClient(timeout=300) as c:
+            rs = await asyncio.gather(*(c.post(url, json=b) for b in bodies))
+        return [r.json()["choices"][0]["text"] for r in rs]
+    assert asyncio.run(all_at_once()) == alone
+    return alone
+
+
+GREEDY_MIX = [
+    {"prompt": "A person as JSON: ", "max_tokens": 40, "temperature": 0, "grammar": JSON_GBNF},
+    {"prompt": "Shopping list:\n", "max_tokens": 30, "temperature": 0,
+     "guided_grammar": LIST},
+    {"prompt": "2+2=", "max_tokens": 10, "temperature": 0, "guided_grammar": ARITH},
+    {"prompt": "Is water wet? ", "max_tokens": 5, "temperature": 0,
+     "guided_grammar": 'root ::= "yes" | "no" | "maybe"'},
+    {"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0},
+]
+
+
+def test_concurrent_grammar_requests_match_alone(default_server):
+    texts = concurrent_matches_alone(default_server, GREEDY_MIX * 2)
+    for b, t in zip(GREEDY_MIX, texts):
+        g = b.get("grammar") or b.get("guided_grammar")
+        if g:
+            assert full_status(g, t) in ("match", "prefix"), (g[:30], t)
+
+
+@pytest.mark.skipif(not os.environ.get("PAGODA_ASAN_BUILD"), reason="PAGODA_ASAN_BUILD is not set")
+def test_grammar_server_under_asan(default_model, tmp_path):
+    """The grammar paths of the server under ASan + UBSan + LSan: every kind of request here,
+    sampled n > 1, a refused grammar, the work limit, a stream dropped mid-answer, concurrent
+    requests; no sanitizer report and exit 0 (Server.stop checks). The recognizer tool too, on
+    the xgrammar texts of the first grammars."""
+    from test_server_asan import ENV, asan_bin
+    from server_util import Server
+    s = Server(default_model, binary=asan_bin(), env=ENV, ready_timeout=300)
+    s.start()
+    try:
+        concurrent_matches_alone(s, GREEDY_MIX)
+        r = post(s, "/v1/completions", {"prompt": "x", "max_tokens": 8, "n": 3, "seed": 1,
+                                        "temperature": 1, "guided_grammar": ARITH})
+        assert r.status_code == 200, r.text
+        for extra, code in (({"guided_grammar": "root ::= (x"}, 400),
+                            ({"guided_grammar": 'root ::= x{0,30} [^\\n]*\nx ::= [^\\n]{0,30}'},
+                             500)):
+            r = post(s, "/v1/completions", dict({"prompt": "x", "max_tokens": 4}, **extra))
+            assert r.status_code == code, r.text
+        raw = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+        data = json.dumps({"prompt": "A list:\n", "max_tokens": 200, "stream": True,
+                           "guided_grammar": LIST}).encode()
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                    str(len(data)).encode() + b"\r\n\r\n" + data)
+        assert raw.recv(4096)
+        raw.close()
+    finally:
+        s.stop()
+    asan_tool = Path(os.environ["PAGODA_ASAN_BUILD"]) / "pgd_grammar_tool"
+    env = dict(os.environ, **ENV)
+    for grammar, samples in GRAMMARS[:4]:
+        texts = texts_for(samples, 7)
+        f = tmp_path / "g.gbnf"
+        f.write_text(grammar, encoding="utf-8")
+        inp = "".join(t.encode("utf-8").hex() + "\n" for t in texts)
+        want = tool(grammar, texts, tmp_path).stdout
+        p = subprocess.run([str(asan_tool), str(f)], input=inp, capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert p.returncode == 0 and p.stdout == want and "Sanitizer" not in p.stderr, p.stderr
+        p = subprocess.run([str(asan_tool), "mask", str(util.DATA / "vocab" /
+                                                        "ggml-vocab-llama-spm.gguf"), str(f)],
+                           input="".join(t.encode("utf-8").hex() + "\n" for t in samples),
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0 and "Sanitizer" not in p.stderr, p.stderr

@@ -203,9 +203,10 @@ def test_truncate_prompt_tokens(smol):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"guided_grammar": "root ::= \"a\""}, "guided_grammar"),
+    ({"guided_grammar": "root ::= a"}, "guided_grammar"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
-    ({"structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs"),
+    ({"structured_outputs": {"grammar": "root ::= \"a"}}, "structured_outputs.grammar"),
+    ({"guided_grammar": "root ::= \"a\"", "min_tokens": 2}, "min_tokens"),
     ({"bad_words": ["Paris"]}, "bad_words"),
     ({"use_beam_search": True}, "use_beam_search"),
     ({"length_penalty": 0.5}, "length_penalty"),
