@@ -278,11 +278,12 @@ static int32_t parse_count(parser *ps) {
     return (int32_t)v;
 }
 
-/* {m}, {m,}, {m,n} after the '{': false on an error. */
+/* {m}, {m,}, {m,n}, {,n} after the '{': false on an error. */
 static bool parse_braces(parser *ps, int32_t *min, int32_t *max) {
     skip_space(ps, true);
     *min = parse_count(ps);
     if (*min == -2) return false;
+    if (*min == -1 && ps->p < ps->end && *ps->p == ',') *min = 0; /* {,n}: llama.cpp's 0..n */
     if (*min < 0) {
         perr(ps, "expected a count after '{'");
         return false;
@@ -346,7 +347,8 @@ static void parse_sequence(parser *ps, int32_t r, bool nested) {
             last = seq.n;
             while (!ps->rc && ps->p < ps->end && *ps->p != '"') {
                 int32_t cp = parse_char(ps);
-                if (cp >= 0 && count_elems(ps, 1)) push(ps, &seq, EL_CHAR(char_class(ps, (uint32_t)cp)));
+                if (cp >= 0 && count_elems(ps, 1))
+                    push(ps, &seq, EL_CHAR(char_class(ps, (uint32_t)cp)));
             }
             if (ps->p >= ps->end) perr(ps, "unterminated string");
             ps->p++;

@@ -5,7 +5,7 @@
  * Syntax: rules `name ::= alternatives` (names of letters, digits, '-' and '_'); alternatives
  * separated by '|', each a sequence of: "literal" strings, [character classes] with ranges
  * and a leading '^' to negate, '.' (any character), rule names, (groups), each optionally
- * followed by *, +, ?, {m}, {m,}, {m,n} (counts up to PGD_GRAMMAR_MAX_REPEAT); '#' starts a
+ * followed by *, +, ?, {m}, {m,}, {m,n}, {,n} (counts up to PGD_GRAMMAR_MAX_REPEAT); '#' starts a
  * comment. Escapes in literals and classes: \n \r \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH. A rule
  * ends at a newline, except inside parentheses and after "::=" or '|' (llama.cpp's rule).
  *

@@ -85,6 +85,7 @@ GRAMMARS = [
     ('root ::= a b "."\na ::= "x"?\nb ::= "y"*', [".", "x.", "xy.", "yyy."]),
     ('root ::= ( "(" root ")" )*', ["", "()", "(())()", "((()))"]),
     ('root ::= "a"{0,3} "b"{2,} "c"?', ["bb", "aaabbbc", "abb"]),
+    ('root ::= "a"{,2} "b"{ 1 , 2 }', ["b", "aab", "abb"]),  # {,n}: llama.cpp's 0..n
     ('root ::= [0-9]{1,3} ("," [0-9]{3})*', ["1", "1,000", "999,999,999"]),
     ('root ::= "日本" [一-龥]* ("。" | "！")', ["日本。", "日本語！"]),
     ('root ::=\n  "a" |\n  "b" (  # a comment\n  "c"\n  | "d"\n  )', ["a", "bc", "bd"]),
@@ -115,8 +116,9 @@ REFUSED = [
 
 def xgr_form(grammar):
     """The grammar in xgrammar's EBNF: "" where llama.cpp's json.gbnf leaves an alternative
-    empty, and a class for '.' (any character), which xgrammar does not read."""
-    return grammar.replace("ws ::= |", 'ws ::= "" |').replace("+ .", "+ [\\x00-\\U0010FFFF]")
+    empty, a class for '.' (any character) and {0,n} for {,n}, which xgrammar does not read."""
+    return (grammar.replace("ws ::= |", 'ws ::= "" |').replace("+ .", "+ [\\x00-\\U0010FFFF]")
+            .replace("{,", "{0,"))
 
 
 def xgr_status(compiled, grammar, text):
@@ -225,7 +227,8 @@ def full_status(grammar, text):
     return xgr_status(compiled, g, text)
 
 
-SERVER_GRAMMARS = [ARITH.replace("root ::= expr", 'root ::= "[" expr "]"'), 'root ::= [A-Z]{2} "-" [0-9]{3} | "none"',
+SERVER_GRAMMARS = [ARITH.replace("root ::= expr", 'root ::= "[" expr "]"'),
+                   'root ::= [A-Z]{2} "-" [0-9]{3} | "none"',
                    'root ::= item{1,3}\nitem ::= "- " [a-zé ]{1,8} "\\n"']
 
 

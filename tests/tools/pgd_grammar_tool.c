@@ -77,7 +77,8 @@ int main(int argc, char **argv) {
     while (fgets(line, sizeof line, stdin)) {
         long n = unhex(line, text, sizeof text);
         if (n < 0) return 2;
-        pgd_grammar_state_assign(&st, &st0); /* then fed the text a byte at a time: every cut of a character */
+        /* then fed the text a byte at a time: every cut of a character */
+        pgd_grammar_state_assign(&st, &st0);
         bool alive = true;
         for (long i = 0; i < n && alive; i++) alive = pgd_grammar_feed(&st, &g, sc, text + i, 1);
         if (!mask) {
