@@ -658,9 +658,17 @@ int pgd_grammar_copy(pgd_grammar *dst, const pgd_grammar *src) {
  * [0, n_nodes) of the scratch. */
 typedef struct level {
     int32_t top0, n_top, n_nodes;
+    int32_t tend;  /* where the next level's tops go, when past top0 + n_top (tops_end) */
     uint32_t acc;
     uint8_t need, ulen, can_end;
+    uint8_t root;  /* in a walk: level 0's very stacks again (its tops are level 0's; the
+                      levels between keep theirs, below tend and n_nodes) */
+    uint8_t cut_root; /* in a walk: a cut character that started at a root level */
 } level;
+
+static int32_t tops_end(const level *L) {
+    return L->tend > L->top0 + L->n_top ? L->tend : L->top0 + L->n_top;
+}
 
 #define HASH_CAP 16384 /* (pos, parent) entries of one step: at most half full */
 #define WORK_CAP 16384
@@ -682,7 +690,19 @@ struct pgd_grammar_scratch {
     uint32_t stamp;
     const pgd_grammar *g;/* during a walk */
     int64_t work;        /* items expanded and stacks tested since the walk began */
+    /* in a walk, what byte b does to level 0's stacks: LOOP_UNKNOWN, LOOP_SAME (they come back
+     * as they were: free text in a class under a repetition), LOOP_OTHER or LOOP_DEAD */
+    int8_t loop[256];
+    /* the same for whole multi-byte characters from level 0 (direct-mapped by code point;
+     * valid where cp_stamp is this walk's) */
+    uint32_t *cp_stamp, *cp_of;
+    int8_t *cp_val;
+    uint32_t walk;
 };
+
+#define CP_CACHE 32768
+
+enum { LOOP_UNKNOWN, LOOP_SAME, LOOP_OTHER, LOOP_DEAD };
 
 pgd_grammar_scratch *pgd_grammar_scratch_new(int32_t max_len) {
     pgd_grammar_scratch *sc = calloc(1, sizeof *sc);
@@ -700,7 +720,10 @@ pgd_grammar_scratch *pgd_grammar_scratch_new(int32_t max_len) {
     sc->hstamp = calloc(HASH_CAP, sizeof *sc->hstamp);
     sc->wpos = malloc(WORK_CAP * sizeof *sc->wpos);
     sc->wpar = malloc(WORK_CAP * sizeof *sc->wpar);
-    if (!sc->pos || !sc->par || !sc->seen || !sc->map || !sc->tops || !sc->lev || !sc->hpos ||
+    sc->cp_stamp = calloc(CP_CACHE, sizeof *sc->cp_stamp);
+    sc->cp_of = malloc(CP_CACHE * sizeof *sc->cp_of);
+    sc->cp_val = malloc(CP_CACHE);
+    if (!sc->cp_stamp || !sc->cp_of || !sc->cp_val || !sc->pos || !sc->par || !sc->seen || !sc->map || !sc->tops || !sc->lev || !sc->hpos ||
         !sc->hpar || !sc->hval || !sc->hstamp || !sc->wpos || !sc->wpar) {
         pgd_grammar_scratch_free(sc);
         return NULL;
@@ -722,6 +745,9 @@ void pgd_grammar_scratch_free(pgd_grammar_scratch *sc) {
     free(sc->hstamp);
     free(sc->wpos);
     free(sc->wpar);
+    free(sc->cp_stamp);
+    free(sc->cp_of);
+    free(sc->cp_val);
     free(sc);
 }
 
@@ -836,7 +862,7 @@ static bool step(pgd_grammar_scratch *sc, const pgd_grammar *g, int32_t d, uint8
     static const uint32_t umax[5] = {0, 0x7F, 0x7FF, 0xFFFF, MAX_CP};
     const level *L = &sc->lev[d];
     level *N = &sc->lev[d + 1];
-    *N = (level){.top0 = L->top0 + L->n_top, .n_nodes = L->n_nodes};
+    *N = (level){.top0 = tops_end(L), .n_nodes = L->n_nodes};
     uint32_t acc;
     uint8_t need, ulen;
     if (L->need == 0) {
@@ -1001,9 +1027,65 @@ void pgd_grammar_state_key(const pgd_grammar_state *st, pgd_grammar_key *k) {
     k->n = n;
 }
 
+/* Level n holds level 0's stacks again, in the same order (their tops are new nodes of the
+ * same element over the same parents). */
+static bool same_as_root(const pgd_grammar_scratch *sc, const level *n) {
+    const level *z = &sc->lev[0];
+    if (n->n_top != z->n_top || n->can_end != z->can_end || n->need != z->need ||
+        (n->need && (n->acc != z->acc || n->ulen != z->ulen)))
+        return false;
+    for (int32_t i = 0; i < n->n_top; i++) {
+        int32_t a = sc->tops[z->top0 + i], b = sc->tops[n->top0 + i];
+        if (sc->pos[a] != sc->pos[b] || sc->par[a] != sc->par[b]) return false;
+    }
+    return true;
+}
+
+/* N = level 0's stacks, above the tops and nodes of the levels below it (still live). */
+static void make_root(pgd_grammar_scratch *sc, level *N, int32_t tend, int32_t n_nodes) {
+    *N = sc->lev[0];
+    N->tend = tend;
+    N->n_nodes = n_nodes;
+}
+
+/* The walk's step. A level that comes back to level 0's stacks (free text: a character of a
+ * class under a repetition; after a cut character too) is made level 0's again, and from such
+ * a level a byte known to bring them back costs a table look-up, so a trie subtree of free
+ * text is walked at memory speed rather than a parse step per byte. */
 static bool walk_step(void *ctx, int32_t depth, uint8_t b) {
     pgd_grammar_scratch *sc = ctx;
-    return sc->work <= PGD_GRAMMAR_MAX_WORK && step(sc, sc->g, depth - 1, b);
+    if (sc->work > PGD_GRAMMAR_MAX_WORK) return false;
+    const level *L = &sc->lev[depth - 1];
+    level *N = &sc->lev[depth];
+    if (L->root && sc->loop[b] == LOOP_SAME) {
+        make_root(sc, N, tops_end(L), L->n_nodes);
+        return true;
+    }
+    if (L->root && sc->loop[b] == LOOP_DEAD) return false;
+    /* the last byte of a character begun at a root level: its code point (the bytes before
+     * it left a range of valid characters, so any continuation byte makes one) */
+    int8_t *cv = NULL;
+    if (L->cut_root && L->need == 1 && (b & 0xC0) == 0x80) {
+        uint32_t cp = L->acc << 6 | (b & 0x3F), k = cp & (CP_CACHE - 1);
+        if (sc->cp_stamp[k] != sc->walk || sc->cp_of[k] != cp) {
+            sc->cp_stamp[k] = sc->walk;
+            sc->cp_of[k] = cp;
+            sc->cp_val[k] = LOOP_UNKNOWN;
+        }
+        cv = &sc->cp_val[k];
+        if (*cv == LOOP_SAME) {
+            make_root(sc, N, tops_end(L), L->n_nodes);
+            return true;
+        }
+        if (*cv == LOOP_DEAD) return false;
+    }
+    bool ok = step(sc, sc->g, depth - 1, b); /* (N->root and cut_root 0) */
+    bool same = ok && same_as_root(sc, N);
+    int8_t *memo = L->root ? &sc->loop[b] : cv;
+    if (memo && *memo == LOOP_UNKNOWN) *memo = !ok ? LOOP_DEAD : same ? LOOP_SAME : LOOP_OTHER;
+    if (same) make_root(sc, N, tops_end(N), N->n_nodes);
+    else if (ok && N->need) N->cut_root = L->root || L->cut_root;
+    return ok;
 }
 
 int32_t pgd_grammar_allowed(const pgd_grammar_state *st, const pgd_grammar *g,
@@ -1011,6 +1093,12 @@ int32_t pgd_grammar_allowed(const pgd_grammar_state *st, const pgd_grammar *g,
     load(sc, st);
     sc->g = g;
     sc->work = 0;
+    sc->lev[0].root = 1;
+    memset(sc->loop, LOOP_UNKNOWN, sizeof sc->loop);
+    if (++sc->walk == 0) { /* stamps wrapped: none is this walk's */
+        memset(sc->cp_stamp, 0, CP_CACHE * sizeof *sc->cp_stamp);
+        sc->walk = 1;
+    }
     if (v->max_len > sc->max_len) { /* a scratch made for a shorter vocabulary: none */
         memset(allow, 0, (size_t)v->n);
         return 0;
