@@ -7,7 +7,7 @@
  * cmake --build build):
  *   gcc -O2 -Isrc -Iinclude bench/bench_grammar_mask.c build/libpagoda.a -lcjson -lm -lpthread \
  *       -o /tmp/bench_grammar_mask
- *   /tmp/bench_grammar_mask MODEL_OR_VOCAB.gguf [REPS]
+ *   /tmp/bench_grammar_mask MODEL_OR_VOCAB.gguf [REPS]      (from the repo root)
  * Figures in bench/RESULTS.md ("GBNF grammars"). */
 #include <stdbool.h>
 #include <stdio.h>
@@ -20,17 +20,8 @@
 #include "sample/regex.h"
 #include "tokenizer/tokenizer.h"
 
-/* llama.cpp's grammars/json.gbnf */
-static const char JSON_GBNF[] =
-    "root   ::= object\n"
-    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
-    "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
-    "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
-    "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\bfnrt] | \"u\" "
-    "[0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
-    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] "
-    "[1-9]{0,15})? ws\n"
-    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+/* llama.cpp's grammars/json.gbnf (tests/data/README.md), read by main */
+static char JSON_GBNF[8192];
 
 static const struct {
     const char *name, *grammar, *regex; /* regex: the same language, or NULL */
@@ -56,6 +47,13 @@ int main(int argc, char **argv) {
     double *us;
     int reps, rc = bench_mask_setup("bench_grammar_mask", argc, argv, &t, &v, &allow, &us, &reps);
     if (rc) return rc;
+    FILE *f = fopen("tests/data/grammars/json.gbnf", "rb");
+    size_t jl = f ? fread(JSON_GBNF, 1, sizeof JSON_GBNF - 1, f) : 0;
+    if (f) fclose(f);
+    if (jl == 0) {
+        fprintf(stderr, "tests/data/grammars/json.gbnf: cannot read it (run from the repo root)\n");
+        return 1;
+    }
     int32_t n = v.n;
     pgd_grammar_scratch *sc = pgd_grammar_scratch_new(v.max_len);
     pgd_grammar_state st;

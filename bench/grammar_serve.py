@@ -30,14 +30,7 @@ import serve  # noqa: E402  (Server)
 
 ROOT = Path(__file__).resolve().parent.parent
 
-JSON_GBNF = r'''root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
-array  ::= "[" ws ( value ("," ws value)* )? "]" ws
-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-ws ::= | " " | "\n" [ \t]{0,20}
-'''
+JSON_GBNF = (ROOT / "tests" / "data" / "grammars" / "json.gbnf").read_text(encoding="utf-8")
 LIST_GBNF = 'root ::= item+\nitem ::= "- " [^\\n]+ "\\n"'
 LIST_REGEX = "(- [^\\n]+\\n)+"
 

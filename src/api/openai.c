@@ -553,17 +553,18 @@ fail:
     return -1;
 }
 
-/* guided_regex: the pattern, compiled later (pgd_api_compile_regex: building a DFA can take
- * tens of milliseconds, not for the thread that parses). */
-static int set_regex(pgd_api_request *r, const cJSON *x, const char *what, pgd_api_error *err) {
+/* A string option compiled later, off the thread that parses (a regex's DFA can take tens of
+ * milliseconds to build): *out = a copy of it, *param = what (for a 400 on its text). */
+static int set_text(const cJSON *x, const char *what, size_t max_len, char **out,
+                    const char **param, pgd_api_error *err) {
     if (!cJSON_IsString(x)) BAD(what, "'%s' must be a string", what);
-    if (strlen(x->valuestring) > PGD_REGEX_MAX_LEN)
-        BAD(what, "'%s' is longer than %d bytes", what, PGD_REGEX_MAX_LEN);
-    if (!(r->regex = strdup(x->valuestring))) {
+    if (strlen(x->valuestring) > max_len)
+        BAD(what, "'%s' is longer than %zu bytes", what, max_len);
+    if (!(*out = strdup(x->valuestring))) {
         pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
         return -1;
     }
-    r->regex_param = what;
+    *param = what;
     return 0;
 fail:
     return -1;
@@ -585,21 +586,6 @@ int pgd_api_compile_regex(pgd_api_request *r, pgd_api_error *err) {
     }
     r->regex_dfa = re;
     return 0;
-}
-
-/* A GBNF grammar (grammar.h), compiled later like a regex. */
-static int set_grammar(pgd_api_request *r, const cJSON *x, const char *what, pgd_api_error *err) {
-    if (!cJSON_IsString(x)) BAD(what, "'%s' must be a string (a GBNF grammar)", what);
-    if (strlen(x->valuestring) > PGD_GRAMMAR_MAX_LEN)
-        BAD(what, "'%s' is longer than %d bytes", what, PGD_GRAMMAR_MAX_LEN);
-    if (!(r->grammar = strdup(x->valuestring))) {
-        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
-        return -1;
-    }
-    r->grammar_param = what;
-    return 0;
-fail:
-    return -1;
 }
 
 int pgd_api_compile_grammar(pgd_api_request *r, pgd_api_error *err) {
@@ -707,11 +693,15 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
         r->json_object = true;
     if (gc_set && set_choices(r, gc, "guided_choice", err)) return -1;
     if (sc && set_choices(r, sc, "structured_outputs.choice", err)) return -1;
-    if (gr_set && set_regex(r, gr, "guided_regex", err)) return -1;
-    if (sr && set_regex(r, sr, "structured_outputs.regex", err)) return -1;
-    if (!unset(gg) && set_grammar(r, gg, "guided_grammar", err)) return -1;
-    if (!unset(lg) && set_grammar(r, lg, "grammar", err)) return -1;
-    if (sg && set_grammar(r, sg, "structured_outputs.grammar", err)) return -1;
+    const cJSON *re = gr_set ? gr : sr, *gm = !unset(gg) ? gg : !unset(lg) ? lg : sg;
+    const char *re_what = gr_set ? "guided_regex" : "structured_outputs.regex";
+    const char *gm_what = !unset(gg)   ? "guided_grammar"
+                          : !unset(lg) ? "grammar"
+                                       : "structured_outputs.grammar";
+    if (re && set_text(re, re_what, PGD_REGEX_MAX_LEN, &r->regex, &r->regex_param, err))
+        return -1;
+    if (gm && set_text(gm, gm_what, PGD_GRAMMAR_MAX_LEN, &r->grammar, &r->grammar_param, err))
+        return -1;
     if ((r->json_object || r->n_choices || r->regex || r->grammar) && r->min_tokens > 0)
         BAD("min_tokens", "'min_tokens' cannot be combined with structured output, which ends "
             "where it is whole");

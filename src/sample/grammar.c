@@ -723,8 +723,9 @@ pgd_grammar_scratch *pgd_grammar_scratch_new(int32_t max_len) {
     sc->cp_stamp = calloc(CP_CACHE, sizeof *sc->cp_stamp);
     sc->cp_of = malloc(CP_CACHE * sizeof *sc->cp_of);
     sc->cp_val = malloc(CP_CACHE);
-    if (!sc->cp_stamp || !sc->cp_of || !sc->cp_val || !sc->pos || !sc->par || !sc->seen || !sc->map || !sc->tops || !sc->lev || !sc->hpos ||
-        !sc->hpar || !sc->hval || !sc->hstamp || !sc->wpos || !sc->wpar) {
+    if (!sc->cp_stamp || !sc->cp_of || !sc->cp_val || !sc->pos || !sc->par || !sc->seen ||
+        !sc->map || !sc->tops || !sc->lev || !sc->hpos || !sc->hpar || !sc->hval || !sc->hstamp ||
+        !sc->wpos || !sc->wpar) {
         pgd_grammar_scratch_free(sc);
         return NULL;
     }

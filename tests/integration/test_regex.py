@@ -158,19 +158,8 @@ post = util.post
 
 @pytest.mark.parametrize("pattern", [r"\d{3}-[A-Z]{2}", r"(ab|cd)+e", r"[a-zé]{2,6}!"])
 def test_sampled_answers_match(rnd, pattern):
-    base = {"prompt": "Hello", "max_tokens": 12, "n": 8, "temperature": 1.0}
-    n_stop = 0
-    for seed in range(3):
-        r = post(rnd, "/v1/completions", dict(base, seed=seed, guided_regex=pattern))
-        assert r.status_code == 200, r.text
-        validate(r.json(), "CreateCompletionResponse")
-        for c in r.json()["choices"]:
-            want = "match" if c["finish_reason"] == "stop" else "prefix"
-            assert status(pattern, c["text"]) in (want, "match"), c
-            n_stop += c["finish_reason"] == "stop"
-        free = post(rnd, "/v1/completions", dict(base, seed=seed)).json()
-        assert not any(status(pattern, c["text"]) == "match" for c in free["choices"])
-    assert n_stop >= 4
+    util.check_sampled_constrained(rnd, {"guided_regex": pattern},
+                                   lambda t: status(pattern, t), 4)
 
 
 def test_real_model_greedy(default_server):

@@ -42,3 +42,24 @@ def post(server, path, body, **kw):
     """POST body as JSON to a test server (server_util.Server)."""
     import requests
     return requests.post(server.url(path), json=body, timeout=300, **kw)
+
+
+def check_sampled_constrained(server, constraint, status, min_stops):
+    """The random-weight model's sampled answers (n=8, three seeds) under constraint (request
+    keys): each is status(text) == "match" when it stops and a "prefix" (or a match) when
+    max_tokens cuts it, and the same requests without the constraint never match. Asserts at
+    least min_stops stopped answers, so both cases are seen."""
+    from server_util import validate
+    base = {"prompt": "Hello", "max_tokens": 12, "n": 8, "temperature": 1.0}
+    n_stop = 0
+    for seed in range(3):
+        r = post(server, "/v1/completions", dict(base, seed=seed, **constraint))
+        assert r.status_code == 200, r.text
+        validate(r.json(), "CreateCompletionResponse")
+        for c in r.json()["choices"]:
+            want = "match" if c["finish_reason"] == "stop" else "prefix"
+            assert status(c["text"]) in (want, "match"), c
+            n_stop += c["finish_reason"] == "stop"
+        free = post(server, "/v1/completions", dict(base, seed=seed)).json()
+        assert not any(status(c["text"]) == "match" for c in free["choices"])
+    assert n_stop >= min_stops, n_stop

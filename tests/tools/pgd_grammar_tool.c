@@ -17,26 +17,7 @@
 #include "sample/grammar.h"
 #include "sample/json_grammar.h"
 #include "tokenizer/tokenizer.h"
-
-static int hexval(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* Decodes hex s into buf (cap bytes); the length, or -1. */
-static long unhex(const char *s, char *buf, size_t cap) {
-    size_t n = strlen(s);
-    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r')) n--;
-    if (n % 2 || n / 2 > cap) return -1;
-    for (size_t i = 0; i < n / 2; i++) {
-        int h = hexval(s[2 * i]), l = hexval(s[2 * i + 1]);
-        if (h < 0 || l < 0) return -1;
-        buf[i] = (char)(h * 16 + l);
-    }
-    return (long)(n / 2);
-}
+#include "tool_hex.h"
 
 int main(int argc, char **argv) {
     bool mask = argc == 4 && !strcmp(argv[1], "mask");
@@ -75,7 +56,7 @@ int main(int argc, char **argv) {
     pgd_grammar_state_start(&st0, &g, sc);
     int rc = 0;
     while (fgets(line, sizeof line, stdin)) {
-        long n = unhex(line, text, sizeof text);
+        long n = tool_unhex(line, text, sizeof text);
         if (n < 0) return 2;
         /* then fed the text a byte at a time: every cut of a character */
         pgd_grammar_state_assign(&st, &st0);

@@ -17,13 +17,7 @@
 
 #include "sample/json_grammar.h"
 #include "tokenizer/tokenizer.h"
-
-static int hexval(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
+#include "tool_hex.h"
 
 static pgd_json_vocab g_vocab;
 static uint8_t *g_allow;
@@ -101,7 +95,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         for (size_t i = 2; i + 1 < l; i += 2) {
-            int hi = hexval(line[i]), lo = hexval(line[i + 1]);
+            int hi = tool_hexval(line[i]), lo = tool_hexval(line[i + 1]);
             if (hi < 0 || lo < 0) {
                 fprintf(stderr, "pgd_json_tool: bad hex\n");
                 return 2;

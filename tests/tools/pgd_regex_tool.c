@@ -16,26 +16,7 @@
 #include "sample/json_grammar.h"
 #include "sample/regex.h"
 #include "tokenizer/tokenizer.h"
-
-static int hexval(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* Decodes hex s into buf (cap bytes); the length, or -1. */
-static long unhex(const char *s, char *buf, size_t cap) {
-    size_t n = strlen(s);
-    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r')) n--;
-    if (n % 2 || n / 2 > cap) return -1;
-    for (size_t i = 0; i < n / 2; i++) {
-        int h = hexval(s[2 * i]), l = hexval(s[2 * i + 1]);
-        if (h < 0 || l < 0) return -1;
-        buf[i] = (char)(h * 16 + l);
-    }
-    return (long)(n / 2);
-}
+#include "tool_hex.h"
 
 int main(int argc, char **argv) {
     bool mask = argc == 4 && !strcmp(argv[1], "mask");
@@ -44,7 +25,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     static char pat[2 * PGD_REGEX_MAX_LEN + 2], line[1 << 17], text[1 << 16];
-    long pl = unhex(argv[argc - 1], pat, sizeof pat);
+    long pl = tool_unhex(argv[argc - 1], pat, sizeof pat);
     if (pl < 0) return 2;
     pgd_regex re;
     char msg[200];
@@ -66,7 +47,7 @@ int main(int argc, char **argv) {
     }
     int rc = 0;
     while (fgets(line, sizeof line, stdin)) {
-        long n = unhex(line, text, sizeof text);
+        long n = tool_unhex(line, text, sizeof text);
         if (n < 0) return 2;
         int32_t q = pgd_regex_feed(&re, 0, text, (size_t)n);
         if (!mask) {

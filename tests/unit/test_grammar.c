@@ -24,16 +24,8 @@ void *__wrap_malloc(size_t n) {
     return __real_malloc(n);
 }
 
-static const char JSON_GBNF[] =
-    "root   ::= object\n"
-    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
-    "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
-    "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
-    "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\bfnrt] | \"u\" "
-    "[0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
-    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] "
-    "[1-9]{0,15})? ws\n"
-    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+/* llama.cpp's grammars/json.gbnf (tests/data/README.md), read by main */
+static char JSON_GBNF[8192];
 
 static const char *DOCS[] = {
     "{\"a\": [1, -2.5e3, true, null], \"b\": {\"c\": \"\\u00e9 \\n x\"}}",
@@ -174,6 +166,13 @@ static void test_work_limit(void) {
 }
 
 int main(void) {
+    FILE *f = fopen("tests/data/grammars/json.gbnf", "rb");
+    size_t n = f ? fread(JSON_GBNF, 1, sizeof JSON_GBNF - 1, f) : 0;
+    if (f) fclose(f);
+    if (n == 0) {
+        fprintf(stderr, "tests/data/grammars/json.gbnf: cannot read it\n");
+        return 1;
+    }
     pgd_grammar_scratch *sc = pgd_grammar_scratch_new(64);
     pgd_grammar_state st;
     CHECK(sc && pgd_grammar_state_init(&st) == PGD_OK);
