@@ -13,7 +13,6 @@
    not; bad grammars get 400s naming the parameter."""
 import json
 import os
-import random
 import socket
 import subprocess
 from pathlib import Path
@@ -112,18 +111,7 @@ def tool(grammar, texts, tmp_path, *pre):
 
 
 def texts_for(samples, seed):
-    rng = random.Random(seed)
-    alphabet = sorted(set("".join(samples)) | set("a0-. \né中x\"{}"))
-    out = set(samples)
-    for s in samples:
-        out.update(s[:i] for i in range(len(s) + 1))
-        for i in range(len(s)):
-            out.add(s[:i] + rng.choice(alphabet) + s[i + 1:])
-            out.add(s[:i] + s[i + 1:])
-            out.add(s[:i] + rng.choice(alphabet) + s[i:])
-    for _ in range(300):
-        out.add("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))))
-    return sorted(out)
+    return util.mutated_texts(samples, seed, "\"{}")
 
 
 @pytest.mark.parametrize("grammar,samples", GRAMMARS, ids=[g[:30] for g, _ in GRAMMARS])

@@ -63,3 +63,22 @@ def check_sampled_constrained(server, constraint, status, min_stops):
         free = post(server, "/v1/completions", dict(base, seed=seed)).json()
         assert not any(status(c["text"]) == "match" for c in free["choices"])
     assert n_stop >= min_stops, n_stop
+
+
+def mutated_texts(samples, seed, extra=""):
+    """Texts that tell a recognizer's states apart: the samples, all their prefixes, each
+    character replaced, dropped or preceded by another, and 300 random strings of up to 12
+    characters over the samples' alphabet, a few more characters and extra."""
+    import random
+    rng = random.Random(seed)
+    alphabet = sorted(set("".join(samples)) | set("a0-. \né中x" + extra))
+    out = set(samples)
+    for s in samples:
+        out.update(s[:i] for i in range(len(s) + 1))
+        for i in range(len(s)):
+            out.add(s[:i] + rng.choice(alphabet) + s[i + 1:])
+            out.add(s[:i] + s[i + 1:])
+            out.add(s[:i] + rng.choice(alphabet) + s[i:])
+    for _ in range(300):
+        out.add("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))))
+    return sorted(out)
