@@ -56,6 +56,8 @@ typedef struct parser {
     ivec neg;
     int64_t n_elems;
     int32_t cur;        /* the named rule being parsed */
+    bool lark;          /* the Lark-style form (grammar.h) */
+    int32_t first;      /* the first rule defined, or -1 */
 } parser;
 
 static void perr(parser *ps, const char *fmt, ...) {
@@ -91,7 +93,7 @@ static void skip_space(parser *ps, bool newlines) {
         char c = *ps->p;
         if (c == ' ' || c == '\t' || (newlines && (c == '\n' || c == '\r'))) {
             ps->p++;
-        } else if (c == '#') {
+        } else if (c == '#' || (ps->lark && c == '/' && ps->end - ps->p > 1 && ps->p[1] == '/')) {
             while (ps->p < ps->end && *ps->p != '\n' && *ps->p != '\r') ps->p++;
         } else {
             break;
@@ -174,7 +176,7 @@ static int32_t parse_char(parser *ps) {
     case 'n': return '\n';
     case 'r': return '\r';
     case 't': return '\t';
-    case '\\': case '"': case '[': case ']': case '-': case '^': case '/': return c;
+    case '\\': case '"': case '\'': case '[': case ']': case '-': case '^': case '/': return c;
     default:
         perr(ps, "unknown escape '\\%c'", c);
         return -1;
@@ -342,10 +344,10 @@ static void parse_sequence(parser *ps, int32_t r, bool nested) {
     int32_t last = -1; /* where the last element (what a repetition repeats) starts */
     while (!ps->rc && ps->p < ps->end) {
         char c = *ps->p;
-        if (c == '"') {
+        if (c == '"' || (c == '\'' && ps->lark)) {
             ps->p++;
             last = seq.n;
-            while (!ps->rc && ps->p < ps->end && *ps->p != '"') {
+            while (!ps->rc && ps->p < ps->end && *ps->p != c) {
                 int32_t cp = parse_char(ps);
                 if (cp >= 0 && count_elems(ps, 1))
                     push(ps, &seq, EL_CHAR(char_class(ps, (uint32_t)cp)));
@@ -412,6 +414,7 @@ static void parse_alternates(parser *ps, int32_t r, bool nested) {
 }
 
 static void parse_rule(parser *ps) {
+    if (ps->lark && ps->p < ps->end && *ps->p == '?') ps->p++; /* Lark's inlining: no matter */
     const char *name = ps->p;
     while (ps->p < ps->end && is_word(*ps->p)) ps->p++;
     uint32_t len = (uint32_t)(ps->p - name);
@@ -420,11 +423,14 @@ static void parse_rule(parser *ps) {
         return;
     }
     skip_space(ps, false);
-    if (ps->end - ps->p < 3 || memcmp(ps->p, "::=", 3)) {
-        perr(ps, "expected '::=' after '%.*s'", (int)len, name);
+    const char *def = ps->lark ? ":" : "::=";
+    size_t dl = strlen(def);
+    if ((size_t)(ps->end - ps->p) < dl || memcmp(ps->p, def, dl)) {
+        perr(ps, ps->lark ? "expected ':' (Lark) or '::=' (GBNF) after '%.*s'"
+                          : "expected '::=' after '%.*s'", (int)len, name);
         return;
     }
-    ps->p += 3;
+    ps->p += dl;
     skip_space(ps, true);
     int32_t r = rule_named(ps, name, len);
     if (r < 0) return;
@@ -433,14 +439,21 @@ static void parse_rule(parser *ps) {
         return;
     }
     ps->rules[r].defined = true;
+    if (ps->first < 0) ps->first = r;
     ps->cur = r;
-    parse_alternates(ps, r, false);
-    if (ps->rc) return;
-    if (ps->p < ps->end && *ps->p == '\r') ps->p++;
-    if (ps->p < ps->end && *ps->p == '\n') ps->p++;
-    else if (ps->p < ps->end)
-        perr(ps, "unexpected '%c' in rule '%.*s'", *ps->p, (int)len, name);
-    skip_space(ps, true);
+    for (;;) {
+        parse_alternates(ps, r, false);
+        if (ps->rc) return;
+        if (ps->p < ps->end && *ps->p == '\r') ps->p++;
+        if (ps->p < ps->end && *ps->p == '\n') ps->p++;
+        else if (ps->p < ps->end)
+            perr(ps, "unexpected '%c' in rule '%.*s'", *ps->p, (int)len, name);
+        skip_space(ps, true);
+        /* Lark: a line that starts with '|' goes on with the rule's alternatives */
+        if (ps->rc || !ps->lark || ps->p >= ps->end || *ps->p != '|') break;
+        ps->p++;
+        skip_space(ps, true);
+    }
 }
 
 static const rule *owner_of(const parser *ps, int32_t r) { return &ps->rules[ps->rules[r].owner]; }
@@ -594,7 +607,10 @@ static void flatten(parser *ps, pgd_grammar *g) {
 int pgd_grammar_compile(const char *text, size_t len, pgd_grammar *out, char *msg,
                         size_t msg_len) {
     memset(out, 0, sizeof *out);
-    parser ps = {.start = text, .p = text, .end = text + len, .msg = msg, .msg_len = msg_len};
+    parser ps = {.start = text, .p = text, .end = text + len, .msg = msg, .msg_len = msg_len,
+                 .first = -1};
+    /* no "::=" anywhere: the Lark-style form, as vLLM tells them apart */
+    ps.lark = !memmem(text, len, "::=", 3);
     if (len > PGD_GRAMMAR_MAX_LEN) {
         snprintf(msg, msg_len, "the grammar is longer than %d bytes", PGD_GRAMMAR_MAX_LEN);
         return PGD_EINVAL;
@@ -608,10 +624,14 @@ int pgd_grammar_compile(const char *text, size_t len, pgd_grammar *out, char *ms
             ps.p = NULL;
             perr(&ps, "rule '%.*s' is used but not defined", (int)u->name_len, u->name);
         }
-        if (u->name && u->name_len == 4 && !memcmp(u->name, "root", 4)) root = r;
+        const char *want = ps.lark ? "start" : "root";
+        if (u->name && u->name_len == strlen(want) && !memcmp(u->name, want, u->name_len))
+            root = r;
     }
+    if (!ps.rc && root < 0 && ps.lark) root = ps.first; /* Lark: start, or the first rule */
     if (!ps.rc && root < 0) {
-        snprintf(msg, msg_len, "the grammar has no rule named 'root'");
+        snprintf(msg, msg_len, ps.lark ? "the grammar has no rules" :
+                 "the grammar has no rule named 'root'");
         ps.rc = PGD_EINVAL;
     }
     if (!ps.rc) {

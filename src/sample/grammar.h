@@ -9,6 +9,12 @@
  * comment. Escapes in literals and classes: \n \r \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH. A rule
  * ends at a newline, except inside parentheses and after "::=" or '|' (llama.cpp's rule).
  *
+ * A grammar with no "::=" is read in the Lark-like form vLLM converts for xgrammar: rules
+ * `name: alternatives` (a leading '?' ignored), a line starting with '|' continuing the rule
+ * above, 'single-quoted' literals too, "//" comments too, and the root the rule named start,
+ * else the first one; the elements are otherwise GBNF's (no Lark regex terminals, [optional]
+ * or %import).
+ *
  * Refused at compile time, with a message: a syntax error, a rule used but never defined or
  * defined twice, no root rule, a class that matches no character, a rule reachable from root that
  * can never end (every derivation recurses forever), left recursion (direct, or through rules

@@ -81,7 +81,9 @@ REFUSED = [
     ('root ::= ' + ' '.join(['"abcdefghij"{1000}'] * 7), "too large"),
     ('root ::= * "a"', "nothing to repeat"),
     ('root ::= ("a"', "expected ')'"),
-    ('root = "a"', "expected '::='"),
+    ('root = "a"', "expected ':' (Lark) or '::=' (GBNF) after 'root'"),
+    ('root ::= "a"\nx = "b"', "expected '::=' after 'x'"),
+    ('// only a comment', "the grammar has no rules"),
     ('root ::= "\\q"', "unknown escape"),
     ('root ::= "\\uD800"', "not a character"),
     ('root ::= "a" )', "unexpected ')'"),
@@ -130,6 +132,39 @@ def test_against_xgrammar(grammar, samples, tmp_path):
     counts = {k: want.count(k) for k in ("match", "prefix", "dead")}
     assert counts["prefix"] and counts["dead"], counts  # the texts tell the states apart
     print(grammar[:30], counts)
+
+
+# (a grammar in the Lark-like form vLLM converts for xgrammar, the same in GBNF, samples)
+LARK = [
+    ('?start: select_statement\n'
+     '?select_statement: "SELECT " column_list " FROM " table_name\n'
+     '?column_list: column_name ("," column_name)*\n'
+     '?table_name: identifier\n'
+     '?column_name: identifier\n'
+     '?identifier: [a-z_]+\n',
+     'root ::= "SELECT " cols " FROM " id\ncols ::= id ("," id)*\nid ::= [a-z_]+',
+     ["SELECT a,b_c FROM t", "SELECT x FROM y"]),
+    ("// a short answer\nanswer: 'yes'\n      | 'no' '.'?\n\n      | \"maybe\" # or not\n",
+     'root ::= "yes" | "no" "."? | "maybe"', ["yes", "no.", "no", "maybe"]),
+    ("item: [a-z]+\nstart: item (', ' item)* '\\''",
+     "root ::= [a-z]+ (\", \" [a-z]+)* \"'\"", ["a, bc'", "x'"]),
+]
+
+
+@pytest.mark.parametrize("lark,gbnf,samples", LARK, ids=["sql", "answer", "start-later"])
+def test_lark_form_reads_as_its_gbnf(lark, gbnf, samples, tmp_path):
+    """A grammar without '::=' is the Lark-like form (rules 'name:', '?name', '|' lines,
+    single quotes, '//' comments, root 'start' or the first rule): on every text it says what
+    the same grammar in GBNF says, which says what xgrammar says."""
+    texts = texts_for(samples, 11)
+    a, b = tool(lark, texts, tmp_path), tool(gbnf, texts, tmp_path)
+    assert a.returncode == 0 and b.returncode == 0, a.stdout + a.stderr + b.stdout
+    assert a.stdout == b.stdout
+    g = xgr.Grammar.from_ebnf(gbnf)
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([])).compile_grammar(g)
+    want = [xgr_status(compiled, g, t) for t in texts]
+    assert [w.rstrip("+") for w in a.stdout.split()] == want
+    assert "match" in want and "prefix" in want and "dead" in want
 
 
 def test_match_ends_where_nothing_extends(tmp_path):
@@ -385,3 +420,19 @@ def test_grammar_server_under_asan(default_model, tmp_path):
                            input="".join(t.encode("utf-8").hex() + "\n" for t in samples),
                            capture_output=True, text=True, timeout=300, env=env)
         assert p.returncode == 0 and "Sanitizer" not in p.stderr, p.stderr
+
+
+def test_real_model_lark_grammar(default_server):
+    """vLLM's simplified-SQL example in the Lark-like form, through guided_grammar on the real
+    model: the greedy answer is a sentence of the grammar (by xgrammar, on its GBNF form), and
+    the GBNF form gives the same answer."""
+    lark, gbnf, _ = LARK[0]
+    chat = {"messages": [{"role": "user", "content": "Generate an SQL query to show the "
+                          "'username' and 'email' from the 'users' table."}],
+            "max_tokens": 30, "temperature": 0}
+    r = post(default_server, "/v1/chat/completions", dict(chat, guided_grammar=lark))
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["message"]["content"]
+    assert full_status(gbnf, text) in ("match", "prefix") and text.startswith("SELECT "), text
+    r2 = post(default_server, "/v1/chat/completions", dict(chat, guided_grammar=gbnf))
+    assert r2.json()["choices"][0]["message"]["content"] == text
