@@ -661,10 +661,12 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     const cJSON *gr = cJSON_GetObjectItemCaseSensitive(o, "guided_regex");
     const cJSON *gg = cJSON_GetObjectItemCaseSensitive(o, "guided_grammar");
     const cJSON *lg = cJSON_GetObjectItemCaseSensitive(o, "grammar"); /* llama.cpp's */
+    const cJSON *lj = cJSON_GetObjectItemCaseSensitive(o, "json_schema"); /* llama.cpp's */
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "structured_outputs");
     bool gc_set = gc && !cJSON_IsNull(gc); /* an empty list of choices is an error */
     bool gr_set = gr && !cJSON_IsNull(gr); /* "" too: the empty answer */
-    int kinds = r->json_object + !unset(gj) + gc_set + gr_set + !unset(gg) + !unset(lg);
+    int kinds = r->json_object + !unset(gj) + gc_set + gr_set + !unset(gg) + !unset(lg) +
+                !unset(lj);
     const cJSON *sj = NULL, *sc = NULL, *sr = NULL, *sg = NULL, *y;
     if (!unset(so)) {
         if (!cJSON_IsObject(so))
@@ -685,9 +687,10 @@ static int parse_vllm_options(const cJSON *o, pgd_api_request *r, const pgd_api_
     }
     if (kinds > 1)
         BAD(NULL, "ask for one kind of structured output: response_format, guided_json, "
-            "guided_choice, guided_regex, guided_grammar, grammar or one key of "
+            "guided_choice, guided_regex, guided_grammar, grammar, json_schema or one key of "
             "structured_outputs");
     if (!unset(gj) && set_schema_value(r, gj, "guided_json", err)) return -1;
+    if (!unset(lj) && set_schema_value(r, lj, "json_schema", err)) return -1;
     if (sj && set_schema_value(r, sj, "structured_outputs.json", err)) return -1;
     if (so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "json_object")))
         r->json_object = true;

@@ -12,6 +12,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "pagoda/pagoda.h"
+#include "sample/grammar.h"
 #include "sample/sampler.h"
 #include "util/clock.h"
 #include "util/mapfile.h"
@@ -20,6 +21,7 @@
 
 typedef struct gen_opts {
     const char *model, *prompt, *file, *ids, *out, *draft_model, *device, *lora;
+    const char *grammar, *grammar_file; /* llama.cpp's --grammar / --grammar-file */
     long tp;
     float gpu_util;           /* --gpu-memory-utilization; 0: the default */
     pgd_spec_mode speculative;
@@ -40,7 +42,7 @@ static void usage_generate(FILE *f) {
             "                       [--num-speculative-tokens K] [--draft-model M]\n"
             "                       [--load-format auto|dummy] [--device cpu|cuda]\n"
             "                       [--tensor-parallel-size N] [--gpu-memory-utilization F]\n"
-            "                       [--lora DIR]\n"
+            "                       [--lora DIR] [--grammar G | --grammar-file F]\n"
             "Writes only the generated text to stdout; prefill and decode speeds to stderr.\n"
             "  -m MODEL         GGUF file or Hugging Face model directory (default %s)\n"
             "  --load-format auto|dummy  dummy: MODEL is a config.json (or its folder) and the\n"
@@ -55,6 +57,8 @@ static void usage_generate(FILE *f) {
             "  --temperature T  0 is greedy (default 0.8); --top-p (0.95), --top-k (40), --seed\n"
             "  --ignore-eos     keep generating past end-of-generation tokens\n"
             "  --print-ids      print generated token ids instead of text\n"
+            "  --grammar G, --grammar-file F  the output is a sentence of this GBNF grammar\n"
+            "                   (or the Lark-like form), as the server's guided_grammar\n"
             "  --weights-f32    dequantize every weight to F32 at load (reference path)\n"
             "  --lora DIR       run with a LoRA adapter: a PEFT directory (adapter_config.json,\n"
             "                   adapter_model.safetensors; CPU backend)\n"
@@ -100,6 +104,10 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
             o->ids = v;
         } else if (!strcmp(a, "--lora")) {
             o->lora = v;
+        } else if (!strcmp(a, "--grammar") && !logits_cmd) {
+            o->grammar = v;
+        } else if (!strcmp(a, "--grammar-file") && !logits_cmd) {
+            o->grammar_file = v;
         } else if (!strcmp(a, "--out") && logits_cmd) {
             o->out = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
@@ -147,6 +155,10 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
     }
     if (!!o->prompt + !!o->file + !!o->ids > 1) {
         fprintf(stderr, "pagoda: give only one of -p, --file and --ids\n");
+        return -1;
+    }
+    if (o->grammar && o->grammar_file) {
+        fprintf(stderr, "pagoda: give only one of --grammar and --grammar-file\n");
         return -1;
     }
     return 0;
@@ -253,11 +265,36 @@ static int prompt_ids(const gen_opts *o, pgd_engine *e, int32_t **ids, size_t *n
     return rc;
 }
 
+/* --grammar / --grammar-file compiled into *g before the model loads (a bad one fails at
+ * once, with the file's name): 0, or 2 after a message. *g is zeroed when there is none. */
+static int load_grammar(const gen_opts *o, pgd_grammar *g) {
+    memset(g, 0, sizeof *g);
+    if (!o->grammar && !o->grammar_file) return 0;
+    char *text = NULL, msg[300];
+    size_t len = o->grammar ? strlen(o->grammar) : 0;
+    pgd_err err = {{0}};
+    if (o->grammar_file && pgd_read_file(o->grammar_file, &text, &len, &err)) {
+        fprintf(stderr, "pagoda: %s\n", err.msg);
+        return 2;
+    }
+    int rc = pgd_grammar_compile(text ? text : o->grammar, len, g, msg, sizeof msg);
+    free(text);
+    if (rc) {
+        fprintf(stderr, "pagoda: %s: %s\n", o->grammar_file ? o->grammar_file : "--grammar",
+                rc == PGD_ENOMEM ? "out of memory" : msg);
+        return 2;
+    }
+    return 0;
+}
+
 /* `pagoda generate`: one request through the engine (a batch of one). */
 int pgd_cli_generate(int argc, char **argv) {
     gen_opts o;
     int prc = parse_gen(argc, argv, &o, false);
     if (prc) return prc > 0 ? 0 : 2;
+    pgd_grammar gram;
+    if (load_grammar(&o, &gram)) return 2;
+    bool has_gram = o.grammar || o.grammar_file;
     pgd_engine_config ec;
     pgd_engine_config_default(&ec);
     ec.model_path = o.model;
@@ -278,6 +315,7 @@ int pgd_cli_generate(int argc, char **argv) {
     pgd_engine *e = NULL;
     if (pgd_engine_create(&ec, &e, err, sizeof err)) {
         fprintf(stderr, "pagoda: %s\n", err);
+        pgd_grammar_free(&gram);
         return 1;
     }
     int exit_code = 1;
@@ -309,6 +347,7 @@ int pgd_cli_generate(int argc, char **argv) {
         .temperature = o.temperature, .top_p = o.top_p, .top_k = (int32_t)o.top_k,
         .seed = o.seed_set ? o.seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16),
         .ignore_eos = o.ignore_eos, .logprobs = -1, .lora = o.lora ? 1 : 0,
+        .grammar = has_gram ? "" : NULL, .grammar_c = has_gram ? &gram : NULL,
     };
     uint64_t rid;
     if (pgd_engine_submit(e, &rp, &rid, err, sizeof err)) {
@@ -363,6 +402,7 @@ int pgd_cli_generate(int argc, char **argv) {
 done:
     free(ids);
     pgd_engine_free(e);
+    pgd_grammar_free(&gram);
     return exit_code;
 }
 

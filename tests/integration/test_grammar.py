@@ -436,3 +436,23 @@ def test_real_model_lark_grammar(default_server):
     assert full_status(gbnf, text) in ("match", "prefix") and text.startswith("SELECT "), text
     r2 = post(default_server, "/v1/chat/completions", dict(chat, guided_grammar=gbnf))
     assert r2.json()["choices"][0]["message"]["content"] == text
+
+
+def test_generate_takes_a_grammar(default_server, tmp_path):
+    """`pagoda generate --grammar-file` (llama.cpp's option): the greedy text is the server's
+    answer to the same prompt under the same grammar; --grammar takes the text itself; a bad
+    grammar fails before the model loads, naming the file and the line."""
+    gfile = util.DATA / "grammars" / "json.gbnf"
+    prompt = "A person as JSON: "
+    base = ["generate", "-m", util.DEFAULT_MODEL, "-p", prompt, "-n", "40", "--temperature", "0"]
+    text = util.run_pagoda(*base, "--grammar-file", gfile).stdout.decode()
+    want = post(default_server, "/v1/completions", {"prompt": prompt, "max_tokens": 40,
+                                                    "temperature": 0, "grammar": JSON_GBNF})
+    assert text == want.json()["choices"][0]["text"], (text, want.text)
+    assert full_status(JSON_GBNF, text) in ("match", "prefix") and text.startswith("{")
+    g = 'root ::= "yes" | "no"'
+    assert util.run_pagoda(*base, "--grammar", g).stdout.decode() in ("yes", "no")
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text('root ::= item\nitem ::= "a" (')
+    p = util.run_pagoda(*base, "--grammar-file", bad, check=False)
+    assert p.returncode == 2 and str(bad) in p.stderr.decode() and "line 2" in p.stderr.decode()

@@ -171,8 +171,9 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
 
 
 def test_guided_json_is_response_format_json_schema(smol):
-    """guided_json (object or string) and structured_outputs.json hold the answer to the schema
-    exactly as response_format json_schema does: the same greedy text."""
+    """guided_json (object or string), structured_outputs.json and llama.cpp's json_schema hold
+    the answer to the schema exactly as response_format json_schema does: the same greedy
+    text."""
     body = {"messages": [{"role": "user", "content": "Describe a person as JSON."}],
             "max_tokens": 64, "temperature": 0}
     ref = ok(smol, "/v1/chat/completions", dict(body, response_format={
@@ -180,7 +181,8 @@ def test_guided_json_is_response_format_json_schema(smol):
     want = ref["choices"][0]["message"]["content"]
     assert set(json.loads(want)) == {"name", "age"}
     for extra in ({"guided_json": SCHEMA}, {"guided_json": json.dumps(SCHEMA)},
-                  {"structured_outputs": {"json": SCHEMA}}):
+                  {"structured_outputs": {"json": SCHEMA}},
+                  {"json_schema": SCHEMA}):  # (llama.cpp's server field)
         c = ok(smol, "/v1/chat/completions", dict(body, **extra))
         assert c["choices"][0]["message"]["content"] == want, extra
     ref = ok(smol, "/v1/chat/completions", dict(body, response_format={"type": "json_object"}))
@@ -211,6 +213,8 @@ def test_truncate_prompt_tokens(smol):
     ({"use_beam_search": True}, "use_beam_search"),
     ({"length_penalty": 0.5}, "length_penalty"),
     ({"guided_choice": ["a"], "guided_json": SCHEMA}, None),
+    ({"json_schema": "not a schema"}, "json_schema"),
+    ({"json_schema": SCHEMA, "grammar": 'root ::= "a"'}, None),
     ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, None),
     ({"guided_choice": []}, "guided_choice"),
     ({"guided_choice": ["a", ""]}, "guided_choice"),
