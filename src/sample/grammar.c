@@ -73,6 +73,19 @@ static void perr(parser *ps, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* A byte of the grammar for a message: itself when printable ASCII, else its value (a message
+ * goes into a JSON error body, which must stay valid UTF-8). */
+typedef struct shown {
+    char s[8];
+} shown;
+static shown show(char c) {
+    shown r;
+    unsigned char u = (unsigned char)c;
+    if (u >= 0x20 && u < 0x7F) snprintf(r.s, sizeof r.s, "'%c'", c);
+    else snprintf(r.s, sizeof r.s, "0x%02X", u);
+    return r;
+}
+
 static void oom(parser *ps) {
     if (ps->rc) return;
     ps->rc = PGD_ENOMEM;
@@ -178,7 +191,7 @@ static int32_t parse_char(parser *ps) {
     case 't': return '\t';
     case '\\': case '"': case '\'': case '[': case ']': case '-': case '^': case '/': return c;
     default:
-        perr(ps, "unknown escape '\\%c'", c);
+        perr(ps, "unknown escape: \\ then %s", show(c).s);
         return -1;
     }
 }
@@ -447,7 +460,7 @@ static void parse_rule(parser *ps) {
         if (ps->p < ps->end && *ps->p == '\r') ps->p++;
         if (ps->p < ps->end && *ps->p == '\n') ps->p++;
         else if (ps->p < ps->end)
-            perr(ps, "unexpected '%c' in rule '%.*s'", *ps->p, (int)len, name);
+            perr(ps, "unexpected %s in rule '%.*s'", show(*ps->p).s, (int)len, name);
         skip_space(ps, true);
         /* Lark: a line that starts with '|' goes on with the rule's alternatives */
         if (ps->rc || !ps->lark || ps->p >= ps->end || *ps->p != '|') break;

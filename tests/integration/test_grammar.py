@@ -13,6 +13,7 @@
    not; bad grammars get 400s naming the parameter."""
 import json
 import os
+import random
 import socket
 import subprocess
 from pathlib import Path
@@ -297,11 +298,14 @@ def test_real_model_greedy_choice(default_server):
     ({"grammar": 'root ::= "a" root'}, "grammar", "can never end"),
     ({"structured_outputs": {"grammar": 5}}, "structured_outputs.grammar", "must be a string"),
     ({"guided_grammar": "x" * 70000}, "guided_grammar", "longer than"),
+    # a byte of a character in the message would make the body invalid UTF-8 (the fuzzer's)
+    ({"guided_grammar": 'root ::= "\\é"'}, "guided_grammar", "unknown escape: \\ then 0xC3"),
     ({"guided_grammar": 'root ::= "a"', "guided_regex": "a"}, None, "one kind"),
     ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, None, "one kind")])
 def test_bad_grammars_are_400(default_server, extra, param, why):
     r = post(default_server, "/v1/completions", dict({"prompt": "x", "max_tokens": 2}, **extra))
     assert r.status_code == 400, r.text
+    r.content.decode("utf-8")  # strictly: a body of well-formed UTF-8
     validate(r.json(), "ErrorResponse")
     assert r.json()["error"]["param"] == param, r.json()
     assert why in r.json()["error"]["message"], r.json()
@@ -456,3 +460,56 @@ def test_generate_takes_a_grammar(default_server, tmp_path):
     bad.write_text('root ::= item\nitem ::= "a" (')
     p = util.run_pagoda(*base, "--grammar-file", bad, check=False)
     assert p.returncode == 2 and str(bad) in p.stderr.decode() and "line 2" in p.stderr.decode()
+
+
+def fuzz_grammars(n, seed):
+    """n broken variants of the test grammars: bytes dropped, repeated, swapped for grammar
+    punctuation or random bytes (not always UTF-8), pieces of two grammars spliced."""
+    rng = random.Random(seed)
+    pool = [g.encode("utf-8") for g, _ in GRAMMARS] + [x[0].encode() for x in REFUSED]
+    punct = b'()[]{}|*+?^-."\\:=#\n \'/,0123456789'
+    out = []
+    for _ in range(n):
+        g = bytearray(rng.choice(pool))
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(g) + 1)
+            op = rng.randrange(5)
+            if op == 0 and i < len(g):
+                del g[i]
+            elif op == 1:
+                g[i:i] = bytes([rng.choice(punct)])
+            elif op == 2:
+                g[i:i] = bytes([rng.randrange(256)])
+            elif op == 3 and i < len(g):
+                g[i:i] = g[i:i + rng.randint(1, 8)] * rng.randint(1, 3)
+            else:
+                h = rng.choice(pool)
+                g = g[:i] + h[rng.randrange(len(h)):]
+        out.append(bytes(g))
+    return out
+
+
+def test_fuzzed_grammars_are_refused_or_matched(tmp_path, binary=None):
+    """2,000 broken grammars never crash the compiler or the matcher: each is refused with a
+    message or compiles and is matched against its own text; both happen."""
+    texts = fuzz_grammars(2000, 5)
+    p = subprocess.run([str(binary or TOOL), "compile"], capture_output=True, text=True,
+                       input="".join(t.hex() + "\n" for t in texts), timeout=300,
+                       env=dict(os.environ, **(ASAN_ENV if binary else {})))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "Sanitizer" not in p.stderr and "runtime error" not in p.stderr, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert len(lines) == len(texts)
+    refused = [x for x in lines if x.startswith("refused: ")]
+    assert all(len(x) > len("refused: ") + 5 for x in refused), refused[:5]
+    assert len(refused) > 100 and len(lines) - len(refused) > 100, len(refused)
+
+
+ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+
+
+@pytest.mark.skipif(not os.environ.get("PAGODA_ASAN_BUILD"), reason="PAGODA_ASAN_BUILD is not set")
+def test_fuzzed_grammars_under_asan(tmp_path):
+    test_fuzzed_grammars_are_refused_or_matched(
+        tmp_path, Path(os.environ["PAGODA_ASAN_BUILD"]) / "pgd_grammar_tool")

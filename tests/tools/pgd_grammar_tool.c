@@ -8,7 +8,11 @@
  * reads the same lines and prints, for each text that is a match or a prefix, how many tokens
  * of the vocabulary pgd_grammar_allowed allows next, after checking its mask token by token
  * against the definition (the state fed the token's bytes stays alive); exits 1 at the first
- * difference. */
+ * difference.
+ *   pgd_grammar_tool compile
+ * reads lines of HEX grammar texts (a fuzzer's) and prints for each "refused: MESSAGE" or
+ * "ok N", N the bytes of the grammar's own text that a state started at its root takes one at
+ * a time before the first it refuses (so every grammar that compiles is also matched). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +23,33 @@
 #include "tokenizer/tokenizer.h"
 #include "tool_hex.h"
 
+static int compile_many(void) {
+    static char line[2 * PGD_GRAMMAR_MAX_LEN + 4], src[PGD_GRAMMAR_MAX_LEN + 2];
+    pgd_grammar_scratch *sc = pgd_grammar_scratch_new(16);
+    pgd_grammar_state st;
+    if (!sc || pgd_grammar_state_init(&st)) return 2;
+    while (fgets(line, sizeof line, stdin)) {
+        long n = tool_unhex(line, src, sizeof src);
+        if (n < 0) return 2;
+        pgd_grammar g;
+        char msg[300] = "";
+        if (pgd_grammar_compile(src, (size_t)n, &g, msg, sizeof msg)) {
+            printf("refused: %s\n", msg);
+            continue;
+        }
+        pgd_grammar_state_start(&st, &g, sc);
+        long k = 0;
+        while (k < n && pgd_grammar_feed(&st, &g, sc, src + k, 1)) k++;
+        printf("ok %ld\n", k);
+        pgd_grammar_free(&g);
+    }
+    pgd_grammar_state_free(&st);
+    pgd_grammar_scratch_free(sc);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "compile")) return compile_many();
     bool mask = argc == 4 && !strcmp(argv[1], "mask");
     if (argc != 2 && !mask) {
         fprintf(stderr, "usage: pgd_grammar_tool [mask MODEL] GRAMMAR_FILE < lines of hex\n");
