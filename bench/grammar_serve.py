@@ -12,9 +12,11 @@ median over the rounds, and its ratio to the unconstrained mode. Modes:
   list.gbnf    a free-text list grammar (`- item` lines)
   list.regex   the same language through guided_regex (a DFA)
 The constrained answers of json_object and json.gbnf are also compared (they should agree).
+--task copy asks instead to repeat a JSON document (or a list) given in the prompt, the case
+where --speculative ngram (passed to the server) has proposals to verify.
 
 usage: python3 bench/grammar_serve.py [--pagoda build/pagoda] [--model M] [--reps 5]
-           [--concurrency 1] [--max-tokens 96]
+           [--concurrency 1] [--max-tokens 96] [--task describe|copy] [--speculative ngram]
 """
 import argparse
 import json
@@ -51,13 +53,19 @@ def post(url, body):
         return json.loads(r.read())
 
 
-def one_round(url, mode, n, max_tokens):
+DOC = ('{"name": "Ada Lovelace", "born": 1815, "field": "mathematics", '
+       '"known_for": "the first published program", "languages": ["English", "French"]}')
+LIST = "- eggs\n- milk and honey\n- two loaves of bread\n- a jar of jam\n"
+
+
+def one_round(url, mode, n, max_tokens, task):
     out = [None] * n
 
     def run(i):
         kind = "a JSON object" if "json" in mode else "a list"
-        body = {"messages": [{"role": "user", "content": f"Describe {TOPICS[i % 8]} as {kind} "
-                              "with a long description."}],
+        ask = (f"Describe {TOPICS[i % 8]} as {kind} with a long description." if task == "describe"
+               else f"Repeat this exactly ({i}): " + (DOC if "json" in mode else LIST))
+        body = {"messages": [{"role": "user", "content": ask}],
                 "max_tokens": max_tokens, "temperature": 0, **MODES[mode]}
         out[i] = post(url, body)
     t0 = time.perf_counter()
@@ -79,9 +87,12 @@ def main():
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--task", choices=["describe", "copy"], default="describe")
+    ap.add_argument("--speculative", choices=["ngram"])
     args = ap.parse_args()
+    spec = ["--speculative", args.speculative] if args.speculative else []
     srv = serve.Server([args.pagoda, "serve", "-m", args.model, "--port", "0", "-t",
-                        str(args.threads), "--no-log-requests"])
+                        str(args.threads), "--no-log-requests", *spec])
     try:
         url = srv.base_url + "/v1/chat/completions"
         for _ in range(600):  # until the model is loaded
@@ -95,11 +106,12 @@ def main():
         texts = {}
         for _ in range(args.reps):  # modes interleaved, so drift hits them alike
             for m in MODES:
-                t, texts[m] = one_round(url, m, args.concurrency, args.max_tokens)
+                t, texts[m] = one_round(url, m, args.concurrency, args.max_tokens, args.task)
                 ms[m].append(t)
         base = statistics.median(ms["free"])
         print(f"model {Path(args.model).name}, concurrency {args.concurrency}, "
-              f"max_tokens {args.max_tokens}, {args.reps} rounds (median ms per token)")
+              f"max_tokens {args.max_tokens}, task {args.task}, speculative "
+              f"{args.speculative or 'off'}, {args.reps} rounds (median ms per token)")
         for m in MODES:
             med = statistics.median(ms[m])
             print(f"{m:12s} {med:7.2f} ms/token  {med / base:5.2f}x free  "

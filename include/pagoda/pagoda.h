@@ -104,7 +104,7 @@ typedef struct pgd_request_params {
     bool prompt_logprobs;
     int32_t prompt_top_logprobs;
     /* output constrained to one JSON object (OpenAI response_format json_object); needs a
-       tokenizer; the generation stops when the object closes; no speculation */
+       tokenizer; the generation stops when the object closes */
     bool json_object;
     /* the same, held to this JSON Schema (the text of the schema object; compiled, not kept;
        OpenAI response_format json_schema): json_grammar.h says what it supports */
@@ -134,12 +134,12 @@ typedef struct pgd_request_params {
     int32_t n_allowed_token_ids;
     /* guided_choice: the output is exactly one of these strings (copied; 1..PGD_MAX_CHOICES of
        1..PGD_MAX_CHOICE_LEN bytes), ending (STOP) when it is one that no other continues, or at
-       an end-of-generation token once it is one; needs a tokenizer; no speculation */
+       an end-of-generation token once it is one; needs a tokenizer */
     const char *const *choices;
     int32_t n_choices;
     /* guided_regex: the output is a whole match of this pattern (src/sample/regex.h; compiled
        per request), ending (STOP) when no byte can extend the match, or at an
-       end-of-generation token once it is one; needs a tokenizer; no speculation */
+       end-of-generation token once it is one; needs a tokenizer */
     const char *regex;
     /* with regex: its DFA compiled already (pgd_regex_compile of src/sample/regex.h), which the
        engine copies instead of compiling the pattern again (a server compiles once per request,
@@ -147,7 +147,7 @@ typedef struct pgd_request_params {
     const struct pgd_regex *regex_dfa;
     /* guided_grammar: the output is a sentence of this GBNF grammar's root rule
        (src/sample/grammar.h), ending (STOP) when no byte can extend it, or at an
-       end-of-generation token once it is one; needs a tokenizer; no speculation */
+       end-of-generation token once it is one; needs a tokenizer */
     const char *grammar;
     /* with grammar: compiled already (pgd_grammar_compile), which the engine copies; NULL: the
        engine compiles grammar */

@@ -848,10 +848,11 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     s->prompt_lp = p->prompt_logprobs;
     s->embed_out = p->embedding;
     s->prompt_top = p->prompt_top_logprobs;
-    /* a JSON mask depends on the tokens before it: no proposals to verify (each would need the
-     * state after the ones before it) */
-    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation && !json && !p->n_choices &&
-              !p->n_allowed_token_ids && !p->regex && !p->grammar;
+    /* constrained requests speculate too: advance verifies proposal j under the mask of the
+     * state after the tokens it emitted before it (a refused proposal has p = 0: rejected, and
+     * the replacement comes from the masked distribution), so the output distribution is the
+     * constrained one, as without proposals */
+    s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation;
     s->json = json;
     if (copy_constraints(e, s, p)) {
         seq_free(s);

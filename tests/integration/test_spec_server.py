@@ -103,3 +103,34 @@ def test_no_spec_metrics_without_speculation():
         body = complete(s)
         log = access_log(s, body["id"])
         assert log["spec_draft_tokens"] == 0 and log["spec_acceptance"] is None
+
+
+DOC = ('{"name": "Ada Lovelace", "born": 1815, "field": "mathematics", '
+       '"known_for": "the first published program"}')
+DOC_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"}, "born": {"type": "integer"}, "field": {"type": "string"},
+    "known_for": {"type": "string"}}, "required": ["name", "born"]}
+
+
+def test_constrained_requests_speculate_exactly(default_model, default_server):
+    """Structured output with n-gram speculation (the answer copies the prompt's JSON, so
+    proposals are accepted): the greedy answer of every kind of constraint equals the one of the
+    server without speculation, and the access log shows accepted proposals for each."""
+    import util
+    gbnf = (util.DATA / "grammars" / "json.gbnf").read_text()
+    kinds = [{"response_format": {"type": "json_object"}}, {"guided_json": DOC_SCHEMA},
+             {"guided_grammar": gbnf}, {"guided_regex": r'\{"name": "[A-Za-z ]+", .*\}'},
+             {"guided_choice": [DOC, "none"]}]
+    chat = {"messages": [{"role": "user", "content": "Repeat this JSON exactly: " + DOC}],
+            "max_tokens": 64, "temperature": 0}
+    with Server(default_model, "--speculative", "ngram", "--num-speculative-tokens", "4") as s:
+        for extra in kinds:
+            want = requests.post(default_server.url("/v1/chat/completions"),
+                                 json=dict(chat, **extra), timeout=120).json()
+            got = requests.post(s.url("/v1/chat/completions"), json=dict(chat, **extra),
+                                timeout=120).json()
+            text = got["choices"][0]["message"]["content"]
+            assert text == want["choices"][0]["message"]["content"], (extra, got, want)
+            assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"]
+            log = access_log(s, got["id"])
+            assert log["spec_accepted_tokens"] > 0, (extra, log)
