@@ -123,10 +123,10 @@ def test_reasoning_parser_is_checked():
 
 
 def test_constrained_answers_think_first(tmp_path_factory):
-    """Under deepseek_r1 a JSON answer or a required tool call thinks first, as vLLM applies a
-    grammar only once the reasoning has ended: until "</think>" sampling is free -- the same
-    draws as the unconstrained answer of the same seed, so its reasoning is that answer's --
-    and the content after it holds to the schema."""
+    """Under deepseek_r1 a JSON answer, a grammar's or a required tool call thinks first, as
+    vLLM applies a grammar only once the reasoning has ended: until "</think>" sampling is
+    free -- the same draws as the unconstrained answer of the same seed, so its reasoning is
+    that answer's -- and the content after it holds to the schema or the grammar."""
     from test_json_output import TOOL_W
     model = util.model_with_template(tmp_path_factory,
                                      "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja")
@@ -144,6 +144,19 @@ def test_constrained_answers_think_first(tmp_path_factory):
                 assert json.loads(m["content"])["a"] == const, m
                 n_json += 1
         assert n_json >= 4
+        # a grammar waits for the thinking alike
+        n_gram = 0
+        for seed in range(3):
+            free = chat(s, seed, **ask(seed, bias))
+            g = chat(s, seed, **ask(seed, bias), guided_grammar='root ::= ("yes" | "no") "."',
+                     max_tokens=200)
+            for m, f in zip(g, free):
+                if f["content"] is None:
+                    continue
+                assert m["reasoning_content"] == f["reasoning_content"], (m, f)
+                assert m["content"] in ("yes.", "no."), m
+                n_gram += 1
+        assert n_gram >= 4
         r = requests.post(s.url("/v1/chat/completions"), timeout=120, json={
             "messages": CHAT, "max_tokens": 200, "tools": [TOOL_W], "tool_choice": "required",
             "seed": 1, "temperature": 1.0, "n": 4, **ask(1, bias)})
