@@ -142,6 +142,7 @@ struct pgd_engine {
     pgd_grammar_scratch *gr_scratch; /* every grammar request's feeding and masking (with a
                                         tokenizer; the engine thread alone) */
     pgd_grammar_key gr_key;         /* the key of the state being masked */
+    pgd_grammar_state gr_tmp;       /* a state fed on trial (first_token_mask) */
     uint8_t *json_allow;            /* (n_vocab) this step's mask */
     /* speculative decoding */
     pgd_spec_mode spec_mode;
@@ -588,7 +589,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->json_allow = malloc((size_t)nv);
     if (!e->json_allow ||
         (e->model->tok && (pgd_json_vocab_build(&e->json_vocab, e->model->tok, nv) ||
-                           !(e->gr_scratch = pgd_grammar_scratch_new(e->json_vocab.max_len))))) {
+                           !(e->gr_scratch = pgd_grammar_scratch_new(e->json_vocab.max_len)) ||
+                           pgd_grammar_state_init(&e->gr_tmp)))) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
@@ -651,6 +653,7 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->eog);
     pgd_json_vocab_free(&e->json_vocab);
     pgd_grammar_scratch_free(e->gr_scratch);
+    pgd_grammar_state_free(&e->gr_tmp);
     free(e->json_allow);
     free(e->aborts);
     free(e->events);
@@ -1461,16 +1464,26 @@ static void choice_mask(pgd_engine *e, const seq *s, uint8_t *allow) {
     }
 }
 
-/* Moves s's choices over token id: STOP at an end-of-generation token (the mask allowed it: the
- * output is a choice) or once the output is a choice that no alive one continues. */
-static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id) {
-    const pgd_json_vocab *v = &e->json_vocab;
-    if (v->eog[id]) return PGD_FINISH_STOP;
-    size_t n = v->len[id], at = s->ch_pos;
+/* Some alive choice goes on with t[0..n) after the output so far. */
+static bool choice_takes(const seq *s, const char *t, size_t n) {
+    for (int32_t i = 0; i < s->n_choices; i++)
+        if (s->ch_alive[i] && s->ch_len[i] >= s->ch_pos + n &&
+            !memcmp(s->choices[i] + s->ch_pos, t, n))
+            return true;
+    return false;
+}
+
+/* Moves s's choices over token id, whose text adds t[0..n): STOP at an end-of-generation token
+ * (the mask allowed it: the output is a choice) or once the output is a choice that no alive
+ * one continues. */
+static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id, const char *t,
+                                        size_t n) {
+    if (e->json_vocab.eog[id]) return PGD_FINISH_STOP;
+    size_t at = s->ch_pos;
     bool any = false, longer = false;
     for (int32_t i = 0; i < s->n_choices; i++) {
         size_t l = s->ch_len[i];
-        if (!s->ch_alive[i] || l < at + n || memcmp(s->choices[i] + at, v->text[id], n)) {
+        if (!s->ch_alive[i] || l < at + n || memcmp(s->choices[i] + at, t, n)) {
             s->ch_alive[i] = 0;
             continue;
         }
@@ -1483,6 +1496,47 @@ static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id) {
     return longer ? 0 : PGD_FINISH_STOP;
 }
 
+/* SentencePiece with a dummy prefix after a prompt of BOS alone: the detokenizer drops the
+ * next piece's leading space (pgd_detok), so the constraints must not see it either. */
+static bool drops_space(const pgd_engine *e, const seq *s) {
+    return e->model->tok && pgd_detok_drops_space(&s->detok);
+}
+
+/* The bytes token id adds to the text: its piece, less a leading space when drop. */
+static const char *token_text(const pgd_engine *e, int32_t id, bool drop, size_t *n) {
+    const char *t = e->json_vocab.text[id];
+    *n = e->json_vocab.len[id];
+    if (drop && *n > 0 && t[0] == ' ') t++, (*n)--;
+    return t;
+}
+
+/* The mask of a constrained answer's first token when its leading space is dropped, by the
+ * definition: each token, less the space, fed to a copy of the constraint's state (the tries
+ * hold whole pieces). Once per request, and only for SentencePiece models given BOS alone. A
+ * token left with no text is refused (it would emit nothing). */
+static void first_token_mask(pgd_engine *e, seq *s, uint8_t *a) {
+    const pgd_json_vocab *v = &e->json_vocab;
+    memset(a, 0, (size_t)e->model->cfg.n_vocab);
+    for (int32_t id = 0; id < v->n; id++) {
+        size_t n;
+        const char *t = token_text(e, id, true, &n);
+        if (v->eog[id] || n == 0) continue;
+        if (s->json) {
+            pgd_json_state c = s->json_st;
+            a[id] = pgd_json_feed(&c, t, n);
+        } else if (s->has_re) {
+            a[id] = pgd_regex_feed(&s->re, s->re_q, t, n) >= 0;
+        } else if (s->has_gr) {
+            pgd_grammar_state_assign(&e->gr_tmp, &s->gr_st);
+            a[id] = pgd_grammar_feed(&e->gr_tmp, &s->gr, e->gr_scratch, t, n);
+        } else {
+            a[id] = choice_takes(s, t, n);
+        }
+    }
+    bool end = s->has_re ? s->re.accept[s->re_q] : s->has_gr && pgd_grammar_complete(&s->gr_st);
+    for (int32_t k = 0; end && k < e->n_eog; k++) a[e->eog[k]] = 1;
+}
+
 /* The mask of s's next token in e->json_allow, when it has one: JSON (json_st) or choices,
  * narrowed to allowed_token_ids, and without the stop tokens while output < min_tokens. */
 static bool build_mask(pgd_engine *e, seq *s) {
@@ -1492,7 +1546,9 @@ static bool build_mask(pgd_engine *e, seq *s) {
         (s->json || s->choices || s->has_re || s->has_gr) && s->c_wait != C_THINKING;
     if (!constrained && !s->allowed && !under_min) return false;
     uint8_t *a = e->json_allow;
-    if (constrained && s->json) {
+    if (constrained && drops_space(e, s)) { /* (not memoized: other masks see whole pieces) */
+        first_token_mask(e, s, a);
+    } else if (constrained && s->json) {
         pgd_json_allowed(&s->json_st, &e->json_vocab, a);
     } else if (constrained && s->has_re) {
         int m = 0;
@@ -1545,19 +1601,19 @@ static bool build_mask(pgd_engine *e, seq *s) {
     return true;
 }
 
-/* Moves s's JSON state over token id: STOP once the object is closed. A token the mask refused
- * can only come from logits with no finite value (the sampler's arg-max fallback): an error. */
-static pgd_finish_reason json_advance(pgd_engine *e, seq *s, int32_t id) {
-    const pgd_json_vocab *v = &e->json_vocab;
-    if (v->eog[id] || !v->len[id] || !pgd_json_feed(&s->json_st, v->text[id], v->len[id])) {
-        return PGD_FINISH_ERROR;
-    }
+/* Moves s's JSON state over token id (text t[0..n)): STOP once the object is closed. A token
+ * the mask refused can only come from logits with no finite value (the sampler's arg-max
+ * fallback): an error. */
+static pgd_finish_reason json_advance(pgd_engine *e, seq *s, int32_t id, const char *t,
+                                      size_t n) {
+    if (e->json_vocab.eog[id] || !n || !pgd_json_feed(&s->json_st, t, n)) return PGD_FINISH_ERROR;
     return pgd_json_complete(&s->json_st) ? PGD_FINISH_STOP : 0;
 }
 
 /* Moves s's constraint over token id: JSON or choices, once thinking (constrain_after) is over:
- * a first think_open token starts it, the token that completes c_after ends it. */
-static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id) {
+ * a first think_open token starts it, the token that completes c_after ends it. drop: the
+ * token's leading space was dropped from the text (drops_space before it was emitted). */
+static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id, bool drop) {
     if (s->c_wait == C_FIRST) {
         s->c_wait = id == s->think_tok ? C_THINKING : C_ON;
         if (s->c_wait == C_THINKING) return 0;
@@ -1568,23 +1624,22 @@ static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id) {
         else if (s->text_len >= l) s->c_scan = s->text_len - l + 1; /* a match may straddle */
         return 0;
     }
-    if (s->json) return json_advance(e, s, id);
-    if (s->choices) return choice_advance(e, s, id);
+    size_t n;
+    const char *t = token_text(e, id, drop, &n);
+    if (s->json) return json_advance(e, s, id, t, n);
+    if (s->choices) return choice_advance(e, s, id, t, n);
     if (s->has_re) {
         /* an end-of-generation token only where the mask let it (a match); a refused token
          * only from logits with no finite value (the sampler's fallback) */
-        const pgd_json_vocab *v = &e->json_vocab;
-        if (v->eog[id]) return PGD_FINISH_STOP;
-        int32_t q = v->len[id] ? pgd_regex_feed(&s->re, s->re_q, v->text[id], v->len[id]) : -1;
+        if (e->json_vocab.eog[id]) return PGD_FINISH_STOP;
+        int32_t q = n ? pgd_regex_feed(&s->re, s->re_q, t, n) : -1;
         if (q < 0) return PGD_FINISH_ERROR;
         s->re_q = q;
         return s->re.accept[q] && !s->re.extend[q] ? PGD_FINISH_STOP : 0;
     }
     if (s->has_gr) { /* as the regex: STOP at a sentence no byte can extend */
-        const pgd_json_vocab *v = &e->json_vocab;
-        if (v->eog[id]) return PGD_FINISH_STOP;
-        if (!v->len[id] ||
-            !pgd_grammar_feed(&s->gr_st, &s->gr, e->gr_scratch, v->text[id], v->len[id]))
+        if (e->json_vocab.eog[id]) return PGD_FINISH_STOP;
+        if (!n || !pgd_grammar_feed(&s->gr_st, &s->gr, e->gr_scratch, t, n))
             return PGD_FINISH_ERROR;
         return pgd_grammar_complete(&s->gr_st) && !pgd_grammar_extends(&s->gr_st)
                    ? PGD_FINISH_STOP
@@ -1627,8 +1682,9 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
             why = PGD_FINISH_ERROR;
             break;
         }
+        bool drop = drops_space(e, s); /* before emit_token moves the detokenizer on */
         why = emit_token(e, s, id, lg);
-        if (!why) why = constraint_advance(e, s, id);
+        if (!why) why = constraint_advance(e, s, id, drop);
         if (j == k) break;
         if (!accepted) break;
         e->stats.spec_accepted_per_pos[j]++;

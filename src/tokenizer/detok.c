@@ -90,6 +90,10 @@ void pgd_detok_init(pgd_detok *d, const pgd_tokenizer *t, bool render_special) {
     d->render_special = render_special;
 }
 
+bool pgd_detok_drops_space(const pgd_detok *d) {
+    return d->tok && d->first && drops_first_space(d->tok);
+}
+
 int pgd_detok_push(pgd_detok *d, int32_t id, char *out, size_t cap) {
     const pgd_tokenizer *t = d->tok;
     if (id < 0 || id >= t->n_vocab) return PGD_EINVAL;

@@ -93,6 +93,9 @@ void pgd_detok_init(pgd_detok *d, const pgd_tokenizer *t, bool render_special);
  * (a byte token out of place) come out as U+FFFD, one per maximal ill-formed subpart, as in
  * pgd_tokenizer_decode. cap >= pgd_detok_cap(t) is always enough for one token. */
 int pgd_detok_push(pgd_detok *d, int32_t id, char *out, size_t cap);
+/* The next piece that starts with a space (and is not special) loses that space: the
+ * SentencePiece rule for the first piece, when d has emitted nothing yet. */
+bool pgd_detok_drops_space(const pgd_detok *d);
 size_t pgd_detok_cap(const pgd_tokenizer *t);
 /* Ends the stream: an unfinished character still pending comes out as U+FFFD (3 bytes; cap >=
  * 3), as Hugging Face's decode reports it. Returns the bytes written (0 or 3). */
