@@ -1624,6 +1624,7 @@ static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id, b
         else if (s->text_len >= l) s->c_scan = s->text_len - l + 1; /* a match may straddle */
         return 0;
     }
+    if (!s->json && !s->choices && !s->has_re && !s->has_gr) return 0; /* (maybe no vocab) */
     size_t n;
     const char *t = token_text(e, id, drop, &n);
     if (s->json) return json_advance(e, s, id, t, n);
