@@ -34,6 +34,8 @@ _Static_assert(PGD_SPEC_MAX_K == PGD_SPEC_MAX_TOKENS, "one limit on proposals");
 #define MAX_STOP_IDS 64     /* stop token ids per request */
 #define MAX_STOP_LEN 64
 #define RE_MEMO 4           /* states whose masks a regex or grammar request keeps */
+#define GRAMMAR_WORK_MSG                                                                         \
+    "the grammar is too ambiguous here: its token mask needs more than 10^7 parse steps"
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
 
@@ -142,7 +144,6 @@ struct pgd_engine {
     pgd_grammar_scratch *gr_scratch; /* every grammar request's feeding and masking (with a
                                         tokenizer; the engine thread alone) */
     pgd_grammar_key gr_key;         /* the key of the state being masked */
-    pgd_grammar_state gr_tmp;       /* a state fed on trial (first_token_mask) */
     uint8_t *json_allow;            /* (n_vocab) this step's mask */
     /* speculative decoding */
     pgd_spec_mode spec_mode;
@@ -589,8 +590,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->json_allow = malloc((size_t)nv);
     if (!e->json_allow ||
         (e->model->tok && (pgd_json_vocab_build(&e->json_vocab, e->model->tok, nv) ||
-                           !(e->gr_scratch = pgd_grammar_scratch_new(e->json_vocab.max_len)) ||
-                           pgd_grammar_state_init(&e->gr_tmp)))) {
+                           !(e->gr_scratch = pgd_grammar_scratch_new(e->json_vocab.max_len))))) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
@@ -653,7 +653,6 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->eog);
     pgd_json_vocab_free(&e->json_vocab);
     pgd_grammar_scratch_free(e->gr_scratch);
-    pgd_grammar_state_free(&e->gr_tmp);
     free(e->json_allow);
     free(e->aborts);
     free(e->events);
@@ -1510,12 +1509,21 @@ static const char *token_text(const pgd_engine *e, int32_t id, bool drop, size_t
     return t;
 }
 
-/* The mask of a constrained answer's first token when its leading space is dropped, by the
- * definition: each token, less the space, fed to a copy of the constraint's state (the tries
- * hold whole pieces). Once per request, and only for SentencePiece models given BOS alone. A
+/* The mask of a constrained answer's first token when its leading space is dropped: a grammar
+ * walks the trie with the space skipped (within its work limit: false past it); the others by
+ * the definition, each token less the space fed to a copy of the state (cheap: a DFA, the JSON
+ * machine, choices). Once per request, and only for SentencePiece models given BOS alone. A
  * token left with no text is refused (it would emit nothing). */
-static void first_token_mask(pgd_engine *e, seq *s, uint8_t *a) {
+static bool first_token_mask(pgd_engine *e, seq *s, uint8_t *a) {
     const pgd_json_vocab *v = &e->json_vocab;
+    if (s->has_gr) {
+        if (pgd_grammar_allowed_drop_space(&s->gr_st, &s->gr, e->gr_scratch, &e->json_vocab,
+                                           a) < 0)
+            return false;
+        if (pgd_grammar_complete(&s->gr_st))
+            for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
+        return true;
+    }
     memset(a, 0, (size_t)e->model->cfg.n_vocab);
     for (int32_t id = 0; id < v->n; id++) {
         size_t n;
@@ -1526,15 +1534,13 @@ static void first_token_mask(pgd_engine *e, seq *s, uint8_t *a) {
             a[id] = pgd_json_feed(&c, t, n);
         } else if (s->has_re) {
             a[id] = pgd_regex_feed(&s->re, s->re_q, t, n) >= 0;
-        } else if (s->has_gr) {
-            pgd_grammar_state_assign(&e->gr_tmp, &s->gr_st);
-            a[id] = pgd_grammar_feed(&e->gr_tmp, &s->gr, e->gr_scratch, t, n);
         } else {
             a[id] = choice_takes(s, t, n);
         }
     }
-    bool end = s->has_re ? s->re.accept[s->re_q] : s->has_gr && pgd_grammar_complete(&s->gr_st);
-    for (int32_t k = 0; end && k < e->n_eog; k++) a[e->eog[k]] = 1;
+    for (int32_t k = 0; s->has_re && s->re.accept[s->re_q] && k < e->n_eog; k++)
+        a[e->eog[k]] = 1;
+    return true;
 }
 
 /* The mask of s's next token in e->json_allow, when it has one: JSON (json_st) or choices,
@@ -1547,7 +1553,10 @@ static bool build_mask(pgd_engine *e, seq *s) {
     if (!constrained && !s->allowed && !under_min) return false;
     uint8_t *a = e->json_allow;
     if (constrained && drops_space(e, s)) { /* (not memoized: other masks see whole pieces) */
-        first_token_mask(e, s, a);
+        if (!first_token_mask(e, s, a)) {
+            s->err_msg = GRAMMAR_WORK_MSG;
+            return true;
+        }
     } else if (constrained && s->json) {
         pgd_json_allowed(&s->json_st, &e->json_vocab, a);
     } else if (constrained && s->has_re) {
@@ -1574,8 +1583,7 @@ static bool build_mask(pgd_engine *e, seq *s) {
         } else {
             if (pgd_grammar_allowed(&s->gr_st, &s->gr, e->gr_scratch, &e->json_vocab, a) < 0) {
                 /* nothing allowed: the sample fails and ends the request with this */
-                s->err_msg = "the grammar is too ambiguous here: its token mask needs more than "
-                             "10^7 parse steps";
+                s->err_msg = GRAMMAR_WORK_MSG;
                 return true;
             }
             if (pgd_grammar_complete(&s->gr_st))

@@ -723,6 +723,7 @@ struct pgd_grammar_scratch {
     uint32_t stamp;
     const pgd_grammar *g;/* during a walk */
     int64_t work;        /* items expanded and stacks tested since the walk began */
+    bool drop_space;     /* in a walk: a leading space is no byte of the text */
     /* in a walk, what byte b does to level 0's stacks: LOOP_UNKNOWN, LOOP_SAME (they come back
      * as they were: free text in a class under a repetition), LOOP_OTHER or LOOP_DEAD */
     int8_t loop[256];
@@ -1091,6 +1092,10 @@ static bool walk_step(void *ctx, int32_t depth, uint8_t b) {
     if (sc->work > PGD_GRAMMAR_MAX_WORK) return false;
     const level *L = &sc->lev[depth - 1];
     level *N = &sc->lev[depth];
+    if (depth == 1 && b == ' ' && sc->drop_space) { /* the text goes on as it was */
+        make_root(sc, N, tops_end(L), L->n_nodes);
+        return true;
+    }
     if (L->root && sc->loop[b] == LOOP_SAME) {
         make_root(sc, N, tops_end(L), L->n_nodes);
         return true;
@@ -1122,11 +1127,13 @@ static bool walk_step(void *ctx, int32_t depth, uint8_t b) {
     return ok;
 }
 
-int32_t pgd_grammar_allowed(const pgd_grammar_state *st, const pgd_grammar *g,
-                            pgd_grammar_scratch *sc, pgd_json_vocab *v, uint8_t *allow) {
+static int32_t allowed(const pgd_grammar_state *st, const pgd_grammar *g,
+                       pgd_grammar_scratch *sc, pgd_json_vocab *v, uint8_t *allow,
+                       bool drop_space) {
     load(sc, st);
     sc->g = g;
     sc->work = 0;
+    sc->drop_space = drop_space;
     sc->lev[0].root = 1;
     memset(sc->loop, LOOP_UNKNOWN, sizeof sc->loop);
     if (++sc->walk == 0) { /* stamps wrapped: none is this walk's */
@@ -1138,7 +1145,22 @@ int32_t pgd_grammar_allowed(const pgd_grammar_state *st, const pgd_grammar *g,
         return 0;
     }
     int32_t n = pgd_json_vocab_walk(v, walk_step, sc, allow);
-    if (sc->work <= PGD_GRAMMAR_MAX_WORK) return n;
-    memset(allow, 0, (size_t)v->n);
-    return -1;
+    if (sc->work > PGD_GRAMMAR_MAX_WORK) {
+        memset(allow, 0, (size_t)v->n);
+        return -1;
+    }
+    for (int32_t id = 0; drop_space && id < v->n; id++) /* a space alone: no text at all */
+        if (allow[id] && v->len[id] == 1 && v->text[id][0] == ' ') allow[id] = 0, n--;
+    return n;
+}
+
+int32_t pgd_grammar_allowed(const pgd_grammar_state *st, const pgd_grammar *g,
+                            pgd_grammar_scratch *sc, pgd_json_vocab *v, uint8_t *allow) {
+    return allowed(st, g, sc, v, allow, false);
+}
+
+int32_t pgd_grammar_allowed_drop_space(const pgd_grammar_state *st, const pgd_grammar *g,
+                                       pgd_grammar_scratch *sc, struct pgd_json_vocab *v,
+                                       uint8_t *allow) {
+    return allowed(st, g, sc, v, allow, true);
 }

@@ -126,5 +126,10 @@ struct pgd_json_vocab;
  * one request cannot hold a shared engine for seconds a token. */
 int32_t pgd_grammar_allowed(const pgd_grammar_state *st, const pgd_grammar *g,
                             pgd_grammar_scratch *sc, struct pgd_json_vocab *v, uint8_t *allow);
+/* The same for tokens read less a leading space (a SentencePiece first piece, whose space the
+ * text drops): a token that is a space alone is refused (it adds no text). */
+int32_t pgd_grammar_allowed_drop_space(const pgd_grammar_state *st, const pgd_grammar *g,
+                                       pgd_grammar_scratch *sc, struct pgd_json_vocab *v,
+                                       uint8_t *allow);
 
 #endif

@@ -224,6 +224,9 @@ def test_mask_matches_definition(vocab, tmp_path):
         assert p.returncode == 0, (grammar[:30], p.stderr)
         counts = [int(x) for x in p.stdout.split()]
         assert len(counts) == len(prefixes) and max(counts) > 0
+        # each token less a leading space (a SentencePiece first piece): at the start
+        p = tool(grammar, [b"", data[0][:1]], tmp_path, "mask-drop", str(path))
+        assert p.returncode == 0 and len(p.stdout.split()) == 2, (grammar[:30], p.stderr)
 
 
 # ---- 4. the server ----

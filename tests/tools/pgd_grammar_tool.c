@@ -8,7 +8,8 @@
  * reads the same lines and prints, for each text that is a match or a prefix, how many tokens
  * of the vocabulary pgd_grammar_allowed allows next, after checking its mask token by token
  * against the definition (the state fed the token's bytes stays alive); exits 1 at the first
- * difference.
+ * difference. mask-drop: the same for pgd_grammar_allowed_drop_space, each token's bytes less
+ * a leading space (a token of no bytes then refused).
  *   pgd_grammar_tool compile
  * reads lines of HEX grammar texts (a fuzzer's) and prints for each "refused: MESSAGE" or
  * "ok N", N the bytes of the grammar's own text that a state started at its root takes one at
@@ -50,7 +51,8 @@ static int compile_many(void) {
 
 int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "compile")) return compile_many();
-    bool mask = argc == 4 && !strcmp(argv[1], "mask");
+    bool drop = argc == 4 && !strcmp(argv[1], "mask-drop");
+    bool mask = argc == 4 && (!strcmp(argv[1], "mask") || drop);
     if (argc != 2 && !mask) {
         fprintf(stderr, "usage: pgd_grammar_tool [mask MODEL] GRAMMAR_FILE < lines of hex\n");
         return 2;
@@ -100,12 +102,17 @@ int main(int argc, char **argv) {
             continue;
         }
         if (!alive) continue;
-        int32_t n_ok = pgd_grammar_allowed(&st, &g, sc, &v, allow), count = 0;
+        int32_t n_ok = drop ? pgd_grammar_allowed_drop_space(&st, &g, sc, &v, allow)
+                            : pgd_grammar_allowed(&st, &g, sc, &v, allow);
+        int32_t count = 0;
         for (int32_t id = 0; id < v.n && !rc; id++) {
             bool want = false;
-            if (!v.eog[id] && v.len[id] > 0) {
+            const char *tt = v.text[id];
+            size_t tl = (size_t)v.len[id];
+            if (drop && tl > 0 && tt[0] == ' ') tt++, tl--;
+            if (!v.eog[id] && tl > 0) {
                 pgd_grammar_state_assign(&t, &st);
-                want = pgd_grammar_feed(&t, &g, sc, v.text[id], v.len[id]);
+                want = pgd_grammar_feed(&t, &g, sc, tt, tl);
             }
             if (want != (allow[id] != 0)) {
                 fprintf(stderr, "token %d: mask %d, definition %d\n", id, allow[id], want);
