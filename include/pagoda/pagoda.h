@@ -149,8 +149,8 @@ typedef struct pgd_request_params {
        (src/sample/grammar.h), ending (STOP) when no byte can extend it, or at an
        end-of-generation token once it is one; needs a tokenizer */
     const char *grammar;
-    /* with grammar: compiled already (pgd_grammar_compile), which the engine copies; NULL: the
-       engine compiles grammar */
+    /* or the grammar compiled already (pgd_grammar_compile), which the engine copies (grammar
+       is then not read; a server compiles once per request, off its I/O thread) */
     const struct pgd_grammar *grammar_c;
     /* a reasoning model's thinking before a constrained answer (JSON, choices, a regex or a
        grammar), as vLLM applies a grammar only once the reasoning has ended: the constraint

@@ -294,7 +294,6 @@ int pgd_cli_generate(int argc, char **argv) {
     if (prc) return prc > 0 ? 0 : 2;
     pgd_grammar gram;
     if (load_grammar(&o, &gram)) return 2;
-    bool has_gram = o.grammar || o.grammar_file;
     pgd_engine_config ec;
     pgd_engine_config_default(&ec);
     ec.model_path = o.model;
@@ -347,7 +346,7 @@ int pgd_cli_generate(int argc, char **argv) {
         .temperature = o.temperature, .top_p = o.top_p, .top_k = (int32_t)o.top_k,
         .seed = o.seed_set ? o.seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16),
         .ignore_eos = o.ignore_eos, .logprobs = -1, .lora = o.lora ? 1 : 0,
-        .grammar = has_gram ? "" : NULL, .grammar_c = has_gram ? &gram : NULL,
+        .grammar_c = o.grammar || o.grammar_file ? &gram : NULL,
     };
     uint64_t rid;
     if (pgd_engine_submit(e, &rp, &rid, err, sizeof err)) {

@@ -689,6 +689,9 @@ bool pgd_engine_has_tokenizer(const pgd_engine *e) { return e->model->tok != NUL
 
 /* ---- submission ---- */
 
+/* The request holds its output to a grammar: its text, or compiled already. */
+static bool wants_grammar(const pgd_request_params *p) { return p->grammar || p->grammar_c; }
+
 /* s's copies of p's stop token ids, allowed token ids (as a mask) and choices: PGD_OK or
  * PGD_ENOMEM (what was copied is freed with s). */
 static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) {
@@ -706,7 +709,7 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
             s->allowed[p->allowed_token_ids[i]] = 1;
     }
     if (p->constrain_after && *p->constrain_after && (s->json || p->n_choices || p->regex ||
-                                                      p->grammar)) {
+                                                      wants_grammar(p))) {
         if (!(s->c_after = strdup(p->constrain_after))) return PGD_ENOMEM;
         s->c_wait = p->think_open ? C_FIRST : C_THINKING;
         s->think_tok = p->think_open ? pgd_json_vocab_find(&e->json_vocab, p->think_open,
@@ -782,7 +785,8 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     if (json && !e->model->tok)
         return fail(err, errlen, PGD_EUNSUPPORTED, "%s", "JSON output needs a tokenizer; "
                     "the model has none (--load-format dummy)");
-    if ((json || p->n_choices || p->regex || p->grammar) && p->min_tokens > 0)
+    bool gram = wants_grammar(p);
+    if ((json || p->n_choices || p->regex || gram) && p->min_tokens > 0)
         return fail(err, errlen, PGD_EINVAL, "%s", "min_tokens cannot be combined with "
                     "structured output (JSON, choices, a regex, a grammar), which ends where it "
                     "is whole");
@@ -804,10 +808,10 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     }
     if (p->n_choices < 0 || p->n_choices > PGD_MAX_CHOICES)
         return fail(err, errlen, PGD_EINVAL, "%s", "too many choices");
-    if ((p->n_choices || p->regex || p->grammar) && !e->model->tok)
+    if ((p->n_choices || p->regex || gram) && !e->model->tok)
         return fail(err, errlen, PGD_EINVAL, "%s", "choices, regular expressions and grammars "
                     "need a tokenizer; the model has none (--load-format dummy)");
-    if (json + (p->n_choices > 0) + (p->regex != NULL) + (p->grammar != NULL) > 1)
+    if (json + (p->n_choices > 0) + (p->regex != NULL) + gram > 1)
         return fail(err, errlen, PGD_EINVAL, "%s", "one kind of structured output at a time "
                     "(JSON, choices, a regular expression or a grammar)");
     for (int32_t i = 0; i < p->n_choices; i++) {
@@ -875,7 +879,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
             return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
         }
     }
-    if (p->grammar) {
+    if (gram) {
         char why[200] = "out of memory";
         int rc = p->grammar_c ? pgd_grammar_copy(&s->gr, p->grammar_c)
                               : pgd_grammar_compile(p->grammar, strlen(p->grammar), &s->gr, why,
@@ -1448,6 +1452,24 @@ static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
     s->lp_n = 0;
 }
 
+/* s's output is held to JSON, choices, a regex or a grammar. */
+static bool constrained_output(const seq *s) {
+    return s->json || s->choices || s->has_re || s->has_gr;
+}
+
+/* allow[] of every end-of-generation token = 1 (where the output may end). */
+static void allow_eog(const pgd_engine *e, uint8_t *allow) {
+    for (int32_t k = 0; k < e->n_eog; k++) allow[e->eog[k]] = 1;
+}
+
+/* Keeps mask a in s's memo, over its oldest entry: that entry's index. */
+static int memo_put(seq *s, const uint8_t *a, int32_t nv) {
+    int m = s->re_memo_next;
+    s->re_memo_next = (m + 1) % RE_MEMO;
+    memcpy(s->re_memo[m], a, (size_t)nv);
+    return m;
+}
+
 /* guided_choice: allow[] = the tokens that keep the output a prefix of an alive choice, and
  * the end-of-generation tokens where it is one already. */
 static void choice_mask(pgd_engine *e, const seq *s, uint8_t *allow) {
@@ -1459,7 +1481,7 @@ static void choice_mask(pgd_engine *e, const seq *s, uint8_t *allow) {
             pgd_json_vocab_allow_prefixes(&e->json_vocab, s->choices[i] + s->ch_pos,
                                           l - s->ch_pos, allow);
         else
-            for (int32_t k = 0; k < e->n_eog; k++) allow[e->eog[k]] = 1;
+            allow_eog(e, allow);
     }
 }
 
@@ -1520,8 +1542,7 @@ static bool first_token_mask(pgd_engine *e, seq *s, uint8_t *a) {
         if (pgd_grammar_allowed_drop_space(&s->gr_st, &s->gr, e->gr_scratch, &e->json_vocab,
                                            a) < 0)
             return false;
-        if (pgd_grammar_complete(&s->gr_st))
-            for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
+        if (pgd_grammar_complete(&s->gr_st)) allow_eog(e, a);
         return true;
     }
     memset(a, 0, (size_t)e->model->cfg.n_vocab);
@@ -1538,8 +1559,7 @@ static bool first_token_mask(pgd_engine *e, seq *s, uint8_t *a) {
             a[id] = choice_takes(s, t, n);
         }
     }
-    for (int32_t k = 0; s->has_re && s->re.accept[s->re_q] && k < e->n_eog; k++)
-        a[e->eog[k]] = 1;
+    if (s->has_re && s->re.accept[s->re_q]) allow_eog(e, a);
     return true;
 }
 
@@ -1548,8 +1568,7 @@ static bool first_token_mask(pgd_engine *e, seq *s, uint8_t *a) {
 static bool build_mask(pgd_engine *e, seq *s) {
     int32_t nv = e->model->cfg.n_vocab;
     bool under_min = s->n_stop_ids > 0 && s->n_tokens - s->n_prompt < s->sampler.params.min_tokens;
-    bool constrained =
-        (s->json || s->choices || s->has_re || s->has_gr) && s->c_wait != C_THINKING;
+    bool constrained = constrained_output(s) && s->c_wait != C_THINKING;
     if (!constrained && !s->allowed && !under_min) return false;
     uint8_t *a = e->json_allow;
     if (constrained && drops_space(e, s)) { /* (not memoized: other masks see whole pieces) */
@@ -1566,12 +1585,8 @@ static bool build_mask(pgd_engine *e, seq *s) {
             memcpy(a, s->re_memo[m], (size_t)nv);
         } else {
             pgd_json_vocab_walk_dfa(&e->json_vocab, &s->re, s->re_q, a);
-            if (s->re.accept[s->re_q])
-                for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
-            m = s->re_memo_next;
-            s->re_memo_next = (m + 1) % RE_MEMO;
-            memcpy(s->re_memo[m], a, (size_t)nv);
-            s->re_memo_q[m] = s->re_q;
+            if (s->re.accept[s->re_q]) allow_eog(e, a);
+            s->re_memo_q[memo_put(s, a, nv)] = s->re_q;
         }
     } else if (constrained && s->has_gr) {
         pgd_grammar_key *key = &e->gr_key;
@@ -1586,14 +1601,8 @@ static bool build_mask(pgd_engine *e, seq *s) {
                 s->err_msg = GRAMMAR_WORK_MSG;
                 return true;
             }
-            if (pgd_grammar_complete(&s->gr_st))
-                for (int32_t k = 0; k < e->n_eog; k++) a[e->eog[k]] = 1;
-            if (key->n) {
-                m = s->re_memo_next;
-                s->re_memo_next = (m + 1) % RE_MEMO;
-                memcpy(s->re_memo[m], a, (size_t)nv);
-                s->gr_keys[m] = *key;
-            }
+            if (pgd_grammar_complete(&s->gr_st)) allow_eog(e, a);
+            if (key->n) s->gr_keys[memo_put(s, a, nv)] = *key;
         }
     } else if (constrained) {
         choice_mask(e, s, a);
@@ -1632,7 +1641,7 @@ static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id, b
         else if (s->text_len >= l) s->c_scan = s->text_len - l + 1; /* a match may straddle */
         return 0;
     }
-    if (!s->json && !s->choices && !s->has_re && !s->has_gr) return 0; /* (maybe no vocab) */
+    if (!constrained_output(s)) return 0; /* (and maybe no vocabulary) */
     size_t n;
     const char *t = token_text(e, id, drop, &n);
     if (s->json) return json_advance(e, s, id, t, n);
@@ -1724,8 +1733,8 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
  * regex, allowed ids), no logprobs (they need the logits), no proposals to verify. */
 static bool device_sampleable(const pgd_engine *e, const seq *s) {
     const pgd_sampler_params *p = &s->sampler.params;
-    return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !s->json && !s->choices &&
-           !s->allowed && !s->has_re && !s->has_gr &&
+    return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !constrained_output(s) &&
+           !s->allowed &&
            (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
            p->presence_penalty == 0 && p->frequency_penalty == 0 &&
            ((e->n_eog == 0 && s->n_stop_ids == 0) || s->n_tokens - s->n_prompt >= p->min_tokens);
