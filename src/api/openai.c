@@ -12,9 +12,9 @@
 #include "api/reasoning.h"
 #include "pagoda/pagoda.h"
 #include "api/tool_calls.h"
+#include "sample/grammar.h"
 #include "sample/json_grammar.h"
 #include "sample/regex.h"
-#include "sample/grammar.h"
 #include "tokenizer/unicode.h"
 #include "util/status.h"
 

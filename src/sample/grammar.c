@@ -10,6 +10,7 @@
 
 #include "sample/json_grammar.h"
 #include "tokenizer/unicode.h"
+#include "util/parse.h"
 #include "util/status.h"
 
 #define END (-1)
@@ -138,13 +139,6 @@ static int32_t rule_named(parser *ps, const char *name, uint32_t len) {
     return new_rule(ps, name, len);
 }
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* One character of a literal or a class (an escape, or a UTF-8 character), or -1. */
 static int32_t parse_char(parser *ps) {
     if (ps->p >= ps->end) {
@@ -171,7 +165,7 @@ static int32_t parse_char(parser *ps) {
     if (digits) {
         uint32_t v = 0;
         for (int i = 0; i < digits; i++) {
-            int h = ps->p < ps->end ? hexval(*ps->p) : -1;
+            int h = ps->p < ps->end ? pgd_hex_digit(*ps->p) : -1;
             if (h < 0) {
                 perr(ps, "\\%c needs %d hexadecimal digits", c, digits);
                 return -1;
@@ -622,22 +616,22 @@ int pgd_grammar_compile(const char *text, size_t len, pgd_grammar *out, char *ms
     memset(out, 0, sizeof *out);
     parser ps = {.start = text, .p = text, .end = text + len, .msg = msg, .msg_len = msg_len,
                  .first = -1};
-    /* no "::=" anywhere: the Lark-style form, as vLLM tells them apart */
-    ps.lark = !memmem(text, len, "::=", 3);
     if (len > PGD_GRAMMAR_MAX_LEN) {
         snprintf(msg, msg_len, "the grammar is longer than %d bytes", PGD_GRAMMAR_MAX_LEN);
         return PGD_EINVAL;
     }
+    /* no "::=" anywhere: the Lark-style form, as vLLM tells them apart */
+    ps.lark = !memmem(text, len, "::=", 3);
     skip_space(&ps, true);
     while (!ps.rc && ps.p < ps.end) parse_rule(&ps);
     int32_t root = -1;
+    const char *want = ps.lark ? "start" : "root";
     for (int32_t r = 0; r < ps.n_rules && !ps.rc; r++) {
         const rule *u = &ps.rules[r];
         if (!u->defined) {
             ps.p = NULL;
             perr(&ps, "rule '%.*s' is used but not defined", (int)u->name_len, u->name);
         }
-        const char *want = ps.lark ? "start" : "root";
         if (u->name && u->name_len == strlen(want) && !memcmp(u->name, want, u->name_len))
             root = r;
     }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "tokenizer/unicode.h"
+#include "util/parse.h"
 #include "util/status.h"
 
 #define MAX_CP 0x10FFFF
@@ -152,11 +153,6 @@ static int32_t utf8_char(parser *ps) {
     return (int32_t)c;
 }
 
-static int hexval(int c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /* ASCII \d \w \s (upper case: their complements, applied by the caller). */
 static void class_ranges(parser *ps, int c) {
     switch (c | 0x20) {
@@ -194,7 +190,7 @@ static int32_t escape(parser *ps, bool in_class, int *cls) {
         int n = c == 'x' ? 2 : c == 'u' ? 4 : 8;
         uint32_t v = 0;
         for (int i = 0; i < n; i++) {
-            int h = at_end(ps) ? -1 : hexval(*ps->p);
+            int h = at_end(ps) ? -1 : pgd_hex_digit(*ps->p);
             if (h < 0) return perr(ps, "\\%c needs %d hex digits", c, n);
             v = v << 4 | (uint32_t)h;
             ps->p++;

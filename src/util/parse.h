@@ -4,6 +4,12 @@
 
 #include <stddef.h>
 
+/* The value of hexadecimal digit c (either case), or -1. */
+static inline int pgd_hex_digit(int c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
 /* "512MiB", "2GiB", "64k", "1048576" (suffixes K/KiB/KB, M/MiB/MB, G/GiB/GB are powers of 1024,
  * case-insensitive) -> bytes. Returns 0, or -1 for anything else, a negative value or more
  * than 1e15 bytes. */

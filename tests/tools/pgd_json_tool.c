@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         for (size_t i = 2; i + 1 < l; i += 2) {
-            int hi = tool_hexval(line[i]), lo = tool_hexval(line[i + 1]);
+            int hi = pgd_hex_digit(line[i]), lo = pgd_hex_digit(line[i + 1]);
             if (hi < 0 || lo < 0) {
                 fprintf(stderr, "pgd_json_tool: bad hex\n");
                 return 2;
