@@ -15,14 +15,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/status.h"
 #include "test.h"
-
-void *__real_malloc(size_t n);
-void *__wrap_malloc(size_t n);
-static long fail_at = -1, n_calls; /* fail the fail_at-th malloc from now (-1: none) */
-void *__wrap_malloc(size_t n) {
-    if (fail_at >= 0 && n_calls++ == fail_at) return NULL;
-    return __real_malloc(n);
-}
+#include "test_oom.h"
 
 /* llama.cpp's grammars/json.gbnf (tests/data/README.md), read by main */
 static char JSON_GBNF[8192];
@@ -54,10 +47,9 @@ static void test_copy(pgd_grammar_scratch *sc, pgd_grammar_state *st) {
     /* every allocation of a copy failing in turn: ENOMEM, the original untouched */
     long k = 0;
     for (;; k++) {
-        fail_at = k;
-        n_calls = 0;
+        test_malloc_fail_at(k);
         int rc = pgd_grammar_copy(&c, &g);
-        fail_at = -1;
+        test_malloc_fail_at(-1);
         if (rc == PGD_OK) break;
         CHECK_EQ_INT(rc, PGD_ENOMEM);
     }
@@ -78,10 +70,9 @@ static void test_copy(pgd_grammar_scratch *sc, pgd_grammar_state *st) {
     pgd_grammar_free(&c);
     /* a compile whose allocations fail in turn: ENOMEM, never a crash or a leak */
     for (k = 0;; k++) {
-        fail_at = k;
-        n_calls = 0;
+        test_malloc_fail_at(k);
         int rc = pgd_grammar_compile(JSON_GBNF, strlen(JSON_GBNF), &c, msg, sizeof msg);
-        fail_at = -1;
+        test_malloc_fail_at(-1);
         if (rc == PGD_OK) break;
         CHECK_EQ_INT(rc, PGD_ENOMEM);
     }

@@ -11,14 +11,7 @@
 #include "sample/json_grammar.h"
 #include "util/status.h"
 #include "test.h"
-
-void *__real_malloc(size_t n);
-void *__wrap_malloc(size_t n);
-static long fail_at = -1, n_calls; /* fail the fail_at-th malloc from now (-1: none) */
-void *__wrap_malloc(size_t n) {
-    if (fail_at >= 0 && n_calls++ == fail_at) return NULL;
-    return __real_malloc(n);
-}
+#include "test_oom.h"
 
 static const char *SCHEMA =
     "{\"type\":\"object\",\"properties\":{"
@@ -83,10 +76,9 @@ int main(void) {
     /* out of memory at every allocation of a copy of b in turn; b must stay usable */
     int failures = 0;
     for (long k = 0; k < 1000; k++) {
-        fail_at = k;
-        n_calls = 0;
+        test_malloc_fail_at(k);
         int rc = pgd_json_schema_copy(&c, &b);
-        fail_at = -1;
+        test_malloc_fail_at(-1);
         if (rc == PGD_OK) { /* k is past the copy's allocations: done */
             pgd_json_schema_free(&c);
             break;
