@@ -98,11 +98,19 @@ def xgr_form(grammar):
             .replace("{,", "{0,"))
 
 
-def xgr_status(compiled, grammar, text):
-    if xgr.testing._is_grammar_accept_string(grammar, text):
-        return "match"
-    m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
-    return "prefix" if m.accept_string(text) else "dead"
+def xgr_statuses(grammar, texts):
+    """xgrammar's word for each text under grammar (ours, in xgr_form): "match", "prefix" or
+    "dead"."""
+    g = xgr.Grammar.from_ebnf(xgr_form(grammar))
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([])).compile_grammar(g)
+    out = []
+    for text in texts:
+        if xgr.testing._is_grammar_accept_string(g, text):
+            out.append("match")
+            continue
+        m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        out.append("prefix" if m.accept_string(text) else "dead")
+    return out
 
 
 def tool(grammar, texts, tmp_path, *pre):
@@ -119,10 +127,8 @@ def texts_for(samples, seed):
 
 @pytest.mark.parametrize("grammar,samples", GRAMMARS, ids=[g[:30] for g, _ in GRAMMARS])
 def test_against_xgrammar(grammar, samples, tmp_path):
-    g = xgr.Grammar.from_ebnf(xgr_form(grammar))
-    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([])).compile_grammar(g)
     texts = texts_for(samples, sum(grammar.encode()) & 0xFFFF)
-    want = [xgr_status(compiled, g, t) for t in texts]
+    want = xgr_statuses(grammar, texts)
     assert all(w == "match" for w, t in zip(want, texts) if t in samples), "a sample must match"
     p = tool(grammar, texts, tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -161,9 +167,7 @@ def test_lark_form_reads_as_its_gbnf(lark, gbnf, samples, tmp_path):
     a, b = tool(lark, texts, tmp_path), tool(gbnf, texts, tmp_path)
     assert a.returncode == 0 and b.returncode == 0, a.stdout + a.stderr + b.stdout
     assert a.stdout == b.stdout
-    g = xgr.Grammar.from_ebnf(gbnf)
-    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([])).compile_grammar(g)
-    want = [xgr_status(compiled, g, t) for t in texts]
+    want = xgr_statuses(gbnf, texts)
     assert [w.rstrip("+") for w in a.stdout.split()] == want
     assert "match" in want and "prefix" in want and "dead" in want
 
@@ -235,9 +239,7 @@ post = util.post
 
 
 def full_status(grammar, text):
-    g = xgr.Grammar.from_ebnf(xgr_form(grammar))
-    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([])).compile_grammar(g)
-    return xgr_status(compiled, g, text)
+    return xgr_statuses(grammar, [text])[0]
 
 
 SERVER_GRAMMARS = [ARITH.replace("root ::= expr", 'root ::= "[" expr "]"'),
@@ -498,7 +500,7 @@ def test_fuzzed_grammars_are_refused_or_matched(tmp_path, binary=None):
     texts = fuzz_grammars(2000, 5)
     p = subprocess.run([str(binary or TOOL), "compile"], capture_output=True, text=True,
                        input="".join(t.hex() + "\n" for t in texts), timeout=300,
-                       env=dict(os.environ, **(ASAN_ENV if binary else {})))
+                       env=dict(os.environ, **(asan_env() if binary else {})))
     assert p.returncode == 0, p.stderr[-2000:]
     assert "Sanitizer" not in p.stderr and "runtime error" not in p.stderr, p.stderr[-2000:]
     lines = p.stdout.splitlines()
@@ -508,8 +510,9 @@ def test_fuzzed_grammars_are_refused_or_matched(tmp_path, binary=None):
     assert len(refused) > 100 and len(lines) - len(refused) > 100, len(refused)
 
 
-ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
-            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+def asan_env():
+    from test_server_asan import ENV
+    return ENV
 
 
 @pytest.mark.skipif(not os.environ.get("PAGODA_ASAN_BUILD"), reason="PAGODA_ASAN_BUILD is not set")
