@@ -16,6 +16,7 @@
 #include "backend/cpu/quant.h"
 #include "backend/cpu/simd.h"
 #include "backend/cpu/quant_f32act.h"
+#include "backend/cpu/p16_layout.h"
 #include "util/status.h"
 
 #ifdef __AVX2__
@@ -421,146 +422,72 @@ static void sweep_tokens(const tile_fn *fns, tile *g, long t0, long t1, int mt,
     g->prefetch = pf;
 }
 #endif /* __AVX2__ */
-
-/* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K) ----
- * Outer-product tiles: per k, the 16 rows' weights (two vectors) meet a broadcast of each token's
- * x[k]. F16: every y[t][r] is one FMA chain over k = 0..n_in-1 in order, started from +0. Q8_0:
- * per 32-element block a chain s = sum q[k] x[k] (q widened exactly) from +0, then
- * y = fma(d, s, y) block after block from +0 (the scale leaves the inner loop). The GEMM (6 tokens
- * x 16 rows over K slices converted to F32 once, the chains continued from y) and the GEMV (1
- * token, 4 panels at a time, converting in registers) run the same chains, so a row's result is
- * bit-identical at every n. Against the row-major tiles: fewer operand bytes per FMA (a weight
- * vector serves 6 tokens) and one long stream per panel in decode (bench/RESULTS.md; `PACK=1
- * bench/bench_matmul.c`). Q8_0 panel layout, per (panel, 32-element block): the 16 rows' fp16
- * scales, then q[k][16] (k-major): 544 bytes, as 16 rows' blocks take row-major.
- * Q4_K (d1 = d * sc and m1 = dmin * mn of each row's 32-element group, as pgd_dequantize_row
- * forms them): per group the chain s = sum q[k] x[k] from +0, then y = fma(d1, s, y) and
- * y = fma(-m1, xs, y), xs the token's sum of the group's 32 activations (p16_xsum, computed
- * once per call into the act scratch, so every path reads the same bits). Layout per (panel,
- * 256-element super-block), the 2,304 bytes the 16 rows' blocks take row-major: d[16] and
- * dmin[16] (fp16), the 12 packed scale bytes transposed
- * (byte b of the 16 rows, [12][16]), then per element k 8 bytes: row i's quant in byte i's low
- * nibble, row 8 + i's in its high one.
- * Q6_K (groups of 16, d1 = d * sc; quants q - 32 with q in 0..63): per group the chain of q[k]
- * x[k], then y = fma(d1, s, y) and y = fma(-32 d1, xs, y), xs the group's 16 activations.
- * Layout per (panel, super-block), 3,360 bytes as row-major: d[16] (fp16), the int8 scales
- * [16 groups][16 rows], then per k 12 bytes: 8 of low nibbles as Q4_K's, and a 32-bit word
- * holding row r's two high bits at bits 2r, 2r + 1.
- * Q4_0, Q4_1, Q5_0, Q5_1 (values d q + o, o = -8d, m, -16d, m): per 32-element block the chain
- * of q[k] x[k], then y = fma(d, s, y) and y = fma(o, xs, y). Layout per (panel, block), the
- * bytes 16 rows' blocks take: d[16] (fp16), for Q4_1/Q5_1 m[16], then per k 8 bytes of low
- * nibbles as Q4_K's, and for Q5_0/Q5_1 a 16-bit word with row r's fifth bit at bit r. */
-#define P16_Q8_BLOCK (16 * 2 + 32 * 16)
-#define P16_Q5(t) ((t) == PGD_TYPE_Q5_0 || (t) == PGD_TYPE_Q5_1)
-#define P16_HAS_M(t) ((t) == PGD_TYPE_Q4_1 || (t) == PGD_TYPE_Q5_1)
-#define P16_Q4X(t) ((t) == PGD_TYPE_Q4_0 || (t) == PGD_TYPE_Q4_1 || P16_Q5(t))
-#define P16_Q4X_HDR(t) (P16_HAS_M(t) ? 64 : 32) /* bytes before a block's quants */
-#define P16_Q4X_KB(t) (P16_Q5(t) ? 10 : 8)      /* bytes per element k */
-#define P16_Q4X_BLOCK(t) (P16_Q4X_HDR(t) + 32 * P16_Q4X_KB(t))
-#define Q6_K_BYTES 210
-#define P16_Q6K_SB (16 * Q6_K_BYTES)
-#define P16_Q6K_Q (32 + 256) /* offset of the quants */
-#define Q4_K_BYTES 144
-#define P16_Q4K_SB (16 * Q4_K_BYTES)
-#define P16_Q4K_SC 64  /* offset of the transposed scale bytes */
-#define P16_Q4K_Q 256  /* offset of the quants */
-/* Q5_K: Q4_K's header (d, dmin, scale bytes), then per k 10 bytes: Q4_K's 8, and a 16-bit word
- * with row r's fifth bit at bit r (2,816 bytes per super-block, as row-major). */
-#define Q5_K_BYTES 176
-#define P16_Q5K_SB (16 * Q5_K_BYTES)
-#define P16_K4(t) ((t) == PGD_TYPE_Q4_K || (t) == PGD_TYPE_Q5_K) /* Q4_K's scales */
-#define P16_K4_SB(t) ((t) == PGD_TYPE_Q4_K ? P16_Q4K_SB : P16_Q5K_SB)
-#define P16_K4_KB(t) ((t) == PGD_TYPE_Q4_K ? 8 : 10) /* bytes per element k */
-/* Q3_K (groups of 16, d1 = d * (sc - 32); values d1 (u - 4), u = 2 low bits | high bit << 2):
- * per group the chain of u[k] x[k], then y = fma(d1, s, y) and y = fma(-4 d1, xs, y). Layout
- * per (panel, super-block), 1,760 bytes as row-major: d[16] (fp16), the 12 scale bytes
- * transposed ([12][16]), then per k 6 bytes: a 32-bit word with row r's low bits at 2r, 2r + 1,
- * and a 16-bit word with its high bit at r. */
-#define Q3_K_BYTES 110
-#define P16_Q3K_SB (16 * Q3_K_BYTES)
-#define P16_Q3K_Q (32 + 192)
-/* whether a block type has an offset term (a block sum of the activations to fold) */
-#define P16_HAS_OFF(t) ((t) != PGD_TYPE_Q8_0)
 #ifdef PGD_F32ACT_SIMD
-#define P16_KC 256 /* K slice of a GEMM pass (a multiple of 32): 16 KiB of F32 weights in L1 */
-#define P16_TB 96  /* tokens per block: their K slice (96 KiB) stays in L2 */
-
-/* The 16 weights of element k of a panel as two F32 vectors: F16 widened; Q8_0 the quants
- * q[k][0..15] of the panel's block qb widened (exact integers), without the scales. */
-INLINE void p16_w_f16(const uint16_t *p, size_t k, __m256 *w0, __m256 *w1) {
-    *w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * 16)));
-    *w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * 16 + 8)));
+/* ---- The panel kernels' AVX2 primitives (p16_kernels.h): a panel element's 16 rows as two
+ * __m256, rows 0..7 and 8..15. */
+typedef struct v16 {
+    __m256 h[2];
+} v16;
+typedef __m256 vb;
+#define P16_NT 6     /* tokens per GEMM tile: 12 accumulators of the 16 registers */
+#define P16_ALIGN 32
+INLINE v16 v16_zero(void) { return (v16){{_mm256_setzero_ps(), _mm256_setzero_ps()}}; }
+INLINE v16 v16_load(const float *p) { return (v16){{_mm256_load_ps(p), _mm256_load_ps(p + 8)}}; }
+INLINE v16 v16_loadu(const float *p) {
+    return (v16){{_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}};
 }
-INLINE void p16_w_q8(const uint8_t *qb, int k, __m256 *w0, __m256 *w1) {
-    const uint8_t *q = qb + 32 + k * 16;
-    *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-    *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
+INLINE void v16_store(float *p, v16 v) {
+    _mm256_store_ps(p, v.h[0]);
+    _mm256_store_ps(p + 8, v.h[1]);
 }
-/* The 16 scales of a Q8_0 panel block as floats. */
-INLINE void p16_d_q8(const uint8_t *qb, __m256 *d0, __m256 *d1) {
-    *d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)qb));
-    *d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + 16)));
+INLINE void v16_storeu(float *p, v16 v) {
+    _mm256_storeu_ps(p, v.h[0]);
+    _mm256_storeu_ps(p + 8, v.h[1]);
 }
-/* Q4_K: the 16 rows' quants of element k (0..255) of panel super-block sb (exact integers). */
-/* Q4_K: group j's (0..7) d1 = d * sc and -m1 = -(dmin * mn) of the 16 rows (exact products;
- * ggml's get_scale_min_k4 on 16 rows at once). */
-INLINE void p16_s_q4k(const uint8_t *sb, int j, __m256 d1[2], __m256 nm1[2]) {
-    const uint8_t *b = sb + P16_Q4K_SC;
-#define P16_LD(i) _mm_loadu_si128((const __m128i *)(b + 16 * (i)))
-    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), hi2 = _mm_set1_epi8(0x30);
-    __m128i sc, mn;
-    if (j < 4) {
-        sc = _mm_and_si128(P16_LD(j), m6);
-        mn = _mm_and_si128(P16_LD(j + 4), m6);
-    } else { /* (byte >> 6) << 4 as (byte >> 2) & 0x30: the 16-bit shift's spill is masked */
-        __m128i a = P16_LD(j + 4);
-        sc = _mm_or_si128(_mm_and_si128(a, m4),
-                          _mm_and_si128(_mm_srli_epi16(P16_LD(j - 4), 2), hi2));
-        mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), m4),
-                          _mm_and_si128(_mm_srli_epi16(P16_LD(j), 2), hi2));
-    }
-#undef P16_LD
+INLINE v16 v16_fma(v16 a, v16 b, v16 c) {
+    return (v16){{_mm256_fmadd_ps(a.h[0], b.h[0], c.h[0]), _mm256_fmadd_ps(a.h[1], b.h[1], c.h[1])}};
+}
+INLINE v16 v16_fmab(v16 a, vb b, v16 c) {
+    return (v16){{_mm256_fmadd_ps(a.h[0], b, c.h[0]), _mm256_fmadd_ps(a.h[1], b, c.h[1])}};
+}
+INLINE vb vb_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+INLINE vb vb_set1(float v) { return _mm256_set1_ps(v); }
+INLINE v16 v16_cvt_i32(__m256i lo, __m256i hi) {
+    return (v16){{_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)}};
+}
+INLINE v16 v16_f16(const void *p) { /* 16 fp16 values */
+    return (v16){{_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint8_t *)p + 16)))}};
+}
+/* 16 bytes (one per row) widened to floats, unsigned or signed */
+INLINE v16 v16_u8(__m128i b) {
+    return v16_cvt_i32(_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
+INLINE v16 v16_i8(__m128i b) {
+    return v16_cvt_i32(_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+}
+INLINE v16 v16_mul(v16 a, v16 b) {
+    return (v16){{_mm256_mul_ps(a.h[0], b.h[0]), _mm256_mul_ps(a.h[1], b.h[1])}};
+}
+INLINE v16 v16_muls(v16 a, float f) {
+    const __m256 b = _mm256_set1_ps(f);
+    return (v16){{_mm256_mul_ps(a.h[0], b), _mm256_mul_ps(a.h[1], b)}};
+}
+INLINE v16 v16_neg(v16 a) {
     const __m256 sgn = _mm256_set1_ps(-0.0f);
-    for (int h = 0; h < 2; h++) {
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
-        __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 32 + 16 * h)));
-        __m256 fs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(sc, 8) : sc));
-        __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(mn, 8) : mn));
-        d1[h] = _mm256_mul_ps(d, fs);
-        nm1[h] = _mm256_xor_ps(_mm256_mul_ps(dm, fm), sgn);
-    }
-}
-/* Q6_K: the 16 rows' q (0..63, exact) of element k (0..255) of panel super-block sb. */
-INLINE void p16_w_q6k(const uint8_t *sb, int k, __m256 *w0, __m256 *w1) {
-    const uint8_t *q = sb + P16_Q6K_Q + 12 * k;
-    __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
-    int32_t hw;
-    memcpy(&hw, q + 8, 4);
-    const __m256i v = _mm256_set1_epi32(hw), m30 = _mm256_set1_epi32(0x30);
-    /* row r's bits 2r, 2r + 1 to bits 4, 5: rows 0..7 from v << 4, rows 8..15 from v */
-    __m256i hlo = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_slli_epi32(v, 4), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        m30);
-    __m256i hhi = _mm256_and_si256(
-        _mm256_srlv_epi32(v, _mm256_setr_epi32(12, 14, 16, 18, 20, 22, 24, 26)), m30);
-    *w0 = _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(n, _mm256_set1_epi32(15)), hlo));
-    *w1 = _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(n, 4), hhi));
-}
-/* Q6_K: group g's (0..15) d1 = d * sc of the 16 rows, and -32 d1 (exact). */
-INLINE void p16_s_q6k(const uint8_t *sb, int g, __m256 d1[2], __m256 nm[2]) {
-    const __m128i sc = _mm_loadu_si128((const __m128i *)(sb + 32 + 16 * g));
-    for (int h = 0; h < 2; h++) {
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
-        d1[h] = _mm256_mul_ps(
-            d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(sc, 8) : sc)));
-        nm[h] = _mm256_mul_ps(d1[h], _mm256_set1_ps(-32.0f));
-    }
+    return (v16){{_mm256_xor_ps(a.h[0], sgn), _mm256_xor_ps(a.h[1], sgn)}};
 }
 
-/* Q4_0..Q5_1: the 16 rows' q (exact integers) of element k (0..31) of panel block qb. */
+/* Q8_0: the quants q[k][0..15] of element k of panel block qb widened (exact integers). */
+INLINE v16 p16_w_q8(const uint8_t *qb, int k) {
+    const uint8_t *q = qb + 32 + k * 16;
+    return v16_cvt_i32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)),
+                       _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
+}
 /* The 16 rows' quants of one element k at q: 8 bytes of nibbles (rows i and 8 + i in byte i),
- * for five-bit types then a 16-bit word with row r's fifth bit at bit r. */
-INLINE void p16_w_nib(const uint8_t *q, const bool five, __m256 *w0, __m256 *w1) {
+ * for five-bit types then a 16-bit word with row r's fifth bit at bit r (Q4_0..Q5_1, Q4_K,
+ * Q5_K). */
+INLINE v16 p16_w_nib(const uint8_t *q, const bool five) {
     __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
     __m256i lo = _mm256_and_si256(n, _mm256_set1_epi32(15)), hi = _mm256_srli_epi32(n, 4);
     if (five) { /* row r's bit r to bit 4: rows 0..7 from v << 4, rows 8..15 from v */
@@ -573,23 +500,26 @@ INLINE void p16_w_nib(const uint8_t *q, const bool five, __m256 *w0, __m256 *w1)
         const __m256i sh4 = _mm256_add_epi32(sh, _mm256_set1_epi32(4));
         hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srlv_epi32(v, sh4), m10));
     }
-    *w0 = _mm256_cvtepi32_ps(lo);
-    *w1 = _mm256_cvtepi32_ps(hi);
+    return v16_cvt_i32(lo, hi);
 }
-INLINE void p16_w_q4x(const pgd_type t, const uint8_t *qb, int k, __m256 *w0, __m256 *w1) {
-    p16_w_nib(qb + P16_Q4X_HDR(t) + P16_Q4X_KB(t) * k, P16_Q5(t), w0, w1);
+/* Q6_K: the 16 rows' q (0..63, exact) of element k (0..255) of panel super-block sb. */
+INLINE v16 p16_w_q6k(const uint8_t *sb, int k) {
+    const uint8_t *q = sb + P16_Q6K_Q + 12 * k;
+    __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    int32_t hw;
+    memcpy(&hw, q + 8, 4);
+    const __m256i v = _mm256_set1_epi32(hw), m30 = _mm256_set1_epi32(0x30);
+    /* row r's bits 2r, 2r + 1 to bits 4, 5: rows 0..7 from v << 4, rows 8..15 from v */
+    __m256i hlo = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_slli_epi32(v, 4), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        m30);
+    __m256i hhi = _mm256_and_si256(
+        _mm256_srlv_epi32(v, _mm256_setr_epi32(12, 14, 16, 18, 20, 22, 24, 26)), m30);
+    return v16_cvt_i32(_mm256_or_si256(_mm256_and_si256(n, _mm256_set1_epi32(15)), hlo),
+                       _mm256_or_si256(_mm256_srli_epi32(n, 4), hhi));
 }
-/* Q4_0..Q5_1: the 16 rows' d and offset o of panel block qb (-8d and -16d are exact). */
-INLINE void p16_s_q4x(const pgd_type t, const uint8_t *qb, __m256 d[2], __m256 o[2]) {
-    for (int h = 0; h < 2; h++) {
-        d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + 16 * h)));
-        o[h] = P16_HAS_M(t) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(qb + 32 + 16 * h)))
-                            : _mm256_mul_ps(d[h], _mm256_set1_ps(P16_Q5(t) ? -16.0f : -8.0f));
-    }
-}
-
 /* Q3_K: the 16 rows' u (0..7, exact) of element k (0..255) of panel super-block sb. */
-INLINE void p16_w_q3k(const uint8_t *sb, int k, __m256 *w0, __m256 *w1) {
+INLINE v16 p16_w_q3k(const uint8_t *sb, int k) {
     const uint8_t *q = sb + P16_Q3K_Q + 6 * k;
     int32_t lw;
     uint16_t hw;
@@ -605,458 +535,17 @@ INLINE void p16_w_q3k(const uint8_t *sb, int k, __m256 *w0, __m256 *w1) {
     __m256i u1 = _mm256_or_si256(
         _mm256_and_si256(_mm256_srlv_epi32(l, _mm256_add_epi32(s2, _mm256_set1_epi32(16))), m3),
         _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_add_epi32(s1, _mm256_set1_epi32(6))), m4));
-    *w0 = _mm256_cvtepi32_ps(u0);
-    *w1 = _mm256_cvtepi32_ps(u1);
+    return v16_cvt_i32(u0, u1);
 }
-/* Q3_K: group i's (0..15) d1 = d * (sc - 32) of the 16 rows, and -4 d1 (exact); ggml's kmask
- * unpacking of the 6-bit scales on 16 rows at once. */
-INLINE void p16_s_q3k(const uint8_t *sb, int i, __m256 d1[2], __m256 nm[2]) {
-    const uint8_t *b = sb + 32;
-    const __m128i m4 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
-#define P16_LD(i) _mm_loadu_si128((const __m128i *)(b + 16 * (i)))
-    __m128i lo = i < 8 ? _mm_and_si128(P16_LD(i), m4)
-                       : _mm_and_si128(_mm_srli_epi16(P16_LD(i - 8), 4), m4);
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(P16_LD(8 + i % 4), 2 * (i / 4)), m3);
-#undef P16_LD
-    __m128i sc = _mm_or_si128(lo, _mm_slli_epi16(hi, 4)); /* 0..63, bytes */
-    for (int h = 0; h < 2; h++) {
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
-        __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(sc, 8) : sc),
-                                     _mm256_set1_epi32(32));
-        d1[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
-        nm[h] = _mm256_mul_ps(d1[h], _mm256_set1_ps(-4.0f));
-    }
-}
-/* Elements per block of a block-quantized panel: a chain runs over one block. */
-#define P16_BL(t) ((t) == PGD_TYPE_Q6_K || (t) == PGD_TYPE_Q3_K ? 16 : 32)
+
+#include "backend/cpu/p16_kernels.h"
+
 /* The sum of a block's activations, in one fixed order (the offset terms). */
 INLINE float p16_xsum(const pgd_type t, const float *x) {
     __m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
     if (P16_BL(t) == 32)
         a = _mm256_add_ps(a, _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
     return pgd_hsum8(a);
-}
-
-/* Block-quantized panels (Q8_0, Q4_K, Q6_K) by block (P16_BL elements): block blk's 16 rows'
- * weights at element k of the block, where its bytes start, and how many 64-byte lines it
- * streams. */
-INLINE void p16_w_blk(const pgd_type t, const uint8_t *p, size_t blk, int k, __m256 *w0,
-                      __m256 *w1) {
-    if (t == PGD_TYPE_Q8_0) p16_w_q8(p + blk * P16_Q8_BLOCK, k, w0, w1);
-    else if (P16_Q4X(t)) p16_w_q4x(t, p + blk * P16_Q4X_BLOCK(t), k, w0, w1);
-    else if (P16_K4(t))
-        p16_w_nib(p + blk / 8 * P16_K4_SB(t) + P16_Q4K_Q +
-                      ((blk % 8) * 32 + (size_t)k) * P16_K4_KB(t),
-                  t == PGD_TYPE_Q5_K, w0, w1);
-    else if (t == PGD_TYPE_Q6_K)
-        p16_w_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16) * 16 + k, w0, w1);
-    else p16_w_q3k(p + blk / 16 * P16_Q3K_SB, (int)(blk % 16) * 16 + k, w0, w1);
-}
-INLINE const uint8_t *p16_blk_bytes(const pgd_type t, const uint8_t *p, size_t blk) {
-    return t == PGD_TYPE_Q8_0   ? p + blk * P16_Q8_BLOCK
-           : P16_Q4X(t)         ? p + blk * P16_Q4X_BLOCK(t)
-           : P16_K4(t) ? p + blk / 8 * P16_K4_SB(t) + P16_Q4K_Q + blk % 8 * 32 * P16_K4_KB(t)
-           : t == PGD_TYPE_Q6_K ? p + blk / 16 * P16_Q6K_SB + P16_Q6K_Q + blk % 16 * 192
-                                : p + blk / 16 * P16_Q3K_SB + P16_Q3K_Q + blk % 16 * 96;
-}
-#define P16_BLK_LINES(t)                                                                         \
-    ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64                                             \
-     : P16_Q4X(t)         ? (P16_Q4X_BLOCK(t) + 63) / 64                                         \
-     : P16_K4(t)          ? P16_K4_KB(t) / 2                                                     \
-     : (t) == PGD_TYPE_Q6_K ? 3                                                                  \
-                            : 2)
-/* Block blk's per-row factors: Q8_0 the scales (nm unused), Q4_K d1 and -m1, Q6_K d1, -32 d1,
- * Q4_0..Q5_1 d and the offset. */
-INLINE void p16_blk_scales(const pgd_type t, const uint8_t *p, size_t blk, __m256 d[2],
-                           __m256 nm[2]) {
-    if (t == PGD_TYPE_Q8_0) {
-        p16_d_q8(p + blk * P16_Q8_BLOCK, &d[0], &d[1]);
-        nm[0] = nm[1] = _mm256_setzero_ps();
-    } else if (P16_Q4X(t)) {
-        p16_s_q4x(t, p + blk * P16_Q4X_BLOCK(t), d, nm);
-    } else if (P16_K4(t)) {
-        p16_s_q4k(p + blk / 8 * P16_K4_SB(t), (int)(blk % 8), d, nm);
-    } else if (t == PGD_TYPE_Q6_K) {
-        p16_s_q6k(p + blk / 16 * P16_Q6K_SB, (int)(blk % 16), d, nm);
-    } else {
-        p16_s_q3k(p + blk / 16 * P16_Q3K_SB, (int)(blk % 16), d, nm);
-    }
-}
-/* The end of a block's chain s: y = fma(d, s, y); all but Q8_0 then y = fma(nm, xs, y). */
-INLINE __m256 p16_fold(const pgd_type t, __m256 d, __m256 nm, __m256 s, __m256 y, float xs) {
-    y = _mm256_fmadd_ps(d, s, y);
-    return P16_HAS_OFF(t) ? _mm256_fmadd_ps(nm, _mm256_set1_ps(xs), y) : y;
-}
-
-/* Elements [k0, k1) of one panel as F32, wf[k - k0][16] (F16 weights; Q8_0/Q4_K quants), and
- * for the block types their blocks' factors, ds[(k - k0) / P16_BL][32]: the 16 scales (Q8_0) or
- * d1, then the 16 offset factors nm (Q4_K, Q6_K). */
-static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, float *wf,
-                      float *ds) {
-    for (size_t k = k0; k < k1; k++) {
-        __m256 w0, w1;
-        if (t == PGD_TYPE_F16) {
-            p16_w_f16((const uint16_t *)panel, k, &w0, &w1);
-        } else {
-            const size_t bl = P16_BL(t);
-            p16_w_blk(t, panel, k / bl, (int)(k % bl), &w0, &w1);
-            if (k % bl == 0) {
-                __m256 d[2], nm[2];
-                p16_blk_scales(t, panel, k / bl, d, nm);
-                float *o = ds + (k - k0) / bl * 32;
-                _mm256_store_ps(o, d[0]);
-                _mm256_store_ps(o + 8, d[1]);
-                _mm256_store_ps(o + 16, nm[0]);
-                _mm256_store_ps(o + 24, nm[1]);
-            }
-        }
-        _mm256_store_ps(wf + (k - k0) * 16, w0);
-        _mm256_store_ps(wf + (k - k0) * 16 + 8, w1);
-    }
-}
-
-/* GEMM tile: NT tokens x 16 rows over [k0, k1) of a slice converted by p16_slice; y holds the
- * running sums between slices. F16: one chain over the slice, continued from y. Q8_0, Q4_K: a
- * chain per 32-element block from +0, then p16_fold. */
-INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K, float *y,
-                     size_t N, const int NT, size_t k0, size_t k1, const pgd_type t,
-                     const float *xs, size_t xss) {
-    const bool q8 = t != PGD_TYPE_F16; /* block-quantized */
-    const size_t bl = P16_BL(t);
-    for (size_t b0 = k0; b0 < k1; b0 += q8 ? bl : k1 - k0) {
-        const size_t b1 = q8 ? b0 + bl : k1;
-        __m256 s[6][2];
-#pragma GCC unroll 6
-        for (int u = 0; u < NT; u++)
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++)
-                s[u][h] = !q8 && k0 ? _mm256_loadu_ps(y + (size_t)u * N + 8 * h)
-                                    : _mm256_setzero_ps();
-        for (size_t k = b0; k < b1; k++) {
-            __m256 w0 = _mm256_load_ps(wf + (k - k0) * 16);
-            __m256 w1 = _mm256_load_ps(wf + (k - k0) * 16 + 8);
-#pragma GCC unroll 6
-            for (int u = 0; u < NT; u++) {
-                __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + k);
-                s[u][0] = _mm256_fmadd_ps(w0, b, s[u][0]);
-                s[u][1] = _mm256_fmadd_ps(w1, b, s[u][1]);
-            }
-        }
-        const float *d = ds + (b0 - k0) / bl * 32;
-#pragma GCC unroll 6
-        for (int u = 0; u < NT; u++) {
-            const float xsu = q8 && P16_HAS_OFF(t) ? xs[(size_t)u * xss + b0 / bl] : 0.0f;
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                float *yt = y + (size_t)u * N + 8 * h;
-                __m256 a = s[u][h];
-                if (q8)
-                    a = p16_fold(t, _mm256_load_ps(d + 8 * h), _mm256_load_ps(d + 16 + 8 * h), a,
-                                 b0 ? _mm256_loadu_ps(yt) : _mm256_setzero_ps(), xsu);
-                _mm256_storeu_ps(yt, a);
-            }
-        }
-    }
-}
-
-typedef void (*p16_fn)(const float *, const float *, const float *, size_t, float *, size_t,
-                       size_t, size_t, const float *, size_t);
-#define P16_T(NAME, NT, T)                                                                       \
-    static void NAME##_##NT(const float *wf, const float *ds, const float *x, size_t K, float *y, \
-                            size_t N, size_t k0, size_t k1, const float *xs, size_t xss) {       \
-        p16_tile(wf, ds, x, K, y, N, NT, k0, k1, T, xs, xss);                                    \
-    }
-#define P16_TILES(NAME, T)                                                                       \
-    P16_T(NAME, 1, T) P16_T(NAME, 2, T) P16_T(NAME, 3, T) P16_T(NAME, 4, T)                      \
-    P16_T(NAME, 5, T) P16_T(NAME, 6, T)                                                          \
-    static const p16_fn NAME[6] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6};
-P16_TILES(p16_tiles_f16, PGD_TYPE_F16)
-P16_TILES(p16_tiles_q8, PGD_TYPE_Q8_0)
-P16_TILES(p16_tiles_q4k, PGD_TYPE_Q4_K)
-P16_TILES(p16_tiles_q6k, PGD_TYPE_Q6_K)
-P16_TILES(p16_tiles_q40, PGD_TYPE_Q4_0)
-P16_TILES(p16_tiles_q41, PGD_TYPE_Q4_1)
-P16_TILES(p16_tiles_q50, PGD_TYPE_Q5_0)
-P16_TILES(p16_tiles_q51, PGD_TYPE_Q5_1)
-P16_TILES(p16_tiles_q5k, PGD_TYPE_Q5_K)
-P16_TILES(p16_tiles_q3k, PGD_TYPE_Q3_K)
-
-static size_t p16_panel_bytes(pgd_type t, size_t K) {
-    return t == PGD_TYPE_F16    ? 16 * K * 2
-           : t == PGD_TYPE_Q8_0 ? (K / 32) * P16_Q8_BLOCK
-           : P16_Q4X(t)         ? (K / 32) * P16_Q4X_BLOCK(t)
-           : P16_K4(t)          ? (K / 256) * P16_K4_SB(t)
-           : t == PGD_TYPE_Q6_K ? (K / 256) * P16_Q6K_SB
-                                : (K / 256) * P16_Q3K_SB;
-}
-
-/* Q8_0 decode prefetches each panel's stream this far ahead, one hint per 64-byte line: 4
- * streams 4 lines ahead is the pattern that reads fastest on the 2-core machine (`pagoda
- * bench`'s probe). Q8_0 panels 1.07-1.3x over the hardware prefetchers alone; F16 panels,
- * which a core streams twice as fast, measured no gain and take none (bench/RESULTS.md). */
-#define P16_PF_BYTES 256
-
-/* One token, NP panels (16 * NP rows from row n): 2 * NP independent chains. */
-INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t pb,
-                        const float *x, float *y, size_t K, const float *xs) {
-    __m256 a[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 2 * NP; i++) a[i] = _mm256_setzero_ps();
-    if (t == PGD_TYPE_F16) {
-        for (size_t k = 0; k < K; k++) {
-            __m256 b = _mm256_broadcast_ss(x + k);
-#pragma GCC unroll 4
-            for (int q = 0; q < NP; q++) {
-                __m256 w0, w1;
-                p16_w_f16((const uint16_t *)(p + q * pb), k, &w0, &w1);
-                a[2 * q] = _mm256_fmadd_ps(w0, b, a[2 * q]);
-                a[2 * q + 1] = _mm256_fmadd_ps(w1, b, a[2 * q + 1]);
-            }
-        }
-    } else {
-        const int bl = P16_BL(t);
-        for (size_t blk = 0; blk < K / (size_t)bl; blk++) {
-            __m256 sq[8];
-#pragma GCC unroll 8
-            for (int i = 0; i < 2 * NP; i++) sq[i] = _mm256_setzero_ps();
-            for (int k = 0; k < bl; k++) {
-                __m256 b = _mm256_broadcast_ss(x + blk * bl + (size_t)k);
-                if (k < P16_BLK_LINES(t)) /* a block's lines, one per k */
-#pragma GCC unroll 4
-                    for (int q = 0; q < NP; q++)
-                        _mm_prefetch((const char *)(p16_blk_bytes(t, p + q * pb, blk) +
-                                                    P16_PF_BYTES + 64 * (size_t)k),
-                                     _MM_HINT_T0);
-#pragma GCC unroll 4
-                for (int q = 0; q < NP; q++) {
-                    __m256 w0, w1;
-                    p16_w_blk(t, p + q * pb, blk, k, &w0, &w1);
-                    sq[2 * q] = _mm256_fmadd_ps(w0, b, sq[2 * q]);
-                    sq[2 * q + 1] = _mm256_fmadd_ps(w1, b, sq[2 * q + 1]);
-                }
-            }
-            const float xsb = P16_HAS_OFF(t) ? xs[blk] : 0.0f;
-#pragma GCC unroll 4
-            for (int q = 0; q < NP; q++) {
-                __m256 d[2], nm[2];
-                p16_blk_scales(t, p + q * pb, blk, d, nm);
-                a[2 * q] = p16_fold(t, d[0], nm[0], sq[2 * q], a[2 * q], xsb);
-                a[2 * q + 1] = p16_fold(t, d[1], nm[1], sq[2 * q + 1], a[2 * q + 1], xsb);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 2 * NP; i++) _mm256_storeu_ps(y + 8 * i, a[i]);
-}
-
-/* One token, rows [lo, hi) (multiples of 16): 4 panels at a time (4 long streams), then the
- * remaining panels one by one. A row's chain is the same either way. */
-INLINE void p16_gemv_t(const pgd_type t, const uint8_t *P, const float *x, float *y, size_t K,
-                       long lo, long hi, const float *xs) {
-    const size_t pb = p16_panel_bytes(t, K);
-    long n = lo;
-    for (; n + 64 <= hi; n += 64)
-        p16_gemv_np(t, 4, P + (size_t)(n / 16) * pb, pb, x, y + n, K, xs);
-    for (; n < hi; n += 16) p16_gemv_np(t, 1, P + (size_t)(n / 16) * pb, pb, x, y + n, K, xs);
-}
-
-/* NT <= 4 tokens, NP panels (16 * NP rows; NP * NT <= 4: 8 independent FMA chains at most,
- * enough to hide the FMA latency in 16 registers): p16_gemv_np's chains for each token, every
- * weight converted once for all NT. A Q8_0 block's partial sums are folded into y at the
- * block's end (the running sum goes through memory, exactly), so each row gets gemv's bits. */
-INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const uint8_t *p,
-                           size_t pb, const float *x, size_t K, float *y, size_t N,
-                           const float *xs, size_t xss) {
-    if (t == PGD_TYPE_F16) {
-        __m256 a[4][4][2];
-#pragma GCC unroll 4
-        for (int q = 0; q < NP; q++)
-#pragma GCC unroll 4
-            for (int u = 0; u < NT; u++) a[q][u][0] = a[q][u][1] = _mm256_setzero_ps();
-        for (size_t k = 0; k < K; k++) {
-#pragma GCC unroll 4
-            for (int q = 0; q < NP; q++) {
-                __m256 w0, w1;
-                p16_w_f16((const uint16_t *)(p + q * pb), k, &w0, &w1);
-#pragma GCC unroll 4
-                for (int u = 0; u < NT; u++) {
-                    __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + k);
-                    a[q][u][0] = _mm256_fmadd_ps(w0, b, a[q][u][0]);
-                    a[q][u][1] = _mm256_fmadd_ps(w1, b, a[q][u][1]);
-                }
-            }
-        }
-#pragma GCC unroll 4
-        for (int q = 0; q < NP; q++)
-#pragma GCC unroll 4
-            for (int u = 0; u < NT; u++) {
-                _mm256_storeu_ps(y + (size_t)u * N + 16 * q, a[q][u][0]);
-                _mm256_storeu_ps(y + (size_t)u * N + 16 * q + 8, a[q][u][1]);
-            }
-        return;
-    }
-    const int bl = P16_BL(t);
-    for (size_t blk = 0; blk < K / (size_t)bl; blk++) {
-        __m256 sq[4][4][2];
-#pragma GCC unroll 4
-        for (int q = 0; q < NP; q++)
-#pragma GCC unroll 4
-            for (int u = 0; u < NT; u++) sq[q][u][0] = sq[q][u][1] = _mm256_setzero_ps();
-        for (int k = 0; k < bl; k++) {
-            if (k < P16_BLK_LINES(t))
-#pragma GCC unroll 4
-                for (int q = 0; q < NP; q++)
-                    _mm_prefetch((const char *)(p16_blk_bytes(t, p + q * pb, blk) +
-                                                P16_PF_BYTES + 64 * (size_t)k),
-                                 _MM_HINT_T0);
-#pragma GCC unroll 4
-            for (int q = 0; q < NP; q++) {
-                __m256 w0, w1;
-                p16_w_blk(t, p + q * pb, blk, k, &w0, &w1);
-#pragma GCC unroll 4
-                for (int u = 0; u < NT; u++) {
-                    __m256 b = _mm256_broadcast_ss(x + (size_t)u * K + blk * bl + (size_t)k);
-                    sq[q][u][0] = _mm256_fmadd_ps(w0, b, sq[q][u][0]);
-                    sq[q][u][1] = _mm256_fmadd_ps(w1, b, sq[q][u][1]);
-                }
-            }
-        }
-        float xsb[4];
-#pragma GCC unroll 4
-        for (int u = 0; u < NT; u++)
-            xsb[u] = P16_HAS_OFF(t) ? xs[(size_t)u * xss + blk] : 0.0f;
-#pragma GCC unroll 4
-        for (int q = 0; q < NP; q++) {
-            __m256 d[2], nm[2], z = _mm256_setzero_ps();
-            p16_blk_scales(t, p + q * pb, blk, d, nm);
-#pragma GCC unroll 4
-            for (int u = 0; u < NT; u++) {
-                float *yu = y + (size_t)u * N + 16 * q;
-                _mm256_storeu_ps(yu, p16_fold(t, d[0], nm[0], sq[q][u][0],
-                                              blk ? _mm256_loadu_ps(yu) : z, xsb[u]));
-                _mm256_storeu_ps(yu + 8, p16_fold(t, d[1], nm[1], sq[q][u][1],
-                                                  blk ? _mm256_loadu_ps(yu + 8) : z, xsb[u]));
-            }
-        }
-    }
-}
-
-#define P16_FEW_FN(T, NT, NP, NAME)                                                              \
-    static void NAME(const uint8_t *p, size_t pb, const float *x, size_t K, float *y,           \
-                     size_t N, const float *xs, size_t xss) {                                    \
-        p16_few_panels(T, NT, NP, p, pb, x, K, y, N, xs, xss);                                   \
-    }
-#define P16_FEW_SET(T, N)                                                                        \
-    P16_FEW_FN(T, 1, 1, p16_few_##N##_1) P16_FEW_FN(T, 2, 1, p16_few_##N##_2)                    \
-    P16_FEW_FN(T, 3, 1, p16_few_##N##_3) P16_FEW_FN(T, 4, 1, p16_few_##N##_4)                    \
-    P16_FEW_FN(T, 2, 2, p16_pair_##N##_2)                                                        \
-    static const p16_few_fn p16_few_##N[5] = {p16_few_##N##_1, p16_few_##N##_2,                 \
-                                              p16_few_##N##_3, p16_few_##N##_4,                 \
-                                              p16_pair_##N##_2};                                \
-    static void p16_gemv_##N(const uint8_t *P, const float *x, float *y, size_t K, long lo,     \
-                             long hi, const float *xs) {                                         \
-        p16_gemv_t(T, P, x, y, K, lo, hi, xs);                                                   \
-    }
-typedef void (*p16_few_fn)(const uint8_t *, size_t, const float *, size_t, float *, size_t,
-                           const float *, size_t);
-/* [nt - 1]: nt tokens over one panel; [4]: 2 tokens over two panels */
-P16_FEW_SET(PGD_TYPE_F16, f16)
-P16_FEW_SET(PGD_TYPE_Q8_0, q8)
-P16_FEW_SET(PGD_TYPE_Q4_K, q4k)
-P16_FEW_SET(PGD_TYPE_Q6_K, q6k)
-P16_FEW_SET(PGD_TYPE_Q4_0, q40)
-P16_FEW_SET(PGD_TYPE_Q4_1, q41)
-P16_FEW_SET(PGD_TYPE_Q5_0, q50)
-P16_FEW_SET(PGD_TYPE_Q5_1, q51)
-P16_FEW_SET(PGD_TYPE_Q5_K, q5k)
-P16_FEW_SET(PGD_TYPE_Q3_K, q3k)
-
-/* The panel types' kernels: tiles of the GEMM, few-token functions, the one-token GEMV. */
-typedef struct p16_kernels {
-    const p16_fn *tiles;
-    const p16_few_fn *few;
-    void (*gemv)(const uint8_t *, const float *, float *, size_t, long, long, const float *);
-} p16_kernels;
-static p16_kernels p16_kernels_of(pgd_type t) {
-#define P16_K(N) (p16_kernels){p16_tiles_##N, p16_few_##N, p16_gemv_##N}
-    switch (t) {
-    case PGD_TYPE_F16: return P16_K(f16);
-    case PGD_TYPE_Q8_0: return P16_K(q8);
-    case PGD_TYPE_Q4_K: return P16_K(q4k);
-    case PGD_TYPE_Q6_K: return P16_K(q6k);
-    case PGD_TYPE_Q4_0: return P16_K(q40);
-    case PGD_TYPE_Q4_1: return P16_K(q41);
-    case PGD_TYPE_Q5_0: return P16_K(q50);
-    case PGD_TYPE_Q5_K: return P16_K(q5k);
-    case PGD_TYPE_Q3_K: return P16_K(q3k);
-    default: return P16_K(q51);
-    }
-#undef P16_K
-}
-
-/* A few tokens (n <= P16_FEW_MAX; F16: P16_FEW_MAX_F16), rows [lo, hi) (multiples of 16):
- * groups of up to 4 tokens stream the panels (two at a time for 2 tokens), converting each
- * weight once per group. For so few tokens p16_gemm's conversion of every panel slice to F32 in
- * memory costs more than its tiles save: a Q8_0 768 x 2,048 matrix took 4.1x gemv's time at 2
- * tokens that way, 1.8x here. Up to 24 tokens (6 groups) this stays ahead of p16_gemm for the
- * block types (in-process A/B, bench/bench_pack_ab.c: 1536 x 576 Q4_1 at 16 tokens 1.08x the
- * row-major tiles against p16_gemm's 0.84x; Q8_0 at 12: 1.25x against 0.87x). F16 panels
- * convert cheaply, and past 3 tokens p16_gemm is as fast or faster (bench/RESULTS.md). */
-#define P16_FEW_MAX 24
-#define P16_FEW_MAX_F16 3
-/* the 5-bit types and Q3_K decode costlier per group: past 8 tokens the GEMM's one conversion per
- * slice wins (4096 x 4096 at 16 tokens: Q5_0 1.02x the row-major tiles against 0.78x, Q3_K
- * 0.87x against 0.74x) */
-#define P16_FEW_MAX_SLOW 8
-#define P16_FEW_MAX_OF(t)                                                                        \
-    ((t) == PGD_TYPE_F16 ? P16_FEW_MAX_F16                                                       \
-     : P16_Q5(t) || (t) == PGD_TYPE_Q5_K || (t) == PGD_TYPE_Q3_K ? P16_FEW_MAX_SLOW              \
-                                                                : P16_FEW_MAX)
-static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
-                    int n, long lo, long hi, const float *xs, size_t xss) {
-    const size_t pb = p16_panel_bytes(t, K);
-    const p16_few_fn *fns = p16_kernels_of(t).few, pair = fns[4];
-    for (int t0 = 0; t0 < n; t0 += 4) {
-        int nt = n - t0 < 4 ? n - t0 : 4;
-        const float *xt = x + (size_t)t0 * K;
-        float *yt = y + (size_t)t0 * N;
-        long r = lo;
-        const float *xst = xs + (size_t)t0 * xss;
-        if (nt == 2) /* two panels a call: 8 chains, as the others have */
-            for (; r + 32 <= hi; r += 32)
-                pair(P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N, xst, xss);
-        for (; r < hi; r += 16)
-            fns[nt - 1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N, xst, xss);
-    }
-}
-
-/* n tokens, rows [lo, hi) (multiples of 16): token blocks, then panels, then K slices (each
- * converted to F32 once), then token tiles of up to 6. */
-static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
-                     int n, long lo, long hi, const float *xs, size_t xss) {
-    static _Thread_local float wf[P16_KC * 16] __attribute__((aligned(32)));
-    static _Thread_local float ds[P16_KC / 16 * 32] __attribute__((aligned(32)));
-    /* Equal slices of at most P16_KC, multiples of 32 (576 = 288 + 288, not 256 + 256 + 64: a
-     * short slice pays the accumulators' reload and store for few FMAs). */
-    const size_t ns = (K + P16_KC - 1) / P16_KC, kc = ((K + ns - 1) / ns + 31) / 32 * 32;
-    const size_t pb = p16_panel_bytes(t, K);
-    for (long t0 = 0; t0 < n; t0 += P16_TB) {
-        long t1 = t0 + P16_TB < n ? t0 + P16_TB : n;
-        for (long r = lo; r < hi; r += 16) {
-            const uint8_t *p = P + (size_t)(r / 16) * pb;
-            for (size_t k0 = 0; k0 < K; k0 += kc) {
-                size_t k1 = k0 + kc < K ? k0 + kc : K;
-                p16_slice(t, p, k0, k1, wf, ds);
-                for (long tt = t0; tt < t1; tt += 6) {
-                    int nt = t1 - tt < 6 ? (int)(t1 - tt) : 6;
-                    const float *xt = x + (size_t)tt * K;
-                    float *yt = y + (size_t)tt * N + r;
-                    p16_kernels_of(t).tiles[nt - 1](wf, ds, xt, K, yt, N, k0, k1,
-                                                    xs + (size_t)tt * xss, xss);
-                }
-            }
-        }
-    }
 }
 #endif
 
@@ -1181,6 +670,35 @@ void pgd_cpu_pack(const pgd_weight *w, void *dst) {
         }
 }
 
+/* ---- Instruction set of the panel kernels ---------------------------------------------- */
+
+static bool avx512_supported(void) {
+#ifdef PGD_AVX512_KERNELS
+    /* libgcc's and compiler-rt's checks include the OS's saving of the zmm state (XCR0) */
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+    return false;
+#endif
+}
+
+static int g_avx512 = -1; /* -1: not decided yet */
+
+bool pgd_cpu_set_avx512(int on) {
+    const bool v = on && avx512_supported();
+    __atomic_store_n(&g_avx512, v ? 1 : 0, __ATOMIC_RELAXED);
+    return v;
+}
+
+bool pgd_cpu_avx512(void) {
+    int v = __atomic_load_n(&g_avx512, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *env = getenv("PAGODA_AVX512");
+        v = pgd_cpu_set_avx512(!(env && env[0] == '0'));
+    }
+    return v;
+}
+
 /* ---- Pool tasks ---------------------------------------------------------------------------- */
 
 typedef struct matmul_ctx {
@@ -1286,13 +804,17 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     if (w->panel16) {
         const float *xs = (const float *)c->act; /* p16_xsum of each block, per token */
         const size_t xss = c->act_row_bytes / sizeof(float);
-        if (c->n == 1)
-            p16_kernels_of(w->type).gemv(w->data, c->x, c->y, (size_t)w->n_in, lo, hi, xs);
-        else if (c->n <= P16_FEW_MAX_OF(w->type))
-            p16_few(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
-                    hi, xs, xss);
-        else p16_gemm(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
-                      hi, xs, xss);
+#ifdef PGD_AVX512_KERNELS
+        /* the GEMM's tiles are bound by FMAs and take AVX-512's wider ones; the GEMV and the
+         * few-token kernels are bound by decoding the quants, which 512-bit vectors do on two
+         * execution ports instead of three: they stay AVX2 (bench/RESULTS.md) */
+        if (c->n > P16_FEW_MAX_OF(w->type) && pgd_cpu_avx512())
+            pgd_p16_gemm_avx512(w->type, w->data, c->x, c->y, (size_t)w->n_in,
+                                (size_t)w->n_out, c->n, lo, hi, xs, xss);
+        else
+#endif
+            p16_rows(w->type, w->data, c->x, c->y, (size_t)w->n_in, (size_t)w->n_out, c->n, lo,
+                     hi, xs, xss);
         return;
     }
 #endif

@@ -13,7 +13,7 @@
  * panel16: then data holds panels of 16 rows, each k-major, as pgd_cpu_pack writes them (F16:
  * element k of rows 16p..16p+15 at halves 16p * n_in + 16k + r; the block types: per panel and
  * block, the 16 rows' scale fields, then per element k the 16 rows' quants; the layouts are in
- * matmul.c). The same bytes as row-major. */
+ * p16_layout.h). The same bytes as row-major. */
 typedef struct pgd_weight {
     pgd_type type;
     int64_t n_in, n_out;
@@ -47,5 +47,16 @@ size_t pgd_cpu_matmul_panel_bytes(size_t act_row_bytes, int n_threads);
  * and is the same with or without a panel. */
 void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n,
                     void *act, size_t act_row_bytes, void *panel);
+
+/* Whether the panel16 GEMM (more tokens than the few-token kernels take) runs its AVX-512
+ * version (matmul_avx512.c): in a build that has it (PGD_AVX512_KERNELS), on a CPU and OS with
+ * AVX-512 F, BW, VL and DQ, unless PAGODA_AVX512=0. It gives the AVX2 kernels' bits (the same
+ * FMA chain per output), so this changes speed only. Decided once; pgd_cpu_set_avx512
+ * overrides it (tests, benchmarks): 0 off, 1 on where supported (returns whether it is on). */
+bool pgd_cpu_avx512(void);
+bool pgd_cpu_set_avx512(int on);
+/* The AVX-512 panel16 GEMM: rows [lo, hi) of y for n tokens (p16_kernels.h's p16_gemm). */
+void pgd_p16_gemm_avx512(pgd_type t, const void *P, const float *x, float *y, size_t K,
+                         size_t N, int n, long lo, long hi, const float *xs, size_t xss);
 
 #endif
