@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/pool.h"
 #include "cli/cli.h"
 #include "model/lora.h"
@@ -243,15 +244,45 @@ PROBE_TARGET static void flops_task(void *arg, int ith, int nth) {
     if (ith < 1024) c->sink[ith] = out[0];
 }
 
-/* Peak FP32 FLOP/s on all threads (AVX2 FMA: 16 flops per instruction); best of 5. */
+/* flops_task in 512-bit FMAs, for CPUs whose panel GEMM runs AVX-512 (pgd_cpu_avx512). */
+__attribute__((target("avx512f"))) static void flops_task512(void *arg, int ith, int nth) {
+    (void)nth;
+    flops_ctx *c = arg;
+    const long iters = c->iters;
+    const __m512 m = _mm512_set1_ps(0.9999f), k = _mm512_set1_ps(1e-4f);
+    __m512 a0 = _mm512_set1_ps(1e-3f * (float)ith), a1 = _mm512_add_ps(a0, k),
+           a2 = _mm512_add_ps(a1, k), a3 = _mm512_add_ps(a2, k), a4 = _mm512_add_ps(a3, k),
+           a5 = _mm512_add_ps(a4, k), a6 = _mm512_add_ps(a5, k), a7 = _mm512_add_ps(a6, k),
+           a8 = _mm512_add_ps(a7, k), a9 = _mm512_add_ps(a8, k);
+    for (long it = 0; it < iters; it++) {
+        a0 = _mm512_fmadd_ps(a0, m, k);
+        a1 = _mm512_fmadd_ps(a1, m, k);
+        a2 = _mm512_fmadd_ps(a2, m, k);
+        a3 = _mm512_fmadd_ps(a3, m, k);
+        a4 = _mm512_fmadd_ps(a4, m, k);
+        a5 = _mm512_fmadd_ps(a5, m, k);
+        a6 = _mm512_fmadd_ps(a6, m, k);
+        a7 = _mm512_fmadd_ps(a7, m, k);
+        a8 = _mm512_fmadd_ps(a8, m, k);
+        a9 = _mm512_fmadd_ps(a9, m, k);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(a8, a9));
+    if (ith < 1024) c->sink[ith] = _mm512_reduce_add_ps(s);
+}
+
+/* Peak FP32 FLOP/s on all threads, in the widest FMAs the matmuls use (AVX2: 16 flops per
+ * instruction; AVX-512 where the panel GEMM runs it: 32); best of 5. */
 static double probe_flops(pgd_pool *pool) {
     flops_ctx c = {.iters = 20 * 1000 * 1000};
+    const bool wide = pgd_cpu_avx512();
     double best = 0;
     for (int r = 0; r < 5; r++) {
         double t = pgd_now_s();
-        pgd_pool_run(pool, flops_task, &c);
+        pgd_pool_run(pool, wide ? flops_task512 : flops_task, &c);
         t = pgd_now_s() - t;
-        double f = (double)c.iters * 10 * 16 * pgd_pool_n_threads(pool) / t;
+        double f = (double)c.iters * 10 * (wide ? 32 : 16) * pgd_pool_n_threads(pool) / t;
         if (f > best) best = f;
     }
     return best;
@@ -548,10 +579,10 @@ int pgd_cli_bench(int argc, char **argv) {
                "\"weight_bytes_per_step\":%.0f,\"threads\":%ld,\"reps\":%ld,"
                "\"device\":\"%s\",\"kv_type\":\"%s\",\"bandwidth_gbs\":%.3f,\"peak_gflops\":%.3f,"
                "\"bandwidth_gbs_before_after\":[%.3f,%.3f],"
-               "\"peak_gflops_before_after\":[%.3f,%.3f],\"results\":[",
+               "\"peak_gflops_before_after\":[%.3f,%.3f],\"cpu_fma\":\"%s\",\"results\":[",
                m->path, wtype, htype, params, tg_bytes, o.threads, o.reps, gpu ? "cuda" : "cpu",
                pgd_type_name(o.kv_type), bw / 1e9, peak / 1e9, bw0 / 1e9, bw1 / 1e9, peak0 / 1e9,
-               peak1 / 1e9);
+               peak1 / 1e9, pgd_cpu_avx512() ? "avx512" : "avx2");
         for (int i = 0; i < n_res; i++)
             printf("%s{\"test\":\"%s%ld\",\"tokens_per_s\":%.3f,\"roofline_tokens_per_s\":%.3f,"
                    "\"fraction\":%.4f,\"bound\":\"%s\",\"depth\":%ld%s}",
@@ -567,11 +598,11 @@ int pgd_cli_bench(int argc, char **argv) {
                    "TFLOP/s (cuBLASLt, 8192^3)\n",
                    bw / 1e9, peak / 1e12);
         else
-            printf("machine: %ld threads, read bandwidth %.2f GB/s, peak FP32 %.1f GFLOP/s (the "
-                   "better of the probes before and after the tests: %.2f / %.2f GB/s, best of "
-                   "12 each; %.1f / %.1f GFLOP/s, best of 5 each)\n",
-                   o.threads, bw / 1e9, peak / 1e9, bw0 / 1e9, bw1 / 1e9, peak0 / 1e9,
-                   peak1 / 1e9);
+            printf("machine: %ld threads, read bandwidth %.2f GB/s, peak FP32 %.1f GFLOP/s (%s "
+                   "FMA; the better of the probes before and after the tests: %.2f / %.2f GB/s, "
+                   "best of 12 each; %.1f / %.1f GFLOP/s, best of 5 each)\n",
+                   o.threads, bw / 1e9, peak / 1e9, pgd_cpu_avx512() ? "AVX-512" : "AVX2",
+                   bw0 / 1e9, bw1 / 1e9, peak0 / 1e9, peak1 / 1e9);
         printf("| %-12s | %12s | %14s | %8s | %-9s |\n", "test", "t/s (median)", "roofline t/s",
                "fraction", "bound");
         printf("|--------------|--------------|----------------|----------|-----------|\n");
