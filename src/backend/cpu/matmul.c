@@ -520,11 +520,9 @@ INLINE v16 p16_w_q6k(const uint8_t *sb, int k) {
 }
 /* Q3_K: the 16 rows' u (0..7, exact) of element k (0..255) of panel super-block sb. */
 INLINE v16 p16_w_q3k(const uint8_t *sb, int k) {
-    const uint8_t *q = sb + P16_Q3K_Q + 6 * k;
     int32_t lw;
     uint16_t hw;
-    memcpy(&lw, q, 4);
-    memcpy(&hw, q + 4, 2);
+    p16_q3k_words(sb, k, &lw, &hw);
     const __m256i l = _mm256_set1_epi32(lw), h = _mm256_set1_epi32(hw);
     const __m256i m3 = _mm256_set1_epi32(3), m4 = _mm256_set1_epi32(4);
     const __m256i s2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);

@@ -77,11 +77,9 @@ INLINE v16 p16_w_q6k(const uint8_t *sb, int k) {
 /* Q3_K: the 16 rows' u (0..7, exact) of element k (0..255) of panel super-block sb: a 32-bit
  * word with row r's low bits at 2r, 2r + 1, and a 16-bit word with its high bit at r. */
 INLINE v16 p16_w_q3k(const uint8_t *sb, int k) {
-    const uint8_t *q = sb + P16_Q3K_Q + 6 * k;
     int32_t lw;
     uint16_t hw;
-    memcpy(&lw, q, 4);
-    memcpy(&hw, q + 4, 2);
+    p16_q3k_words(sb, k, &lw, &hw);
     const __m512i s2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i s1 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512i lo = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(lw), s2),

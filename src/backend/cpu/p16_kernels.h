@@ -211,6 +211,18 @@ P16_TILES(p16_tiles_q3k, PGD_TYPE_Q3_K)
  * which a core streams twice as fast, measured no gain and take none (bench/RESULTS.md). */
 #define P16_PF_BYTES 256
 
+/* Element k of block blk of NP panels pb bytes apart: the block's first lines, one per k, are
+ * the ones to prefetch P16_PF_BYTES ahead. */
+INLINE void p16_prefetch(const pgd_type t, const int NP, const uint8_t *p, size_t pb, size_t blk,
+                         int k) {
+    if (k >= P16_BLK_LINES(t)) return;
+#pragma GCC unroll 4
+    for (int q = 0; q < NP; q++)
+        _mm_prefetch((const char *)(p16_blk_bytes(t, p + q * pb, blk) + P16_PF_BYTES +
+                                    64 * (size_t)k),
+                     _MM_HINT_T0);
+}
+
 /* One token, NP panels (16 * NP rows from row n): NP chains of 16 rows each. */
 INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t pb,
                         const float *x, float *y, size_t K, const float *xs) {
@@ -232,12 +244,7 @@ INLINE void p16_gemv_np(const pgd_type t, const int NP, const uint8_t *p, size_t
             for (int i = 0; i < NP; i++) sq[i] = v16_zero();
             for (int k = 0; k < bl; k++) {
                 const vb b = vb_bcast(x + blk * bl + (size_t)k);
-                if (k < P16_BLK_LINES(t)) /* a block's lines, one per k */
-#pragma GCC unroll 4
-                    for (int q = 0; q < NP; q++)
-                        _mm_prefetch((const char *)(p16_blk_bytes(t, p + q * pb, blk) +
-                                                    P16_PF_BYTES + 64 * (size_t)k),
-                                     _MM_HINT_T0);
+                p16_prefetch(t, NP, p, pb, blk, k);
 #pragma GCC unroll 4
                 for (int q = 0; q < NP; q++)
                     sq[q] = v16_fmab(p16_w_blk(t, p + q * pb, blk, k), b, sq[q]);
@@ -302,12 +309,7 @@ INLINE void p16_few_panels(const pgd_type t, const int NT, const int NP, const u
 #pragma GCC unroll 4
             for (int u = 0; u < NT; u++) sq[q][u] = v16_zero();
         for (int k = 0; k < bl; k++) {
-            if (k < P16_BLK_LINES(t))
-#pragma GCC unroll 4
-                for (int q = 0; q < NP; q++)
-                    _mm_prefetch((const char *)(p16_blk_bytes(t, p + q * pb, blk) +
-                                                P16_PF_BYTES + 64 * (size_t)k),
-                                 _MM_HINT_T0);
+            p16_prefetch(t, NP, p, pb, blk, k);
 #pragma GCC unroll 4
             for (int q = 0; q < NP; q++) {
                 const v16 w = p16_w_blk(t, p + q * pb, blk, k);

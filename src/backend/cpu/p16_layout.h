@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "model/gguf.h"
 
@@ -89,6 +90,12 @@ static inline const uint8_t *p16_blk_bytes(const pgd_type t, const uint8_t *p, s
            : P16_K4(t) ? p + blk / 8 * P16_K4_SB(t) + P16_Q4K_Q + blk % 8 * 32 * P16_K4_KB(t)
            : t == PGD_TYPE_Q6_K ? p + blk / 16 * P16_Q6K_SB + P16_Q6K_Q + blk % 16 * 192
                                 : p + blk / 16 * P16_Q3K_SB + P16_Q3K_Q + blk % 16 * 96;
+}
+/* Q3_K: element k's two bit words in panel super-block sb (see the layout above). */
+static inline void p16_q3k_words(const uint8_t *sb, int k, int32_t *lw, uint16_t *hw) {
+    const uint8_t *q = sb + P16_Q3K_Q + 6 * k;
+    memcpy(lw, q, 4);
+    memcpy(hw, q + 4, 2);
 }
 #define P16_BLK_LINES(t)                                                                         \
     ((t) == PGD_TYPE_Q8_0 ? (P16_Q8_BLOCK + 63) / 64                                             \
