@@ -89,6 +89,7 @@ INLINE v16 p16_w_q3k(const uint8_t *sb, int k) {
     return _mm512_cvtepi32_ps(_mm512_or_si512(lo, hi));
 }
 
+#define P16_GEMM_ONLY /* the GEMV and few-token kernels stay AVX2 (matmul.c) */
 #include "backend/cpu/p16_kernels.h"
 
 void pgd_p16_gemm_avx512(pgd_type t, const void *P, const float *x, float *y, size_t K,

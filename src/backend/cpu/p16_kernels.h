@@ -8,7 +8,8 @@
  *   at p), v16_u8 and v16_i8 (16 bytes widened);
  *   the weight decoders p16_w_q8, p16_w_nib, p16_w_q6k, p16_w_q3k (each row's value the same
  *   exact integer in either width);
- *   P16_NT (tokens per GEMM tile: the accumulators the register file holds) and P16_ALIGN.
+ *   P16_NT (tokens per GEMM tile: the accumulators the register file holds) and P16_ALIGN;
+ *   and P16_GEMM_ONLY where only the GEMM (p16_gemm) is wanted.
  * Every (row, token) output is the same FMA chain, lane for lane, in either width and in every
  * tile shape, so the AVX2 and the AVX-512 kernels give the same bits (tests/unit/test_matmul.c)
  * and batch invariance holds across both. */
@@ -205,6 +206,7 @@ P16_TILES(p16_tiles_q51, PGD_TYPE_Q5_1)
 P16_TILES(p16_tiles_q5k, PGD_TYPE_Q5_K)
 P16_TILES(p16_tiles_q3k, PGD_TYPE_Q3_K)
 
+#ifndef P16_GEMM_ONLY /* the GEMV and the few-token kernels: matmul.c's AVX2 build only */
 /* Q8_0 decode prefetches each panel's stream this far ahead, one hint per 64-byte line: 4
  * streams 4 lines ahead is the pattern that reads fastest on the 2-core machine (`pagoda
  * bench`'s probe). Q8_0 panels 1.07-1.3x over the hardware prefetchers alone; F16 panels,
@@ -367,14 +369,22 @@ P16_FEW_SET(PGD_TYPE_Q5_1, q51)
 P16_FEW_SET(PGD_TYPE_Q5_K, q5k)
 P16_FEW_SET(PGD_TYPE_Q3_K, q3k)
 
+#endif /* P16_GEMM_ONLY */
+
 /* The panel types' kernels: tiles of the GEMM, few-token functions, the one-token GEMV. */
 typedef struct p16_kernels {
     const p16_fn *tiles;
+#ifndef P16_GEMM_ONLY
     const p16_few_fn *few;
     void (*gemv)(const uint8_t *, const float *, float *, size_t, long, long, const float *);
+#endif
 } p16_kernels;
 static p16_kernels p16_kernels_of(pgd_type t) {
+#ifdef P16_GEMM_ONLY
+#define P16_K(N) (p16_kernels){p16_tiles_##N}
+#else
 #define P16_K(N) (p16_kernels){p16_tiles_##N, p16_few_##N, p16_gemv_##N}
+#endif
     switch (t) {
     case PGD_TYPE_F16: return P16_K(f16);
     case PGD_TYPE_Q8_0: return P16_K(q8);
@@ -390,6 +400,7 @@ static p16_kernels p16_kernels_of(pgd_type t) {
 #undef P16_K
 }
 
+#ifndef P16_GEMM_ONLY
 /* A few tokens, rows [lo, hi) (multiples of 16): groups of up to 4 tokens stream the panels
  * (two at a time for 2 tokens). */
 static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
@@ -409,6 +420,8 @@ static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size
             fns[nt - 1](P + (size_t)(r / 16) * pb, pb, xt, K, yt + r, N, xst, xss);
     }
 }
+
+#endif
 
 /* n tokens, rows [lo, hi) (multiples of 16): token blocks, then panels, then K slices (each
  * converted to F32 once), then token tiles of up to P16_NT. */
@@ -438,13 +451,16 @@ static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, siz
     }
 }
 
+#ifndef P16_GEMM_ONLY
 /* Rows [lo, hi) of y = x . W^T for n tokens of a panel16 weight P: the GEMV, the few-token
  * kernels or the GEMM, by n. xs: each token's block sums (p16_xsum), xss floats apart. */
-__attribute__((unused)) static void p16_rows(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
+static void p16_rows(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
                      int n, long lo, long hi, const float *xs, size_t xss) {
     if (n == 1) p16_kernels_of(t).gemv(P, x, y, K, lo, hi, xs);
     else if (n <= P16_FEW_MAX_OF(t)) p16_few(t, P, x, y, K, N, n, lo, hi, xs, xss);
     else p16_gemm(t, P, x, y, K, N, n, lo, hi, xs, xss);
 }
+
+#endif /* P16_GEMM_ONLY */
 
 #endif
