@@ -186,17 +186,18 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
 /* Weights in the panel16 layout (F16, Q8_0; when this build packs them): every token's row is
  * bit-identical at n = 1 and in batches of every size and offset, and agrees with the
  * row-major path (a different summation order) within 1e-5 x sqrt(n_in) x the weights' scale. */
-static void check_panel16(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_out) {
+static void check_panel16(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_out,
+                          int ntok) {
     int64_t nb = n_in / T->qk;
     size_t rb = (size_t)(nb * T->bytes);
     uint8_t *wr = malloc(rb * (size_t)n_out), *wp = malloc(rb * (size_t)n_out);
-    float *x = malloc(sizeof(float) * (size_t)(N_TOK * n_in));
-    float *y1 = malloc(sizeof(float) * (size_t)(N_TOK * n_out));
-    float *yb = malloc(sizeof(float) * (size_t)(N_TOK * n_out));
+    float *x = malloc(sizeof(float) * (size_t)(ntok * n_in));
+    float *y1 = malloc(sizeof(float) * (size_t)(ntok * n_out));
+    float *yb = malloc(sizeof(float) * (size_t)(ntok * n_out));
     float *yr = malloc(sizeof(float) * (size_t)n_out);
     const float scale = T->qk == 1 ? 1.0f : 0.02f; /* Q8_0: |d * q| <= 0.02 * 127 */
     fill_blocks(T, wr, nb * n_out, scale);
-    for (int64_t i = 0; i < N_TOK * n_in; i++) x[i] = rnd_sym(1.0f);
+    for (int64_t i = 0; i < ntok * n_in; i++) x[i] = rnd_sym(1.0f);
     pgd_weight w = {T->t, n_in, n_out, rb, wr, false};
     if (!pgd_cpu_can_pack(&w)) goto out; /* a build without the layout (portable, int8 mode) */
     pgd_cpu_pack(&w, wp);
@@ -204,11 +205,13 @@ static void check_panel16(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t 
     wpk.data = wp;
     wpk.panel16 = true;
     int badb = 0, badr = 0;
-    for (int t = 0; t < N_TOK; t++) run(pool, &wpk, x + t * n_in, y1 + t * n_out, 1);
-    /* few-token kernels up to 24 tokens (F16: 3), the GEMM past */
-    const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 9, 13, 24, 25, 63}; /* 5-bit, Q3_K: few to 8 */
+    for (int t = 0; t < ntok; t++) run(pool, &wpk, x + t * n_in, y1 + t * n_out, 1);
+    /* few-token kernels up to 24 tokens (5-bit, Q3_K: 8; F16: 3), the GEMM past; 150 and 289
+     * tokens: 2 and 3 token blocks (of at most 144), which with K past ~2,800 also split K into
+     * groups (only ntok tokens are tried) */
+    const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 9, 13, 24, 25, 63, 150, 289};
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
-        for (int o = 0; o + sizes[si] <= N_TOK; o += 17) {
+        for (int o = 0; o + sizes[si] <= ntok; o += 17) {
             run(pool, &wpk, x + o * n_in, yb, sizes[si]);
             badb += memcmp(yb, y1 + o * n_out, sizeof(float) * (size_t)(sizes[si] * n_out)) != 0;
         }
@@ -220,7 +223,7 @@ static void check_panel16(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t 
                         : T->t == PGD_TYPE_Q6_K   ? 0.02 * 128 * 32
                         : T->t == PGD_TYPE_Q3_K   ? 0.02 * 32 * 4
                                                   : 0.02 * 63 * 32;
-    for (int t = 0; t < N_TOK; t += 9) {
+    for (int t = 0; t < ntok; t += 9) {
         run(pool, &w, x + t * n_in, yr, 1);
         for (int64_t r = 0; r < n_out; r++)
             badr += fabs((double)yr[r] - y1[t * n_out + r]) > 1e-5 * sqrt((double)n_in) * wmax;
@@ -254,13 +257,16 @@ static int run_all(void) {
             if (pt == PGD_TYPE_F32 || pt == PGD_TYPE_BF16 || pt == PGD_TYPE_Q2_K ||
                 pt == PGD_TYPE_IQ4_NL || pt == PGD_TYPE_IQ4_XS)
                 continue; /* no panel layout */
-            check_panel16(pool, &k_types[ti], 96, 128); /* one K slice; rows split unevenly */
-            check_panel16(pool, &k_types[ti], 64, 80);  /* decode: a 4-panel group + 1 panel */
-            check_panel16(pool, &k_types[ti], 608, 208); /* K slices 224, 224, 160; 13 panels */
+            check_panel16(pool, &k_types[ti], 96, 128, N_TOK); /* one K slice; rows uneven */
+            check_panel16(pool, &k_types[ti], 64, 80, N_TOK); /* decode: 4-panel group + 1 */
+            check_panel16(pool, &k_types[ti], 608, 208, N_TOK); /* K slices 224, 224, 160 */
             /* Q4_K (K a multiple of 256): 3 and 6 K slices, one 4-panel group + 1 */
-            check_panel16(pool, &k_types[ti], 768, 208);
-            check_panel16(pool, &k_types[ti], 1280 + 256, 48);
-            check_panel16(pool, &k_types[ti], 256, 80);
+            check_panel16(pool, &k_types[ti], 768, 208, N_TOK);
+            check_panel16(pool, &k_types[ti], 1280 + 256, 48, N_TOK);
+            check_panel16(pool, &k_types[ti], 256, 80, N_TOK);
+            /* 17 K slices in 2 groups at 150 and 289 tokens (2 and 3 token blocks): the GEMM's
+             * y scratch carried over the group boundary, 2 panels per thread's chunk */
+            if (nth == 2) check_panel16(pool, &k_types[ti], 17 * 256, 272, 300);
         }
         pgd_pool_free(pool);
     }

@@ -24,9 +24,7 @@ typedef __m512 vb;
 #define P16_ALIGN 64
 INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
 INLINE v16 v16_load(const float *p) { return _mm512_load_ps(p); }
-INLINE v16 v16_loadu(const float *p) { return _mm512_loadu_ps(p); }
 INLINE void v16_store(float *p, v16 v) { _mm512_store_ps(p, v); }
-INLINE void v16_storeu(float *p, v16 v) { _mm512_storeu_ps(p, v); }
 INLINE v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 INLINE v16 v16_fmab(v16 a, vb b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 INLINE vb vb_bcast(const float *p) { return _mm512_set1_ps(*p); }

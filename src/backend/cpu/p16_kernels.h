@@ -2,7 +2,8 @@
  * widths. The file that includes this header defines, for its instruction set:
  *   v16          the 16 rows of one panel element as F32 (AVX2: two __m256; AVX-512: __m512)
  *   vb           one float broadcast to a v16's lanes (AVX2 __m256, AVX-512 __m512)
- *   v16_zero, v16_load (P16_ALIGN-aligned), v16_loadu, v16_store, v16_storeu,
+ *   v16_zero, v16_load and v16_store (P16_ALIGN-aligned), v16_loadu and v16_storeu (not in the
+ *   GEMM-only build),
  *   v16_fma(a, b, c) = a * b + c rounded once, v16_fmab(a, vb, c) likewise, vb_bcast(const
  *   float *), vb_set1(float), v16_mul, v16_muls (by a float), v16_neg, v16_f16 (16 fp16 values
  *   at p), v16_u8 and v16_i8 (16 bytes widened);
@@ -19,7 +20,8 @@
 #include "backend/cpu/p16_layout.h"
 
 #define P16_KC 256 /* K slice of a GEMM pass (a multiple of 32): 16 KiB of F32 weights in L1 */
-#define P16_TB 96  /* tokens per block: their K slice (96 KiB) stays in L2 (a multiple of P16_NT) */
+#define P16_TB 144 /* most tokens per block (a multiple of P16_NT): n splits into equal blocks */
+#define P16_XG (1u << 20) /* bytes of a block's activations over a group of K slices: stay in L2 */
 
 /* F16 panels: element k's 16 weights. Q8_0: a block's 16 scales. */
 INLINE v16 p16_w_f16(const uint16_t *p, size_t k) { return v16_f16(p + k * 16); }
@@ -133,12 +135,12 @@ static void p16_slice(pgd_type t, const uint8_t *panel, size_t k0, size_t k1, fl
     }
 }
 
-/* GEMM tile: NT tokens x 16 rows over [k0, k1) of a slice converted by p16_slice; y holds the
- * running sums between slices. F16: one chain over the slice, continued from y. Block types: a
- * chain per block from +0, then p16_fold. */
+/* GEMM tile: NT tokens x 16 rows over [k0, k1) of a slice converted by p16_slice; y (16 floats a
+ * token, p16_gemm's scratch) holds the running sums between slices. F16: one chain over the
+ * slice, continued from y. Block types: a chain per block from +0, then p16_fold. */
 INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K, float *y,
-                     size_t N, const int NT, size_t k0, size_t k1, const pgd_type t,
-                     const float *xs, size_t xss) {
+                     const int NT, size_t k0, size_t k1, const pgd_type t, const float *xs,
+                     size_t xss) {
     const bool q8 = t != PGD_TYPE_F16; /* block-quantized */
     const size_t bl = P16_BL(t);
     for (size_t b0 = k0; b0 < k1; b0 += q8 ? bl : k1 - k0) {
@@ -146,7 +148,7 @@ INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K,
         v16 s[P16_NT];
 #pragma GCC unroll 12
         for (int u = 0; u < NT; u++)
-            s[u] = !q8 && k0 ? v16_loadu(y + (size_t)u * N) : v16_zero();
+            s[u] = !q8 && k0 ? v16_load(y + 16 * u) : v16_zero();
         for (size_t k = b0; k < b1; k++) {
             const v16 w = v16_load(wf + (k - k0) * 16);
 #pragma GCC unroll 12
@@ -156,22 +158,22 @@ INLINE void p16_tile(const float *wf, const float *ds, const float *x, size_t K,
 #pragma GCC unroll 12
         for (int u = 0; u < NT; u++) {
             const float xsu = q8 && P16_HAS_OFF(t) ? xs[(size_t)u * xss + b0 / bl] : 0.0f;
-            float *yt = y + (size_t)u * N;
+            float *yt = y + 16 * u;
             v16 a = s[u];
             if (q8)
                 a = p16_fold(t, v16_load(d), v16_load(d + 16), a,
-                             b0 ? v16_loadu(yt) : v16_zero(), xsu);
-            v16_storeu(yt, a);
+                             b0 ? v16_load(yt) : v16_zero(), xsu);
+            v16_store(yt, a);
         }
     }
 }
 
 typedef void (*p16_fn)(const float *, const float *, const float *, size_t, float *, size_t,
-                       size_t, size_t, const float *, size_t);
+                       size_t, const float *, size_t);
 #define P16_T(NAME, NT, T)                                                                       \
     static void NAME##_##NT(const float *wf, const float *ds, const float *x, size_t K, float *y, \
-                            size_t N, size_t k0, size_t k1, const float *xs, size_t xss) {       \
-        p16_tile(wf, ds, x, K, y, N, NT, k0, k1, T, xs, xss);                                    \
+                            size_t k0, size_t k1, const float *xs, size_t xss) {                 \
+        p16_tile(wf, ds, x, K, y, NT, k0, k1, T, xs, xss);                                       \
     }
 #if P16_NT == 6
 #define P16_TILES(NAME, T)                                                                       \
@@ -423,29 +425,47 @@ static void p16_few(pgd_type t, const uint8_t *P, const float *x, float *y, size
 
 #endif
 
-/* n tokens, rows [lo, hi) (multiples of 16): token blocks, then panels, then K slices (each
- * converted to F32 once), then token tiles of up to P16_NT. */
+/* n tokens, rows [lo, hi) (multiples of 16): equal token blocks of at most P16_TB, then groups
+ * of K slices (P16_XG bytes of the block's activations, which stay in L2 while every panel
+ * reads them), then panels, then the group's K slices (each converted to F32 once), then token
+ * tiles of up to P16_NT. A panel's outputs collect in yb, 16 floats a token, and go to y once a
+ * group: the tiles' stores to y itself, N floats apart, fell in the same few L1 sets for N a
+ * multiple of 1024 (bench/RESULTS.md). Each output's chain still runs over k in order. */
 static void p16_gemm(pgd_type t, const uint8_t *P, const float *x, float *y, size_t K, size_t N,
                      int n, long lo, long hi, const float *xs, size_t xss) {
     static _Thread_local float wf[P16_KC * 16] __attribute__((aligned(P16_ALIGN)));
     static _Thread_local float ds[P16_KC / 16 * 32] __attribute__((aligned(P16_ALIGN)));
+    static _Thread_local float yb[P16_TB * 16] __attribute__((aligned(P16_ALIGN)));
     /* Equal slices of at most P16_KC, multiples of 32 (576 = 288 + 288, not 256 + 256 + 64: a
      * short slice pays the accumulators' reload and store for few FMAs). */
     const size_t ns = (K + P16_KC - 1) / P16_KC, kc = ((K + ns - 1) / ns + 31) / 32 * 32;
     const size_t pb = p16_panel_bytes(t, K);
     const p16_fn *tiles = p16_kernels_of(t).tiles;
-    for (long t0 = 0; t0 < n; t0 += P16_TB) {
-        long t1 = t0 + P16_TB < n ? t0 + P16_TB : n;
-        for (long r = lo; r < hi; r += 16) {
-            const uint8_t *p = P + (size_t)(r / 16) * pb;
-            for (size_t k0 = 0; k0 < K; k0 += kc) {
-                size_t k1 = k0 + kc < K ? k0 + kc : K;
-                p16_slice(t, p, k0, k1, wf, ds);
-                for (long tt = t0; tt < t1; tt += P16_NT) {
-                    int nt = t1 - tt < P16_NT ? (int)(t1 - tt) : P16_NT;
-                    tiles[nt - 1](wf, ds, x + (size_t)tt * K, K, y + (size_t)tt * N + r, N, k0,
-                                  k1, xs + (size_t)tt * xss, xss);
+    /* equal blocks: 128 tokens in one, not 96 + 32 (each block converts every panel again) */
+    const long nb = (n + P16_TB - 1) / P16_TB;
+    const long tb = ((n + nb - 1) / nb + P16_NT - 1) / P16_NT * P16_NT;
+    size_t gk = P16_XG / ((size_t)tb * sizeof(float)) / kc * kc; /* a group's elements */
+    if (gk < kc) gk = kc;
+    for (long t0 = 0; t0 < n; t0 += tb) {
+        const long t1 = t0 + tb < n ? t0 + tb : n;
+        for (size_t g0 = 0; g0 < K; g0 += gk) {
+            const size_t g1 = g0 + gk < K ? g0 + gk : K;
+            for (long r = lo; r < hi; r += 16) {
+                const uint8_t *p = P + (size_t)(r / 16) * pb;
+                if (g0) /* the sums so far (the first group's tiles start from +0) */
+                    for (long u = t0; u < t1; u++)
+                        memcpy(yb + (u - t0) * 16, y + (size_t)u * N + r, 16 * sizeof(float));
+                for (size_t k0 = g0; k0 < g1; k0 += kc) {
+                    const size_t k1 = k0 + kc < g1 ? k0 + kc : g1;
+                    p16_slice(t, p, k0, k1, wf, ds);
+                    for (long tt = t0; tt < t1; tt += P16_NT) {
+                        const int nt = t1 - tt < P16_NT ? (int)(t1 - tt) : P16_NT;
+                        tiles[nt - 1](wf, ds, x + (size_t)tt * K, K, yb + (tt - t0) * 16, k0, k1,
+                                      xs + (size_t)tt * xss, xss);
+                    }
                 }
+                for (long u = t0; u < t1; u++)
+                    memcpy(y + (size_t)u * N + r, yb + (u - t0) * 16, 16 * sizeof(float));
             }
         }
     }
