@@ -3,7 +3,6 @@
  * memory-bandwidth probe and a peak FLOP/s probe, so each figure is reported as a fraction of its
  * hardware roofline. */
 #include <immintrin.h>
-#include <sys/mman.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "util/clock.h"
+#include "util/mapfile.h"
 
 #define MAX_BATCHES 16
 #define BATCH_STEPS 16 /* decode steps per batched measurement */
@@ -192,9 +192,9 @@ static double probe_bandwidth(pgd_pool *pool) {
     size_t bytes = (size_t)1 << 30;
     float *buf = aligned_alloc((size_t)2 << 20, bytes);
     if (!buf) return 0;
-    /* In transparent huge pages, as the CPU backend's weights are (model.c): the probe must not
-     * pay TLB walks the model does not. A hint; ignored where THP is off. */
-    (void)madvise(buf, bytes, MADV_HUGEPAGE);
+    /* In transparent huge pages where the CPU backend's weights are (model.c): the probe must
+     * not pay TLB walks the model does not, nor skip those it does. */
+    (void)pgd_advise_hugepages(buf, bytes);
     memset(buf, 0, bytes);
     bw_ctx c = {.buf = buf, .n = bytes / sizeof(float)};
     double best = 0;

@@ -1251,23 +1251,16 @@ int pgd_model_opts_set_device(pgd_model_opts *opts, const char *name) {
     return PGD_OK;
 }
 
-/* CPU, one rank: the matrices move from the file mapping into one anonymous mapping backed by
- * transparent huge pages (2 MiB), and the file mapping's pages are released. Decode streams
- * every weight once per token; with 4 KiB pages each page costs a TLB walk (a two-level one
- * under a hypervisor) and the hardware prefetchers stop at every page boundary: the 1.1B Q8_0
- * bench model decoded 15-20% faster this way (bench/RESULTS.md). Skipped where THP is off
- * ("never") or the mapping fails: the weights then stay where they are. */
-static bool thp_enabled(void) {
-    char buf[128] = {0};
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f) return false;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return !strstr(buf, "[never]");
-}
-
-static void weights_to_hugepages(pgd_model *m) {
+/* CPU, one rank: the matrices move from the file mapping into one anonymous mapping, those the
+ * CPU multiplies in 16-row panels written so (pgd_cpu_pack), and the file mapping's pages are
+ * released. The mapping is advised into transparent huge pages (2 MiB) where they are on:
+ * decode streams every weight once per token; with 4 KiB pages each page costs a TLB walk (a
+ * two-level one under a hypervisor) and the hardware prefetchers stop at every page boundary:
+ * the 1.1B Q8_0 bench model decoded 15-20% faster this way (bench/RESULTS.md). Where THP is
+ * off ("never") or PAGODA_HUGEPAGES=0, the same copy runs in 4 KiB pages: the panels, not the
+ * pages, are most of the speed (SmolLM2 decode 1.8x). If the mapping fails the weights stay in
+ * the file, row-major. */
+static void weights_to_own_mapping(pgd_model *m) {
     const pgd_model_config *c = &m->cfg;
     size_t n = 0, per_layer = PGD_LAYER_N_MATRICES + 2 + 3 * (size_t)c->n_expert;
     pgd_weight **ws = malloc((2 + (size_t)c->n_layer * per_layer) * sizeof *ws);
@@ -1293,7 +1286,7 @@ static void weights_to_hugepages(pgd_model *m) {
         return;
     }
     unsigned char *base = (unsigned char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
-    (void)madvise(base, total, MADV_HUGEPAGE); /* a hint: without it the copy still works */
+    (void)pgd_advise_hugepages(base, total); /* a hint: without it the copy still works */
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         size_t bytes = ws[i]->row_bytes * (size_t)ws[i]->n_out;
@@ -1390,8 +1383,7 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     settle_windows(m, ops);
     /* (a dummy model's weights all view one buffer, which the caches would serve: the copy
      * gives each its own bytes, so CPU benchmarks read as much memory as a real model) */
-    if (ops == &pgd_cpu_backend_ops && tp == 1 && !o.weights_f32 && thp_enabled())
-        weights_to_hugepages(m);
+    if (ops == &pgd_cpu_backend_ops && tp == 1 && !o.weights_f32) weights_to_own_mapping(m);
     m->shards = calloc((size_t)tp, sizeof *m->shards);
     if (!m->shards) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
     m->n_ranks = tp;

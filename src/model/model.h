@@ -1,6 +1,6 @@
 /* A loaded model: configuration, weights (borrowed from the file mappings, owned when
- * converted, or - CPU, one rank - copied into huge pages: hp_map), tokenizer, and the
- * single-sequence forward pass of the Llama/Qwen2 family. */
+ * converted, or - CPU, one rank - copied into one anonymous mapping, in huge pages where THP is
+ * on: hp_map), tokenizer, and the single-sequence forward pass of the Llama/Qwen2 family. */
 #ifndef PGD_MODEL_H
 #define PGD_MODEL_H
 
@@ -131,7 +131,7 @@ typedef struct pgd_model {
     const char *hf_prefix, *hf_head;
     void **owned;                     /* buffers converted at load time, freed with the model */
     size_t n_owned, cap_owned;
-    void *hp_map;                     /* CPU: the matrices in transparent huge pages, or NULL */
+    void *hp_map;                     /* CPU: the matrices' own mapping (THP), or NULL */
     size_t hp_bytes;
     /* execution */
     pgd_device device;                /* where the shards live */

@@ -90,3 +90,15 @@ int pgd_read_file(const char *path, char **out, size_t *len, pgd_err *err) {
     if (len) *len = n;
     return PGD_OK;
 }
+
+bool pgd_advise_hugepages(void *p, size_t n) {
+    const char *env = getenv("PAGODA_HUGEPAGES");
+    if (env && !strcmp(env, "0")) return false;
+    char buf[128] = {0};
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return false;
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = 0;
+    return !strstr(buf, "[never]") && madvise(p, n, MADV_HUGEPAGE) == 0;
+}

@@ -164,6 +164,25 @@ def f32_server(default_model):
     s.stop()
 
 
+def test_panels_without_huge_pages(pagoda_bin, default_model, reference, tmp_path):
+    """The CPU's 16-row weight panels do not depend on huge pages: with PAGODA_HUGEPAGES=0 (as
+    where THP is "never") the logits are bit-identical to the default's. The panels sum each row
+    in another order than the row-major kernels, so PAGODA_PACK=0 (no panels) must differ: the
+    comparison would see weights left unpacked."""
+    import os
+    ids = " ".join(map(str, reference[0][0]["prompt"]))
+
+    def logits(**env):
+        out = tmp_path / "logits.f32"
+        util.run_pagoda("logits", "-m", default_model, "--ids", ids, "--out", out,
+                        env={**os.environ, **env})
+        return out.read_bytes()
+
+    default = logits()
+    assert logits(PAGODA_HUGEPAGES="0") == default
+    assert logits(PAGODA_PACK="0") != default
+
+
 def test_echo_logprobs_match_transformers(f32_server, reference):
     """Every prompt token's logprob (and the best alternative's) equals transformers'
     log-softmax of the logits at the position before it, on all 8 reference sequences, sent
