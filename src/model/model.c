@@ -1257,9 +1257,9 @@ int pgd_model_opts_set_device(pgd_model_opts *opts, const char *name) {
  * decode streams every weight once per token; with 4 KiB pages each page costs a TLB walk (a
  * two-level one under a hypervisor) and the hardware prefetchers stop at every page boundary:
  * the 1.1B Q8_0 bench model decoded 15-20% faster this way (bench/RESULTS.md). Where THP is
- * off ("never") or PAGODA_HUGEPAGES=0, the same copy runs in 4 KiB pages: the panels, not the
- * pages, are most of the speed (SmolLM2 decode 1.8x). If the mapping fails the weights stay in
- * the file, row-major. */
+ * off ("never") or PAGODA_HUGEPAGES=0, the same copy runs in 4 KiB pages: on the default model
+ * the panels, not the pages, are the speed (decode 1.43x over row-major, huge pages 1.00x). If
+ * the mapping fails the weights stay in the file, row-major. */
 static void weights_to_own_mapping(pgd_model *m) {
     const pgd_model_config *c = &m->cfg;
     size_t n = 0, per_layer = PGD_LAYER_N_MATRICES + 2 + 3 * (size_t)c->n_expert;
