@@ -1,4 +1,4 @@
-/* Read-only memory mapping of a whole file. */
+/* Read-only memory mapping of a whole file, and the huge-page advice for anonymous mappings. */
 #ifndef PGD_UTIL_MAPFILE_H
 #define PGD_UTIL_MAPFILE_H
 

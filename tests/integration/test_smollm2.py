@@ -6,6 +6,7 @@ path that keeps weights quantized and quantizes activations to 8 bits.
 """
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -169,7 +170,6 @@ def test_panels_without_huge_pages(pagoda_bin, default_model, reference, tmp_pat
     where THP is "never") the logits are bit-identical to the default's. The panels sum each row
     in another order than the row-major kernels, so PAGODA_PACK=0 (no panels) must differ: the
     comparison would see weights left unpacked."""
-    import os
     ids = " ".join(map(str, reference[0][0]["prompt"]))
 
     def logits(**env):
