@@ -1,6 +1,6 @@
 """The server under load, on stories260K (tiny, fast): 32 streaming clients that drop mid-stream
 leave nothing running and no KV block allocated; 256 concurrent streaming clients all get the
-same greedy text as when each request runs alone, over 3 rounds without memory growth; SIGTERM
+same greedy text as when each request runs alone, over 5 rounds without memory growth; SIGTERM
 during load finishes every accepted request, refuses new ones and exits 0."""
 import asyncio
 import json
@@ -158,11 +158,14 @@ def test_dropped_stream_logged_as_client_closed(server):
     assert 3 <= lines[0]["completion_tokens"] < 480, lines[0]
 
 
-def test_256_concurrent_streams_three_rounds(server):
+ROUNDS = 5
+
+
+def test_256_concurrent_streams_five_rounds(server):
     reqs = make_requests(256)
     expected = run_alone(server, reqs)
     rss = []
-    for rnd in range(3):
+    for rnd in range(ROUNDS):
         t0 = time.time()
         results = asyncio.run(stream_all(server.url("/v1/completions"), reqs))
         errors = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException) or
@@ -183,8 +186,12 @@ def test_256_concurrent_streams_three_rounds(server):
         print(f"round {rnd}: {time.time() - t0:.1f}s, RSS {rss[-1]} KiB")
     if is_sanitized(server.binary):
         return  # ASan keeps freed memory in quarantine; leaks are LeakSanitizer's job there
-    # growth is the leak signal; the allocator returning memory (RSS falling) is not
-    assert rss[2] - rss[1] <= 0.05 * rss[1], f"RSS grew across rounds: {rss} KiB"
+    # A leak raises RSS every round, so the last round must not pass the highest of the rounds
+    # after the first (which warms the allocator and the pool) by more than 5%. Comparing two
+    # single rounds was not enough: the heap's size after a round of 256 streams varies by a few
+    # MiB (a CI run saw 41864, 39444, 42044 KiB: round 2 6.6% above round 1, 0.4% above round 0).
+    peak = max(rss[1:-1])
+    assert rss[-1] <= 1.05 * peak, f"RSS grew across rounds: {rss} KiB"
 
 
 def test_sigterm_during_load_drains():
