@@ -51,7 +51,9 @@ static inline PGD_K_HD int pgd_k_split_len(int n_splits, int split_len, int p) {
 static inline PGD_K_HD int pgd_k_splits_used(int len, int p) { return (p + len) / len; }
 
 /* Launch the kernels with programmatic dependent launch (kernels/launch.cuh): only on devices
- * of compute capability 9.0 and later. Process-wide; set before the first launch. */
+ * of compute capability 9.0 and later, and only where the kernels that run were compiled for
+ * compute_90 or later (otherwise it stays off, with a line on stderr). Process-wide; set before
+ * the first launch, with the device current. */
 void pgd_k_set_pdl(int on);
 
 int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_rows_w,

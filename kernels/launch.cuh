@@ -13,7 +13,8 @@
 // of anything an earlier kernel wrote and before its first global write (a write before it could
 // overwrite what the kernel before is still reading). Only reads of memory no kernel writes
 // (weights) may come earlier. Both are no-ops where the kernel was launched without PDL and on
-// devices before sm_90 (the backend sets pgd_k_pdl only on those that have it).
+// devices before sm_90 (the backend sets pgd_k_pdl only on those that have it, and only where
+// the kernels were compiled for compute_90 or later: pgd_k_set_pdl).
 #pragma once
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -56,17 +57,17 @@ static cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t s
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
     if (e != cudaSuccess) (void)cudaGetLastError(); // reported here: not left for a later check
     if (e != cudaSuccess && cfg.numAttrs) {
-        // Refused with the attribute and taken without it: PDL is off from here on (a launch
-        // under stream capture may have ended the capture; the backend then runs the step
-        // eagerly, without PDL).
+        // Refused with the attribute and taken without it: PDL is off from here on. Under
+        // stream capture the refusal has already ended the capture, so the retry reports the
+        // capture invalidated: PDL goes off then too, the backend runs that step eagerly (and
+        // keeps that one shape eager), and the next shapes capture without PDL.
         cfg.numAttrs = 0;
         cudaError_t e2 = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
-        if (e2 == cudaSuccess) {
+        if (e2 != cudaSuccess) (void)cudaGetLastError();
+        if (e2 == cudaSuccess || e2 == cudaErrorStreamCaptureInvalidated) {
             pgd_k_pdl = 0;
             fprintf(stderr, "pagoda: CUDA programmatic dependent launch refused (%s): off\n",
                     cudaGetErrorString(e));
-        } else {
-            (void)cudaGetLastError();
         }
         e = e2;
     }

@@ -670,7 +670,22 @@ int pgd_k_pdl;
 
 extern "C" {
 
-void pgd_k_set_pdl(int on) { pgd_k_pdl = on; }
+void pgd_k_set_pdl(int on) {
+    // Only where the code that runs has pdl_wait() in it: a build for sm_80 alone runs its
+    // compute_80 code on a 9.0 device, and kernels launched with the attribute but no
+    // griddepcontrol.wait would read their inputs before the kernel ahead has written them.
+    cudaFuncAttributes fa;
+    if (on && cudaFuncGetAttributes(&fa, k_embed) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fa.ptxVersion = 0;
+    }
+    if (on && fa.ptxVersion < 90) {
+        fprintf(stderr, "pagoda: CUDA programmatic dependent launch off: the kernels running "
+                "were built for compute_%d, not 90 or later\n", fa.ptxVersion);
+        on = 0;
+    }
+    pgd_k_pdl = on;
+}
 
 int pgd_k_embed(pgd_stream s, int type, const void *w, size_t row_bytes, int64_t n_rows_w,
                 int32_t vocab_lo, const int32_t *tokens, int n, int dim, float *x) {
