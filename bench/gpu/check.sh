@@ -135,9 +135,10 @@ same() {
     if [ -n "$2" ] && [ "$2" = "$3" ]; then log "greedy $1: CUDA == CPU ($2)"
     else log "greedy $1: DIFFER cpu=$2 cuda=$3"; fi
 }
-# bench/gpu/models/*.gguf (ignored by git; carry them): more architectures where they are there,
-# e.g. the tiny random Qwen3 (QK-norm) and SmolLM3 (NoPE layers) files of
-# tests/integration/make_tiny_models.py (qwen3.Q8_0.gguf, smollm3.F16.gguf: small enough).
+# bench/gpu/models/*.gguf (ignored by git; carry them): more models where they are there, as
+# bench/gpu/make_models.py writes them (~50 MiB): kquant.gguf (every matrix Q4_K, Q5_K or Q6_K,
+# kept quantized on the GPU), quantmix.gguf (all 12 quantized types), and the tiny random Qwen3
+# (QK-norm) and SmolLM3 (NoPE layers) of tests/integration/make_tiny_models.py.
 for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-random.gguf "$smol" \
     bench/gpu/models/*.gguf; do
     [ -f "$m" ] || { log "skip $m (missing)"; continue; }

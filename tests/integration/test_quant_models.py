@@ -38,7 +38,11 @@ N_PROMPT, N_GEN = 48, 32
 
 
 class Mixed:
-    def __init__(self, out):
+    """The model with its matrices cycling through types (TYPES by default), written to
+    out/NAME.gguf, and its transformers reference (bench/gpu/make_models.py writes one of
+    K-quants alone too)."""
+
+    def __init__(self, out, types=TYPES, name="quantmix"):
         import transformers
         config, _ = mtm.hf_config("quantmix", SPEC)
         torch.manual_seed(mtm.SEED)
@@ -53,8 +57,8 @@ class Mixed:
         sd = {k: v.contiguous() for k, v in model.state_dict().items()}
         cfg = SPEC["config"]
         names = [n for n, a in mtm.gguf_tensors(sd, "llama", cfg) if a.ndim == 2]
-        self.types = {n: TYPES[i % len(TYPES)] for i, n in enumerate(names)}
-        self.path = out / "quantmix.gguf"
+        self.types = {n: types[i % len(types)] for i, n in enumerate(names)}
+        self.path = out / f"{name}.gguf"
         vocab = mtm.read_gguf_kv(mtm.VOCAB_DIR / SPEC["vocab"])
         mtm.write_gguf(self.path, SPEC, sd, vocab, "mixed", types=self.types)
         # the reference: each HF matrix through the same encoder (per block, so it commutes

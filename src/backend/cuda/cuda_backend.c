@@ -20,12 +20,15 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "kernels.h"
+#include "kquant.h"
 #include "sample.h"
 
 int pgd__cuda_failed;
 
 _Static_assert(PGD_TYPE_F32 == 0 && PGD_TYPE_F16 == 1 && PGD_TYPE_Q4_0 == 2 &&
-                   PGD_TYPE_Q4_1 == 3 && PGD_TYPE_Q8_0 == 8 && PGD_TYPE_BF16 == 30,
+                   PGD_TYPE_Q4_1 == 3 && PGD_TYPE_Q8_0 == 8 && PGD_TYPE_BF16 == 30 &&
+                   (int)PGD_TYPE_Q4_K == (int)PGD_KQ_Q4_K &&
+                   (int)PGD_TYPE_Q5_K == (int)PGD_KQ_Q5_K && (int)PGD_TYPE_Q6_K == (int)PGD_KQ_Q6_K,
                "kernels/pagoda.cu numbers types as ggml does");
 
 #define GEMV_MAX_ROWS 8
@@ -160,9 +163,14 @@ static bool cuda_supports(pgd_op op, pgd_type t) {
     if (op == PGD_OP_GELU_GATE || op == PGD_OP_SCALE || op == PGD_OP_LOCAL_ROPE ||
         op == PGD_OP_SOFTCAP || op == PGD_OP_ATTN_SCALE)
         return false;
-    if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED)
+    if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED) {
+        /* Q4_K/Q5_K/Q6_K (kernels/kquant.h) stay quantized on the device unless
+         * PAGODA_CUDA_KQUANT=0, which widens them to F32 at load as before they were read */
+        const char *kq = getenv("PAGODA_CUDA_KQUANT");
+        if (pgd_kq_is((int)t)) return !(kq && kq[0] == '0');
         return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 ||
                t == PGD_TYPE_Q8_0 || t == PGD_TYPE_Q4_0 || t == PGD_TYPE_Q4_1;
+    }
     return true;
 }
 
