@@ -1,6 +1,6 @@
 // Pagoda's CUDA kernels: embedding gather, RMSNorm (+residual), fused dequantize-GEMV for
-// F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights, dequantize-to-BF16 for the cuBLASLt GEMM
-// path, bias, RoPE (NORM/NEOX, per-token positions, frequency factors folded into inv_freq), paged
+// F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights and the other GGUF types (qblocks.h), dequantize-to-BF16
+// for the cuBLASLt GEMM path, bias, RoPE (NORM/NEOX, per-token positions, frequency factors folded into inv_freq), paged
 // K/V store, paged attention (flash-decoding splits, each K/V row loaded once per GQA group,
 // online softmax), SiLU-gate, add, row gather, and a copy kernel that measures HBM bandwidth.
 #include <cuda_bf16.h>
@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
-#include "kquant.h"
+#include "qblocks.h"
 #include "launch.cuh"
 
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_BF16 = 30 };
@@ -23,8 +23,8 @@ static __device__ __forceinline__ float h2f(const uint8_t *p) {
 static __device__ __forceinline__ float bf2f(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
 
 // Elements per block of 32 in every supported type: block b of a row -> 32 floats (tail-safe for
-// the float types, whose rows need not be a multiple of 32; a K-quant row is whole super-blocks
-// of 256, 8 blocks each).
+// the float types, whose rows need not be a multiple of 32; a K-quant or IQ4_XS row is whole
+// super-blocks of 256, 8 blocks each).
 static __device__ __forceinline__ void load_block(int type, const uint8_t *row, int64_t b,
                                                   int64_t n_in, float out[32]) {
     switch (type) {
@@ -58,12 +58,11 @@ static __device__ __forceinline__ void load_block(int type, const uint8_t *row, 
         }
         break;
     }
-    case PGD_KQ_Q4_K:
-    case PGD_KQ_Q5_K:
-    case PGD_KQ_Q6_K: // sub-block b of its super-block (kquant.h, tested on the host)
-        pgd_kq_sub32(type, row, b, out);
-        break;
     default: {
+        if (pgd_qb_is(type)) { // Q5_0 ... IQ4_XS: qblocks.h, tested on the host
+            pgd_qb_sub32(type, row, b, out);
+            break;
+        }
         for (int j = 0; j < 32; j++) {
             int64_t i = b * 32 + j;
             if (i >= n_in) {

@@ -136,9 +136,9 @@ same() {
     else log "greedy $1: DIFFER cpu=$2 cuda=$3"; fi
 }
 # bench/gpu/models/*.gguf (ignored by git; carry them): more models where they are there, as
-# bench/gpu/make_models.py writes them (~50 MiB): kquant.gguf (every matrix Q4_K, Q5_K or Q6_K,
-# kept quantized on the GPU), quantmix.gguf (all 12 quantized types), and the tiny random Qwen3
-# (QK-norm) and SmolLM3 (NoPE layers) of tests/integration/make_tiny_models.py.
+# bench/gpu/make_models.py writes them (~50 MiB): kquant.gguf (every matrix Q4_K, Q5_K or Q6_K),
+# quantmix.gguf (all 12 quantized types; both kept quantized on the GPU: kernels/qblocks.h), and
+# the tiny random Qwen3 (QK-norm) and SmolLM3 (NoPE layers) of make_tiny_models.py.
 for m in tests/data/models/stories260K.gguf tests/data/models/llama-2-tiny-random.gguf "$smol" \
     bench/gpu/models/*.gguf; do
     [ -f "$m" ] || { log "skip $m (missing)"; continue; }

@@ -4,9 +4,9 @@ bench/gpu/models/*.gguf, a directory git ignores: carry it to the GPU machine). 
 the test virtualenv:  "$(bash scripts/setup-venv.sh)/bin/python" bench/gpu/make_models.py
 
 - kquant.gguf: the random Llama of tests/integration/test_quant_models.py (dim 256, 2 layers,
-  32k vocabulary) with every matrix in Q4_K, Q5_K or Q6_K, the types the CUDA backend keeps
-  quantized (kernels/kquant.h): their GEMV, dequantization and embedding on the GPU end to end;
-- quantmix.gguf: the same model over all 12 quantized types (those CUDA widens to F32 as well);
+  32k vocabulary) with every matrix in Q4_K, Q5_K or Q6_K (llama.cpp's Q4_K_M and Q5_K_M
+  types): their GEMV, dequantization and embedding on the GPU end to end (kernels/qblocks.h);
+- quantmix.gguf: the same model over all 12 quantized types;
 - qwen3.Q8_0.gguf and smollm3.F16.gguf from tests/integration/make_tiny_models.py (QK-norm,
   NoPE layers).
 """

@@ -10,6 +10,7 @@
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
 #include "test.h"
+#include "test_qblock_rand.h"
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) {
@@ -92,43 +93,21 @@ static void *rand_weight(pgd_type t, int64_t n_in, int64_t n_out, size_t *row_by
                 for (int j = 0; j < 32; j++)
                     blk[2 + j] = (uint8_t)(int8_t)lrintf(dd > 0 ? row[b * 32 + j] / dd : 0.0f);
             }
-        else if (pgd_type_block_elems(t) == 256) /* K-quants: random bytes, small scales */
-            for (int64_t b = 0; b < n_in / 256; b++) {
-                size_t bb = pgd_type_block_bytes(t);
-                uint8_t *blk = d + (size_t)b * bb;
-                for (size_t j = 0; j < bb; j++)
-                    blk[j] = (uint8_t)(rng = rng * 6364136223846793005ull + 1, rng >> 56);
-                uint16_t sc = pgd_fp32_to_fp16(0.001f + 0.002f * fabsf(frand()));
-                uint16_t mn = pgd_fp32_to_fp16(0.004f * fabsf(frand()));
-                if (t == PGD_TYPE_Q6_K) { /* fp16 d last */
-                    memcpy(blk + bb - 2, &sc, 2);
-                } else { /* fp16 d, dmin first */
-                    memcpy(blk, &sc, 2);
-                    memcpy(blk + 2, &mn, 2);
-                }
-            }
-        else /* Q4_0 / Q4_1: random nibbles, a small scale (and min) per block */
-            for (int64_t b = 0; b < n_in / 32; b++) {
-                size_t bb = pgd_type_block_bytes(t);
-                uint8_t *blk = d + (size_t)b * bb;
-                uint16_t sc = pgd_fp32_to_fp16(0.01f + 0.01f * fabsf(frand()));
-                memcpy(blk, &sc, 2);
-                size_t q0 = 2;
-                if (t == PGD_TYPE_Q4_1) {
-                    uint16_t mn = pgd_fp32_to_fp16(-0.08f * fabsf(frand()));
-                    memcpy(blk + 2, &mn, 2);
-                    q0 = 4;
-                }
-                for (size_t j = q0; j < bb; j++) blk[j] = (uint8_t)(rng = rng * 6364136223846793005ull + 1, rng >> 56);
-            }
+        else /* the other block types: random quants, small scales (and mins) */
+            for (int64_t b = 0; b < n_in / (int64_t)pgd_type_block_elems(t); b++)
+                qb_rand_block(t, d + (size_t)b * pgd_type_block_bytes(t), &rng,
+                              pgd_fp32_to_fp16(0.01f + 0.01f * fabsf(frand())),
+                              pgd_fp32_to_fp16(-0.08f * fabsf(frand())));
     }
     free(row);
     return w;
 }
 
 static void test_matmul(pair *p) {
-    pgd_type types[] = {PGD_TYPE_F32,  PGD_TYPE_F16,  PGD_TYPE_BF16, PGD_TYPE_Q8_0, PGD_TYPE_Q4_0,
-                        PGD_TYPE_Q4_1, PGD_TYPE_Q4_K, PGD_TYPE_Q5_K, PGD_TYPE_Q6_K};
+    pgd_type types[] = {PGD_TYPE_F32,    PGD_TYPE_F16,  PGD_TYPE_BF16, PGD_TYPE_Q8_0,
+                        PGD_TYPE_Q4_0,   PGD_TYPE_Q4_1, PGD_TYPE_Q5_0, PGD_TYPE_Q5_1,
+                        PGD_TYPE_IQ4_NL, PGD_TYPE_Q2_K, PGD_TYPE_Q3_K, PGD_TYPE_Q4_K,
+                        PGD_TYPE_Q5_K,   PGD_TYPE_Q6_K, PGD_TYPE_IQ4_XS};
     int64_t shapes[][2] = {{64, 96}, {256, 128}, {576, 1536}, {1536, 576}};
     int ns[] = {1, 3, 8, 33};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {

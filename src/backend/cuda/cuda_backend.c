@@ -20,15 +20,22 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "kernels.h"
-#include "kquant.h"
+#include "qblocks.h"
 #include "sample.h"
 
 int pgd__cuda_failed;
 
 _Static_assert(PGD_TYPE_F32 == 0 && PGD_TYPE_F16 == 1 && PGD_TYPE_Q4_0 == 2 &&
                    PGD_TYPE_Q4_1 == 3 && PGD_TYPE_Q8_0 == 8 && PGD_TYPE_BF16 == 30 &&
-                   (int)PGD_TYPE_Q4_K == (int)PGD_KQ_Q4_K &&
-                   (int)PGD_TYPE_Q5_K == (int)PGD_KQ_Q5_K && (int)PGD_TYPE_Q6_K == (int)PGD_KQ_Q6_K,
+                   (int)PGD_TYPE_Q5_0 == (int)PGD_QB_Q5_0 &&
+                   (int)PGD_TYPE_Q5_1 == (int)PGD_QB_Q5_1 &&
+                   (int)PGD_TYPE_Q2_K == (int)PGD_QB_Q2_K &&
+                   (int)PGD_TYPE_Q3_K == (int)PGD_QB_Q3_K &&
+                   (int)PGD_TYPE_Q4_K == (int)PGD_QB_Q4_K &&
+                   (int)PGD_TYPE_Q5_K == (int)PGD_QB_Q5_K &&
+                   (int)PGD_TYPE_Q6_K == (int)PGD_QB_Q6_K &&
+                   (int)PGD_TYPE_IQ4_NL == (int)PGD_QB_IQ4_NL &&
+                   (int)PGD_TYPE_IQ4_XS == (int)PGD_QB_IQ4_XS,
                "kernels/pagoda.cu numbers types as ggml does");
 
 #define GEMV_MAX_ROWS 8
@@ -164,10 +171,11 @@ static bool cuda_supports(pgd_op op, pgd_type t) {
         op == PGD_OP_SOFTCAP || op == PGD_OP_ATTN_SCALE)
         return false;
     if (op == PGD_OP_MATMUL || op == PGD_OP_EMBED) {
-        /* Q4_K/Q5_K/Q6_K (kernels/kquant.h) stay quantized on the device unless
-         * PAGODA_CUDA_KQUANT=0, which widens them to F32 at load as before they were read */
-        const char *kq = getenv("PAGODA_CUDA_KQUANT");
-        if (pgd_kq_is((int)t)) return !(kq && kq[0] == '0');
+        /* Q5_0/Q5_1/IQ4_NL and the K-quants and IQ4_XS (kernels/qblocks.h) stay quantized
+         * on the device unless PAGODA_CUDA_WIDEN=1, which widens them to F32 at load, as
+         * before the kernels read them */
+        const char *widen = getenv("PAGODA_CUDA_WIDEN");
+        if (pgd_qb_is((int)t)) return !(widen && widen[0] == '1');
         return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 ||
                t == PGD_TYPE_Q8_0 || t == PGD_TYPE_Q4_0 || t == PGD_TYPE_Q4_1;
     }
