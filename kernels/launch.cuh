@@ -60,11 +60,13 @@ static cudaError_t klaunch(void (*kernel)(P...), dim3 grid, dim3 block, size_t s
         // Refused with the attribute and taken without it: PDL is off from here on. Under
         // stream capture the refusal has already ended the capture, so the retry reports the
         // capture invalidated: PDL goes off then too, the backend runs that step eagerly (and
-        // keeps that one shape eager), and the next shapes capture without PDL.
+        // keeps that one shape eager), and the next shapes capture without PDL. (A capture
+        // that was broken before this launch says so to both tries: PDL stays on.)
         cfg.numAttrs = 0;
         cudaError_t e2 = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
         if (e2 != cudaSuccess) (void)cudaGetLastError();
-        if (e2 == cudaSuccess || e2 == cudaErrorStreamCaptureInvalidated) {
+        if (e2 == cudaSuccess ||
+            (e2 == cudaErrorStreamCaptureInvalidated && e != cudaErrorStreamCaptureInvalidated)) {
             pgd_k_pdl = 0;
             fprintf(stderr, "pagoda: CUDA programmatic dependent launch refused (%s): off\n",
                     cudaGetErrorString(e));

@@ -203,6 +203,15 @@ static void *balloc(pgd_backend *be, size_t n, size_t sz, bool *ok) {
     return p;
 }
 
+/* Bytes of an activation row for w's input: the CPU's dot-product format (8-bit blocks with
+ * PAGODA_INT8_ACT=1, smaller than F32), or F32 on a device backend, which bounds its BF16 copies
+ * of the activations by it (cuda_init): with 8-bit sizes a Q8_0 or K-quant model's GEMM input
+ * overran that scratch. */
+static size_t act_row_bytes(const pgd_backend *be, const pgd_weight *w) {
+    if (be->ops->host_memory) return pgd_cpu_matmul_act_row_bytes(w);
+    return (size_t)w->n_in * sizeof(float);
+}
+
 int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tokens,
                  int32_t max_logits, pgd_err *err) {
     memset(f, 0, sizeof *f);
@@ -253,21 +262,21 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
             r->be.pool = r->own_pool;
         }
         /* Activation rows must hold the input of any weight in its dot-product format. */
-        size_t act = pgd_cpu_matmul_act_row_bytes(&sh->output);
+        size_t act = act_row_bytes(&sh->be, &sh->output);
         for (int il = 0; il < c->n_layer; il++) {
             const pgd_layer *l = &sh->layers[il];
             const pgd_weight *lw[] = PGD_LAYER_MATRICES(l);
             for (size_t i = 0; i < PGD_LAYER_N_MATRICES; i++) {
-                size_t bb = pgd_cpu_matmul_act_row_bytes(lw[i]);
+                size_t bb = act_row_bytes(&sh->be, lw[i]);
                 if (bb > act) act = bb;
             }
             const pgd_weight *routers[] = {&l->w_router, &l->w_shared_inp};
             for (size_t i = 0; i < 2; i++) {
-                size_t bb = routers[i]->data ? pgd_cpu_matmul_act_row_bytes(routers[i]) : 0;
+                size_t bb = routers[i]->data ? act_row_bytes(&sh->be, routers[i]) : 0;
                 if (bb > act) act = bb;
             }
             for (int i = 0; l->experts && i < 3 * l->moe.n_expert; i++) {
-                size_t bb = pgd_cpu_matmul_act_row_bytes(&l->experts[i]);
+                size_t bb = act_row_bytes(&sh->be, &l->experts[i]);
                 if (bb > act) act = bb;
             }
         }
