@@ -231,6 +231,12 @@ step "prefill 2048, CUDA-core attention" 60 env PAGODA_CUDA_TC_ATTN=0 $B prefill
 if [ -n "$P" ]; then
     step "pagoda bench --device cuda, Llama-3-8B dummy BF16" 180 \
         $P bench --load-format dummy -m "$cfg" --device cuda -p 512 -n 64 -r 2 --batch 64 --json
+    # the same shapes in llama.cpp's Q4_K_M types (4.88 GB a step), kept quantized on the GPU
+    # (kernels/qblocks.h): the fraction of the HBM roofline the GEMV reaches with every lane
+    # decoding its own block
+    step "pagoda bench --device cuda, Llama-3-8B dummy Q4_K_M" 180 \
+        env PAGODA_DUMMY_TYPE=Q4_K_M $P bench --load-format dummy -m "$cfg" --device cuda \
+        -p 512 -n 64 -r 2 --batch 1,64 --json
 fi
 # the figures against the targets (batch-1 decode / roofline, prefill / GEMM peak, batch
 # 64 / transformers) and every batch size against transformers

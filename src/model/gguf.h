@@ -111,6 +111,11 @@ const char *pgd_str_safe(pgd_str s, pgd_name_buf *b);
 uint32_t pgd_type_block_elems(pgd_type t);
 uint32_t pgd_type_block_bytes(pgd_type t);
 const char *pgd_type_name(pgd_type t);
+/* The type named name (as pgd_type_name, any case): 0, or -1 for none. */
+int pgd_type_from_name(const char *name, pgd_type *out);
+/* Byte offsets of a block's fp16 scale d and second fp16 m (Q4_1/Q5_1's min, the K-quants'
+ * dmin), -1 where it has none (float types: both; Q8_K's scale is an F32: none). */
+void pgd_type_scale_offsets(pgd_type t, int *d, int *m);
 /* Bytes of a row of n elements; 0 if n is not a multiple of the block size or type unknown. */
 uint64_t pgd_type_row_bytes(pgd_type t, uint64_t n);
 

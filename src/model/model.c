@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "backend/cpu/quant.h"
@@ -1415,31 +1416,99 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* Every weight of a dummy model views one shared buffer of BF16 values uniform in +-0.02 (the
+/* PAGODA_DUMMY_TYPE: the weight types of a dummy model. A type name (BF16 unless set; F32, F16,
+ * Q8_0, Q4_K, IQ4_XS...) for every matrix, or Q4_K_M: Q6_K for V, down and the LM head and Q4_K
+ * for the rest, as llama.cpp's Q4_K_M roughly (it gives V and down Q6_K in half the layers).
+ * types[0] is the main type, types[1] that of V, down and the head. */
+static int dummy_types(const pgd_model *m, pgd_type types[2], pgd_err *err) {
+    const char *env = getenv("PAGODA_DUMMY_TYPE");
+    types[0] = types[1] = PGD_TYPE_BF16;
+    if (!env || !*env) return PGD_OK;
+    if (!strcasecmp(env, "Q4_K_M")) {
+        types[0] = PGD_TYPE_Q4_K;
+        types[1] = PGD_TYPE_Q6_K;
+        return PGD_OK;
+    }
+    if (pgd_type_from_name(env, &types[0]) || !pgd_cpu_type_supported(types[0]) ||
+        types[0] == PGD_TYPE_Q8_K)
+        return pgd_err_set(err, PGD_EINVAL, "%s: PAGODA_DUMMY_TYPE=%.32s is not a weight type "
+                           "(F32, F16, BF16, Q8_0, Q4_0, Q4_K, IQ4_XS, ... or Q4_K_M)", m->path,
+                           env);
+    types[1] = types[0];
+    return PGD_OK;
+}
+
+/* A buffer of bytes dummy values of type t: floats uniform in +-0.02, or blocks of random
+ * quants with small scales (1e-4: a K-quant weight is at most ~0.1). */
+static void *dummy_fill(pgd_type t, size_t bytes, uint64_t *st) {
+    unsigned char *buf = malloc(bytes ? bytes : 1);
+    if (!buf) return NULL;
+    if (t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16) {
+        size_t es = t == PGD_TYPE_F32 ? 4 : 2;
+        for (size_t i = 0; i < bytes / es; i++) {
+            float v = ((float)(splitmix(st) >> 40) / (float)(1 << 24) * 2.0f - 1.0f) * 0.02f;
+            uint16_t h = t == PGD_TYPE_F16 ? pgd_fp32_to_fp16(v) : pgd_fp32_to_bf16(v);
+            if (es == 4) memcpy(buf + 4 * i, &v, 4);
+            else memcpy(buf + 2 * i, &h, 2);
+        }
+        return buf;
+    }
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t r = splitmix(st);
+        memcpy(buf + i, &r, bytes - i < 8 ? bytes - i : 8);
+    }
+    const uint16_t scale = pgd_fp32_to_fp16(1e-4f);
+    int od, om;
+    pgd_type_scale_offsets(t, &od, &om);
+    for (size_t b = 0, bb = pgd_type_block_bytes(t); b + bb <= bytes; b += bb) {
+        if (od >= 0) memcpy(buf + b + od, &scale, 2);
+        if (om >= 0) memcpy(buf + b + om, &scale, 2);
+    }
+    return buf;
+}
+
+/* Every weight of a dummy model views one shared buffer per weight type, of random values (the
  * shapes and bytes are real; the values do not matter to a benchmark). Norms are 1. */
 static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_kv_head * c->head_dim;
-    int64_t big = (int64_t)c->n_vocab * c->dim, f = (int64_t)c->ffn_dim * c->dim;
-    int64_t fe = (int64_t)(c->moe_ffn_dim > c->n_expert ? c->moe_ffn_dim : c->n_expert) * c->dim;
-    if (f > big) big = f;
-    if (fe > big) big = fe;
-    if (q_dim * c->dim > big) big = q_dim * c->dim;
-    uint16_t *buf = malloc((size_t)big * sizeof *buf);
+    pgd_type types[2];
+    int rc = dummy_types(m, types, err);
+    if (rc) return rc;
+    /* every (n_in, n_out) a matrix has: each buffer holds the largest of them in its type */
+    const int64_t E = c->n_expert, mf = c->moe_ffn_dim;
+    const int64_t shapes[][2] = {{c->dim, c->n_vocab}, {c->dim, q_dim}, {c->dim, kv_dim},
+                                 {q_dim, c->dim},      {c->dim, c->ffn_dim}, {c->ffn_dim, c->dim},
+                                 {c->dim, E},          {c->dim, E ? mf : 0}, {E ? mf : 0, c->dim},
+                                 {c->dim, 1}};
+    void *bufs[2] = {NULL, NULL};
+    uint64_t st = seed ? seed : 42;
+    for (int k = 0; k < 2; k++) {
+        size_t need = 0;
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+            if (shapes[i][0] <= 0 || shapes[i][1] <= 0) continue; /* no such matrix */
+            uint64_t rb = pgd_type_row_bytes(types[k], (uint64_t)shapes[i][0]);
+            if (!rb)
+                return pgd_err_set(err, PGD_EINVAL, "%s: PAGODA_DUMMY_TYPE %s needs rows that "
+                                   "are multiples of %u elements, and this model has rows of "
+                                   "%" PRId64, m->path, pgd_type_name(types[k]),
+                                   pgd_type_block_elems(types[k]), shapes[i][0]);
+            if (rb * (uint64_t)shapes[i][1] > need) need = rb * (size_t)shapes[i][1];
+        }
+        bufs[k] = k && types[1] == types[0] ? bufs[0] : dummy_fill(types[k], need, &st);
+        if (!bufs[k]) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
+        if ((!k || bufs[1] != bufs[0]) && (rc = own(m, bufs[k], err))) return rc;
+    }
     int n_ones = c->dim > c->head_dim ? c->dim : c->head_dim;
     float *ones = malloc((size_t)n_ones * sizeof *ones);
-    int rc;
-    if ((rc = own(m, buf, err)) || (rc = own(m, ones, err))) return rc;
-    uint64_t st = seed ? seed : 42;
-    for (int64_t i = 0; i < big; i++) {
-        float u = (float)(splitmix(&st) >> 40) / (float)(1 << 24);
-        buf[i] = pgd_fp32_to_bf16((u * 2.0f - 1.0f) * 0.02f);
-    }
+    if ((rc = own(m, ones, err))) return rc;
     for (int i = 0; i < n_ones; i++) ones[i] = 1.0f;
-#define DW(w, in, out)                                                                           \
-    ((w) = (pgd_weight){PGD_TYPE_BF16, (in), (out), (size_t)(in) * 2, buf, false})
+#define DWK(w, in, out, k)                                                                       \
+    ((w) = (pgd_weight){types[k], (in), (out),                                                   \
+                        (size_t)pgd_type_row_bytes(types[k], (uint64_t)(in)), bufs[k], false})
+#define DW(w, in, out) DWK(w, in, out, 0)
     DW(m->tok_embd, c->dim, c->n_vocab);
-    DW(m->output, c->dim, c->n_vocab);
+    DWK(m->output, c->dim, c->n_vocab, 1);
     m->output_norm = ones;
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
     if (!m->layers) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
@@ -1447,12 +1516,12 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         pgd_layer *l = &m->layers[il];
         DW(l->wq, c->dim, q_dim);
         DW(l->wk, c->dim, kv_dim);
-        DW(l->wv, c->dim, kv_dim);
+        DWK(l->wv, c->dim, kv_dim, 1);
         DW(l->wo, q_dim, c->dim);
         if (!c->n_expert || c->moe_shared) { /* a dense FFN, or Qwen2-MoE's shared expert */
             DW(l->w_gate, c->dim, c->ffn_dim);
             DW(l->w_up, c->dim, c->ffn_dim);
-            DW(l->w_down, c->ffn_dim, c->dim);
+            DWK(l->w_down, c->ffn_dim, c->dim, 1);
         }
         l->attn_norm = l->ffn_norm = ones;
         if (c->arch == PGD_ARCH_QWEN3) l->q_norm = l->k_norm = ones;
@@ -1462,7 +1531,6 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         if (gemma_arch(c->arch)) l->post_attn_norm = l->post_ffn_norm = ones;
         if (c->arch == PGD_ARCH_GEMMA3) l->q_norm = l->k_norm = ones;
         if (!c->n_expert) continue;
-        const int32_t E = c->n_expert;
         l->experts = calloc(3 * (size_t)E, sizeof *l->experts);
         if ((rc = own(m, l->experts, err))) return rc;
         DW(l->w_router, c->dim, E);
@@ -1478,6 +1546,7 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         }
     }
 #undef DW
+#undef DWK
     return PGD_OK;
 }
 

@@ -4,6 +4,7 @@ generate and batch on token ids without a tokenizer, bench's JSON, serve's refus
 tokenizer and its text endpoints with one, the usage errors (exit 2, one line), and every
 configs/models/*.json read by a command that never allocates the weights."""
 import json
+import os
 import shutil
 import subprocess
 
@@ -132,6 +133,56 @@ def test_bench_json():
         t_fl = 2 * j["params"] * b / (j["peak_gflops"] * 1e9)
         assert r["roofline_tokens_per_s"] == pytest.approx(b / max(t_bw, t_fl), rel=1e-3)
         assert r["bound"] == ("bandwidth" if t_bw > t_fl else "compute")
+
+
+def dims256(tmp_path):
+    """The tiny config with rows of 256 and 512 elements (K-quant super-blocks)."""
+    cfg = json.loads(TINY.read_text())
+    cfg.update(hidden_size=256, intermediate_size=512, vocab_size=512)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path / "config.json", cfg
+
+
+@pytest.mark.parametrize("dtype", ["F16", "Q8_0", "Q5_0", "IQ4_XS", "Q2_K", "Q4_K_M"])
+def test_dummy_weight_types(dtype, tmp_path):
+    """PAGODA_DUMMY_TYPE: every matrix in a GGUF type (Q4_K_M: Q6_K for V, down and the LM head,
+    Q4_K for the rest), the bytes a step reads as gguf-py's block sizes make them, and greedy ids
+    equal to those of the same weights widened to F32 (--weights-f32)."""
+    gguf = pytest.importorskip("gguf")
+    path, cfg = dims256(tmp_path)
+    env = dict(os.environ, PAGODA_DUMMY_TYPE=dtype)
+    p = pagoda("bench", "--load-format", "dummy", "-m", path, "-p", "8", "-n", "4", "-r", "1",
+               "--batch", "2", "--json", "-t", "1", check=True, timeout=300, env=env)
+    j = json.loads(p.stdout)
+    main, other = ("Q4_K", "Q6_K") if dtype == "Q4_K_M" else (dtype, dtype)
+    assert (j["weight_type"], j["head_type"]) == (main, other)
+
+    def nbytes(name, n):
+        per, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+        return n // per * size
+    d, f, v, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], 2
+    kv = d // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    other_n = L * (d * kv + f * d) + d * v  # V, down, the head
+    main_n = L * (d * d + d * kv + d * d + 2 * d * f)  # Q, K, O, gate, up
+    assert j["params"] == main_n + other_n
+    assert j["weight_bytes_per_step"] == nbytes(main, main_n) + nbytes(other, other_n)
+    assert all(r["tokens_per_s"] > 0 for r in j["results"])
+    ids = ["generate", "--load-format", "dummy", "-m", path, "--ids", "1 2 3", "-n", "8",
+           "--temperature", "0", "--print-ids", "-t", "1"]
+    a = pagoda(*ids, check=True, env=env).stdout.split()
+    assert len(a) == 8 and a == pagoda(*ids, "--weights-f32", check=True, env=env).stdout.split()
+
+
+def test_dummy_weight_type_errors(tmp_path):
+    path, _ = dims256(tmp_path)
+    args = ["generate", "--load-format", "dummy", "--ids", "1 2", "-n", "2"]
+    p = pagoda(*args, "-m", path, env=dict(os.environ, PAGODA_DUMMY_TYPE="Q9_9"))
+    assert p.returncode != 0 and "PAGODA_DUMMY_TYPE=Q9_9 is not a weight type" in one_line(p)
+    assert str(path) in one_line(p)
+    # 64-element rows are no whole K-quant super-block
+    p = pagoda(*args, "-m", TINY, env=dict(os.environ, PAGODA_DUMMY_TYPE="q4_k"))
+    assert p.returncode != 0 and "multiples of 256 elements" in one_line(p)
+    assert str(TINY) in one_line(p)
 
 
 @pytest.mark.parametrize("kv_dtype,elem_bytes", [(None, 4), ("f16", 2)])

@@ -49,6 +49,13 @@ static void check_type(pgd_type t) {
             }
         }
     }
+    /* the scale offsets (pgd_type_scale_offsets) are where the scales are: zero there, and
+     * every value is zero */
+    qb_rand_block(t, row, &rng, 0, 0);
+    pgd_dequantize_row(t, row, ref, bel);
+    long nonzero = 0;
+    for (int l = 0; l < bel; l++) nonzero += ref[l] != 0.0f;
+    CHECK_EQ_INT(nonzero, 0);
     printf("%-6s: %ld values equal to the CPU's bits, %ld within rounding, %ld wrong\n",
            pgd_type_name(t), exact, close, bad);
     CHECK_EQ_INT(bad, 0);

@@ -10,20 +10,6 @@
 
 #include "model/gguf.h"
 
-/* Offsets of d and m in a block of type t (-1: none). */
-static void qb_scale_offsets(pgd_type t, int *d, int *m) {
-    *m = -1;
-    switch (t) {
-    case PGD_TYPE_Q2_K: *d = 80, *m = 82; break;
-    case PGD_TYPE_Q3_K: *d = 108; break;
-    case PGD_TYPE_Q6_K: *d = 208; break;
-    case PGD_TYPE_Q4_1: case PGD_TYPE_Q5_1: case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K:
-        *d = 0, *m = 2;
-        break;
-    default: *d = 0; /* Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS */
-    }
-}
-
 /* One block at blk: random bytes from *rng (an LCG), then d and m. */
 static void qb_rand_block(pgd_type t, uint8_t *blk, uint64_t *rng, uint16_t d, uint16_t m) {
     size_t bytes = pgd_type_block_bytes(t);
@@ -32,8 +18,8 @@ static void qb_rand_block(pgd_type t, uint8_t *blk, uint64_t *rng, uint16_t d, u
         blk[i] = (uint8_t)(*rng >> 56);
     }
     int od, om;
-    qb_scale_offsets(t, &od, &om);
-    memcpy(blk + od, &d, 2);
+    pgd_type_scale_offsets(t, &od, &om);
+    if (od >= 0) memcpy(blk + od, &d, 2);
     if (om >= 0) memcpy(blk + om, &m, 2);
 }
 
