@@ -1418,7 +1418,8 @@ static uint64_t splitmix(uint64_t *s) {
 
 /* PAGODA_DUMMY_TYPE: the weight types of a dummy model. A type name (BF16 unless set; F32, F16,
  * Q8_0, Q4_K, IQ4_XS...) for every matrix, or Q4_K_M: Q6_K for V, down and the LM head and Q4_K
- * for the rest, as llama.cpp's Q4_K_M roughly (it gives V and down Q6_K in half the layers).
+ * for the rest, as llama.cpp's Q4_K_M roughly (it gives V and down Q6_K in about half the
+ * layers).
  * types[0] is the main type, types[1] that of V, down and the head. */
 static int dummy_types(const pgd_model *m, pgd_type types[2], pgd_err *err) {
     const char *env = getenv("PAGODA_DUMMY_TYPE");
