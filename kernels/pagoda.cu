@@ -1,8 +1,9 @@
 // Pagoda's CUDA kernels: embedding gather, RMSNorm (+residual), fused dequantize-GEMV for
 // F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights and the other GGUF types (qblocks.h), dequantize-to-BF16
-// for the cuBLASLt GEMM path, bias, RoPE (NORM/NEOX, per-token positions, frequency factors folded into inv_freq), paged
-// K/V store, paged attention (flash-decoding splits, each K/V row loaded once per GQA group,
-// online softmax), SiLU-gate, add, row gather, and a copy kernel that measures HBM bandwidth.
+// for the cuBLASLt GEMM path, bias, RoPE (NORM/NEOX, per-token positions, frequency factors
+// folded into inv_freq), paged K/V store, paged attention (flash-decoding splits, each K/V row
+// loaded once per GQA group, online softmax), SiLU-gate, add, row gather, and a copy kernel that
+// measures HBM bandwidth.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
