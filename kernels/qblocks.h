@@ -170,7 +170,7 @@ static inline PGD_K_HD void pgd_qb_sub32(int type, const uint8_t *row, int64_t b
         const int q3 = type == PGD_QB_Q3_K;
         const uint8_t *q = p + (q3 ? 32 : 16) + 32 * (j >> 2);
         const int sh = 2 * (j & 3);
-        const float d = pgd_qb_h2f(p + (q3 ? 108 : 80));
+        const float d = pgd_qb_h2f(p + (q3 ? 108 : 80)), dmin = q3 ? 0.0f : pgd_qb_h2f(p + 82);
         for (int g = 0; g < 2; g++) {
             const int i = 2 * j + g;
             float *o = out + 16 * g;
@@ -181,7 +181,6 @@ static inline PGD_K_HD void pgd_qb_sub32(int type, const uint8_t *row, int64_t b
                 for (int l = 0; l < 16; l++)
                     o[l] = dl * (float)(((qg[l] >> sh) & 3) - ((hm[l] >> j) & 1 ? 0 : 4));
             } else {
-                const float dmin = pgd_qb_h2f(p + 82);
                 const float dl = d * (float)(p[i] & 0xF), ml = dmin * (float)(p[i] >> 4);
                 for (int l = 0; l < 16; l++) o[l] = dl * (float)((qg[l] >> sh) & 3) - ml;
             }
