@@ -1430,8 +1430,7 @@ static int dummy_types(const pgd_model *m, pgd_type types[2], pgd_err *err) {
         types[1] = PGD_TYPE_Q6_K;
         return PGD_OK;
     }
-    if (pgd_type_from_name(env, &types[0]) || !pgd_cpu_type_supported(types[0]) ||
-        types[0] == PGD_TYPE_Q8_K)
+    if (pgd_type_from_name(env, &types[0]) || !pgd_cpu_type_supported(types[0]))
         return pgd_err_set(err, PGD_EINVAL, "%s: PAGODA_DUMMY_TYPE=%.32s is not a weight type "
                            "(F32, F16, BF16, Q8_0, Q4_0, Q4_K, IQ4_XS, ... or Q4_K_M)", m->path,
                            env);
@@ -1484,7 +1483,7 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
                                  {c->dim, 1}};
     void *bufs[2] = {NULL, NULL};
     uint64_t st = seed ? seed : 42;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < (types[1] != types[0] ? 2 : 1); k++) {
         size_t need = 0;
         for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
             if (shapes[i][0] <= 0 || shapes[i][1] <= 0) continue; /* no such matrix */
@@ -1496,10 +1495,9 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
                                    pgd_type_block_elems(types[k]), shapes[i][0]);
             if (rb * (uint64_t)shapes[i][1] > need) need = rb * (size_t)shapes[i][1];
         }
-        bufs[k] = k && types[1] == types[0] ? bufs[0] : dummy_fill(types[k], need, &st);
-        if (!bufs[k]) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
-        if ((!k || bufs[1] != bufs[0]) && (rc = own(m, bufs[k], err))) return rc;
+        if ((rc = own(m, bufs[k] = dummy_fill(types[k], need, &st), err))) return rc;
     }
+    if (!bufs[1]) bufs[1] = bufs[0]; /* one type */
     int n_ones = c->dim > c->head_dim ? c->dim : c->head_dim;
     float *ones = malloc((size_t)n_ones * sizeof *ones);
     if ((rc = own(m, ones, err))) return rc;
