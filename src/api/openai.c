@@ -965,11 +965,15 @@ static cJSON *string_n(const char *s, size_t n) {
     return j;
 }
 
-static void add_usage(cJSON *o, int32_t prompt, int32_t completion) {
+/* OpenAI's usage, with the prompt tokens the prefix cache served (prompt_tokens_details, as
+ * OpenAI and vLLM's --enable-prompt-tokens-details report them). */
+static void add_usage(cJSON *o, const pgd_api_request *r, int32_t prompt, int32_t completion) {
     cJSON *u = cJSON_AddObjectToObject(o, "usage");
     cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
     cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", r->cached_tokens);
 }
 
 /* Base64 (RFC 4648, padded) of n bytes, malloc'd; NULL when out of memory. */
@@ -1080,7 +1084,7 @@ char *pgd_api_completion_json(const pgd_api_request *r, const char *id, long cre
         cJSON_AddItemToObject(o, "prompt_logprobs", choices[0].prompt_logprobs);
         choices[0].prompt_logprobs = NULL;
     }
-    add_usage(o, prompt_tokens, completion_tokens);
+    add_usage(o, r, prompt_tokens, completion_tokens);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
@@ -1180,7 +1184,7 @@ char *pgd_api_usage_chunk_sse(const pgd_api_request *r, const char *id, long cre
                               int32_t completion_tokens) {
     cJSON *o = chunk_base(r, id, created, model);
     cJSON_AddArrayToObject(o, "choices");
-    add_usage(o, prompt_tokens, completion_tokens);
+    add_usage(o, r, prompt_tokens, completion_tokens);
     return sse(o);
 }
 

@@ -66,6 +66,8 @@ typedef struct pgd_api_request {
     int prompt_think;              /* set by the server: the rendered chat prompt ends with
                                       "<think>" (1: the template opened the thinking), with
                                       "</think>" (2: it closed it), or neither (0) */
+    int32_t cached_tokens;         /* set by the server: prompt tokens served from the prefix
+                                      cache (usage.prompt_tokens_details.cached_tokens) */
     bool parallel_tool_calls;      /* false: an answer returns its first call only */
     char *tool_name;               /* owned, or NULL */
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;

@@ -465,6 +465,7 @@ static void handle_event(server *s, const pgd_event *ev) {
     }
     ch->finish_reason = finish_name(ev->finish_reason);
     c->completion_tokens += ev->n_completion;
+    if (i % (c->api.n > 0 ? c->api.n : 1) == 0) c->api.cached_tokens += ev->n_cached; /* per prompt */
     c->spec_draft_tokens += ev->n_spec_draft_tokens;
     c->spec_accepted_tokens += ev->n_spec_accepted;
     pgd_metrics_count_finish(&s->metrics, ch->finish_reason, ev->finish_reason == PGD_FINISH_ABORT);
