@@ -115,6 +115,9 @@ static const opt table[] = {
      "concurrent connections"},
     {"connection-timeout", 0, T_INT, OFF(connection_timeout), "60", 1, 86400, NULL,
      "seconds an idle or slow client may take before it is disconnected"},
+    {"responses-store-size", 0, T_SIZE, OFF(responses_store_bytes), "64MiB", 0, 1e12, NULL,
+     "memory for stored /v1/responses answers (store: true; previous_response_id chains from "
+     "them), the least recently used dropped first; 0: nothing is stored"},
     {"drain-timeout", 0, T_INT, OFF(drain_timeout), "30", 0, 86400, NULL,
      "seconds SIGTERM waits for in-flight requests"},
     {"log-requests", 0, T_BOOL, OFF(log_requests), "true", 0, 0, NULL,

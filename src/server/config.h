@@ -23,6 +23,7 @@ typedef struct pgd_server_config {
     int num_speculative_tokens, tensor_parallel_size, speculative_disable_by_batch_size;
     int port, threads, ctx, max_num_batched_tokens, max_num_seqs, block_size, max_waiting;
     size_t kv_cache_bytes, max_body_bytes;
+    size_t responses_store_bytes; /* --responses-store-size */
     int max_tokens_limit, max_n, max_logprobs, max_prompts, max_prompt_tokens;
     int max_request_tokens; /* prompts x n x max_tokens of one request, at most */
     int max_connections, connection_timeout, drain_timeout, max_header_bytes;

@@ -30,8 +30,10 @@
 #endif
 
 #include "api/chat.h"
+#include "api/dialect.h"
 #include "api/openai.h"
 #include "api/reasoning.h"
+#include "api/responses.h"
 #include "api/tool_calls.h"
 #include "sample/json_grammar.h"
 #include "model/gguf.h"
@@ -44,7 +46,7 @@
 #include "util/parse.h"
 
 typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_LORA_LOAD,
-               R_LORA_UNLOAD } route;
+               R_LORA_UNLOAD, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
 
 typedef struct server server;
@@ -92,6 +94,15 @@ typedef struct req_ctx {
     const char *model;         /* the model name it asked for: the server's or an adapter's */
     const char *resp_type;     /* c->resp's Content-Type; NULL: JSON */
     char *lora_name, *lora_path; /* /v1/load_lora_adapter's, while the load work runs */
+    /* the Anthropic Messages and Responses APIs ride the chat path (api/dialect.h): their
+     * answers and events are the chat ones converted; NULL for the OpenAI routes */
+    const pgd_dialect *dialect;
+    void *dstate;              /* the dialect's per-request state (owned) */
+    bool detached;             /* a background response: runs on after its connection ended */
+    bool counted;              /* in server->in_flight (queued work for an answer) */
+    bool cancelled;            /* POST /v1/responses/{id}/cancel came */
+    pgd_dialect_env denv;      /* what the dialect reads of the server (for the request's life) */
+    struct req_ctx *det_prev, *det_next; /* server->detached while its engine requests run */
 } req_ctx;
 
 struct server {
@@ -127,6 +138,8 @@ struct server {
     uint64_t next_req;
     pgd_metrics metrics;
     pgd_event *events;         /* (256) poll buffer */
+    pgd_resp_store *store;     /* /v1/responses' stored answers (NULL: --responses-store-size 0) */
+    struct req_ctx *detached;  /* background responses still running */
     int exit_code;
 };
 
@@ -198,7 +211,17 @@ static void ctx_unref(req_ctx *c) {
     free(c->out);
     free(c->lora_name);
     free(c->lora_path);
+    if (c->dialect && c->dstate) c->dialect->free_state(c->dstate);
     free(c);
+}
+
+static void detached_remove(server *s, req_ctx *c) {
+    if (!c->detached) return;
+    if (c->det_prev) c->det_prev->det_next = c->det_next;
+    else s->detached = c->det_next;
+    if (c->det_next) c->det_next->det_prev = c->det_prev;
+    c->det_prev = c->det_next = NULL;
+    c->detached = false;
 }
 
 static enum MHD_Result send_body(struct MHD_Connection *conn, int status, const char *body,
@@ -214,7 +237,7 @@ static enum MHD_Result send_body(struct MHD_Connection *conn, int status, const 
 }
 
 static enum MHD_Result send_error(req_ctx *c, struct MHD_Connection *conn, const pgd_api_error *e) {
-    char *js = pgd_api_error_json(e);
+    char *js = c && c->dialect ? c->dialect->error_json(e) : pgd_api_error_json(e);
     if (c) c->status = e->status;
     const char *retry = e->status == 429 || e->status == 503 ? "1" : NULL;
     enum MHD_Result r = send_body(conn, e->status, js ? js : "{}", "application/json", retry);
@@ -233,6 +256,38 @@ static void out_append(req_ctx *c, const char *data, size_t n) {
     }
     memcpy(c->out + c->out_len, data, n);
     c->out_len += n;
+}
+
+static void out_append_sbuf(req_ctx *c, pgd_sbuf *b) {
+    if (b->len) out_append(c, b->data, b->len);
+    pgd_sbuf_free(b);
+}
+
+/* One streamed frame ("data: {chunk}\n\n", taken): as it is, or through the request's dialect. */
+static void emit_frame(req_ctx *c, char *f) {
+    if (!f) return;
+    if (!c->dialect) {
+        out_append(c, f, strlen(f));
+    } else {
+        cJSON *chunk = cJSON_Parse(f + (strncmp(f, "data: ", 6) ? 0 : 6));
+        pgd_sbuf b = {0};
+        if (chunk) c->dialect->stream_chunk(c->dstate, chunk, &b);
+        cJSON_Delete(chunk);
+        out_append_sbuf(c, &b);
+    }
+    free(f);
+}
+
+/* The end of a stream: chat's [DONE], or the dialect's closing events. */
+static void emit_end(req_ctx *c) {
+    static const char done[] = "data: [DONE]\n\n";
+    if (!c->dialect) {
+        out_append(c, done, sizeof done - 1);
+        return;
+    }
+    pgd_sbuf b = {0};
+    c->dialect->stream_end(c->dstate, &b);
+    out_append_sbuf(c, &b);
 }
 
 static void choice_append(pgd_api_choice *ch, const char *t, size_t n) {
@@ -418,7 +473,7 @@ static void handle_event(server *s, const pgd_event *ev) {
         c->t_last = t;
         ch->n_tokens++;
     }
-    if (c->conn_done) {
+    if (c->conn_done && !c->detached) {
         /* the client is gone: keep accounting, drop the text */
     } else if (c->api.stream && c->ph == PH_STREAMING) {
         flush_echo(s, c, i);
@@ -434,19 +489,15 @@ static void handle_event(server *s, const pgd_event *ev) {
         if (c->api.tool_format || c->api.reasoning)
             stream_chat_text(c, i, ev, &rtext, &rlen, &text, &text_len, &fin, &calls);
         if (text_len || rlen || lp || (fin && !calls) || !c->role_sent[i]) {
-            char *f = pgd_api_chunk_sse(&c->api, c->id, c->created, c->model, i, text,
-                                        text_len, rtext, rlen, c->api.chat && !c->role_sent[i],
-                                        calls ? NULL : fin, ch, lp);
+            emit_frame(c, pgd_api_chunk_sse(&c->api, c->id, c->created, c->model, i, text,
+                                            text_len, rtext, rlen,
+                                            c->api.chat && !c->role_sent[i], calls ? NULL : fin,
+                                            ch, lp));
             c->role_sent[i] = true;
-            if (f) out_append(c, f, strlen(f));
-            free(f);
         }
-        if (calls) {
-            char *f = pgd_api_tool_calls_chunk_sse(&c->api, c->id, c->created, c->model, i,
-                                                   calls, fin, ch);
-            if (f) out_append(c, f, strlen(f));
-            free(f);
-        }
+        if (calls)
+            emit_frame(c, pgd_api_tool_calls_chunk_sse(&c->api, c->id, c->created, c->model, i,
+                                                       calls, fin, ch));
         resume(c);
     } else {
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
@@ -473,20 +524,47 @@ static void handle_event(server *s, const pgd_event *ev) {
     ctx_unref(c);
 }
 
+/* c->resp, the chat.completion, becomes the dialect's body (a Responses answer with store on is
+ * also stored by it). */
+static void dialect_complete(req_ctx *c) {
+    cJSON *obj = c->resp ? cJSON_Parse(c->resp) : NULL;
+    free(c->resp);
+    c->resp = obj ? c->dialect->complete(c->dstate, obj) : NULL;
+    cJSON_Delete(obj);
+    if (!c->resp) {
+        pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
+        c->has_err = true;
+    }
+}
+
+/* A background response ended (its connection is long gone): the dialect stores the outcome. */
+static void finish_detached(server *s, req_ctx *c) {
+    detached_remove(s, c);
+    if (c->has_err) {
+        pgd_sbuf b = {0}; /* the failed response, stored; the events go nowhere */
+        c->dialect->stream_error(c->dstate, &c->err, &b);
+        pgd_sbuf_free(&b);
+        return;
+    }
+    c->resp = pgd_api_completion_json(&c->api, c->id, c->created, c->model, c->choices,
+                                      c->n_choices, c->prompt_tokens, c->completion_tokens);
+    dialect_complete(c);
+}
+
 static void finish_request(server *s, req_ctx *c) {
     double t = pgd_now_s();
     run_list_remove(s, c);
     pgd_metrics_observe(&s->metrics, PGD_H_E2E, t - c->t_arrival);
+    if (c->detached) {
+        finish_detached(s, c);
+        return;
+    }
     if (c->conn_done) return;
     if (c->api.stream && c->ph == PH_STREAMING) {
-        if (c->api.include_usage) {
-            char *u = pgd_api_usage_chunk_sse(&c->api, c->id, c->created, c->model,
-                                              c->prompt_tokens, c->completion_tokens);
-            if (u) out_append(c, u, strlen(u));
-            free(u);
-        }
-        static const char done[] = "data: [DONE]\n\n";
-        out_append(c, done, sizeof done - 1);
+        if (c->api.include_usage)
+            emit_frame(c, pgd_api_usage_chunk_sse(&c->api, c->id, c->created, c->model,
+                                                  c->prompt_tokens, c->completion_tokens));
+        emit_end(c);
         c->stream_done = true;
     } else if (!c->has_err && c->api.embed) {
         c->resp = pgd_api_embeddings_json(&c->api, c->model, c->choices, c->n_choices,
@@ -500,6 +578,7 @@ static void finish_request(server *s, req_ctx *c) {
     } else if (!c->has_err) {
         c->resp = pgd_api_completion_json(&c->api, c->id, c->created, c->model, c->choices,
                                           c->n_choices, c->prompt_tokens, c->completion_tokens);
+        if (c->dialect) dialect_complete(c);
         c->status = 200;
         c->ph = PH_RESPOND;
     } else {
@@ -823,17 +902,24 @@ static void after_work_cb(uv_work_t *w, int status) {
     req_ctx *c = w->data;
     server *s = c->s;
     (void)status;
-    if (!c->has_err && !c->conn_done) submit_all(s, c);
+    if (!c->has_err && (!c->conn_done || c->detached) && !s->stopping) submit_all(s, c);
+    for (int i = 0; c->cancelled && i < c->n_choices; i++) /* cancelled while it was queued */
+        if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
     if (c->has_err) {
         c->ph = PH_RESPOND;
         /* choices that were submitted before an error still report back and unref */
         for (int i = 0; i < c->n_choices; i++)
             if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
+        if (c->detached) finish_detached(s, c); /* stores the failure */
     } else {
         c->ph = c->api.stream ? PH_STREAMING : PH_RUNNING;
-        run_list_add(s, c); /* streams too: a scored echo sends nothing for a while */
+        if (!c->detached) run_list_add(s, c); /* streams too: a scored echo sends nothing */
         c->t_submitted = pgd_now_s();
-        if (c->api.stream) {
+        if (c->api.stream && c->dialect) {
+            pgd_sbuf b = {0};
+            c->dialect->stream_start(c->dstate, &b);
+            out_append_sbuf(c, &b);
+        } else if (c->api.stream) {
             /* echo goes out first */
             for (int i = 0; i < c->n_choices; i++)
                 if (c->echo_len[i] && !c->choices[i].echo_pending) {
@@ -1035,6 +1121,7 @@ static int queue_conn_work(server *s, req_ctx *c, struct MHD_Connection *conn,
     c->ph = PH_WORKING;
     c->refs++; /* held by the work item */
     s->in_flight++;
+    c->counted = true;
     c->work.data = c;
     c->suspended = true;
     MHD_suspend_connection(conn);
@@ -1042,6 +1129,8 @@ static int queue_conn_work(server *s, req_ctx *c, struct MHD_Connection *conn,
     c->suspended = false;
     MHD_resume_connection(conn);
     c->refs--;
+    s->in_flight--;
+    c->counted = false;
     c->ph = PH_RESPOND;
     return -1;
 }
@@ -1198,6 +1287,154 @@ static enum MHD_Result answer_kv_plan(server *s, req_ctx *c, struct MHD_Connecti
     return r;
 }
 
+/* ---- the API dialects: Anthropic Messages, Responses (api/dialect.h) ---- */
+
+/* The dialect's body into c->api, through the chat request it becomes. A stream gets the usage
+ * chunk (the dialects' closing events carry usage); a background response and count_tokens
+ * do not stream. */
+static int dialect_parse(server *s, req_ctx *c, pgd_api_error *e) {
+    const char *body = c->body ? c->body : "";
+    size_t len = c->body_len;
+    if (pgd_api_body_check(body, len, e)) return -1;
+    char *patched = NULL;
+    if (c->rt == R_COUNT_TOKENS) { /* a Messages request less max_tokens, which it needs not */
+        cJSON *o = pgd_api_json_parse(body, len);
+        if (cJSON_IsObject(o) && !cJSON_GetObjectItemCaseSensitive(o, "max_tokens")) {
+            cJSON_AddNumberToObject(o, "max_tokens", 1);
+            if ((patched = cJSON_PrintUnformatted(o))) body = patched, len = strlen(patched);
+        }
+        cJSON_Delete(o);
+    }
+    c->denv = (pgd_dialect_env){.model = s->model_name, .request_id = c->id,
+                                .created = c->created,
+                                .store = c->rt == R_RESPONSES ? s->store : NULL,
+                                .reasoning = s->reasoning_format != PGD_REASONING_NONE};
+    cJSON *chat = NULL;
+    int rc = c->dialect->begin(&c->denv, body, len, &chat, &c->dstate, e);
+    free(patched);
+    if (rc) return -1;
+    if (c->rt == R_COUNT_TOKENS || (c->rt == R_RESPONSES && pgd_responses_background(c->dstate)))
+        cJSON_DeleteItemFromObjectCaseSensitive(chat, "stream");
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(chat, "stream"))) {
+        cJSON_DeleteItemFromObjectCaseSensitive(chat, "stream_options");
+        cJSON *so = cJSON_AddObjectToObject(chat, "stream_options");
+        cJSON_AddBoolToObject(so, "include_usage", true);
+    }
+    char *js = cJSON_PrintUnformatted(chat);
+    cJSON_Delete(chat);
+    if (!js) {
+        pgd_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    rc = pgd_api_parse(js, strlen(js), true, &s->limits, &c->api, e);
+    free(js);
+    return rc;
+}
+
+/* /v1/messages/count_tokens: the prompt the same /v1/messages request would be prefilled with. */
+static void count_tokens_work_cb(uv_work_t *w) {
+    req_ctx *c = w->data;
+    pgd_api_prompt pr = {0};
+    if (chat_prompt(c->s, &c->api, false, &pr, NULL, &c->err)) {
+        c->has_err = true;
+    } else {
+        char buf[64];
+        snprintf(buf, sizeof buf, "{\"input_tokens\":%d}", pr.n_ids);
+        if ((c->resp = strdup(buf))) c->status = 200;
+        else pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
+        c->has_err = !c->resp;
+    }
+    free(pr.ids);
+}
+
+/* background: true: the answer is the response as it stands (queued); the request runs on
+ * detached from its connection, and its outcome goes into the store. */
+static enum MHD_Result start_background(server *s, req_ctx *c, struct MHD_Connection *conn) {
+    pgd_api_error e;
+    char *snap = pgd_responses_snapshot(c->dstate);
+    c->refs++; /* held by the work item */
+    c->ph = PH_WORKING;
+    c->work.data = c;
+    if (!snap || uv_queue_work(&s->loop, &c->work, work_cb, after_work_cb)) {
+        c->refs--;
+        c->ph = PH_RESPOND;
+        free(snap);
+        pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "cannot schedule the request");
+        return send_error(c, conn, &e);
+    }
+    c->detached = true;
+    c->det_next = s->detached;
+    if (s->detached) s->detached->det_prev = c;
+    s->detached = c;
+    c->status = 200;
+    enum MHD_Result r = send_body(conn, 200, snap, "application/json", NULL);
+    free(snap);
+    return r;
+}
+
+/* GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel. */
+static enum MHD_Result answer_stored_response(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                              const char *method, const char *url) {
+    pgd_api_error e;
+    const char *rest = url + strlen("/v1/responses/");
+    size_t n = strcspn(rest, "/");
+    bool cancel = !strcmp(rest + n, "/cancel"), get = !strcmp(method, "GET");
+    char id[128];
+    if (n == 0 || n >= sizeof id || (rest[n] && !cancel)) {
+        pgd_api_error_set(&e, 404, "invalid_request_error", NULL, "not_found", "no route %s %s",
+                          method, url);
+        return send_error(c, conn, &e);
+    }
+    if (cancel ? strcmp(method, "POST") : !get && strcmp(method, "DELETE")) {
+        pgd_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                          "%s does not accept %s; use %s", url, method,
+                          cancel ? "POST" : "GET or DELETE");
+        return send_error(c, conn, &e);
+    }
+    memcpy(id, rest, n);
+    id[n] = 0;
+    for (req_ctx *d = cancel ? s->detached : NULL; d; d = d->det_next) {
+        if (strcmp(d->id, id)) continue;
+        d->cancelled = true;
+        pgd_responses_mark_cancelled(d->dstate);
+        for (int i = 0; i < d->n_choices; i++)
+            if (d->submitted[i]) pgd_engine_abort(s->engine, d->engine_ids[i]);
+        char *snap = pgd_responses_snapshot(d->dstate);
+        c->status = snap ? 200 : 500;
+        enum MHD_Result r = send_body(conn, c->status, snap ? snap : "{}", "application/json",
+                                      NULL);
+        free(snap);
+        return r;
+    }
+    const cJSON *stored = s->store ? pgd_resp_store_get(s->store, id) : NULL;
+    if (!stored) {
+        pgd_api_error_set(&e, 404, "invalid_request_error", "response_id", "not_found",
+                          "no response with id '%s' is stored", id);
+        return send_error(c, conn, &e);
+    }
+    if (cancel) {
+        pgd_api_error_set(&e, 400, "invalid_request_error", "response_id", NULL,
+                          "only a background response that is still running can be cancelled");
+        return send_error(c, conn, &e);
+    }
+    char *js = NULL;
+    if (get) {
+        js = cJSON_PrintUnformatted(stored);
+    } else {
+        pgd_resp_store_delete(s->store, id);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "id", id);
+        cJSON_AddStringToObject(o, "object", "response");
+        cJSON_AddBoolToObject(o, "deleted", true);
+        js = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+    }
+    c->status = js ? 200 : 500;
+    enum MHD_Result r = send_body(conn, c->status, js ? js : "{}", "application/json", NULL);
+    free(js);
+    return r;
+}
+
 /* ---- the access handler ---- */
 
 /* MHD_get_connection_values callback: counts the Content-Length headers whose value differs
@@ -1216,13 +1453,16 @@ static enum MHD_Result scan_content_length(void *cls, enum MHD_ValueKind kind, c
     return MHD_YES;
 }
 
+/* The key from "Authorization: Bearer KEY" (OpenAI's) or "x-api-key: KEY" (Anthropic's). */
 static bool authorized(server *s, struct MHD_Connection *conn) {
     if (s->cfg.n_api_keys == 0) return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7)) return false; /* the scheme is case-insensitive */
+    const char *x = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+    const char *given = h && !strncasecmp(h, "Bearer ", 7) ? h + 7 : x; /* scheme: any case */
+    if (!given) return false;
     for (int i = 0; i < s->cfg.n_api_keys; i++) {
         /* constant-time compare of equal-length keys */
-        const char *k = s->cfg.api_keys[i], *g = h + 7;
+        const char *k = s->cfg.api_keys[i], *g = given;
         size_t kl = strlen(k), gl = strlen(g);
         unsigned diff = kl != gl;
         for (size_t j = 0; j < kl && j < gl; j++) diff |= (unsigned char)(k[j] ^ g[j]);
@@ -1261,6 +1501,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             {"/v1/completions", true, R_COMPLETIONS}, {"/v1/chat/completions", true, R_CHAT},
             {"/tokenize", true, R_TOKENIZE},          {"/detokenize", true, R_DETOKENIZE},
             {"/v1/embeddings", true, R_EMBED},
+            {"/v1/messages", true, R_MESSAGES},       {"/v1/responses", true, R_RESPONSES},
+            {"/v1/messages/count_tokens", true, R_COUNT_TOKENS},
             {"/v1/models", false, -1},                {"/health", false, -2},
             {"/metrics", false, -3},                  {"/v1/kv_plan", false, -4},
             {"/v1/load_lora_adapter", true, R_LORA_LOAD},
@@ -1273,6 +1515,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                 found = routes[i].rt;
                 post_route = routes[i].post;
             }
+        if (found == -100 && !strncmp(url, "/v1/responses/", 14)) found = -5;
+        c->dialect = found == R_MESSAGES || found == R_COUNT_TOKENS ? &pgd_dialect_anthropic
+                     : found == R_RESPONSES                         ? &pgd_dialect_responses
+                                                                    : NULL;
         if ((found == R_LORA_LOAD || found == R_LORA_UNLOAD) &&
             !s->cfg.allow_runtime_lora_updating)
             found = -100; /* (vLLM's routes exist only when allowed too) */
@@ -1281,7 +1527,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                               "no route %s %s", method, url);
             return send_error(c, conn, &e);
         }
-        if ((post_route && !is_post) || (!post_route && !is_get)) {
+        if (found != -5 && ((post_route && !is_post) || (!post_route && !is_get))) {
             pgd_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
                               "%s does not accept %s; use %s", url, method,
                               post_route ? "POST" : "GET");
@@ -1322,6 +1568,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             return answer_models(s, conn);
         }
         if (found == -4) return answer_kv_plan(s, c, conn);
+        if (found == -5) return answer_stored_response(s, c, conn, method, url);
         if (!s->ready || s->draining) {
             pgd_api_error_set(&e, 503, "server_error", NULL, s->draining ? "shutting_down" : "loading",
                               s->draining ? "the server is shutting down"
@@ -1388,7 +1635,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             }
             return MHD_YES;
         }
-        if (c->rt == R_EMBED
+        if (c->dialect)
+            snprintf(c->id, sizeof c->id, "%s_%016" PRIx64 "%08x",
+                     c->rt == R_RESPONSES ? "resp" : "msg",
+                     ((uint64_t)c->created << 24) ^ ++s->next_req, (unsigned)rand());
+        if (c->dialect ? dialect_parse(s, c, &e)
+            : c->rt == R_EMBED
                 ? pgd_api_parse_embeddings(c->body ? c->body : "", c->body_len, &s->limits,
                                            pgd_engine_dim(s->engine), &c->api, &e)
                 : pgd_api_parse(c->body ? c->body : "", c->body_len, c->rt == R_CHAT,
@@ -1405,15 +1657,26 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             e.status = 400;
             return send_error(c, conn, &e);
         }
-        if (c->rt == R_CHAT && !s->tmpl) {
+        if ((c->rt == R_CHAT || c->dialect) && !s->tmpl) {
             pgd_api_error_set(&e, 400, "invalid_request_error", "messages", NULL,
                               "this model has no chat template; use /v1/completions");
             return send_error(c, conn, &e);
         }
+        if (c->rt == R_COUNT_TOKENS) {
+            if (queue_conn_work(s, c, conn, count_tokens_work_cb, tokenize_after_cb)) {
+                pgd_api_error_set(&e, 500, "server_error", NULL, NULL,
+                                  "cannot schedule the request");
+                return send_error(c, conn, &e);
+            }
+            return MHD_YES;
+        }
         if (tool_options(s, &c->api, &e)) return send_error(c, conn, &e);
-        snprintf(c->id, sizeof c->id, "%s-%016" PRIx64,
-                 c->rt == R_CHAT ? "chatcmpl" : c->rt == R_EMBED ? "embd" : "cmpl",
-                 ((uint64_t)c->created << 24) ^ ++s->next_req);
+        if (!c->dialect)
+            snprintf(c->id, sizeof c->id, "%s-%016" PRIx64,
+                     c->rt == R_CHAT ? "chatcmpl" : c->rt == R_EMBED ? "embd" : "cmpl",
+                     ((uint64_t)c->created << 24) ^ ++s->next_req);
+        if (c->rt == R_RESPONSES && pgd_responses_background(c->dstate))
+            return start_background(s, c, conn);
         if (queue_conn_work(s, c, conn, work_cb, after_work_cb)) {
             pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "cannot schedule the request");
             return send_error(c, conn, &e);
@@ -1490,13 +1753,13 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     c->live_prev = c->live_next = NULL;
     run_list_remove(s, c); /* its connection is gone: the liveness check must not touch it */
     bool aborted = false;
-    for (int i = 0; i < c->n_choices; i++)
+    for (int i = 0; !c->detached && i < c->n_choices; i++)
         if (c->submitted[i]) {
             pgd_engine_abort(s->engine, c->engine_ids[i]); /* the client left: free its blocks */
             aborted = true;
         }
     log_request(s, c, aborted ? -1 : (int)toe);
-    if (c->ph != PH_RECEIVING) s->in_flight--;
+    if (c->counted) s->in_flight--;
     ctx_unref(c);
 }
 
@@ -1651,7 +1914,12 @@ static void answer_unfinished(server *s) {
                           "the server shut down before the answer was ready (the drain "
                           "timeout, %d s, passed)", s->cfg.drain_timeout);
         c->has_err = true;
-        if (streaming) {
+        if (streaming && c->dialect) {
+            pgd_sbuf b = {0};
+            c->dialect->stream_error(c->dstate, &c->err, &b);
+            out_append_sbuf(c, &b);
+            c->stream_done = true;
+        } else if (streaming) {
             char *js = pgd_api_error_json(&c->err);
             static const char pre[] = "data: ", post[] = "\n\ndata: [DONE]\n\n";
             out_append(c, pre, sizeof pre - 1);
@@ -1697,6 +1965,11 @@ int pgd_serve(const pgd_server_config *cfg) {
                                  .max_prompt_tokens = cfg->max_prompt_tokens, .n_vocab = 1,
                                  .priority_scheduling =
                                      !strcmp(cfg->scheduling_policy, "priority")};
+    if (cfg->responses_store_bytes &&
+        !(s->store = pgd_resp_store_new(cfg->responses_store_bytes))) {
+        fprintf(stderr, "pagoda: out of memory\n");
+        return 1;
+    }
     pgd_metrics_init(&s->metrics,
                      strcmp(cfg->speculative, "none") ? cfg->num_speculative_tokens : 0);
     uv_loop_init(&s->loop);
@@ -1747,6 +2020,9 @@ int pgd_serve(const pgd_server_config *cfg) {
     uv_run(&s->loop, UV_RUN_DEFAULT);
     /* shutdown: engine first (no more events), then HTTP, then the loop's handles */
     if (s->engine) pgd_engine_stop(s->engine);
+    for (req_ctx *c = s->detached; c; c = c->det_next) /* background responses end here */
+        for (int i = 0; i < c->n_choices; i++)
+            if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
     answer_unfinished(s);
     /* MHD refuses to stop with suspended connections (it aborts the process): resume them all;
      * stopping then closes them, which aborts their engine requests */
@@ -1781,6 +2057,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     for (int i = 0; i < s->n_loras; i++) free(s->lora_names[i]), free(s->lora_paths[i]);
     free(s->lora_loading);
     pgd_metrics_free(&s->metrics);
+    if (s->store) pgd_resp_store_free(s->store);
     free(s);
     return code;
 }

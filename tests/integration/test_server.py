@@ -67,6 +67,23 @@ def test_health_models_metrics(server, client):
         assert name in m, f"{name} missing from /metrics"
 
 
+def test_cached_tokens_are_the_prefix_cache_hits(server):
+    """usage.prompt_tokens_details.cached_tokens (OpenAI's field) counts the prompt tokens the
+    prefix cache served: 0 for a new prompt, then exactly what /metrics' hit counter gained."""
+    body = {"messages": [{"role": "user", "content": "Name three colours of the rainbow, "
+                          "and say which one you like best and why. " * 3}],
+            "max_tokens": 2, "temperature": 0}
+    hits = lambda: server.metrics()["pagoda:prefix_cache_hits_total"]
+    h0 = hits()
+    a = post(server, "/v1/chat/completions", body).json()["usage"]
+    h1 = hits()
+    b = post(server, "/v1/chat/completions", body).json()["usage"]
+    h2 = hits()
+    assert a["prompt_tokens_details"]["cached_tokens"] == h1 - h0
+    assert b["prompt_tokens_details"]["cached_tokens"] == h2 - h1 > 0
+    assert b["prompt_tokens_details"]["cached_tokens"] < b["prompt_tokens"]
+
+
 def test_tokenize_detokenize(server):
     r = post(server, "/tokenize", {"prompt": "Hello world, how are you?"})
     assert r.status_code == 200
