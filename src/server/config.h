@@ -24,6 +24,8 @@ typedef struct pgd_server_config {
     int port, threads, ctx, max_num_batched_tokens, max_num_seqs, block_size, max_waiting;
     size_t kv_cache_bytes, max_body_bytes;
     size_t responses_store_bytes; /* --responses-store-size */
+    char *allowed_origins, *allowed_methods, *allowed_headers; /* CORS lists (cors.h) */
+    bool allow_credentials;
     int max_tokens_limit, max_n, max_logprobs, max_prompts, max_prompt_tokens;
     int max_request_tokens; /* prompts x n x max_tokens of one request, at most */
     int max_connections, connection_timeout, drain_timeout, max_header_bytes;

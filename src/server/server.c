@@ -40,13 +40,16 @@
 #include "pagoda/pagoda.h"
 #include "plan/kv_plan.h"
 #include "server/config.h"
+#include "server/cors.h"
 #include "server/metrics.h"
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/parse.h"
 
 typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_LORA_LOAD,
-               R_LORA_UNLOAD, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES } route;
+               R_LORA_UNLOAD, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES,
+               /* answered without the engine (GET, and DELETE of a stored response) */
+               R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_KV_PLAN, R_VERSION, R_STORED } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
 
 typedef struct server server;
@@ -102,6 +105,9 @@ typedef struct req_ctx {
     bool counted;              /* in server->in_flight (queued work for an answer) */
     bool cancelled;            /* POST /v1/responses/{id}/cancel came */
     pgd_dialect_env denv;      /* what the dialect reads of the server (for the request's life) */
+    char origin[256];          /* the request's Origin header ("" none, or too long for CORS) */
+    char xrid[128];            /* X-Request-Id: the client's, or made at the first answer */
+    const char *allow;         /* a 405's Allow header */
     struct req_ctx *det_prev, *det_next; /* server->detached while its engine requests run */
 } req_ctx;
 
@@ -140,6 +146,8 @@ struct server {
     pgd_event *events;         /* (256) poll buffer */
     pgd_resp_store *store;     /* /v1/responses' stored answers (NULL: --responses-store-size 0) */
     struct req_ctx *detached;  /* background responses still running */
+    pgd_cors cors;             /* --allowed-origins, --allowed-methods, ... */
+    long started;              /* unix seconds: /v1/models' "created" */
     int exit_code;
 };
 
@@ -224,11 +232,31 @@ static void detached_remove(server *s, req_ctx *c) {
     c->detached = false;
 }
 
-static enum MHD_Result send_body(struct MHD_Connection *conn, int status, const char *body,
-                                 const char *ctype, const char *retry_after) {
+static void add_header_cb(void *r, const char *name, const char *value) {
+    MHD_add_response_header(r, name, value);
+}
+
+/* The headers every answer carries: X-Request-Id (the client's, echoed as vLLM does, or the
+ * request's own id), CORS for a cross-origin request, Allow on a 405. */
+static void common_headers(req_ctx *c, struct MHD_Response *r) {
+    if (!c) return;
+    if (!c->xrid[0])
+        snprintf(c->xrid, sizeof c->xrid, "%s", c->id[0] ? c->id : "req");
+    if (!strcmp(c->xrid, "req")) /* no id yet (an error before parsing): one of its own */
+        snprintf(c->xrid, sizeof c->xrid, "req-%016" PRIx64,
+                 ((uint64_t)c->created << 24) ^ ++c->s->next_req);
+    MHD_add_response_header(r, "X-Request-Id", c->xrid);
+    if (c->origin[0]) pgd_cors_simple(&c->s->cors, c->origin, add_header_cb, r);
+    if (c->allow && c->status == 405) MHD_add_response_header(r, "Allow", c->allow);
+}
+
+static enum MHD_Result send_body(req_ctx *c, struct MHD_Connection *conn, int status,
+                                 const char *body, const char *ctype, const char *retry_after) {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
+    if (c) c->status = status;
+    common_headers(c, r);
     MHD_add_response_header(r, "Content-Type", ctype);
     if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
     enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
@@ -240,7 +268,7 @@ static enum MHD_Result send_error(req_ctx *c, struct MHD_Connection *conn, const
     char *js = c && c->dialect ? c->dialect->error_json(e) : pgd_api_error_json(e);
     if (c) c->status = e->status;
     const char *retry = e->status == 429 || e->status == 503 ? "1" : NULL;
-    enum MHD_Result r = send_body(conn, e->status, js ? js : "{}", "application/json", retry);
+    enum MHD_Result r = send_body(c, conn, e->status, js ? js : "{}", "application/json", retry);
     free(js);
     return r;
 }
@@ -739,7 +767,6 @@ static void submit_all(server *s, req_ctx *c) {
     if (c->lora && lora_slot_of(s, c->model) != c->lora) { /* unloaded while the work ran */
         pgd_api_error_set(&c->err, 404, "invalid_request_error", "model", "model_not_found",
                           "the LoRA adapter '%.200s' was unloaded", c->model);
-        c->err.status = 400;
         c->has_err = true;
         return;
     }
@@ -965,7 +992,7 @@ static void add_model_entry(server *s, cJSON *d, const char *id, const char *roo
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddNumberToObject(m, "created", (double)s->started);
     cJSON_AddStringToObject(m, "owned_by", "pagoda");
     if (root) {
         cJSON_AddStringToObject(m, "root", root);
@@ -975,7 +1002,7 @@ static void add_model_entry(server *s, cJSON *d, const char *id, const char *roo
     cJSON_AddItemToArray(d, m);
 }
 
-static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
+static enum MHD_Result answer_models(server *s, req_ctx *c, struct MHD_Connection *conn) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *d = cJSON_AddArrayToObject(o, "data");
@@ -984,7 +1011,7 @@ static enum MHD_Result answer_models(server *s, struct MHD_Connection *conn) {
         if (s->lora_names[i]) add_model_entry(s, d, s->lora_names[i], s->lora_paths[i]);
     char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    enum MHD_Result r = send_body(conn, 200, js ? js : "{}", "application/json", NULL);
+    enum MHD_Result r = send_body(c, conn, 200, js ? js : "{}", "application/json", NULL);
     free(js);
     return r;
 }
@@ -1144,7 +1171,7 @@ static enum MHD_Result answer_text(req_ctx *c, struct MHD_Connection *conn, cons
     snprintf(txt, sizeof txt, fmt, name);
     c->status = 200;
     c->ph = PH_RESPOND;
-    return send_body(conn, 200, txt, "text/plain; charset=utf-8", NULL);
+    return send_body(c, conn, 200, txt, "text/plain; charset=utf-8", NULL);
 }
 
 static void lora_load_work_cb(uv_work_t *w) {
@@ -1282,7 +1309,7 @@ static enum MHD_Result answer_kv_plan(server *s, req_ctx *c, struct MHD_Connecti
         return send_error(c, conn, &e);
     }
     c->status = 200;
-    enum MHD_Result r = send_body(conn, 200, js, "application/json", NULL);
+    enum MHD_Result r = send_body(c, conn, 200, js, "application/json", NULL);
     free(js);
     return r;
 }
@@ -1367,7 +1394,7 @@ static enum MHD_Result start_background(server *s, req_ctx *c, struct MHD_Connec
     if (s->detached) s->detached->det_prev = c;
     s->detached = c;
     c->status = 200;
-    enum MHD_Result r = send_body(conn, 200, snap, "application/json", NULL);
+    enum MHD_Result r = send_body(c, conn, 200, snap, "application/json", NULL);
     free(snap);
     return r;
 }
@@ -1378,7 +1405,8 @@ static enum MHD_Result answer_stored_response(server *s, req_ctx *c, struct MHD_
     pgd_api_error e;
     const char *rest = url + strlen("/v1/responses/");
     size_t n = strcspn(rest, "/");
-    bool cancel = !strcmp(rest + n, "/cancel"), get = !strcmp(method, "GET");
+    bool cancel = !strcmp(rest + n, "/cancel");
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     char id[128];
     if (n == 0 || n >= sizeof id || (rest[n] && !cancel)) {
         pgd_api_error_set(&e, 404, "invalid_request_error", NULL, "not_found", "no route %s %s",
@@ -1386,6 +1414,7 @@ static enum MHD_Result answer_stored_response(server *s, req_ctx *c, struct MHD_
         return send_error(c, conn, &e);
     }
     if (cancel ? strcmp(method, "POST") : !get && strcmp(method, "DELETE")) {
+        c->allow = cancel ? "POST" : "GET, HEAD, DELETE";
         pgd_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
                           "%s does not accept %s; use %s", url, method,
                           cancel ? "POST" : "GET or DELETE");
@@ -1401,7 +1430,7 @@ static enum MHD_Result answer_stored_response(server *s, req_ctx *c, struct MHD_
             if (d->submitted[i]) pgd_engine_abort(s->engine, d->engine_ids[i]);
         char *snap = pgd_responses_snapshot(d->dstate);
         c->status = snap ? 200 : 500;
-        enum MHD_Result r = send_body(conn, c->status, snap ? snap : "{}", "application/json",
+        enum MHD_Result r = send_body(c, conn, c->status, snap ? snap : "{}", "application/json",
                                       NULL);
         free(snap);
         return r;
@@ -1430,9 +1459,149 @@ static enum MHD_Result answer_stored_response(server *s, req_ctx *c, struct MHD_
         cJSON_Delete(o);
     }
     c->status = js ? 200 : 500;
-    enum MHD_Result r = send_body(conn, c->status, js ? js : "{}", "application/json", NULL);
+    enum MHD_Result r = send_body(c, conn, c->status, js ? js : "{}", "application/json", NULL);
     free(js);
     return r;
+}
+
+/* ---- routing ---- */
+
+/* A route: its path (a trailing '*' matches any non-empty rest), the methods it answers (GET
+ * also HEAD, whose answer MHD sends without the body) and its 405's Allow header. */
+typedef struct route_def {
+    const char *path;
+    route rt;
+    const char *methods, *allow;
+} route_def;
+
+static const route_def routes[] = {
+    {"/v1/completions", R_COMPLETIONS, "POST", "POST"},
+    {"/v1/chat/completions", R_CHAT, "POST", "POST"},
+    {"/v1/embeddings", R_EMBED, "POST", "POST"},
+    {"/v1/messages", R_MESSAGES, "POST", "POST"},
+    {"/v1/messages/count_tokens", R_COUNT_TOKENS, "POST", "POST"},
+    {"/v1/responses", R_RESPONSES, "POST", "POST"},
+    {"/v1/responses/*", R_STORED, "GET, DELETE, POST", "GET, HEAD, DELETE, POST"},
+    {"/tokenize", R_TOKENIZE, "POST", "POST"},
+    {"/detokenize", R_DETOKENIZE, "POST", "POST"},
+    {"/v1/models", R_MODELS, "GET", "GET, HEAD"},
+    {"/v1/models/*", R_MODEL, "GET", "GET, HEAD"},
+    {"/health", R_HEALTH, "GET", "GET, HEAD"},
+    {"/metrics", R_METRICS, "GET", "GET, HEAD"},
+    {"/version", R_VERSION, "GET", "GET, HEAD"},
+    {"/v1/kv_plan", R_KV_PLAN, "GET", "GET, HEAD"},
+    {"/v1/load_lora_adapter", R_LORA_LOAD, "POST", "POST"},
+    {"/v1/unload_lora_adapter", R_LORA_UNLOAD, "POST", "POST"},
+};
+
+static const route_def *find_route(const char *url) {
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const char *p = routes[i].path;
+        size_t n = strlen(p);
+        if (p[n - 1] == '*' ? !strncmp(url, p, n - 1) && url[n - 1] : !strcmp(url, p))
+            return &routes[i];
+    }
+    return NULL;
+}
+
+/* Whether method is one of the list's ("GET, DELETE"); GET lets HEAD in. */
+static bool method_in(const char *list, const char *method) {
+    const char *m = strcmp(method, "HEAD") ? method : "GET";
+    size_t n = strlen(m);
+    for (const char *p = strstr(list, m); p; p = strstr(p + 1, m))
+        if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ',')) return true;
+    return false;
+}
+
+/* A CORS preflight's answer (Starlette's: 200 "OK", or 400 naming what it refuses). */
+typedef struct header_list {
+    const char *name[8], *value[8];
+    char store[8][512];
+    int n;
+} header_list;
+static void collect_header_cb(void *ctx, const char *name, const char *value) {
+    header_list *h = ctx;
+    if (h->n == 8) return;
+    snprintf(h->store[h->n], sizeof h->store[h->n], "%s", value);
+    h->name[h->n] = name;
+    h->value[h->n] = h->store[h->n];
+    h->n++;
+}
+static enum MHD_Result answer_preflight(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                        const char *origin, const char *req_method) {
+    header_list h = {.n = 0};
+    char txt[96];
+    const char *req_headers =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    int st = pgd_cors_preflight(&s->cors, origin, req_method, req_headers, collect_header_cb, &h,
+                                txt, sizeof txt);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(txt), txt, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    for (int i = 0; i < h.n; i++) MHD_add_response_header(r, h.name[i], h.value[i]);
+    MHD_add_response_header(r, "Content-Type", "text/plain; charset=utf-8");
+    c->origin[0] = 0; /* (its CORS headers are the preflight's) */
+    c->status = st;
+    common_headers(c, r);
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)st, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* GET /v1/models/{id}: the model or an adapter, as /v1/models lists them (OpenAI's 404 else). */
+static enum MHD_Result answer_model(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                    const char *id) {
+    pgd_api_error e;
+    cJSON *d = cJSON_CreateArray();
+    if (!strcmp(id, s->model_name)) add_model_entry(s, d, s->model_name, NULL);
+    for (int32_t i = 0; i < s->n_loras && !cJSON_GetArraySize(d); i++)
+        if (s->lora_names[i] && !strcmp(id, s->lora_names[i]))
+            add_model_entry(s, d, s->lora_names[i], s->lora_paths[i]);
+    char *js = cJSON_GetArraySize(d) ? cJSON_PrintUnformatted(cJSON_GetArrayItem(d, 0)) : NULL;
+    cJSON_Delete(d);
+    if (!js) {
+        pgd_api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                          "The model '%.200s' does not exist", id);
+        return send_error(c, conn, &e);
+    }
+    enum MHD_Result r = send_body(c, conn, 200, js, "application/json", NULL);
+    free(js);
+    return r;
+}
+
+/* The routes answered without the engine, once their request has been read. */
+static enum MHD_Result answer_get(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                  const char *method, const char *url) {
+    switch (c->rt) {
+    case R_HEALTH:
+        return send_body(c, conn, s->ready ? 200 : 503,
+                         s->ready ? "{\"status\":\"ok\"}"
+                                  : (s->load_failed ? "{\"status\":\"failed\"}"
+                                                    : "{\"status\":\"loading\"}"),
+                         "application/json", s->ready ? NULL : "5");
+    case R_METRICS: {
+        /* The engine's gauges first, then the events it posted before them: a request the
+         * gauges no longer count as running is in the finish counters of the same page. */
+        pgd_engine_stats st;
+        if (s->ready) {
+            pgd_engine_get_stats(s->engine, &st);
+            drain_events(s);
+        }
+        char *txt = pgd_metrics_render(&s->metrics, s->ready ? &st : NULL, s->model_name,
+                                       (const char *const *)s->lora_names, s->n_loras);
+        enum MHD_Result r = send_body(c, conn, 200, txt ? txt : "",
+                                      "text/plain; version=0.0.4; charset=utf-8", NULL);
+        free(txt);
+        return r;
+    }
+    case R_VERSION:
+        return send_body(c, conn, 200, "{\"version\":\"" PGD_VERSION "\"}", "application/json",
+                         NULL);
+    case R_MODELS: return answer_models(s, c, conn);
+    case R_MODEL: return answer_model(s, c, conn, url + strlen("/v1/models/"));
+    case R_KV_PLAN: return answer_kv_plan(s, c, conn);
+    default: return answer_stored_response(s, c, conn, method, url);
+    }
 }
 
 /* ---- the access handler ---- */
@@ -1496,83 +1665,61 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         for (char *p = c->method; *p; p++) if (*p < 0x20 || *p == '"' || *p == '\\' || *p > 0x7e) *p = '?';
         for (char *p = c->path; *p; p++) if (*p < 0x20 || *p == '"' || *p == '\\' || *p > 0x7e) *p = '?';
         *con_cls = c;
-        bool is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET");
-        struct { const char *path; bool post; int rt; } routes[] = {
-            {"/v1/completions", true, R_COMPLETIONS}, {"/v1/chat/completions", true, R_CHAT},
-            {"/tokenize", true, R_TOKENIZE},          {"/detokenize", true, R_DETOKENIZE},
-            {"/v1/embeddings", true, R_EMBED},
-            {"/v1/messages", true, R_MESSAGES},       {"/v1/responses", true, R_RESPONSES},
-            {"/v1/messages/count_tokens", true, R_COUNT_TOKENS},
-            {"/v1/models", false, -1},                {"/health", false, -2},
-            {"/metrics", false, -3},                  {"/v1/kv_plan", false, -4},
-            {"/v1/load_lora_adapter", true, R_LORA_LOAD},
-            {"/v1/unload_lora_adapter", true, R_LORA_UNLOAD},
-        };
-        int found = -100;
-        bool post_route = false;
-        for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-            if (!strcmp(url, routes[i].path)) {
-                found = routes[i].rt;
-                post_route = routes[i].post;
-            }
-        if (found == -100 && !strncmp(url, "/v1/responses/", 14)) found = -5;
-        c->dialect = found == R_MESSAGES || found == R_COUNT_TOKENS ? &pgd_dialect_anthropic
-                     : found == R_RESPONSES                         ? &pgd_dialect_responses
-                                                                    : NULL;
-        if ((found == R_LORA_LOAD || found == R_LORA_UNLOAD) &&
+        const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
+        if (origin && strlen(origin) < sizeof c->origin) snprintf(c->origin, sizeof c->origin, "%s", origin);
+        const char *xrid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+        if (xrid && *xrid && strlen(xrid) < sizeof c->xrid) { /* echoed: printable ASCII only */
+            snprintf(c->xrid, sizeof c->xrid, "%s", xrid);
+            for (char *p = c->xrid; *p; p++) if (*p < 0x20 || *p > 0x7e) *p = '?';
+        }
+        const char *acrm = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                       "Access-Control-Request-Method");
+        if (pgd_cors_is_preflight(method, origin, acrm)) {
+            return answer_preflight(s, c, conn, origin, acrm);
+        }
+        const route_def *rd = find_route(url);
+        if (rd && (rd->rt == R_LORA_LOAD || rd->rt == R_LORA_UNLOAD) &&
             !s->cfg.allow_runtime_lora_updating)
-            found = -100; /* (vLLM's routes exist only when allowed too) */
-        if (found == -100) {
+            rd = NULL; /* (vLLM's routes exist only when allowed too) */
+        if (!rd) {
             pgd_api_error_set(&e, 404, "invalid_request_error", NULL, "not_found",
                               "no route %s %s", method, url);
             return send_error(c, conn, &e);
         }
-        if (found != -5 && ((post_route && !is_post) || (!post_route && !is_get))) {
+        c->rt = rd->rt;
+        c->dialect = rd->rt == R_MESSAGES || rd->rt == R_COUNT_TOKENS ? &pgd_dialect_anthropic
+                     : rd->rt == R_RESPONSES                          ? &pgd_dialect_responses
+                                                                      : NULL;
+        if (!method_in(rd->methods, method)) {
+            c->allow = rd->allow;
             pgd_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
-                              "%s does not accept %s; use %s", url, method,
-                              post_route ? "POST" : "GET");
+                              "%s does not accept %s; use %s", url, method, rd->methods);
             return send_error(c, conn, &e);
         }
-        bool public_route = found == -2 || found == -3;
+        bool public_route = rd->rt == R_HEALTH || rd->rt == R_METRICS || rd->rt == R_VERSION;
         if ((!public_route || s->cfg.protect_health) && !authorized(s, conn)) {
             pgd_api_error_set(&e, 401, "authentication_error", NULL, "invalid_api_key",
-                              "missing or incorrect API key (send 'Authorization: Bearer KEY')");
+                              "missing or incorrect API key (send 'Authorization: Bearer KEY' "
+                              "or 'x-api-key: KEY')");
             return send_error(c, conn, &e);
         }
-        if (found == -2) {
-            c->status = s->ready ? 200 : 503;
-            return send_body(conn, c->status,
-                             s->ready ? "{\"status\":\"ok\"}"
-                                      : (s->load_failed ? "{\"status\":\"failed\"}"
-                                                        : "{\"status\":\"loading\"}"),
-                             "application/json", s->ready ? NULL : "5");
-        }
-        if (found == -3) {
-            /* The engine's gauges first, then the events it posted before them: a request the
-             * gauges no longer count as running is in the finish counters of the same page. */
-            pgd_engine_stats st;
-            if (s->ready) {
-                pgd_engine_get_stats(s->engine, &st);
-                drain_events(s);
-            }
-            char *txt = pgd_metrics_render(&s->metrics, s->ready ? &st : NULL, s->model_name,
-                                           (const char *const *)s->lora_names, s->n_loras);
-            c->status = 200;
-            enum MHD_Result r = send_body(conn, 200, txt ? txt : "",
-                                          "text/plain; version=0.0.4; charset=utf-8", NULL);
-            free(txt);
-            return r;
-        }
-        if (found == -1) {
-            c->status = 200;
-            return answer_models(s, conn);
-        }
-        if (found == -4) return answer_kv_plan(s, c, conn);
-        if (found == -5) return answer_stored_response(s, c, conn, method, url);
+        /* answered once the request is read (any body ignored): a response queued before
+         * that would close the connection */
+        c->ph = PH_RECEIVING;
+        if (rd->rt >= R_MODELS) return MHD_YES;
         if (!s->ready || s->draining) {
             pgd_api_error_set(&e, 503, "server_error", NULL, s->draining ? "shutting_down" : "loading",
                               s->draining ? "the server is shutting down"
                                           : "the model is still loading");
+            return send_error(c, conn, &e);
+        }
+        /* A body Pagoda cannot read is refused before it is read (RFC 9110 15.5.16); a gzip
+         * body would otherwise be "not valid UTF-8". */
+        const char *enc = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Encoding");
+        if (enc && *enc && strcasecmp(enc, "identity")) {
+            pgd_api_error_set(&e, 415, "invalid_request_error", NULL, "unsupported_media_type",
+                              "Content-Encoding '%.60s' is not supported: send the body "
+                              "uncompressed", enc);
             return send_error(c, conn, &e);
         }
         /* Two different Content-Lengths: which one frames the body is ambiguous (request
@@ -1597,8 +1744,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                 return send_error(c, conn, &e);
             }
         }
-        c->rt = (route)found;
-        c->ph = PH_RECEIVING;
         return MHD_YES;
     }
     if (c->ph == PH_RECEIVING) {
@@ -1621,6 +1766,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             *upload_size = 0;
             return MHD_YES;
         }
+        if (c->rt >= R_MODELS) return answer_get(s, c, conn, method, url);
         if (c->too_large) {
             pgd_api_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
                               "the request body exceeds %zu bytes", s->cfg.max_body_bytes);
@@ -1654,7 +1800,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                               "the model '%.200s' does not exist; this server serves '%s'%s",
                               c->api.model, s->model_name,
                               s->n_loras ? " and the LoRA adapters /v1/models lists" : "");
-            e.status = 400;
             return send_error(c, conn, &e);
         }
         if ((c->rt == R_CHAT || c->dialect) && !s->tmpl) {
@@ -1695,6 +1840,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         struct MHD_Response *r =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, NULL);
         if (!r) return MHD_NO;
+        common_headers(c, r);
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         c->status = 200;
@@ -1705,7 +1851,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     /* PH_RESPOND */
     if (c->status && c->resp == NULL && !c->has_err) return MHD_YES;
     if (c->has_err) return send_error(c, conn, &c->err);
-    return send_body(conn, c->status ? c->status : 200, c->resp ? c->resp : "{}",
+    return send_body(c, conn, c->status ? c->status : 200, c->resp ? c->resp : "{}",
                      c->resp_type ? c->resp_type : "application/json", NULL);
 }
 
@@ -1965,6 +2111,13 @@ int pgd_serve(const pgd_server_config *cfg) {
                                  .max_prompt_tokens = cfg->max_prompt_tokens, .n_vocab = 1,
                                  .priority_scheduling =
                                      !strcmp(cfg->scheduling_policy, "priority")};
+    char cors_err[256];
+    if (pgd_cors_init(&s->cors, cfg->allowed_origins, cfg->allowed_methods, cfg->allowed_headers,
+                      cfg->allow_credentials, cors_err, sizeof cors_err)) {
+        fprintf(stderr, "pagoda: %s\n", cors_err);
+        return 2;
+    }
+    s->started = (long)time(NULL);
     if (cfg->responses_store_bytes &&
         !(s->store = pgd_resp_store_new(cfg->responses_store_bytes))) {
         fprintf(stderr, "pagoda: out of memory\n");
@@ -2058,6 +2211,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     free(s->lora_loading);
     pgd_metrics_free(&s->metrics);
     if (s->store) pgd_resp_store_free(s->store);
+    pgd_cors_free(&s->cors);
     free(s);
     return code;
 }

@@ -302,7 +302,7 @@ def base_id(server):
 def test_lora_server_models(lora_server, tiny_models, adapters):
     """/v1/models: the base model first, then each adapter (id its name, parent the base model,
     root its directory); the listing still matches OpenAI's schema. An unknown model name is
-    the error it was (400, param "model", code model_not_found, the name in the message)."""
+    the error it was (404, as OpenAI and vLLM answer; param "model", code model_not_found, the name in the message)."""
     r = requests.get(lora_server.url("/v1/models"), timeout=30)
     assert r.status_code == 200, r.text
     validate(r.json(), "ListModelsResponse")
@@ -315,7 +315,7 @@ def test_lora_server_models(lora_server, tiny_models, adapters):
     r = requests.post(lora_server.url("/v1/completions"),
                       json={"model": "no-such-adapter", "prompt": [5, 6], "max_tokens": 1},
                       timeout=30)
-    assert r.status_code == 400, r.text
+    assert r.status_code == 404, r.text
     err = r.json()["error"]
     assert err["param"] == "model" and err["code"] == "model_not_found", err
     assert "no-such-adapter" in err["message"], err
@@ -634,7 +634,7 @@ def test_runtime_lora_load_unload(pagoda_bin, tiny_models, adapters):
         assert r.status_code == 404 and "cannot be found" in r.json()["error"]["message"]
         r = requests.post(s.url("/v1/completions"),
                           json={"model": "a", "prompt": "Hi", "max_tokens": 2}, timeout=30)
-        assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_found", r.text
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
         r = lora_post(s, "/v1/load_lora_adapter", lora_name="b",
                       lora_path=str(adapters("llama-b")))
         assert r.status_code == 200, r.text
@@ -673,7 +673,7 @@ def test_runtime_lora_unload_while_running(pagoda_bin, tiny_models, adapters):
         assert text == want
         r = requests.post(s.url("/v1/completions"),
                           json={"model": "a", "prompt": "Hi", "max_tokens": 2}, timeout=30)
-        assert r.status_code == 400, r.text
+        assert r.status_code == 404, r.text  # model_not_found, as OpenAI
         r = lora_post(s, "/v1/load_lora_adapter", lora_name="b",
                       lora_path=str(adapters("llama-b")))
         assert r.status_code == 200, r.text  # the one slot was freed when the request ended
@@ -745,7 +745,7 @@ def test_lora_embeddings(lora_server, refs):
 def test_lora_runtime_churn_asan(tiny_models, adapters):
     """Adapters loaded and unloaded over and over while requests for them stream in, under
     ASan/UBSan/LSan: every request is answered, with 200 (and then its adapter's answer, or the
-    base model's) or 400 model_not_found (its adapter was unloaded); nothing crashes, leaks or
+    base model's) or 404 model_not_found (its adapter was unloaded); nothing crashes, leaks or
     hangs, and the server stops cleanly."""
     import random
     import threading
@@ -778,7 +778,7 @@ def test_lora_runtime_churn_asan(tiny_models, adapters):
             if r.status_code == 200:
                 assert r.json()["choices"][0]["text"] == want[m]
             else:
-                assert r.status_code == 400 and m != base, r.text
+                assert r.status_code == 404 and m != base, r.text
                 assert r.json()["error"]["code"] == "model_not_found", r.text
 
         t = threading.Thread(target=churn)

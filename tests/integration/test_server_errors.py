@@ -137,7 +137,7 @@ CASES = [
     ("frequency-penalty-range", "POST", C, {"prompt": "a", "frequency_penalty": -3}, None, 400,
      "frequency_penalty", None),
     ("user-number", "POST", C, {"prompt": "a", "user": 5}, None, 400, "user", None),
-    ("model-unknown", "POST", C, {"model": "gpt-17", "prompt": "a"}, None, 400, "model",
+    ("model-unknown", "POST", C, {"model": "gpt-17", "prompt": "a"}, None, 404, "model",
      "gpt-17"),
     ("model-number", "POST", C, {"model": 42, "prompt": "a"}, None, 400, "model", None),
     ("messages-missing", "POST", CH, {"max_tokens": 2}, None, 400, "messages", None),
