@@ -114,3 +114,8 @@ def refs():
     import types
     return types.SimpleNamespace(chat=chat_reference, loads_unique=loads_unique,
                                  check=check_instance, closed=closed_schema)
+
+
+def pytest_configure(config):
+    # the SDKs' own import-time warnings (litellm's TypedDicts under Pydantic) are not Pagoda's
+    config.addinivalue_line("filterwarnings", "ignore::UserWarning:pydantic._internal")
