@@ -51,6 +51,10 @@ echo "== integration tests"
 PAGODA_BUILD="$root/build" PAGODA_ASAN_BUILD="$root/build-asan" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integration "$@"
 
+echo "== client compatibility tests (the newest openai, openai-agents, anthropic, langchain-openai, instructor, litellm)"
+cvenv=$(bash scripts/setup-venv.sh tests/clients/requirements.txt)
+PAGODA_BUILD="$root/build" "$cvenv/bin/python" -m pytest -q -p no:cacheprovider tests/clients
+
 if [ "$have_cuda" = 1 ]; then
     echo "== integration tests of the CUDA build (dummy weights, devices; CPU backend)"
     PAGODA_BUILD="$root/build-cuda" \
