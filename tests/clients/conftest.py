@@ -4,8 +4,9 @@ anthropic, langchain-openai, instructor, litellm; tests/clients/requirements.txt
 test's own text: the plain chat API's greedy answer to the same conversation, jsonschema on the
 tools' and Pydantic models' schemas, the SDKs' own types, and the OpenAI OpenAPI description.
 
-One server per configuration for the whole session: the default one (no tool-call parser
-option), one with --api-key, and (in test_openai.py) one with a one-place waiting queue."""
+One server per configuration and test module (each starts in about a second, and a server that
+dies fails only its own module): the default one (no tool-call parser option), one with
+--api-key, and (in test_openai.py) one with a one-place waiting queue."""
 import os
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ import util  # noqa: E402
 API_KEY = "sk-pagoda-clients-test"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server():
     """`pagoda serve` on the default model, with no tool-call parser option."""
     from server_util import Server
@@ -45,7 +46,7 @@ def server():
     s.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def auth_server():
     """The default model behind --api-key API_KEY."""
     from server_util import Server
@@ -55,7 +56,7 @@ def auth_server():
     s.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def model(server):
     """The served model's name, as GET /v1/models lists it."""
     import requests
