@@ -175,9 +175,9 @@ def test_previous_response_id_chain(client, server, model, refs):
              "And what is my name?"]
     out, prev = [], None
     for text in turns:
+        chain = {"previous_response_id": prev} if prev else {}
         resp = client.responses.create(model=model, instructions=instructions, input=text,
-                                       previous_response_id=prev, max_output_tokens=12,
-                                       temperature=0)
+                                       max_output_tokens=12, temperature=0, **chain)
         out.append(resp)
         prev = resp.id
     cached = [r.usage.input_tokens_details.cached_tokens for r in out]
