@@ -559,14 +559,15 @@ static bool has_message(const resp_state *st) {
     return st->content.len > 0 || cJSON_GetArraySize(st->calls) == 0;
 }
 
+/* An item the answer was still writing when it was cut (max_output_tokens), cancelled or
+ * failed is "incomplete". */
 static const char *reasoning_status(const resp_state *st) {
-    if (!st->finish[0]) return "incomplete";
-    return cut(st) && !st->content.len && !cJSON_GetArraySize(st->calls) ? "incomplete"
-                                                                          : "completed";
+    if (st->content.len || cJSON_GetArraySize(st->calls)) return "completed"; /* it ended */
+    return !st->finish[0] || st->cancelled || cut(st) ? "incomplete" : "completed";
 }
 
 static const char *message_status(const resp_state *st) {
-    return !st->finish[0] || cut(st) ? "incomplete" : "completed";
+    return !st->finish[0] || st->cancelled || cut(st) ? "incomplete" : "completed";
 }
 
 static cJSON *build_output(const resp_state *st) {
@@ -752,7 +753,8 @@ static void open_reasoning(resp_state *st, pgd_sbuf *out) {
     ev_send(out, e);
 }
 
-static void close_reasoning(resp_state *st, pgd_sbuf *out) {
+/* next: the content or a call begins (the reasoning has ended), else the answer has. */
+static void close_reasoning(resp_state *st, pgd_sbuf *out, bool next) {
     if (!st->r_open) return;
     const char *text = st->reasoning.len ? st->reasoning.data : "";
     st->r_open = false;
@@ -763,14 +765,15 @@ static void close_reasoning(resp_state *st, pgd_sbuf *out) {
     e = ev_item(st, "response.content_part.done", "rs", 0);
     cJSON_AddItemToObject(e, "part", reasoning_part(text));
     ev_send(out, e);
-    ev_item_added(st, out, "response.output_item.done", reasoning_item(st, 0, reasoning_status(st),
+    ev_item_added(st, out, "response.output_item.done", reasoning_item(st, 0, next ? "completed"
+                                                                           : reasoning_status(st),
                                                                       true), 0);
 }
 
 static int message_index(const resp_state *st) { return st->r_done || st->r_open ? 1 : 0; }
 
-static void open_message(resp_state *st, pgd_sbuf *out) {
-    close_reasoning(st, out);
+static void open_message(resp_state *st, pgd_sbuf *out, bool next) {
+    close_reasoning(st, out, next);
     int k = st->n_items++;
     st->m_open = true;
     ev_item_added(st, out, "response.output_item.added", message_item(st, k, "in_progress", false),
@@ -812,7 +815,7 @@ static void reasoning_delta(resp_state *st, const char *d, pgd_sbuf *out) {
 static void content_delta(resp_state *st, const char *d, pgd_sbuf *out) {
     size_t n = strlen(d);
     if (!n || st->m_done || st->calls) return; /* (calls come last: content cannot follow) */
-    if (!st->m_open) open_message(st, out);
+    if (!st->m_open) open_message(st, out, true);
     pgd_sbuf_append(&st->content, d, n);
     cJSON *e = ev_item(st, "response.output_text.delta", "msg", message_index(st));
     cJSON_AddStringToObject(e, "delta", d);
@@ -822,7 +825,7 @@ static void content_delta(resp_state *st, const char *d, pgd_sbuf *out) {
 
 /* Whole calls (the chat stream sends them at the end): each one's item and arguments. */
 static void calls_delta(resp_state *st, const cJSON *calls, pgd_sbuf *out) {
-    close_reasoning(st, out);
+    close_reasoning(st, out, true);
     close_message(st, out);
     if (!st->calls && !(st->calls = cJSON_CreateArray())) return;
     const cJSON *c;
@@ -869,8 +872,8 @@ static void stream_chunk(void *state, const cJSON *chunk, pgd_sbuf *out) {
 static void stream_end(void *state, pgd_sbuf *out) {
     resp_state *st = state;
     if (st->ended) return;
-    close_reasoning(st, out);
-    if (has_message(st) && !st->m_done && !st->m_open) open_message(st, out);
+    close_reasoning(st, out, false);
+    if (has_message(st) && !st->m_done && !st->m_open) open_message(st, out, false);
     close_message(st, out);
     st->ended = true;
     const char *status = final_status(st);
