@@ -27,6 +27,7 @@ typedef struct anth_state {
     char *finish;              /* the chat finish_reason, once seen */
     char *stop_sequence;       /* vLLM's stop_reason when it names a stop string */
     int32_t prompt_tokens, completion_tokens, cached_tokens;
+    bool calls;                /* tool_use blocks were sent */
     bool ended;                /* message_stop or an error event went out */
 } anth_state;
 
@@ -449,8 +450,11 @@ fail:
 
 /* ---- answers ---- */
 
-/* The chat finish_reason (and vLLM's stop_reason beside it) as Anthropic's stop_reason. */
-static const char *stop_reason_of(const char *finish, const char *stop_sequence) {
+/* The chat finish_reason (and vLLM's stop_reason beside it) as Anthropic's stop_reason. An
+ * answer that ends in calls is "tool_use" whatever the finish_reason: the chat path says "stop"
+ * for a named tool_choice's call, as OpenAI does, where Anthropic says tool_use. */
+static const char *stop_reason_of(const char *finish, const char *stop_sequence, bool calls) {
+    if (calls) return "tool_use";
     if (!finish) return "end_turn";
     if (!strcmp(finish, "length")) return "max_tokens";
     if (!strcmp(finish, "tool_calls")) return "tool_use";
@@ -539,7 +543,7 @@ static char *anth_complete(void *state, const cJSON *completion) {
     }
     const char *finish = cJSON_GetStringValue(get(ch, "finish_reason"));
     const char *seq = cJSON_GetStringValue(get(ch, "stop_reason"));
-    const char *sr = stop_reason_of(finish, seq);
+    const char *sr = stop_reason_of(finish, seq, cJSON_GetArraySize(get(msg, "tool_calls")) > 0);
     cJSON_AddStringToObject(o, "stop_reason", sr);
     if (!strcmp(sr, "stop_sequence")) cJSON_AddStringToObject(o, "stop_sequence", seq);
     else cJSON_AddNullToObject(o, "stop_sequence");
@@ -632,6 +636,7 @@ static void anth_stream_chunk(void *state, const cJSON *chunk, pgd_sbuf *out) {
         /* the chat path sends each call whole: one start, its input in one delta, one stop */
         block_stop(st, out);
         block_start(st, out, tool_use_block(call, false));
+        st->calls = true;
         const char *args = cJSON_GetStringValue(get(get(call, "function"), "arguments"));
         block_delta(st, out, "input_json_delta", "partial_json", args ? args : "{}");
         cJSON *e = typed("content_block_stop");
@@ -655,7 +660,7 @@ static void anth_stream_end(void *state, pgd_sbuf *out) {
     block_stop(st, out);
     cJSON *e = typed("message_delta");
     cJSON *d = cJSON_AddObjectToObject(e, "delta");
-    const char *sr = stop_reason_of(st->finish, st->stop_sequence);
+    const char *sr = stop_reason_of(st->finish, st->stop_sequence, st->calls);
     cJSON_AddStringToObject(d, "stop_reason", sr);
     if (!strcmp(sr, "stop_sequence"))
         cJSON_AddStringToObject(d, "stop_sequence", st->stop_sequence);

@@ -333,6 +333,59 @@ def test_tool_result_round_trip(qwen_rnd, mistral_rnd):
     check_error(r, 400, "length 9")
 
 
+# ---- thinking ----
+
+def test_thinking_blocks(tmp_path_factory):
+    """With --reasoning-parser, the reasoning comes back as a thinking block (signature "") before
+    the text, streamed as thinking_delta then signature_delta; its text the chat answer's
+    reasoning_content. A thinking block handed back in the assistant turn is accepted. (DeepSeek-R1
+    Distill's template opens the thinking: the random model's answer is all reasoning, or
+    reasoning then text.)"""
+    model = util.model_with_template(tmp_path_factory,
+                                     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja")
+    with Server(model, "--reasoning-parser", "deepseek_r1") as s:
+        body = {"model": model_id(s), "max_tokens": 24, "temperature": 0,
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
+        m = ok_message(messages(s, body))
+        assert m["content"][0]["type"] == "thinking" and m["content"][0]["thinking"], m
+        assert m["content"][0]["signature"] == ""
+        assert [b["type"] for b in m["content"][1:]] in ([], ["text"]), m
+        chat = requests.post(s.url("/v1/chat/completions"), timeout=300, json={
+            "model": body["model"], "max_tokens": 24, "temperature": 0,
+            "messages": body["messages"]}).json()["choices"][0]["message"]
+        assert m["content"][0]["thinking"] == chat["reasoning_content"]
+        assert text_of(m) == (chat["content"] or "")
+        events = sse(messages(s, dict(body, stream=True)))
+        kinds = [d["delta"]["type"] for n, d in events if n == "content_block_delta"
+                 and d["index"] == 0]
+        assert kinds[-1] == "signature_delta" and set(kinds[:-1]) == {"thinking_delta"}, kinds
+        assert replay(events)["content"] == m["content"]
+        turn = dict(body, messages=body["messages"] + [
+            {"role": "assistant", "content": m["content"] + [{"type": "text", "text": "Air."}]},
+            {"role": "user", "content": "Why?"}])
+        ok_message(messages(s, turn))
+
+
+def test_thinking_sets_enable_thinking(tmp_path_factory):
+    """thinking enabled / disabled reaches the template as enable_thinking (SmolLM3's closes the
+    thinking in the prompt when it is false): count_tokens as /tokenize with that variable."""
+    model = util.model_with_template(tmp_path_factory, "HuggingFaceTB-SmolLM3-3B.jinja")
+    with Server(model) as s:
+        msgs = [{"role": "user", "content": "Why is the sky blue?"}]
+        body = {"model": model_id(s), "messages": msgs}
+        n = {}
+        for on in (True, False):
+            think = {"type": "enabled", "budget_tokens": 2048} if on else {"type": "disabled"}
+            r = messages(s, dict(body, thinking=think), "/v1/messages/count_tokens")
+            assert r.status_code == 200, r.text
+            n[on] = r.json()["input_tokens"]
+            t = requests.post(s.url("/tokenize"), timeout=60, json={
+                "messages": msgs, "chat_template_kwargs": {"enable_thinking": on}}).json()
+            assert n[on] == len(t["tokens"]), (on, n, t)
+        assert n[True] != n[False], n
+
+
 # ---- count_tokens ----
 
 def test_count_tokens_is_the_prompt(smol, qwen_rnd):

@@ -326,6 +326,18 @@ static void test_complete(void) {
         cJSON_Delete(m);
         cJSON_Delete(comp);
     }
+    /* a named tool_choice's call ends with finish_reason "stop" on the chat path (as OpenAI):
+     * Anthropic's stop_reason is tool_use all the same */
+    comp = cJSON_Parse("{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":null,"
+                       "\"tool_calls\":[{\"id\":\"call_x\",\"type\":\"function\",\"function\":{"
+                       "\"name\":\"f\",\"arguments\":\"{}\"}}]},\"finish_reason\":\"stop\","
+                       "\"stop_reason\":null}],\"usage\":{\"prompt_tokens\":3,"
+                       "\"completion_tokens\":2}}");
+    m = parse_body(D->complete(st, comp));
+    CHECK(eq(str(m, "stop_reason"), "tool_use") && eq(str(m, "content.0.id"), "toolu_x"));
+    CHECK_EQ_INT(cJSON_GetArraySize(at(m, "content")), 1);
+    cJSON_Delete(m);
+    cJSON_Delete(comp);
     D->free_state(st);
 }
 
@@ -461,6 +473,20 @@ static void test_stream(void) {
     CHECK(eq(str(ev, "5.data.delta.stop_reason"), "stop_sequence"));
     CHECK(eq(str(ev, "5.data.delta.stop_sequence"), "##"));
     CHECK_EQ_INT(cJSON_GetNumberValue(at(ev, "5.data.usage.input_tokens")), 5);
+    cJSON_Delete(ev);
+    pgd_sbuf_free(&out);
+    D->free_state(st);
+
+    /* a call under finish_reason "stop" (a named tool_choice): tool_use */
+    st = state_for(",\"stream\":true");
+    D->stream_start(st, &out);
+    chunk(st, &out, CHUNK("{\"tool_calls\":[{\"index\":0,\"id\":\"call_a\",\"type\":\"function\","
+                          "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}",
+                          "\"stop\"", "null"));
+    D->stream_end(st, &out);
+    ev = events_of(out.data);
+    CHECK_EQ_INT(cJSON_GetArraySize(ev), 7);
+    CHECK(eq(str(ev, "5.data.delta.stop_reason"), "tool_use"));
     cJSON_Delete(ev);
     pgd_sbuf_free(&out);
     D->free_state(st);
