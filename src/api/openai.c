@@ -431,6 +431,17 @@ int pgd_api_compile_schema(pgd_api_request *r, pgd_api_error *err) {
                               r->schema_label, msg);
         return -1;
     }
+    /* an answer is an object (OpenAI's rule for response_format); a required call without a
+     * tool-call format is vLLM's array of calls */
+    const pgd_json_node *root = &sc->nodes[sc->root];
+    if (!r->tool_required && (root->n_enum || root->types != (1u << PGD_JT_OBJ))) {
+        pgd_json_schema_free(sc);
+        free(sc);
+        pgd_api_error_set(err, 400, "invalid_request_error", r->schema_param, NULL,
+                          "%s: the schema's root must be an object schema ({\"type\": "
+                          "\"object\", ...})", r->schema_label);
+        return -1;
+    }
     r->schema_c = sc;
     return 0;
 }
@@ -1149,13 +1160,19 @@ cJSON *pgd_api_choice_tool_calls(const pgd_api_request *r, const char *id, int i
     if (!r->tool_format) return NULL;
     char cid[96];
     snprintf(cid, sizeof cid, "%s_%d", id, index);
-    size_t cl;
-    cJSON *calls = pgd_tool_calls_parse((pgd_tool_format)r->tool_format, text, len, cid, &cl);
+    size_t cl = 0;
+    /* a named function without a format: the answer is its arguments, as the model wrote them */
+    cJSON *calls = r->tool_format == PGD_TOOLS_JSON && r->tool_name
+                       ? pgd_tool_call_named(r->tool_name, text, len, cid)
+                       : pgd_tool_calls_parse((pgd_tool_format)r->tool_format, text, len, cid,
+                                              &cl);
     if (!calls) return NULL;
     while (!r->parallel_tool_calls && cJSON_GetArraySize(calls) > 1)
         cJSON_DeleteItemFromArray(calls, cJSON_GetArraySize(calls) - 1);
     *content_len = cl;
-    if (*finish && !strcmp(*finish, "stop")) *finish = "tool_calls";
+    /* vLLM (and OpenAI): "tool_calls" for calls the model chose or was required to make,
+     * "stop" for a named function's */
+    if (*finish && !strcmp(*finish, "stop") && !r->tool_name) *finish = "tool_calls";
     return calls;
 }
 

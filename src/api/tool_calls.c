@@ -36,24 +36,10 @@ static cJSON *read_value(const char *p, const char *end, const char **stop) {
     return NULL;
 }
 
-/* {"name": string, "arguments" (hermes) or "parameters" (llama3_json): an object, or a string
- * holding one} -> an OpenAI tool call; NULL for any other shape. */
-static cJSON *make_call(const cJSON *j, pgd_tool_format f, const char *id, int index) {
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
-    if (f == PGD_TOOLS_LLAMA3 && !args) args = cJSON_GetObjectItemCaseSensitive(j, "parameters");
-    char *a = NULL;
-    if (cJSON_IsObject(args)) {
-        a = pgd_json_print_exact(args); /* (NULL: a number past the range of doubles) */
-    } else if (cJSON_IsString(args)) {
-        cJSON *inner = cJSON_Parse(args->valuestring);
-        if (cJSON_IsObject(inner)) a = strdup(args->valuestring);
-        cJSON_Delete(inner);
-    }
-    if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !a) {
-        free(a);
-        return NULL;
-    }
+/* An OpenAI tool call of function name with arguments a (JSON text), id "call_<id>_<index>"
+ * (mistral: 9 letters and digits hashed from that). */
+static cJSON *call_object(pgd_tool_format f, const char *name, const char *a, const char *id,
+                          int index) {
     char cid[96];
     snprintf(cid, sizeof cid, "call_%s_%d", id, index);
     if (f == PGD_TOOLS_MISTRAL) { /* 9 base-62 digits of the FNV-1a hash of that */
@@ -67,22 +53,61 @@ static cJSON *make_call(const cJSON *j, pgd_tool_format f, const char *id, int i
     cJSON *c = cJSON_CreateObject(), *fn = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "id", cid);
     cJSON_AddStringToObject(c, "type", "function");
-    cJSON_AddStringToObject(fn, "name", name->valuestring);
+    cJSON_AddStringToObject(fn, "name", name);
     cJSON_AddStringToObject(fn, "arguments", a);
     cJSON_AddItemToObject(c, "function", fn);
+    return c;
+}
+
+/* The key of a call's arguments in format f's JSON. */
+static const char *args_key(pgd_tool_format f) {
+    return f == PGD_TOOLS_LLAMA3 || f == PGD_TOOLS_JSON ? "parameters" : "arguments";
+}
+
+/* {"name": string, "arguments" (hermes, mistral) or "parameters" (llama3_json, json): an
+ * object, or a string holding one} -> an OpenAI tool call; NULL for any other shape. */
+static cJSON *make_call(const cJSON *j, pgd_tool_format f, const char *id, int index) {
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
+    if (f == PGD_TOOLS_LLAMA3 && !args) args = cJSON_GetObjectItemCaseSensitive(j, "parameters");
+    if (f == PGD_TOOLS_JSON) args = cJSON_GetObjectItemCaseSensitive(j, "parameters");
+    char *a = NULL;
+    if (cJSON_IsObject(args)) {
+        a = pgd_json_print_exact(args); /* (NULL: a number past the range of doubles) */
+    } else if (cJSON_IsString(args)) {
+        cJSON *inner = cJSON_Parse(args->valuestring);
+        if (cJSON_IsObject(inner)) a = strdup(args->valuestring);
+        cJSON_Delete(inner);
+    }
+    if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !a) {
+        free(a);
+        return NULL;
+    }
+    cJSON *c = call_object(f, name->valuestring, a, id, index);
     free(a);
     return c;
 }
 
-/* mistral: the calls from p on, one JSON array of them and then only whitespace; NULL when
- * malformed. */
-static cJSON *read_array(const char *p, const char *end, const char *id) {
+cJSON *pgd_tool_call_named(const char *name, const char *text, size_t len, const char *id) {
+    char *a = malloc(len + 1);
+    if (!a) return NULL;
+    memcpy(a, text, len);
+    a[len] = 0;
+    cJSON *calls = cJSON_CreateArray();
+    cJSON_AddItemToArray(calls, call_object(PGD_TOOLS_JSON, name, a, id, 0));
+    free(a);
+    return calls;
+}
+
+/* mistral, json: the calls from p on, one JSON array of them and then only whitespace; NULL
+ * when malformed. */
+static cJSON *read_array(pgd_tool_format f, const char *p, const char *end, const char *id) {
     const char *stop = NULL;
     cJSON *a = read_value(p, end, &stop), *calls = cJSON_CreateArray(), *j;
     bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && skip_space(stop, end) == end;
     int n = 0;
     cJSON_ArrayForEach(j, a) {
-        cJSON *c = ok ? make_call(j, PGD_TOOLS_MISTRAL, id, n++) : NULL;
+        cJSON *c = ok ? make_call(j, f, id, n++) : NULL;
         if (!c) ok = false;
         else cJSON_AddItemToArray(calls, c);
     }
@@ -95,7 +120,7 @@ static cJSON *read_array(const char *p, const char *end, const char *id) {
 /* The calls of text[0..len) from p on, each a JSON value followed by sep (a closer and then
  * anything up to the next opener, for hermes) or by the end; NULL when one is malformed. */
 static cJSON *read_calls(pgd_tool_format f, const char *p, const char *end, const char *id) {
-    if (f == PGD_TOOLS_MISTRAL) return read_array(p, end, id);
+    if (f == PGD_TOOLS_MISTRAL || f == PGD_TOOLS_JSON) return read_array(f, p, end, id);
     cJSON *calls = cJSON_CreateArray();
     for (int n = 0; p; n++) {
         const char *stop = NULL;
@@ -148,6 +173,7 @@ cJSON *pgd_tool_calls_parse(pgd_tool_format f, const char *text, size_t len, con
     const char *opener = opener_of(f);
     const char *first = opener ? find(text, len, opener)
                       : f == PGD_TOOLS_LLAMA3 ? llama3_start(text, end)
+                      : f == PGD_TOOLS_JSON   ? text /* the whole answer is the calls */
                                               : NULL;
     if (!first) return NULL;
     const char *body = opener ? first + strlen(opener) : first;
@@ -159,6 +185,10 @@ cJSON *pgd_tool_calls_parse(pgd_tool_format f, const char *text, size_t len, con
 size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t len, size_t known,
                                   bool *opened) {
     *opened = false;
+    if (f == PGD_TOOLS_JSON) { /* the whole answer is the calls: nothing is content */
+        *opened = true;
+        return 0;
+    }
     if (f == PGD_TOOLS_LLAMA3) { /* calls come first: hold the start until it tells */
         const char *end = text + len, *p = skip_space(text, end);
         size_t rest = (size_t)(end - p), k = strlen(PGD_PYTHON_TAG);
@@ -184,7 +214,7 @@ size_t pgd_tool_calls_stream_safe(pgd_tool_format f, const char *text, size_t le
     return trim_end(text, safe);
 }
 
-/* The schema of a call of function f: {"name": f's name, "arguments" (llama3_json:
+/* The schema of a call of function f: {"name": f's name, "arguments" (llama3_json, json:
  * "parameters"): its parameters}. The
  * parameters' $defs are moved to root (where their $refs point), which must not have them
  * yet. NULL with *why on a parameters schema that is not an object's. */
@@ -222,12 +252,11 @@ static cJSON *call_variant(pgd_tool_format fmt, const cJSON *f, cJSON *root, con
     cJSON_AddStringToObject(v, "type", "object");
     cJSON_AddStringToObject(nm, "const", fn->valuestring);
     cJSON_AddItemToObject(props, "name", nm);
-    cJSON_AddItemToObject(props, fmt == PGD_TOOLS_LLAMA3 ? "parameters" : "arguments", args);
+    cJSON_AddItemToObject(props, args_key(fmt), args);
     cJSON_AddItemToObject(v, "properties", props);
     cJSON *req = cJSON_CreateArray();
     cJSON_AddItemToArray(req, cJSON_CreateString("name"));
-    cJSON_AddItemToArray(req, cJSON_CreateString(fmt == PGD_TOOLS_LLAMA3 ? "parameters"
-                                                                         : "arguments"));
+    cJSON_AddItemToArray(req, cJSON_CreateString(args_key(fmt)));
     cJSON_AddItemToObject(v, "required", req);
     cJSON_AddFalseToObject(v, "additionalProperties");
     return v;
@@ -264,8 +293,26 @@ char *pgd_tool_call_schema(pgd_tool_format fmt, const cJSON *tools, const char *
     char *text = NULL;
     if (!*why) {
         /* one function: its call's schema is the root; several: one of them, told apart by
-         * the name, written first */
-        if (n == 1) {
+         * the name, written first; json: the named function's parameters are the root, and
+         * for "required" vLLM's array of calls is */
+        if (fmt == PGD_TOOLS_JSON && name) {
+            cJSON *v = cJSON_DetachItemFromArray(alts, 0), *e;
+            cJSON *args = cJSON_DetachItemFromObjectCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(v, "properties"), args_key(fmt));
+            while (args && (e = args->child)) {
+                cJSON_DetachItemViaPointer(args, e);
+                cJSON_AddItemToObject(root, e->string, e);
+            }
+            cJSON_Delete(args);
+            cJSON_Delete(v);
+        } else if (fmt == PGD_TOOLS_JSON) {
+            cJSON *items = cJSON_CreateObject();
+            cJSON_AddItemToObject(items, "anyOf", alts);
+            alts = NULL;
+            cJSON_AddStringToObject(root, "type", "array");
+            cJSON_AddNumberToObject(root, "minItems", 1);
+            cJSON_AddItemToObject(root, "items", items);
+        } else if (n == 1) {
             cJSON *v = cJSON_DetachItemFromArray(alts, 0), *e;
             while ((e = v->child)) {
                 cJSON_DetachItemViaPointer(v, e);

@@ -41,7 +41,7 @@ void pgd_json_init(pgd_json_state *st, bool object_only) {
 }
 
 void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc) {
-    pgd_json_init(st, true);
+    pgd_json_init(st, false); /* the root's node holds the type */
     st->sc = sc;
     st->vnode = (int16_t)sc->root;
     if (sc->prefix && sc->prefix[0]) st->mode = J_PREFIX;

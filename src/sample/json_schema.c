@@ -729,9 +729,10 @@ int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, 
                  : compile(&x, j, 0, &out->root);
     if (!rc) {
         const pgd_json_node *r = out->root >= 0 ? &out->nodes[out->root] : NULL;
-        if (!r || r->n_enum || r->types != (1u << PGD_JT_OBJ))
+        if (!r || r->n_enum ||
+            (r->types != (1u << PGD_JT_OBJ) && r->types != (1u << PGD_JT_ARR)))
             rc = fail(&x, "the schema's root must be an object schema ({\"type\": \"object\", "
-                          "...})");
+                          "...}) or an array's");
     }
     cJSON_Delete(j);
     if (rc == PGD_ENOMEM) snprintf(msg, msg_len, "out of memory");

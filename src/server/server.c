@@ -664,22 +664,28 @@ static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prom
 }
 
 /* Tool calls: parsed out of the answer when the request has tools and the server a format; a
- * required or named call is the answer, held to the call's schema between the format's tags. */
+ * required or named call is the answer, held to the call's schema between the format's tags.
+ * Without a format (vLLM without a tool parser): a required or named call is the JSON of
+ * PGD_TOOLS_JSON, and tool_choice "auto" is refused (never a silent answer without tools). */
 static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     r->tool_format = r->chat && r->tools ? (int)s->tool_format : PGD_TOOLS_NONE;
     /* a constrained answer (JSON, choices, a required call) thinks first, as in vLLM: the
      * engine holds the constraint from the end of the reasoning (constrain_after) */
     r->reasoning = r->chat ? (int)s->reasoning_format : PGD_REASONING_NONE;
-    if (!r->tool_required) return 0;
-    if (!s->tool_format) {
+    if (r->chat && r->tools && !r->tool_required && !s->tool_format) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL,
-                          "a required tool call needs a tool-call format, and the chat template "
-                          "names none Pagoda knows (start the server with --tool-call-parser "
-                          "hermes or llama3_json if the model writes calls so)");
+                          "\"auto\" tool choice requires --tool-call-parser to be set (the chat "
+                          "template names no tool-call format Pagoda knows: start the server "
+                          "with --tool-call-parser hermes, llama3_json or mistral if the model "
+                          "writes calls so), or use tool_choice \"required\", a named function "
+                          "or \"none\"");
         return -1;
     }
+    if (!r->tool_required) return 0;
+    if (!s->tool_format) r->tool_format = PGD_TOOLS_JSON;
     const char *why = NULL;
-    char *schema = pgd_tool_call_schema(s->tool_format, r->tools, r->tool_name, &why);
+    char *schema = pgd_tool_call_schema((pgd_tool_format)r->tool_format, r->tools, r->tool_name,
+                                        &why);
     if (!schema) {
         pgd_api_error_set(e, 400, "invalid_request_error", "tool_choice", NULL, "%s", why);
         return -1;
@@ -881,8 +887,12 @@ static void submit_all(server *s, req_ctx *c) {
                 .think_open = r->reasoning == PGD_REASONING_QWEN3 && !r->prompt_think
                                   ? "<think>"
                                   : NULL,
-                .json_prefix = r->tool_required ? pgd_tool_call_prefix(s->tool_format) : NULL,
-                .json_suffix = r->tool_required ? pgd_tool_call_suffix(s->tool_format) : NULL,
+                .json_prefix = r->tool_required
+                                   ? pgd_tool_call_prefix((pgd_tool_format)r->tool_format)
+                                   : NULL,
+                .json_suffix = r->tool_required
+                                   ? pgd_tool_call_suffix((pgd_tool_format)r->tool_format)
+                                   : NULL,
                 .embedding = c->choices[i].embedding, .lora = c->lora,
                 .priority = r->priority,
             };
