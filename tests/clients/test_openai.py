@@ -75,6 +75,35 @@ def test_named_tool_choice(forced_call, refs):
     check_call(choice.message.tool_calls[0], refs)
 
 
+def test_named_tool_choice_streamed(client, model, forced_call):
+    """The SDK's stream helper assembles the streamed call into what the plain call returned."""
+    with client.chat.completions.stream(
+            model=model, messages=ASK, tools=[WEATHER], max_tokens=60, temperature=0,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}) as stream:
+        final = stream.get_final_completion()
+    got = [(c.function.name, c.function.arguments) for c in final.choices[0].message.tool_calls]
+    want = [(c.function.name, c.function.arguments)
+            for c in forced_call.choices[0].message.tool_calls]
+    assert got == want, (got, want)
+    assert final.choices[0].message.content == forced_call.choices[0].message.content, \
+        final.choices[0].message
+
+
+def test_auto_tools_never_silent(client, model):
+    """tools with tool_choice "auto" on a server whose template shows no tools and that has no
+    parser: a 400 that names the fix (vLLM's answer), or the tools shown in the prompt; never a
+    200 that dropped them."""
+    plain = client.chat.completions.create(model=model, messages=ASK, max_tokens=4,
+                                           temperature=0)
+    try:
+        resp = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER],
+                                              tool_choice="auto", max_tokens=4, temperature=0)
+    except openai.BadRequestError as e:
+        assert "tool-call-parser" in e.message, e.message
+        return
+    assert resp.usage.prompt_tokens > plain.usage.prompt_tokens, (resp.usage, plain.usage)
+
+
 def test_required_tool_choice(client, model, refs):
     raw = client.chat.completions.with_raw_response.create(
         model=model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",

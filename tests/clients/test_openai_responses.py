@@ -166,6 +166,27 @@ def test_function_tool_round_trip(client, server, model, refs):
     check_text_against(second, ref)
 
 
+def test_function_call_streamed(client, model, refs):
+    """A forced function call streamed: function_call_arguments delta and done events on the
+    call's item, adding up to the final response's call and to the non-streamed one."""
+    ask = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+    kw = dict(model=model, input=ask, tools=[WEATHER], max_output_tokens=60, temperature=0,
+              tool_choice={"type": "function", "name": "get_weather"})
+    plain = client.responses.create(**kw)
+    with client.responses.stream(**kw) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    want = [(o.name, o.arguments) for o in plain.output if o.type == "function_call"]
+    calls = [o for o in final.output if o.type == "function_call"]
+    assert [(o.name, o.arguments) for o in calls] == want, (final.output, plain.output)
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas and len(done) == 1, [e.type for e in events]
+    assert "".join(e.delta for e in deltas) == done[0].arguments == calls[0].arguments
+    assert {e.item_id for e in deltas} == {done[0].item_id} == {calls[0].id}
+    refs.check(calls[0].arguments, WEATHER["parameters"])
+
+
 def test_previous_response_id_chain(client, server, model, refs):
     """Three turns chained by previous_response_id: turns 2 and 3 are served from the prefix
     cache (the instructions open with a fresh id, so turn 1 shares no block with anything), and
@@ -197,3 +218,18 @@ def test_previous_response_id_chain(client, server, model, refs):
     client.responses.delete(out[2].id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(out[2].id)
+
+
+@pytest.mark.parametrize("what", ["web_search", "input_image"])
+def test_unsupported_is_named(client, model, what):
+    """What Pagoda cannot do (built-in tools, image inputs) is a 400 naming it, not ignored."""
+    if what == "web_search":
+        kw = {"input": QUESTION, "tools": [{"type": "web_search"}]}
+    else:
+        kw = {"input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "What is in this image?"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}]}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model, max_output_tokens=4, **kw)
+    assert what in e.value.message, e.value.message
+    validate(e.value.response.json(), "ErrorResponse")
