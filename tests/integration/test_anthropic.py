@@ -443,6 +443,7 @@ def test_bad_requests(smol, change, needle):
         else:
             body[k] = v
     check_error(messages(smol, body), 400, needle)
+    check_error(messages(smol, dict(body, stream=True)), 400, needle)  # JSON, before any event
     if "max_tokens" not in change:  # count_tokens reads the same body
         check_error(messages(smol, body, "/v1/messages/count_tokens"), 400, needle)
 
@@ -452,6 +453,10 @@ def test_other_errors(smol):
     check_error(r, 400, "JSON")
     check_error(messages(smol, dict(body_for(smol), model="claude-sonnet-4-5")), 404,
                 "claude-sonnet-4-5")
+    # found after parsing (the prompt is rendered): still Anthropic's shape, streamed or not
+    long = "Tell me everything about France. " * 2500  # past the 8192-token context
+    for stream in (False, True):
+        check_error(messages(smol, body_for(smol, long, stream=stream)), 400, "context length")
     # unknown optional fields are tolerated, as Anthropic's API does
     ok_message(messages(smol, dict(body_for(smol, max_tokens=2), metadata={"user_id": "u"},
                                    service_tier="auto", top_k=5, top_p=0.9,
