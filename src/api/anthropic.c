@@ -40,8 +40,10 @@ typedef struct anth_state {
 static bool unset(const cJSON *x) { return !x || cJSON_IsNull(x); }
 
 static bool is_int(const cJSON *x) {
-    return cJSON_IsNumber(x) && x->valuedouble == (double)(long long)x->valuedouble &&
-           x->valuedouble > -9007199254740992.0 && x->valuedouble < 9007199254740992.0;
+    /* (the range first: casting a double past long long's is undefined) */
+    return cJSON_IsNumber(x) && x->valuedouble > -9007199254740992.0 &&
+           x->valuedouble < 9007199254740992.0 &&
+           x->valuedouble == (double)(long long)x->valuedouble;
 }
 
 static const cJSON *get(const cJSON *o, const char *k) {
@@ -180,7 +182,6 @@ static int convert_message(const cJSON *msg, int i, cJSON *out, bool *text_end,
             if (!cJSON_IsString(tx)) BAD(bp, "%s.text must be a string", bp);
             pgd_sbuf_append(&text, tx->valuestring, strlen(tx->valuestring));
             has_text = true;
-            *text_end = !user;
         } else if (!strcmp(t, "image") || !strcmp(t, "document")) {
             BAD(bp, "%s: '%s' blocks are not supported (this model reads text only)", bp, t);
         } else if (user && !strcmp(t, "tool_result")) {
@@ -191,7 +192,6 @@ static int convert_message(const cJSON *msg, int i, cJSON *out, bool *text_end,
             if (tool_result(blk, bp, out, err)) goto fail;
         } else if (!user && !strcmp(t, "tool_use")) {
             if (tool_use(blk, bp, calls, err)) goto fail;
-            *text_end = false;
         } else if (!user && !strcmp(t, "thinking")) {
             const cJSON *th = get(blk, "thinking");
             if (!cJSON_IsString(th)) BAD(bp, "%s.thinking must be a string", bp);
@@ -210,6 +210,7 @@ static int convert_message(const cJSON *msg, int i, cJSON *out, bool *text_end,
         cJSON_Delete(calls);
         return 0;
     }
+    *text_end = has_text && !cJSON_GetArraySize(calls); /* (a turn with calls is no prefill) */
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "assistant");
     if (has_text || !cJSON_GetArraySize(calls))

@@ -157,6 +157,15 @@ static void test_request(void) {
     CHECK(c && cJSON_IsFalse(at(c, "add_generation_prompt")));
     cJSON_Delete(c);
     D->free_state(st);
+    /* ... but not one that ends in a call: a new turn follows it */
+    c = begin("{\"model\":\"m\",\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":"
+              "\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+              "{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{}},{\"type\":"
+              "\"text\",\"text\":\"b\"}]}]}",
+              &st, &err);
+    CHECK(c && !at(c, "continue_final_message") && eq(str(c, "messages.1.content"), "ab"));
+    cJSON_Delete(c);
+    D->free_state(st);
 }
 
 /* begin() refuses body with a 400 whose param is param and message holds what. */
@@ -181,6 +190,7 @@ static void test_refused(void) {
     refused("{\"model\":\"m\",\"max_tokens\":\"5\"," MSGS "}", "max_tokens", "integer");
     refused("{\"model\":\"m\",\"max_tokens\":0," MSGS "}", "max_tokens", "at least 1");
     refused("{\"model\":\"m\",\"max_tokens\":1.5," MSGS "}", "max_tokens", "integer");
+    refused("{\"model\":\"m\",\"max_tokens\":1e300," MSGS "}", "max_tokens", "integer");
     refused("{\"max_tokens\":5," MSGS "}", "model", "required");
     refused("{\"model\":7,\"max_tokens\":5," MSGS "}", "model", "string");
     refused("{\"model\":\"m\",\"max_tokens\":5}", "messages", "required");
