@@ -100,6 +100,57 @@ static bool cut_at_tag(char *out, const char *stripped) {
     return true;
 }
 
+/* The texts of content parts (parse_messages made each {"type": "text", "text": ...}) joined
+ * with "\n", as vLLM joins them. */
+static cJSON *joined_text(const cJSON *parts) {
+    size_t n = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, parts) {
+        const char *tx = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p, "text"));
+        n += (tx ? strlen(tx) : 0) + 1;
+    }
+    char *buf = malloc(n + 1), *w = buf;
+    if (!buf) return NULL;
+    cJSON_ArrayForEach(p, parts) {
+        const char *tx = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p, "text"));
+        if (w != buf) *w++ = '\n';
+        size_t l = strlen(tx ? tx : "");
+        memcpy(w, tx ? tx : "", l);
+        w += l;
+    }
+    *w = 0;
+    cJSON *j = cJSON_CreateString(buf);
+    free(buf);
+    return j;
+}
+
+/* Each message's content in the form the template reads (vLLM's _parse_chat_message_content):
+ * with parts false (the "string" format) a string, "" for null or absent, parts joined with
+ * "\n"; with parts true (the template loops over content: "openai") a list of parts, [] for
+ * null or absent, a string as one text part. A tool message's text is a string either way. */
+static void content_as_template_reads(cJSON *msgs, bool parts) {
+    cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const char *role = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "role"));
+        bool tool = role && !strcmp(role, "tool");
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *v = NULL;
+        if (!c || cJSON_IsNull(c)) {
+            v = parts && !tool ? cJSON_CreateArray() : cJSON_CreateString("");
+        } else if (cJSON_IsArray(c) && (tool || !parts)) {
+            v = joined_text(c);
+        } else if (cJSON_IsString(c) && parts && !tool) {
+            v = cJSON_CreateArray();
+            cJSON *p = cJSON_CreateObject();
+            cJSON_AddStringToObject(p, "type", "text");
+            cJSON_AddStringToObject(p, "text", c->valuestring);
+            cJSON_AddItemToArray(v, p);
+        }
+        if (!v) continue;
+        if (c) cJSON_ReplaceItemInObjectCaseSensitive(m, "content", v);
+        else cJSON_AddItemToObject(m, "content", v);
+    }
+}
+
 int pgd_chat_render(const pgd_jinja_tmpl *t, const pgd_tokenizer *tok, const cJSON *messages,
                     const cJSON *tools, const pgd_chat_opts *o, char **out, char *err,
                     size_t errlen) {
@@ -111,6 +162,7 @@ int pgd_chat_render(const pgd_jinja_tmpl *t, const pgd_tokenizer *tok, const cJS
     }
     /* the context borrows nothing: duplicate so the caller's objects stay untouched */
     cJSON *msgs = cJSON_Duplicate(messages, true);
+    content_as_template_reads(msgs, pgd_jinja_iterates_content(t));
     cJSON_AddItemToObject(ctx, "messages", msgs);
     if (tools) cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(tools, true));
     cJSON_AddBoolToObject(ctx, "add_generation_prompt", o->add_generation_prompt);

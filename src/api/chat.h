@@ -20,7 +20,10 @@ typedef struct pgd_chat_opts {
     const cJSON *kwargs;
 } pgd_chat_opts;
 
-/* Renders into a malloc'd *out. messages and tools (may be NULL) are borrowed. On failure
+/* Renders into a malloc'd *out. messages and tools (may be NULL) are borrowed; each message's
+ * content (a string, null, absent, or text parts {"type": "text", "text"}) is handed to the
+ * template in the form it reads, as vLLM does: a string, or a list of parts where the template
+ * loops over content (pgd_jinja_iterates_content). On failure
  * returns a negative status and writes the template's message (e.g. its raise_exception text)
  * into err. Thread-safe: t and tok are immutable. */
 int pgd_chat_render(const pgd_jinja_tmpl *t, const pgd_tokenizer *tok, const cJSON *messages,

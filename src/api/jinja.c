@@ -4857,3 +4857,89 @@ int pgd_jinja_render(const pgd_jinja_tmpl *t, const cJSON *ctx, const pgd_jinja_
     free(r);
     return code;
 }
+
+/* ====================================================== content format (vLLM's detection) == */
+
+#define CF_MAX_VARS 32
+
+typedef struct cf_walk {
+    const char *vars[CF_MAX_VARS]; /* the variables of interest found so far */
+    int n;
+    const char *key;  /* phase 3: loops over var[key]; else loops over / assignments of var */
+    int kind;         /* N_SET (phase 1) or N_FOR (phases 2, 3) */
+    int verdict;      /* phase 3: 1 a loop over a message's content, -1 a target that is not a
+                         plain name where one is read (vLLM's assertion: it falls back) */
+    bool grew;
+} cf_walk;
+
+/* n reads variable v (key NULL) or v[key] / v.key, possibly through filters, tests and
+ * slices (vLLM's _is_var_or_elems_access). */
+static bool cf_reads(const node *n, const char *v, const char *key) {
+    while (n && (n->kind == N_FILTER || n->kind == N_TEST || n->kind == N_SLICE)) n = n->a;
+    if (!n) return false;
+    if (!key) return n->kind == N_NAME && !strcmp(n->name->s, v);
+    const node *o = n->a;
+    if (!o || o->kind != N_NAME || strcmp(o->name->s, v)) return false;
+    if (n->kind == N_ATTR) return !strcmp(n->name->s, key);
+    return n->kind == N_ITEM && n->b && n->b->kind == N_CONST && n->b->cval.t == T_STR &&
+           !strcmp(n->b->cval.u.s->s, key);
+}
+
+static void cf_add(cf_walk *w, const char *name) {
+    for (int i = 0; i < w->n; i++)
+        if (!strcmp(w->vars[i], name)) return;
+    if (w->n < CF_MAX_VARS) w->vars[w->n++] = name, w->grew = true;
+}
+
+/* Visits every node of the tree (pre-order), noting the assignments (N_SET) or loops (N_FOR)
+ * that read a variable of w->vars. */
+static void cf_visit(cf_walk *w, const node *n, const char **found, int *n_found) {
+    if (!n || w->verdict) return;
+    if (n->kind == w->kind) {
+        const node *rhs = n->kind == N_SET ? n->b : n->a;
+        bool hit = false;
+        for (int i = 0; i < w->n && !hit; i++) hit = rhs && cf_reads(rhs, w->vars[i], w->key);
+        if (hit || (w->key && rhs && rhs->kind == N_NAME && !strcmp(rhs->name->s, "content"))) {
+            if (n->nnames != 1 || n->attr) { /* a tuple or namespace target */
+                w->verdict = -1;
+                return;
+            }
+            if (w->key) {
+                w->verdict = 1;
+                return;
+            }
+            if (*n_found < CF_MAX_VARS) found[(*n_found)++] = n->names[0]->s;
+        }
+    }
+    const node *kids[4] = {n->a, n->b, n->c, n->d};
+    for (int i = 0; i < 4; i++) cf_visit(w, kids[i], found, n_found);
+    for (size_t i = 0; i < n->n; i++) cf_visit(w, n->kids ? n->kids[i] : NULL, found, n_found);
+    for (size_t i = 0; n->kids2 && i < n->nnames; i++) cf_visit(w, n->kids2[i], found, n_found);
+}
+
+bool pgd_jinja_iterates_content(const pgd_jinja_tmpl *t) {
+    if (!t || !t->root) return false;
+    /* 1: "messages" and every variable assigned from it (or from one of those) */
+    cf_walk lists = {.vars = {"messages"}, .n = 1, .kind = N_SET};
+    const char *found[CF_MAX_VARS];
+    int n_found;
+    do {
+        lists.grew = false;
+        n_found = 0;
+        cf_visit(&lists, t->root, found, &n_found);
+        if (lists.verdict) return false;
+        for (int i = 0; i < n_found; i++) cf_add(&lists, found[i]);
+    } while (lists.grew);
+    /* 2: the targets of loops over them: the messages */
+    cf_walk msgs = {.kind = N_FOR};
+    memcpy(msgs.vars, lists.vars, sizeof lists.vars);
+    msgs.n = lists.n;
+    n_found = 0;
+    cf_visit(&msgs, t->root, found, &n_found);
+    if (msgs.verdict) return false;
+    /* 3: a loop over a message's content, or over a variable named content */
+    cf_walk parts = {.kind = N_FOR, .key = "content"};
+    for (int i = 0; i < n_found; i++) cf_add(&parts, found[i]);
+    cf_visit(&parts, t->root, NULL, &n_found);
+    return parts.verdict == 1;
+}

@@ -6,6 +6,7 @@
 #define PGD_API_JINJA_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -42,5 +43,11 @@ typedef struct pgd_jinja_opts {
  *   PGD_ENOMEM  an allocation failed. */
 int pgd_jinja_render(const pgd_jinja_tmpl *t, const cJSON *ctx, const pgd_jinja_opts *opts,
                      char **out, size_t *out_len, pgd_err *err);
+
+/* Whether t loops over a message's content as a list of parts ({% for part in
+ * message['content'] %}, or over a variable named content): vLLM's detection of the "openai"
+ * content format (chat_utils.py, _detect_content_format), on the same syntax tree walk; else
+ * the template takes content as a string ("string"). Read-only: safe beside renders. */
+bool pgd_jinja_iterates_content(const pgd_jinja_tmpl *t);
 
 #endif

@@ -282,18 +282,41 @@ fail:
 }
 
 /* An assistant message's tool calls carry their arguments as a JSON string (OpenAI); the chat
- * templates write them with tojson, so they get the object the string holds (as vLLM does),
- * not the string encoded a second time. A string that holds no object stays as it is. */
+ * templates write them with tojson, so they get the value the string holds, as vLLM's
+ * _postprocess_messages does: {} for a string that is not JSON, or for arguments that are
+ * neither a string, an object nor an array. A null or empty tool_calls is dropped (vLLM), so
+ * the template takes the message as a plain answer. */
 static void arguments_as_objects(cJSON *msg) {
     cJSON *tc, *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    if (calls && (cJSON_IsNull(calls) || (cJSON_IsArray(calls) && !cJSON_GetArraySize(calls)))) {
+        cJSON_DeleteItemFromObjectCaseSensitive(msg, "tool_calls");
+        return;
+    }
     cJSON_ArrayForEach(tc, (cJSON_IsArray(calls) ? calls : NULL)) {
         cJSON *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
         cJSON *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
-        if (!cJSON_IsString(a)) continue;
-        cJSON *obj = cJSON_Parse(a->valuestring);
-        if (cJSON_IsObject(obj)) cJSON_ReplaceItemInObject(f, "arguments", obj);
-        else cJSON_Delete(obj);
+        if (!cJSON_IsObject(f) || cJSON_IsObject(a) || cJSON_IsArray(a)) continue;
+        cJSON *v = cJSON_IsString(a) ? pgd_api_json_parse(a->valuestring,
+                                                          strlen(a->valuestring))
+                                     : NULL;
+        if (!v) v = cJSON_CreateObject();
+        if (a) cJSON_ReplaceItemInObjectCaseSensitive(f, "arguments", v);
+        else cJSON_AddItemToObject(f, "arguments", v);
     }
+}
+
+/* A content part's text: {"type": "text" (or the Responses API's "input_text" /
+ * "output_text"), "text": ...} or {"type": "refusal", "refusal": ...}, as vLLM reads them. */
+static const cJSON *part_text(const cJSON *part) {
+    const char *ty = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(part, "type"));
+    if (!ty) return NULL;
+    const char *key = !strcmp(ty, "text") || !strcmp(ty, "input_text") ||
+                              !strcmp(ty, "output_text")
+                          ? "text"
+                      : !strcmp(ty, "refusal") ? "refusal"
+                                               : NULL;
+    const cJSON *t = key ? cJSON_GetObjectItemCaseSensitive(part, key) : NULL;
+    return cJSON_IsString(t) ? t : NULL;
 }
 
 static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err) {
@@ -308,7 +331,8 @@ static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err
                           "'messages' must be a non-empty array");
         return -1;
     }
-    /* Normalize: content given as text parts becomes one string, as the templates expect. */
+    /* Content stays a string, null or a list of text parts ({"type": "text", "text"} each):
+     * chat.c hands it to the template in the form the template reads. */
     r->messages = cJSON_CreateArray();
     const cJSON *msg;
     int i = 0;
@@ -330,49 +354,38 @@ static int parse_messages(pgd_api_request *r, const cJSON *o, pgd_api_error *err
                               param);
             return -1;
         }
+        /* OpenAI: an assistant's content may be null or absent (with tool calls), and vLLM
+         * takes a tool message's so too */
+        bool may_lack = !strcmp(rs, "assistant") || !strcmp(rs, "tool");
         cJSON *nm = cJSON_Duplicate(msg, true);
+        cJSON_AddItemToArray(r->messages, nm); /* (freed with the request on failure) */
         if (!strcmp(rs, "developer")) cJSON_ReplaceItemInObject(nm, "role", cJSON_CreateString("system"));
         arguments_as_objects(nm);
         if (cJSON_IsArray(content)) {
-            size_t cap = 256, len = 0;
-            char *buf = malloc(cap);
+            cJSON *parts = cJSON_CreateArray();
             const cJSON *part;
             cJSON_ArrayForEach(part, content) {
-                const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
-                const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
-                if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx)) {
-                    free(buf);
-                    cJSON_Delete(nm);
+                const cJSON *tx = part_text(part);
+                if (!tx) {
+                    cJSON_Delete(parts);
                     pgd_api_error_set(err, 400, "invalid_request_error", param, NULL,
                                       "%s.content parts must be {\"type\": \"text\", \"text\": "
                                       "...} (this model reads text only)", param);
                     return -1;
                 }
-                size_t l = strlen(tx->valuestring);
-                if (len + l + 1 > cap) {
-                    cap = (len + l + 1) * 2;
-                    char *nb = realloc(buf, cap);
-                    if (!nb) break;
-                    buf = nb;
-                }
-                memcpy(buf + len, tx->valuestring, l);
-                len += l;
+                cJSON *p = cJSON_CreateObject();
+                cJSON_AddStringToObject(p, "type", "text");
+                cJSON_AddStringToObject(p, "text", tx->valuestring);
+                cJSON_AddItemToArray(parts, p);
             }
-            buf[len] = 0;
-            cJSON_ReplaceItemInObject(nm, "content", cJSON_CreateString(buf));
-            free(buf);
-        } else if (!content && !strcmp(rs, "assistant") &&
-                   cJSON_GetObjectItemCaseSensitive(msg, "tool_calls")) {
-            /* OpenAI: an assistant's content is optional when it has tool calls; the templates
-             * see it as null, as with "content": null */
-            cJSON_AddNullToObject(nm, "content");
-        } else if (!cJSON_IsString(content) && !(cJSON_IsNull(content) && !strcmp(rs, "assistant"))) {
-            cJSON_Delete(nm);
+            cJSON_ReplaceItemInObjectCaseSensitive(nm, "content", parts);
+        } else if (!content && may_lack) {
+            cJSON_AddNullToObject(nm, "content"); /* the same as null */
+        } else if (!cJSON_IsString(content) && !(cJSON_IsNull(content) && may_lack)) {
             pgd_api_error_set(err, 400, "invalid_request_error", param, NULL,
                               "%s.content must be a string or an array of text parts", param);
             return -1;
         }
-        cJSON_AddItemToArray(r->messages, nm);
     }
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
     if (tools && !cJSON_IsNull(tools)) {
