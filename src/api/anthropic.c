@@ -27,6 +27,7 @@ typedef struct anth_state {
     char *finish;              /* the chat finish_reason, once seen */
     char *stop_sequence;       /* vLLM's stop_reason when it names a stop string */
     int32_t prompt_tokens, completion_tokens, cached_tokens;
+    const pgd_dialect_env *env;  /* borrowed: the server keeps it for the request's life */
     bool calls;                /* tool_use blocks were sent */
     bool ended;                /* message_stop or an error event went out */
 } anth_state;
@@ -392,6 +393,7 @@ static int anth_begin(const pgd_dialect_env *env, const char *body, size_t len, 
     *state = NULL;
     cJSON *o = pgd_api_json_parse(body, len), *chat = cJSON_CreateObject();
     anth_state *st = calloc(1, sizeof *st);
+    if (st) st->env = env;
     if (!chat || !st) goto oom;
     if (!cJSON_IsObject(o)) BAD(NULL, "the body must be a JSON object");
     const cJSON *model = get(o, "model");
@@ -617,8 +619,8 @@ static void anth_stream_start(void *state, pgd_sbuf *out) {
     cJSON *m = message_base(st);
     cJSON_AddNullToObject(m, "stop_reason");
     cJSON_AddNullToObject(m, "stop_sequence");
-    /* the prompt's size is not known to a dialect here: message_delta carries it */
-    cJSON_AddItemToObject(m, "usage", usage_json(0, 0, 0));
+    /* what the cache served is known at the end only: message_delta carries the split */
+    cJSON_AddItemToObject(m, "usage", usage_json(st->env ? st->env->prompt_tokens : 0, 0, 0));
     cJSON *e = typed("message_start");
     cJSON_AddItemToObject(e, "message", m);
     emit(out, e);

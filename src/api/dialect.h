@@ -35,6 +35,8 @@ typedef struct pgd_dialect_env {
     long created;                   /* unix seconds */
     struct pgd_resp_store *store;   /* the Responses API's store (NULL for other dialects) */
     bool reasoning;                 /* the server parses reasoning out (--reasoning-parser) */
+    int32_t prompt_tokens;          /* the prompt's tokens: set by the server before
+                                       stream_start (0 until then) */
 } pgd_dialect_env;
 
 typedef struct pgd_dialect {

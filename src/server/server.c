@@ -954,6 +954,7 @@ static void after_work_cb(uv_work_t *w, int status) {
         c->t_submitted = pgd_now_s();
         if (c->api.stream && c->dialect) {
             pgd_sbuf b = {0};
+            c->denv.prompt_tokens = c->prompt_tokens;
             c->dialect->stream_start(c->dstate, &b);
             out_append_sbuf(c, &b);
         } else if (c->api.stream) {

@@ -142,7 +142,9 @@ def replay(events):
     jsonschema.validate(delta["usage"], {"type": "object", "required": ["output_tokens"]})
     msg.update(content=content, stop_reason=delta["delta"]["stop_reason"],
                stop_sequence=delta["delta"]["stop_sequence"])
+    start_input = msg["usage"]["input_tokens"]  # the whole prompt: the cache's share comes later
     msg["usage"].update(delta["usage"])
+    assert start_input == total_input(msg) > 0, (start_input, msg["usage"])
     jsonschema.validate(msg, MESSAGE)
     return msg
 
