@@ -158,6 +158,7 @@ fail:
 /* tools[] -> the chat's tools (into chat) and the echoed list (into echo). */
 static int convert_tools(const cJSON *tools, cJSON *chat, cJSON *echo, pgd_api_error *err) {
     if (!cJSON_IsArray(tools)) BAD("tools", "'tools' must be an array");
+    if (cJSON_GetArraySize(tools) == 0) return 0; /* (the agents SDK sends []: no tools) */
     cJSON *ct = cJSON_CreateArray();
     cJSON_AddItemToObject(chat, "tools", ct);
     const cJSON *t;

@@ -57,7 +57,8 @@ def sse(r):
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/event-stream")
     events, name = [], None
-    for line in r.iter_lines(decode_unicode=True):
+    for line in r.iter_lines():  # (SSE is UTF-8 whatever the content type says)
+        line = line.decode("utf-8")
         if not line:
             name = None
             continue
@@ -105,6 +106,10 @@ def test_plain_equals_the_chat_answer(server):
     assert body["max_output_tokens"] == 12 and body["temperature"] == 0
     assert body["store"] is True and body["background"] is False
     assert body["tools"] == [] and body["tool_choice"] == "auto"
+    # "tools": [] (what the agents SDK sends without tools) is no tools, on a server that has
+    # no tool-call parser for "auto"
+    assert output_text(ok(post(server, {"input": CHAT_Q, "max_output_tokens": 12,
+                                        "temperature": 0, "tools": []}))) == text
 
 
 def test_instructions_and_items_are_the_chat_messages(server):
@@ -131,6 +136,8 @@ def test_instructions_and_items_are_the_chat_messages(server):
 def check_stream(events):
     """The Responses stream grammar; returns the final response object."""
     names = [n for n, _ in events]
+    for _, d in events:
+        validate(d, "ResponseStreamEvent")
     assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
     assert names[:2] == ["response.created", "response.in_progress"]
     assert names[-1] in ("response.completed", "response.incomplete"), names
@@ -373,3 +380,26 @@ def test_refused(server, extra, status, param, needle):
     assert e["param"] == param and needle in e["message"], e
     if status == 404:
         assert e["code"] == "previous_response_not_found"
+
+
+def test_reasoning_items(tmp_path_factory):
+    """--reasoning-parser deepseek_r1 on DeepSeek-R1's template (which opens the thinking): the
+    chat answer's reasoning_content is a reasoning item (reasoning_text) before the message,
+    streamed as reasoning_text deltas that add up to it."""
+    model = util.model_with_template(tmp_path_factory,
+                                     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja")
+    with Server(model, "--reasoning-parser", "deepseek_r1") as s:
+        req = {"input": "Hi", "max_output_tokens": 12, "temperature": 0}
+        body = ok(post(s, req))
+        r = post(s, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
+                     "temperature": 0}, "/v1/chat/completions")
+        m = r.json()["choices"][0]["message"]
+        assert m["reasoning_content"], m  # (the random model never closes its thinking)
+        rs = body["output"][0]
+        assert rs["type"] == "reasoning" and rs["id"].startswith("rs_")
+        assert rs["content"] == [{"type": "reasoning_text", "text": m["reasoning_content"]}]
+        assert rs["summary"] == [] and body["output"][1]["type"] == "message"
+        assert output_text(body) == (m["content"] or "")
+        final = check_stream(sse(post(s, dict(req, stream=True), stream=True)))
+        assert final["output"][0]["content"] == rs["content"]
+        assert [it["type"] for it in final["output"]] == [it["type"] for it in body["output"]]

@@ -130,6 +130,12 @@ static void test_request(void) {
     CHECK(!at(chat, "model") && !at(chat, "max_tokens"));
     cJSON_Delete(chat);
     D->free_state(st);
+    /* "tools": [] is no tools (a chat "tools" would need a tool-call parser for "auto") */
+    CHECK_EQ_INT(begin("resp_s", "{\"input\":\"hi\",\"tools\":[]}", &chat, &st, &err), 0);
+    if (!chat) return;
+    CHECK(!at(chat, "tools") && !at(chat, "tool_choice"));
+    cJSON_Delete(chat);
+    D->free_state(st);
 }
 
 /* One refused request: status, the parameter named, a word of the message. */
