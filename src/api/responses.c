@@ -20,6 +20,7 @@ typedef struct resp_state {
     cJSON *skel;                /* the response object less status, output and usage (owned) */
     cJSON *messages;            /* the chat messages the request ran, instructions aside */
     bool stream, store, background, cancelled, ended;
+    bool running;               /* a background run has started */
     /* the answer, from the chat.completion or accumulated from the chunks */
     pgd_sbuf reasoning, content;
     cJSON *calls;               /* the chat tool_calls (owned), or NULL */
@@ -922,13 +923,26 @@ bool pgd_responses_background(const void *state) {
     return ((const resp_state *)state)->background;
 }
 
+static const char *pending_status(const resp_state *st) {
+    return st->cancelled ? "cancelled" : st->running ? "in_progress" : "queued";
+}
+
 char *pgd_responses_snapshot(void *state) {
     resp_state *st = state;
-    cJSON *r = response_obj(st, st->cancelled ? "cancelled" : "queued", false, NULL);
+    cJSON *r = response_obj(st, pending_status(st), false, NULL);
     store_put(st, r, st->messages ? cJSON_Duplicate(st->messages, true) : NULL);
     char *js = r ? cJSON_PrintUnformatted(r) : NULL;
     cJSON_Delete(r);
     return js;
+}
+
+void pgd_responses_mark_running(void *state) {
+    resp_state *st = state;
+    if (st->running || st->cancelled || st->ended) return;
+    st->running = true;
+    cJSON *r = response_obj(st, pending_status(st), false, NULL);
+    store_put(st, r, NULL); /* (the conversation the snapshot stored stays) */
+    cJSON_Delete(r);
 }
 
 void pgd_responses_mark_cancelled(void *state) { ((resp_state *)state)->cancelled = true; }

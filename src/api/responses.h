@@ -38,6 +38,9 @@ bool pgd_responses_background(const void *state);
 /* The response object as it stands now (status "queued"/"in_progress"), malloc'd JSON: the
  * immediate answer of a background request. It is also put into the store (when store is on). */
 char *pgd_responses_snapshot(void *state);
+/* A background run has started (its prompt is submitted): the stored object's status becomes
+ * "in_progress" (when store is on and it was not cancelled). */
+void pgd_responses_mark_running(void *state);
 /* The run was cancelled (POST /v1/responses/{id}/cancel): the final object's status is
  * "cancelled" whatever the chat answer says. */
 void pgd_responses_mark_cancelled(void *state);

@@ -609,6 +609,14 @@ static void test_background(void) {
     CHECK_EQ_INT(cJSON_GetArraySize(at(r, "output")), 0);
     CHECK(cJSON_Compare(pgd_resp_store_get(store, "resp_b1"), r, true));
     cJSON_Delete(r);
+    pgd_responses_mark_running(st);
+    CHECK(str_is(pgd_resp_store_get(store, "resp_b1"), "status", "in_progress"));
+    CHECK(pgd_resp_store_messages(store, "resp_b1") != NULL); /* (kept from the snapshot) */
+    js = pgd_responses_snapshot(st);
+    r = cJSON_Parse(js);
+    free(js);
+    CHECK(str_is(r, "status", "in_progress"));
+    cJSON_Delete(r);
     pgd_responses_mark_cancelled(st);
     js = pgd_responses_snapshot(st);
     r = cJSON_Parse(js);
