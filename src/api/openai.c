@@ -432,8 +432,10 @@ int pgd_api_compile_schema(pgd_api_request *r, pgd_api_error *err) {
     if (!r->json_schema || r->schema_c) return 0;
     char msg[200];
     pgd_json_schema *sc = calloc(1, sizeof *sc);
-    int rc = sc ? pgd_json_schema_compile(r->json_schema, strlen(r->json_schema), sc, msg,
-                                          sizeof msg)
+    /* an answer is an object (OpenAI's rule for response_format); a required call without a
+     * tool-call format is vLLM's array of calls */
+    int rc = sc ? pgd_json_schema_compile_root(r->json_schema, strlen(r->json_schema),
+                                               r->tool_required, sc, msg, sizeof msg)
                 : PGD_ENOMEM;
     if (rc) {
         free(sc);
@@ -442,17 +444,6 @@ int pgd_api_compile_schema(pgd_api_request *r, pgd_api_error *err) {
         else
             pgd_api_error_set(err, 400, "invalid_request_error", r->schema_param, NULL, "%s: %s",
                               r->schema_label, msg);
-        return -1;
-    }
-    /* an answer is an object (OpenAI's rule for response_format); a required call without a
-     * tool-call format is vLLM's array of calls */
-    const pgd_json_node *root = &sc->nodes[sc->root];
-    if (!r->tool_required && (root->n_enum || root->types != (1u << PGD_JT_OBJ))) {
-        pgd_json_schema_free(sc);
-        free(sc);
-        pgd_api_error_set(err, 400, "invalid_request_error", r->schema_param, NULL,
-                          "%s: the schema's root must be an object schema ({\"type\": "
-                          "\"object\", ...})", r->schema_label);
         return -1;
     }
     r->schema_c = sc;

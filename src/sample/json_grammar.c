@@ -554,6 +554,27 @@ static bool number_byte(pgd_json_state *st, unsigned char c, bool *ended) {
     return true;
 }
 
+/* Whitespace between tokens, llama.cpp's bounded rule (json-schema-to-grammar's space):
+ * nothing, one space, or one or two newlines and then up to PGD_JSON_MAX_INDENT spaces or
+ * tabs. st->ws: 0 none yet, WS_SPACE, WS_NL1, WS_NL2, then WS_NL2 + the indent so far. */
+enum { WS_SPACE = 1, WS_NL1, WS_NL2 };
+
+static bool ws_byte(pgd_json_state *st, unsigned char c) {
+    if (c == '\n') {
+        if (st->ws != 0 && st->ws != WS_NL1) return false;
+        st->ws = st->ws ? WS_NL2 : WS_NL1;
+        return true;
+    }
+    if (c == ' ' && st->ws == 0) {
+        st->ws = WS_SPACE;
+        return true;
+    }
+    if ((c != ' ' && c != '\t') || st->ws < WS_NL1 || st->ws >= WS_NL2 + PGD_JSON_MAX_INDENT)
+        return false;
+    st->ws = st->ws == WS_NL1 ? WS_NL2 + 1 : st->ws + 1;
+    return true;
+}
+
 static bool feed_byte(pgd_json_state *st, unsigned char c) {
     if (st->mode == J_STRING) return string_byte(st, c);
     if (st->mode == J_ENUM) return enum_byte(st, c);
@@ -571,11 +592,7 @@ static bool feed_byte(pgd_json_state *st, unsigned char c) {
         if (!ended) return true;
         value_end(st); /* c follows the number: it is read in the state after it */
     }
-    if (is_ws(c)) {
-        if (st->ws >= PGD_JSON_MAX_WS) return false;
-        st->ws++;
-        return true;
-    }
+    if (is_ws(c)) return ws_byte(st, c);
     st->ws = 0;
     const pgd_json_node *nd = st->depth > 0 ? node_at(st, container_node(st)) : NULL;
     switch (st->mode) {

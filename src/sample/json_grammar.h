@@ -18,8 +18,11 @@
  * read back exactly (pgd_json_print_exact), integers without fraction or exponent.
  *
  * Bounds that real JSON never meets but a weak model in a loop would (each makes the mask refuse
- * more, never accept more): nesting depth PGD_JSON_MAX_DEPTH, PGD_JSON_MAX_WS whitespace bytes
- * in a row, PGD_JSON_MAX_NUM bytes in a number. */
+ * more, never accept more): nesting depth PGD_JSON_MAX_DEPTH, PGD_JSON_MAX_NUM bytes in a
+ * number, and whitespace between tokens as llama.cpp's JSON grammars bound it (its
+ * `space ::= | " " | "\n"{1,2} [ \t]{0,20}`): nothing, one space, or one or two newlines and
+ * up to PGD_JSON_MAX_INDENT spaces or tabs, so an answer stays compact (no '\r', no run of
+ * blank lines). */
 #ifndef PGD_SAMPLE_JSON_GRAMMAR_H
 #define PGD_SAMPLE_JSON_GRAMMAR_H
 
@@ -28,7 +31,7 @@
 #include <stdint.h>
 
 #define PGD_JSON_MAX_DEPTH 32
-#define PGD_JSON_MAX_WS 48
+#define PGD_JSON_MAX_INDENT 20
 #define PGD_JSON_MAX_NUM 40
 
 #define PGD_JSON_SCHEMA_DEPTH 16 /* containers a schema may nest (deeper values: any JSON) */
@@ -97,7 +100,7 @@ typedef struct pgd_json_state {
     uint8_t surr;         /* a high surrogate's escape was read: a low one's must follow */
     uint16_t hexval;      /* the escape's value so far */
     uint8_t lit, lit_pos; /* literal (true/false/null) and the bytes of it read */
-    uint8_t ws, num_len;  /* whitespace run, number length */
+    uint8_t ws, num_len;  /* the whitespace so far (json_grammar.c's ws_byte), number length */
     uint8_t object_only;  /* the top-level value must be an object */
     int16_t depth;
     uint8_t stack[PGD_JSON_MAX_DEPTH]; /* 1: object, 0: array */
@@ -129,7 +132,8 @@ typedef struct pgd_json_state {
 /* A state before any byte. object_only: the document must be an object (json_object mode);
  * else any JSON value. */
 void pgd_json_init(pgd_json_state *st, bool object_only);
-/* A state before any byte of a document held to schema sc (borrowed; its root is an object). */
+/* A state before any byte of a document held to schema sc (borrowed; its root is an object's
+ * or, from pgd_json_schema_compile_root, an array's schema). */
 void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc);
 
 /* Compiles a JSON Schema (the text of the "schema" object of OpenAI's json_schema
@@ -147,6 +151,10 @@ void pgd_json_init_schema(pgd_json_state *st, const pgd_json_schema *sc);
  * returns PGD_EINVAL (or PGD_ENOMEM) with the reason in msg. */
 int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, char *msg,
                             size_t msg_len);
+/* The same, where array_ok also takes a root that is an array's schema (vLLM's forced tool
+ * calls without a tool-call format: a list of calls). */
+int pgd_json_schema_compile_root(const char *text, size_t len, bool array_ok,
+                                 pgd_json_schema *out, char *msg, size_t msg_len);
 void pgd_json_schema_free(pgd_json_schema *sc);
 /* dst = a deep copy of src (without its prefix and suffix): one compile serves many sequences.
  * PGD_OK or PGD_ENOMEM (dst then empty). */

@@ -352,7 +352,9 @@ static int compile_object(ctx *x, const cJSON *j, int depth, int32_t node) {
             sc->nodes[node].required |= 1ull << k;
         }
     }
-    if (cJSON_IsFalse(addl)) {
+    /* xgrammar's strict mode, vLLM's default: an object that declares its properties takes
+     * no others unless additionalProperties says so; one that declares none takes any */
+    if (cJSON_IsFalse(addl) || (!addl && props)) {
         sc->nodes[node].additional = false;
     } else if (addl && !cJSON_IsTrue(addl)) {
         int32_t child;
@@ -711,6 +713,11 @@ bool pgd_json_has_nul_escape(const char *b, size_t n) {
 
 int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, char *msg,
                             size_t msg_len) {
+    return pgd_json_schema_compile_root(text, len, false, out, msg, msg_len);
+}
+
+int pgd_json_schema_compile_root(const char *text, size_t len, bool array_ok,
+                                 pgd_json_schema *out, char *msg, size_t msg_len) {
     memset(out, 0, sizeof *out);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, false);
@@ -730,9 +737,9 @@ int pgd_json_schema_compile(const char *text, size_t len, pgd_json_schema *out, 
     if (!rc) {
         const pgd_json_node *r = out->root >= 0 ? &out->nodes[out->root] : NULL;
         if (!r || r->n_enum ||
-            (r->types != (1u << PGD_JT_OBJ) && r->types != (1u << PGD_JT_ARR)))
+            (r->types != (1u << PGD_JT_OBJ) && (!array_ok || r->types != (1u << PGD_JT_ARR))))
             rc = fail(&x, "the schema's root must be an object schema ({\"type\": \"object\", "
-                          "...}) or an array's");
+                          "...})");
     }
     cJSON_Delete(j);
     if (rc == PGD_ENOMEM) snprintf(msg, msg_len, "out of memory");
