@@ -951,6 +951,7 @@ static void after_work_cb(uv_work_t *w, int status) {
     } else {
         c->ph = c->api.stream ? PH_STREAMING : PH_RUNNING;
         if (!c->detached) run_list_add(s, c); /* streams too: a scored echo sends nothing */
+        else pgd_responses_mark_running(c->dstate); /* GET /v1/responses/{id}: in_progress */
         c->t_submitted = pgd_now_s();
         if (c->api.stream && c->dialect) {
             pgd_sbuf b = {0};
@@ -1852,7 +1853,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, NULL);
         if (!r) return MHD_NO;
         common_headers(c, r);
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        /* (the charset, as OpenAI's: without it HTTP clients read the events as Latin-1) */
+        MHD_add_response_header(r, "Content-Type", "text/event-stream; charset=utf-8");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         c->status = 200;
         enum MHD_Result ret = MHD_queue_response(conn, 200, r);

@@ -336,6 +336,8 @@ def test_background_and_cancel(server):
     long = ok(post(server, {"input": "Write a long story about a dragon.",
                             "max_output_tokens": 2000, "background": True}))
     time.sleep(0.5)
+    running = ok(requests.get(server.url(f"/v1/responses/{long['id']}"), timeout=30))
+    assert running["status"] == "in_progress", running["status"]
     r = post(server, {}, f"/v1/responses/{long['id']}/cancel")
     c = ok(r)
     assert c["status"] == "cancelled" and c["id"] == long["id"]
