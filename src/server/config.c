@@ -31,7 +31,8 @@ static const opt table[] = {
     {"model", 'm', T_STR, OFF(model), "models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, 0, "PAGODA_MODEL",
      "GGUF file or Hugging Face model directory"},
     {"served-model-name", 0, T_STR, OFF(served_model_name), NULL, 0, 0, NULL,
-     "model name in the API (default: the model file's base name)"},
+     "model name in the API (default: the model file's base name); several, separated by "
+     "commas or spaces, are all accepted as \"model\" (the first is the one answers name)"},
     {"host", 0, T_STR, OFF(host), "127.0.0.1", 0, 0, NULL, "address to bind"},
     {"port", 'p', T_INT, OFF(port), "8000", 0, 65535, NULL, "port to listen on (0: any free port)"},
     {"api-key", 0, T_KEYS, OFF(api_keys), NULL, 0, 0, "PAGODA_API_KEY",

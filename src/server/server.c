@@ -126,6 +126,10 @@ struct server {
     pgd_jinja_tmpl *tmpl;      /* the model's chat template, or NULL */
     pgd_api_limits limits;
     char model_name[256];
+    /* --served-model-name's further names (vLLM's: each is accepted as "model"; the first,
+     * model_name, is what answers say) */
+    char *aliases[8];
+    int n_aliases;
     /* LoRA adapters by engine slot - 1 (NULL: free), owned; changed on the loop thread only
      * (--lora-modules at start, then /v1/load_lora_adapter and /v1/unload_lora_adapter) */
     char *lora_names[PGD_SERVER_MAX_LORAS], *lora_paths[PGD_SERVER_MAX_LORAS];
@@ -173,6 +177,14 @@ static int parse_lora_modules(server *s, const pgd_server_config *cfg) {
     s->n_static_loras = n;
     s->n_loras = n > want ? n : want;
     return rc;
+}
+
+/* Whether name is one of the base model's served names. */
+static bool served_name(const server *s, const char *name) {
+    if (!strcmp(name, s->model_name)) return true;
+    for (int i = 0; i < s->n_aliases; i++)
+        if (!strcmp(name, s->aliases[i])) return true;
+    return false;
 }
 
 /* The slot of the adapter named name, 0 for none. */
@@ -1019,6 +1031,7 @@ static enum MHD_Result answer_models(server *s, req_ctx *c, struct MHD_Connectio
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *d = cJSON_AddArrayToObject(o, "data");
     add_model_entry(s, d, s->model_name, NULL);
+    for (int i = 0; i < s->n_aliases; i++) add_model_entry(s, d, s->aliases[i], NULL);
     for (int32_t i = 0; i < s->n_loras; i++)
         if (s->lora_names[i]) add_model_entry(s, d, s->lora_names[i], s->lora_paths[i]);
     char *js = cJSON_PrintUnformatted(o);
@@ -1565,7 +1578,7 @@ static enum MHD_Result answer_model(server *s, req_ctx *c, struct MHD_Connection
                                     const char *id) {
     pgd_api_error e;
     cJSON *d = cJSON_CreateArray();
-    if (!strcmp(id, s->model_name)) add_model_entry(s, d, s->model_name, NULL);
+    if (served_name(s, id)) add_model_entry(s, d, id, NULL);
     for (int32_t i = 0; i < s->n_loras && !cJSON_GetArraySize(d); i++)
         if (s->lora_names[i] && !strcmp(id, s->lora_names[i]))
             add_model_entry(s, d, s->lora_names[i], s->lora_paths[i]);
@@ -1807,7 +1820,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         c->api_parsed = true;
         c->model = s->model_name;
         if ((c->lora = lora_slot_of(s, c->api.model))) c->model = c->api.model;
-        if (c->api.model && !c->lora && strcmp(c->api.model, s->model_name)) {
+        if (c->api.model && !c->lora && !served_name(s, c->api.model)) {
             pgd_api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
                               "the model '%.200s' does not exist; this server serves '%s'%s",
                               c->api.model, s->model_name,
@@ -2107,8 +2120,16 @@ int pgd_serve(const pgd_server_config *cfg) {
     s->events = calloc(256, sizeof *s->events);
     const char *base = strrchr(cfg->model, '/');
     base = base && base[1] ? base + 1 : cfg->model;
-    snprintf(s->model_name, sizeof s->model_name, "%s",
-             cfg->served_model_name ? cfg->served_model_name : base);
+    /* --served-model-name: one name, or several separated by commas or spaces */
+    const char *names = cfg->served_model_name ? cfg->served_model_name : base;
+    size_t l0 = cfg->served_model_name ? strcspn(names, ", ") : strlen(names);
+    snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)l0, names);
+    for (const char *p = names + l0; cfg->served_model_name && *p;) {
+        p += strspn(p, ", ");
+        size_t l = strcspn(p, ", ");
+        if (l && s->n_aliases < 8 && (s->aliases[s->n_aliases] = strndup(p, l))) s->n_aliases++;
+        p += l;
+    }
     for (char *p = s->model_name; *p; p++) /* safe inside JSON logs and Prometheus labels */
         if ((unsigned char)*p < 0x20 || *p == '"' || *p == '\\') *p = '_';
     if (parse_lora_modules(s, cfg)) {
@@ -2225,6 +2246,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     pgd_metrics_free(&s->metrics);
     if (s->store) pgd_resp_store_free(s->store);
     pgd_cors_free(&s->cors);
+    for (int i = 0; i < s->n_aliases; i++) free(s->aliases[i]);
     free(s);
     return code;
 }

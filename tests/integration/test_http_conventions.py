@@ -157,3 +157,22 @@ def test_cors_restricted(strict_cors):
     assert r.headers["Access-Control-Allow-Origin"] == "https://app.example"
     r = requests.get(s.url("/v1/models"), headers={"Origin": "https://evil.example"}, timeout=10)
     assert "Access-Control-Allow-Origin" not in r.headers
+
+
+def test_several_served_names():
+    """vLLM's --served-model-name takes several names: each is accepted as "model" (an agent
+    that sends its own model name can be pointed at Pagoda), /v1/models lists each, and
+    answers name the first."""
+    s = Server(STORIES, "--served-model-name", "tiny, claude-sonnet-4-5")
+    s.start()
+    try:
+        c = client(s)
+        assert [m.id for m in c.models.list().data] == ["tiny", "claude-sonnet-4-5"]
+        assert c.models.retrieve("claude-sonnet-4-5").id == "claude-sonnet-4-5"
+        for name in ("tiny", "claude-sonnet-4-5"):
+            r = c.completions.create(model=name, prompt="a", max_tokens=2)
+            assert r.model == "tiny"
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model="tiny,", prompt="a", max_tokens=2)
+    finally:
+        s.stop()
