@@ -989,6 +989,9 @@ static void add_usage(cJSON *o, const pgd_api_request *r, int32_t prompt, int32_
     cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", r->cached_tokens);
+    if (r->reasoning) /* OpenAI's field; counted only where reasoning is parsed out */
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "completion_tokens_details"),
+                                "reasoning_tokens", r->reasoning_tokens);
 }
 
 /* Base64 (RFC 4648, padded) of n bytes, malloc'd; NULL when out of memory. */

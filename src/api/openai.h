@@ -68,6 +68,8 @@ typedef struct pgd_api_request {
                                       "</think>" (2: it closed it), or neither (0) */
     int32_t cached_tokens;         /* set by the server: prompt tokens served from the prefix
                                       cache (usage.prompt_tokens_details.cached_tokens) */
+    int32_t reasoning_tokens;      /* set by the server: generated tokens of the reasoning
+                                      (usage.completion_tokens_details, with a reasoning parser) */
     bool parallel_tool_calls;      /* false: an answer returns its first call only */
     char *tool_name;               /* owned, or NULL */
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
@@ -150,6 +152,7 @@ typedef struct pgd_api_choice {
     size_t t_known;                /* ... bytes of the content searched without a call opener */
     bool t_opened;                 /* ... a call has begun: t_safe is final */
     size_t t_safe;
+    int32_t n_reasoning;           /* with reasoning: tokens of it (-1: counted, content began) */
     size_t r_emitted;              /* streaming with reasoning: bytes of text sent as such */
     size_t r_known;                /* ... bytes scanned without a "</think>" */
     bool r_final;                  /* ... the content has started: r_span is final */

@@ -26,7 +26,7 @@ typedef struct resp_state {
     cJSON *calls;               /* the chat tool_calls (owned), or NULL */
     char finish[24];            /* the chat finish_reason, "" until known */
     bool have_usage;
-    double prompt_tokens, completion_tokens, cached_tokens;
+    double prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens;
     /* streaming */
     int seq;                    /* the next event's sequence_number */
     int n_items;                /* output items opened so far */
@@ -591,9 +591,8 @@ static cJSON *usage_obj(const resp_state *st) {
     cJSON_AddNumberToObject(d, "cached_tokens", st->cached_tokens);
     cJSON_AddNumberToObject(d, "cache_write_tokens", 0);
     cJSON_AddNumberToObject(u, "output_tokens", st->completion_tokens);
-    /* the chat answer does not count its reasoning's tokens apart */
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"),
-                            "reasoning_tokens", 0);
+                            "reasoning_tokens", st->reasoning_tokens);
     cJSON_AddNumberToObject(u, "total_tokens", st->prompt_tokens + st->completion_tokens);
     return u;
 }
@@ -659,11 +658,13 @@ static void store_put(const resp_state *st, const cJSON *r, cJSON *messages) {
 static void set_usage(resp_state *st, const cJSON *u) {
     const cJSON *pt = get(u, "prompt_tokens"), *ct = get(u, "completion_tokens");
     const cJSON *cached = get(get(u, "prompt_tokens_details"), "cached_tokens");
+    const cJSON *rt = get(get(u, "completion_tokens_details"), "reasoning_tokens");
     if (!cJSON_IsObject(u)) return;
     st->have_usage = true;
     st->prompt_tokens = cJSON_IsNumber(pt) ? pt->valuedouble : 0;
     st->completion_tokens = cJSON_IsNumber(ct) ? ct->valuedouble : 0;
     st->cached_tokens = cJSON_IsNumber(cached) ? cached->valuedouble : 0;
+    st->reasoning_tokens = cJSON_IsNumber(rt) ? rt->valuedouble : 0;
 }
 
 static void set_finish(resp_state *st, const cJSON *f) {

@@ -486,6 +486,26 @@ static void stream_chat_text(req_ctx *c, int i, const pgd_event *ev, const char 
     ch->emitted += *text_len;
 }
 
+/* With a reasoning parser: the tokens up to the one after which the content began are the
+ * reasoning's (the one holding "</think>" with them), none when the answer does not think; an
+ * answer that never leaves its thinking is all reasoning. Counted into usage's
+ * completion_tokens_details.reasoning_tokens. The scan is the stream's own (O(new bytes)). */
+static void count_reasoning(req_ctx *c, pgd_api_choice *ch, const pgd_event *ev) {
+    if (ev->type == PGD_EVENT_TOKEN) ch->n_reasoning++;
+    const char *t = ch->text ? ch->text : "";
+    pgd_reasoning_span sp = ch->r_span;
+    if (!ch->r_final && !(c->api.stream && c->ph == PH_STREAMING)) { /* a stream scanned it */
+        pgd_reasoning_scan((pgd_reasoning_format)c->api.reasoning, t, ch->text_len,
+                           ev->type == PGD_EVENT_FINISH, ch->r_known, &sp);
+        ch->r_known = ch->text_len;
+        ch->r_final = sp.content;
+        ch->r_span = sp;
+    }
+    if (!sp.content && ev->type != PGD_EVENT_FINISH) return;
+    c->api.reasoning_tokens += sp.thinking ? ch->n_reasoning : 0;
+    ch->n_reasoning = -1;
+}
+
 static void handle_event(server *s, const pgd_event *ev) {
     req_ctx *c = (req_ctx *)(uintptr_t)ev->user_data;
     int i = choice_of(c, ev->request_id);
@@ -544,6 +564,7 @@ static void handle_event(server *s, const pgd_event *ev) {
             add_logprobs(s, c, &ch->logprobs, ev, ch->prompt_offset + (size_t)ev->text_offset);
         choice_append(ch, ev->text, (size_t)ev->text_len);
     }
+    if (c->api.reasoning && ch->n_reasoning >= 0) count_reasoning(c, ch, ev);
     if (ev->type != PGD_EVENT_FINISH) return;
     /* the engine measures submission -> first scheduling */
     pgd_metrics_observe(&s->metrics, PGD_H_QUEUE, ev->queue_seconds);

@@ -193,3 +193,44 @@ def test_prompt_that_closes_the_thinking_constrains_from_the_start(tmp_path_fact
                       response_format=fmt, max_tokens=100):
             whole = (m["reasoning_content"] or "") + (m["content"] or "")
             assert json.loads(whole) == {"a": "ok"}, m
+
+
+def test_reasoning_tokens_counted(tmp_path_factory):
+    """usage.completion_tokens_details.reasoning_tokens (OpenAI's field, and the Responses
+    API's output_tokens_details) counts the generated tokens up to the one that completes
+    "</think>" (all of them when it never comes): the reference is the same seeded answer's
+    tokens, read from its logprobs' bytes on a server without the parser."""
+    model = util.model_with_template(tmp_path_factory,
+                                     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja")
+    body = lambda seed, bias: {"messages": CHAT, "max_tokens": 160, "temperature": 1.0,
+                               "seed": seed, "logit_bias": bias}
+    want = {}
+    with Server(model) as s:
+        bias = tag_bias(s, ["</think>"], 12)
+        for seed in range(6):
+            r = requests.post(s.url("/v1/chat/completions"), timeout=120,
+                              json={**body(seed, bias), "logprobs": True})
+            toks = r.json()["choices"][0]["logprobs"]["content"]
+            text, k = b"", len(toks)
+            for i, t in enumerate(toks):
+                text += bytes(t["bytes"])
+                if b"</think>" in text:
+                    k = i + 1
+                    break
+            want[seed] = k
+    assert len(set(want.values())) > 1, want  # some answers close the thinking, some do not
+    with Server(model, "--reasoning-parser", "deepseek_r1") as s:
+        for seed in range(6):
+            r = requests.post(s.url("/v1/chat/completions"), json=body(seed, bias), timeout=120)
+            u = r.json()["usage"]
+            assert u["completion_tokens_details"]["reasoning_tokens"] == want[seed], (seed, u)
+            with requests.post(s.url("/v1/chat/completions"), stream=True, timeout=120,
+                               json={**body(seed, bias), "stream": True,
+                                     "stream_options": {"include_usage": True}}) as r:
+                evs = [e for e in sse_events(r.iter_lines()) if e != "[DONE]"]
+            assert evs[-1]["usage"]["completion_tokens_details"]["reasoning_tokens"] == \
+                want[seed]
+            r = requests.post(s.url("/v1/responses"), timeout=120, json={
+                "input": CHAT[0]["content"], "max_output_tokens": 60, "temperature": 1.0})
+            assert r.status_code == 200, r.text
+            assert "reasoning_tokens" in r.json()["usage"]["output_tokens_details"]
