@@ -1144,7 +1144,9 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
         if (role_first) cJSON_AddStringToObject(d, "role", "assistant");
         if (reasoning_len)
             cJSON_AddItemToObject(d, "reasoning_content", string_n(reasoning, reasoning_len));
-        if (text_len || (role_first && !reasoning_len))
+        if (!text_len && role_first && !reasoning_len && r->tool_required)
+            cJSON_AddNullToObject(d, "content"); /* the answer is a call: no content, as OpenAI */
+        else if (text_len || (role_first && !reasoning_len))
             cJSON_AddItemToObject(d, "content", string_n(text, text_len));
     } else {
         cJSON_AddItemToObject(ch, "text", string_n(text, text_len));
@@ -1184,12 +1186,16 @@ cJSON *pgd_api_choice_tool_calls(const pgd_api_request *r, const char *id, int i
 }
 
 char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,
-                                   const char *model, int index, cJSON *calls,
+                                   const char *model, int index, bool role_first, cJSON *calls,
                                    const char *finish, const pgd_api_choice *fin_choice) {
     cJSON *o = chunk_base(r, id, created, model);
     cJSON *arr = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", index);
     cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+    if (role_first) { /* OpenAI's first delta of a call: the role, no content */
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddNullToObject(d, "content");
+    }
     int k = 0;
     cJSON *c;
     cJSON_ArrayForEach(c, calls) cJSON_AddNumberToObject(c, "index", k++);

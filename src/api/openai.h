@@ -204,10 +204,11 @@ char *pgd_api_chunk_sse(const pgd_api_request *r, const char *id, long created,
 cJSON *pgd_api_choice_tool_calls(const pgd_api_request *r, const char *id, int index,
                                  const char *text, size_t len, size_t *content_len,
                                  const char **finish);
-/* The frame of a streamed choice's tool calls (calls: pgd_tool_calls_parse's array, consumed;
- * each gets its "index"). */
+/* The frame of a streamed choice's tool calls (calls: pgd_tool_calls_parse's array, or pieces
+ * of one call, consumed; each gets its "index"); role_first: the choice's first delta (the
+ * role, and content null). */
 char *pgd_api_tool_calls_chunk_sse(const pgd_api_request *r, const char *id, long created,
-                                   const char *model, int index, cJSON *calls,
+                                   const char *model, int index, bool role_first, cJSON *calls,
                                    const char *finish, const pgd_api_choice *fin_choice);
 char *pgd_api_usage_chunk_sse(const pgd_api_request *r, const char *id, long created,
                               const char *model, int32_t prompt_tokens,

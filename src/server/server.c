@@ -506,6 +506,42 @@ static void count_reasoning(req_ctx *c, pgd_api_choice *ch, const pgd_event *ev)
     ch->n_reasoning = -1;
 }
 
+/* A named function without a tool format: the constrained answer is the call's arguments, so
+ * they stream as they come, as OpenAI and vLLM send them (the first delta with the role, null
+ * content, the call's id and name; then arguments pieces; the finish alone). Not for the
+ * dialects, whose converters take whole calls, nor with reasoning, whose split comes first. */
+static bool streams_named_call(const req_ctx *c) {
+    return c->api.tool_format == PGD_TOOLS_JSON && c->api.tool_name && !c->dialect &&
+           !c->api.reasoning && c->api.chat;
+}
+
+static void stream_named_call(req_ctx *c, int i, const char *text, size_t len, const char *fin) {
+    pgd_api_choice *ch = &c->choices[i];
+    choice_append(ch, text, len);
+    if (len || !c->role_sent[i]) {
+        cJSON *calls = cJSON_CreateArray(), *call = cJSON_CreateObject();
+        cJSON *fn = cJSON_CreateObject();
+        if (!c->role_sent[i]) { /* the id pgd_tool_call_named gives the whole answer's call */
+            char cid[128];
+            snprintf(cid, sizeof cid, "call_%s_%d_0", c->id, i);
+            cJSON_AddStringToObject(call, "id", cid);
+            cJSON_AddStringToObject(call, "type", "function");
+            cJSON_AddStringToObject(fn, "name", c->api.tool_name);
+        }
+        char *args = strndup(text ? text : "", len);
+        cJSON_AddStringToObject(fn, "arguments", args ? args : "");
+        free(args);
+        cJSON_AddItemToObject(call, "function", fn);
+        cJSON_AddItemToArray(calls, call);
+        emit_frame(c, pgd_api_tool_calls_chunk_sse(&c->api, c->id, c->created, c->model, i,
+                                                   !c->role_sent[i], calls, NULL, NULL));
+        c->role_sent[i] = true;
+    }
+    if (fin)
+        emit_frame(c, pgd_api_chunk_sse(&c->api, c->id, c->created, c->model, i, "", 0, NULL, 0,
+                                        false, fin, ch, NULL));
+}
+
 static void handle_event(server *s, const pgd_event *ev) {
     req_ctx *c = (req_ctx *)(uintptr_t)ev->user_data;
     int i = choice_of(c, ev->request_id);
@@ -546,9 +582,15 @@ static void handle_event(server *s, const pgd_event *ev) {
         cJSON *calls = NULL;
         const char *rtext = NULL;
         size_t rlen = 0;
-        if (c->api.tool_format || c->api.reasoning)
+        if (streams_named_call(c)) {
+            stream_named_call(c, i, text, text_len, fin);
+            cJSON_Delete(lp);
+            resume(c);
+            text_len = 0, lp = NULL, fin = NULL; /* all sent */
+        } else if (c->api.tool_format || c->api.reasoning) {
             stream_chat_text(c, i, ev, &rtext, &rlen, &text, &text_len, &fin, &calls);
-        if (text_len || rlen || lp || (fin && !calls) || !c->role_sent[i]) {
+        }
+        if (text_len || rlen || lp || (fin && !calls) || (!c->role_sent[i] && !streams_named_call(c))) {
             emit_frame(c, pgd_api_chunk_sse(&c->api, c->id, c->created, c->model, i, text,
                                             text_len, rtext, rlen,
                                             c->api.chat && !c->role_sent[i], calls ? NULL : fin,
@@ -557,7 +599,7 @@ static void handle_event(server *s, const pgd_event *ev) {
         }
         if (calls)
             emit_frame(c, pgd_api_tool_calls_chunk_sse(&c->api, c->id, c->created, c->model, i,
-                                                       calls, fin, ch));
+                                                       false, calls, fin, ch));
         resume(c);
     } else {
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)

@@ -131,6 +131,19 @@ def test_forced_call_streamed(default_server, client, model, choice):
     assert got == want
     for c in calls.values():
         check_call(c)
+    # the first delta is OpenAI's: the role, content null; its call carries the id and name
+    first = events[0]["choices"][0]["delta"]
+    assert first["role"] == "assistant" and first["content"] is None, first
+    if choice == NAMED:
+        # the arguments stream as they are written (instructor's partial objects need it), in
+        # the ids the whole answer gives
+        pieces = [tc["function"]["arguments"] for e in events for ch in e["choices"]
+                  for tc in ch["delta"].get("tool_calls") or []]
+        assert len([p for p in pieces if p]) > 3, pieces
+        assert "".join(pieces) == whole["message"]["tool_calls"][0]["function"]["arguments"]
+        # (ids as the whole answer makes them: "call_<response id>_<choice>_<call>")
+        assert first["tool_calls"][0]["id"] == f"call_{events[0]['id']}_0_0"
+        assert first["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
 def test_required_call_is_held_to_each_tool(default_server):
