@@ -167,7 +167,7 @@ struct pgd_engine {
     const int32_t **b_tables;                   /* (max_num_seqs) */
     int32_t *b_lora;                            /* (max_num_seqs) their adapters */
     seq **b_seqs;                               /* (max_num_seqs) sequences in this step */
-    /* prompt logprobs of this step, by logits row, computed on the pool before out_mu */
+    /* prompt logprobs of this step, by logits row, computed on the pool before postprocess */
     struct lp_row {
         int32_t token, n_top, rank;
         float logprob;
@@ -184,11 +184,19 @@ struct pgd_engine {
     size_t n_aborts, cap_aborts;
     int32_t n_pending;         /* incoming + waiting, for the queue bound */
 
-    /* outbox */
+    /* this step's events, built with no lock held and published at its end in one short
+     * critical section (publish); a full buffer is published early, so it never drops one */
+    pgd_event *step_ev;                         /* (cap_step_ev) */
+    int32_t n_step_ev, cap_step_ev;
+
+    /* outbox, under out_mu: events not yet polled, and the FINISH slots reserved for requests
+     * submitted and not finished (cap_events >= n_events + n_fin_reserved always: a FINISH
+     * always has room, so exactly one per request arrives whatever malloc does) */
     pthread_mutex_t out_mu;
     pthread_cond_t out_cv;
     pgd_event *events;
-    size_t n_events, cap_events;
+    size_t n_events, cap_events, n_fin_reserved;
+    pgd_engine_stats stats_pub; /* stats as of the last publish, for pgd_engine_get_stats */
 
     /* thread */
     pthread_t thread;
@@ -198,7 +206,7 @@ struct pgd_engine {
     void (*notify)(void *);
     void *notify_arg;
 
-    pgd_engine_stats stats;    /* updated by the step, read under out_mu */
+    pgd_engine_stats stats;    /* the engine thread's; copied to stats_pub when publishing */
     bool admitting;            /* static batching: the current batch is still being filled */
 };
 
@@ -309,47 +317,90 @@ static size_t utf8_cut(const char *t, size_t n, size_t max) {
     return k;
 }
 
-static pgd_event *event_push(pgd_engine *e) {
-    if (e->n_events == e->cap_events) {
-        size_t nc = e->cap_events ? e->cap_events * 2 : 256;
-        pgd_event *n = realloc(e->events, nc * sizeof *n);
-        if (!n) return NULL;
-        e->events = n;
-        e->cap_events = nc;
+/* Grows the outbox to hold at least need events; out_mu held. Rare: the capacity doubles. */
+static int outbox_grow(pgd_engine *e, size_t need) {
+    if (need <= e->cap_events) return PGD_OK;
+    size_t nc = e->cap_events ? e->cap_events * 2 : 256;
+    if (nc < need) nc = need;
+    pgd_event *n = realloc(e->events, nc * sizeof *n);
+    if (!n) return PGD_ENOMEM;
+    e->events = n;
+    e->cap_events = nc;
+    return PGD_OK;
+}
+
+/* Moves this step's events to the outbox in one critical section, with the stats: FINISH events
+ * into the slots their requests reserved, token events into the room left (out of memory: the
+ * ones that do not fit are dropped; their requests go on). Engine thread. */
+static void publish(pgd_engine *e) {
+    int32_t n_fin = 0;
+    for (int32_t i = 0; i < e->n_step_ev; i++) n_fin += e->step_ev[i].type == PGD_EVENT_FINISH;
+    size_t n_tok = (size_t)(e->n_step_ev - n_fin);
+    pthread_mutex_lock(&e->out_mu);
+    PGD_ASSERT((size_t)n_fin <= e->n_fin_reserved);
+    outbox_grow(e, e->n_events + e->n_fin_reserved + n_tok); /* else room for fewer tokens */
+    size_t room = e->cap_events - e->n_events - e->n_fin_reserved; /* token events that fit */
+    for (int32_t i = 0; i < e->n_step_ev; i++) {
+        const pgd_event *ev = &e->step_ev[i];
+        if (ev->type == PGD_EVENT_FINISH) e->n_fin_reserved--;
+        else if (room == 0) continue;
+        else room--;
+        e->events[e->n_events++] = *ev;
     }
-    pgd_event *ev = &e->events[e->n_events++];
+    e->stats_pub = e->stats;
+    pthread_cond_broadcast(&e->out_cv);
+    pthread_mutex_unlock(&e->out_mu);
+    e->n_step_ev = 0;
+}
+
+/* The next event of this step (its header zeroed); never fails: a full step buffer is
+ * published first. Engine thread. */
+static pgd_event *step_event(pgd_engine *e) {
+    if (e->n_step_ev == e->cap_step_ev) publish(e);
+    pgd_event *ev = &e->step_ev[e->n_step_ev++];
     memset(ev, 0, offsetof(pgd_event, text));
     ev->text_len = 0;
     return ev;
 }
 
-static void emit_finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char *error) {
+/* Reserves the outbox slot of a new request's FINISH: 0 or PGD_ENOMEM. Any thread. */
+static int reserve_finish(pgd_engine *e) {
     pthread_mutex_lock(&e->out_mu);
-    pgd_event *ev = event_push(e);
-    if (ev) {
-        ev->type = PGD_EVENT_FINISH;
-        ev->request_id = s->id;
-        ev->user_data = s->user_data;
-        ev->token = -1;
-        ev->finish_reason = why;
-        ev->n_prompt = s->n_prompt;
-        ev->n_completion = s->n_tokens - s->n_prompt;
-        ev->n_cached = s->n_cached;
-        ev->n_spec_draft_tokens = s->n_spec_draft;
-        ev->n_spec_accepted = s->n_spec_accepted;
-        ev->queue_seconds = s->admitted_once ? s->queue_seconds : pgd_now_s() - s->t_submit;
-        ev->stop_string = why == PGD_FINISH_STOP ? s->stop_str : -1;
-        ev->stop_token = why == PGD_FINISH_STOP ? s->stop_tok : -1;
-        size_t rest = s->text_len > s->emitted ? s->text_len - s->emitted : 0;
-        rest = utf8_cut(s->text + s->emitted, rest, PGD_EVENT_TEXT_MAX);
-        if (rest) memcpy(ev->text, s->text + s->emitted, rest);
-        ev->text_len = (int32_t)rest;
-        s->emitted += rest;
-        ev->error[0] = 0;
-        if (error) snprintf(ev->error, sizeof ev->error, "%s", error);
-    }
-    pthread_cond_broadcast(&e->out_cv);
+    int rc = outbox_grow(e, e->n_events + e->n_fin_reserved + 1);
+    if (!rc) e->n_fin_reserved++;
     pthread_mutex_unlock(&e->out_mu);
+    return rc;
+}
+
+static void unreserve_finish(pgd_engine *e) {
+    pthread_mutex_lock(&e->out_mu);
+    e->n_fin_reserved--;
+    pthread_mutex_unlock(&e->out_mu);
+}
+
+/* s's FINISH event, into its reserved slot at the next publish. */
+static void emit_finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char *error) {
+    pgd_event *ev = step_event(e);
+    ev->type = PGD_EVENT_FINISH;
+    ev->request_id = s->id;
+    ev->user_data = s->user_data;
+    ev->token = -1;
+    ev->finish_reason = why;
+    ev->n_prompt = s->n_prompt;
+    ev->n_completion = s->n_tokens - s->n_prompt;
+    ev->n_cached = s->n_cached;
+    ev->n_spec_draft_tokens = s->n_spec_draft;
+    ev->n_spec_accepted = s->n_spec_accepted;
+    ev->queue_seconds = s->admitted_once ? s->queue_seconds : pgd_now_s() - s->t_submit;
+    ev->stop_string = why == PGD_FINISH_STOP ? s->stop_str : -1;
+    ev->stop_token = why == PGD_FINISH_STOP ? s->stop_tok : -1;
+    size_t rest = s->text_len > s->emitted ? s->text_len - s->emitted : 0;
+    rest = utf8_cut(s->text + s->emitted, rest, PGD_EVENT_TEXT_MAX);
+    if (rest) memcpy(ev->text, s->text + s->emitted, rest);
+    ev->text_len = (int32_t)rest;
+    s->emitted += rest;
+    ev->error[0] = 0;
+    if (error) snprintf(ev->error, sizeof ev->error, "%s", error);
 }
 
 /* ---- configuration ---- */
@@ -572,12 +623,16 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->lp_rows = malloc((size_t)e->max_logits * sizeof *e->lp_rows);
     e->lp_todo = malloc((size_t)e->max_logits * sizeof *e->lp_todo);
     e->hidden = malloc((size_t)e->max_logits * (size_t)e->model->cfg.dim * sizeof *e->hidden);
+    /* a step's events: a token per logits row, a prompt token per row and one more per
+     * sequence, a FINISH per sequence (more, from aborts, publish early) */
+    e->cap_step_ev = 2 * e->max_logits + 2 * c->max_num_seqs;
+    e->step_ev = malloc((size_t)e->cap_step_ev * sizeof *e->step_ev);
     int32_t nv = e->model->cfg.n_vocab;
     e->eog = malloc((size_t)nv * sizeof *e->eog);
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_rows || !e->b_slot || !e->b_tables ||
         !e->b_lora ||
         !e->b_seqs || !e->b_sample || !e->b_sampled || !e->lp_rows || !e->lp_todo || !e->eog ||
-        !e->hidden) {
+        !e->hidden || !e->step_ev) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
@@ -602,6 +657,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     else e->device_sampling = e->model->device != PGD_DEVICE_CPU && e->model->n_ranks == 1;
     if (!e->model->shards[0].be.ops->sample) e->device_sampling = false;
     e->stats.kv_blocks_total = (int32_t)n_blocks;
+    e->stats_pub = e->stats;
     *out = e;
     return PGD_OK;
 fail_perr:
@@ -656,6 +712,7 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->json_allow);
     free(e->aborts);
     free(e->events);
+    free(e->step_ev);
     pthread_mutex_destroy(&e->in_mu);
     pthread_mutex_destroy(&e->out_mu);
     pthread_cond_destroy(&e->out_cv);
@@ -936,9 +993,14 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
                      p->prompt[0] == pgd_tokenizer_bos(e->model->tok);
     s->logit_row = -1;
     s->stop_str = s->stop_tok = -1;
+    if (reserve_finish(e)) {
+        seq_free(s);
+        return fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+    }
     pthread_mutex_lock(&e->in_mu);
     if (e->cfg.max_waiting > 0 && e->n_pending >= e->cfg.max_waiting) {
         pthread_mutex_unlock(&e->in_mu);
+        unreserve_finish(e);
         seq_free(s);
         return fail(err, errlen, PGD_ERANGE, "%s", "the waiting queue is full");
     }
@@ -954,6 +1016,7 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
         pthread_mutex_unlock(&e->lora_mu);
         if (!ok) {
             pthread_mutex_unlock(&e->in_mu);
+            unreserve_finish(e);
             seq_free(s);
             return fail(err, errlen, PGD_EINVAL, "%s", "the LoRA adapter is not loaded");
         }
@@ -1383,9 +1446,7 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
 
 /* Emits the token event of id, chosen from logits (raw, for logprobs). */
 static pgd_finish_reason emit_token(pgd_engine *e, seq *s, int32_t id, const float *logits) {
-    pgd_event *ev = event_push(e);
-    pgd_event dummy;
-    if (!ev) ev = &dummy;
+    pgd_event *ev = step_event(e);
     pgd_finish_reason why = accept_token(e, s, id, ev);
     if (s->logprobs >= 0) {
         ev->logprob = pgd_logprobs(logits, e->model->cfg.n_vocab, id, s->logprobs, ev->top_ids,
@@ -1430,8 +1491,7 @@ static void score_prompts(pgd_engine *e, int32_t ns) {
  * lp_n, positions lp_pos..), token 0's (no logprob) first. */
 static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
     for (int32_t j = s->lp_started ? 0 : -1; j < s->lp_n; j++) {
-        pgd_event *ev = event_push(e);
-        if (!ev) continue; /* out of memory: the event is lost, the request goes on */
+        pgd_event *ev = step_event(e);
         int32_t p = s->lp_pos + j; /* scores token p + 1 */
         ev->type = PGD_EVENT_PROMPT_TOKEN;
         ev->request_id = s->id;
@@ -1769,8 +1829,8 @@ static void plan_device_sampling(pgd_engine *e, int32_t ns, pgd_batch *b) {
     b->need_logits = n_host > 0;
 }
 
-/* Publishes the engine-thread-owned counters for other threads; O(running sequences). Called
- * with out_mu held. */
+/* Brings the engine thread's counters up to date (publish copies them out); O(running
+ * sequences), with no lock held. */
 static void snapshot_stats(pgd_engine *e) {
     pgd_engine_stats *s = &e->stats;
     s->num_running = e->running.n;
@@ -1817,10 +1877,14 @@ int pgd_engine_step(pgd_engine *e) {
         used = schedule(e, e->b_seqs, &ns);
     }
     if (ns == 0) {
-        pthread_mutex_lock(&e->out_mu);
         snapshot_stats(e);
-        pthread_mutex_unlock(&e->out_mu);
+        publish(e);
+        if (e->notify) e->notify(e->notify_arg);
         return 0;
+    }
+    if (e->n_step_ev) { /* aborts' FINISH events go out now, not after the forward pass */
+        snapshot_stats(e);
+        publish(e);
     }
 
     /* runner: flatten the batch */
@@ -1880,15 +1944,13 @@ int pgd_engine_step(pgd_engine *e) {
     }
 
     if (!rc) score_prompts(e, ns);
-    pthread_mutex_lock(&e->out_mu);
+    /* postprocess, with no lock held: the I/O thread polls meanwhile */
     for (int32_t i = 0; i < ns; i++) {
         seq *s = e->b_seqs[i];
         int32_t n = s->sched_n;
         s->sched_n = 0;
         if (rc) {
-            pthread_mutex_unlock(&e->out_mu);
             finish_seq(e, s, PGD_FINISH_ERROR, "internal error in the forward pass");
-            pthread_mutex_lock(&e->out_mu);
             continue;
         }
         s->n_computed += n;
@@ -1896,16 +1958,12 @@ int pgd_engine_step(pgd_engine *e) {
         if (s->embed_row >= 0) write_embedding(e, s);
         if (s->logit_row < 0) {
             pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
-            if (s->max_tokens == 0 && s->n_computed == s->n_tokens) { /* the prompt only */
-                pthread_mutex_unlock(&e->out_mu);
+            if (s->max_tokens == 0 && s->n_computed == s->n_tokens) /* the prompt only */
                 finish_seq(e, s, PGD_FINISH_LENGTH, NULL);
-                pthread_mutex_lock(&e->out_mu);
-            }
             continue;
         }
         pgd_finish_reason why = advance(e, s);
-        if (why) {
-            pthread_mutex_unlock(&e->out_mu);
+        if (why)
             finish_seq(e, s, why,
                        why != PGD_FINISH_ERROR ? NULL
                        : s->err_msg            ? s->err_msg
@@ -1913,16 +1971,13 @@ int pgd_engine_step(pgd_engine *e) {
                                                  "and the model scores (allowed_token_ids "
                                                  "outside the structured output's, or "
                                                  "non-finite logits)");
-            pthread_mutex_lock(&e->out_mu);
-        }
     }
     e->stats.steps++;
     e->stats.last_step_seqs = ns;
     e->stats.last_step_tokens = nt;
     e->stats.prefill_tokens_total += n_prefill;
     snapshot_stats(e);
-    pthread_cond_broadcast(&e->out_cv);
-    pthread_mutex_unlock(&e->out_mu);
+    publish(e);
     if (e->notify) e->notify(e->notify_arg);
     return nt;
 }
@@ -1995,7 +2050,7 @@ void pgd_engine_stop(pgd_engine *e) {
 
 void pgd_engine_get_stats(pgd_engine *e, pgd_engine_stats *out) {
     pthread_mutex_lock(&e->out_mu);
-    *out = e->stats;
+    *out = e->stats_pub;
     pthread_mutex_unlock(&e->out_mu);
     pthread_mutex_lock(&e->in_mu);
     out->num_waiting += e->incoming.n;
