@@ -120,3 +120,64 @@ def test_asan_chat_default_model(default_model):
         assert r.status_code == 400
     finally:
         s.stop()
+
+
+def test_asan_dialects_and_http(default_model):
+    """The Responses and Anthropic dialects (stream and not, tools, the store, a chain, a
+    background run cancelled and one left running at SIGTERM), the tool-call paths without a
+    parser, CORS and the routes answered after the read: no sanitizer report, exit 0."""
+    s = Server(default_model, "--responses-store-size", "8KiB", binary=asan_bin(), env=ENV,
+               ready_timeout=300)
+    s.start()
+    try:
+        R, M = s.url("/v1/responses"), s.url("/v1/messages")
+        tool = {"type": "function", "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+        a = requests.post(R, json={"input": "Hi", "instructions": "Be brief.",
+                                   "max_output_tokens": 4, "temperature": 0}, timeout=300)
+        assert a.status_code == 200, a.text
+        b = requests.post(R, json={"input": "More", "previous_response_id": a.json()["id"],
+                                   "max_output_tokens": 4, "temperature": 0}, timeout=300)
+        assert b.status_code == 200, b.text
+        with requests.post(R, json={"input": "Weather in Paris?", "tools": [tool],
+                                    "tool_choice": "required", "max_output_tokens": 30,
+                                    "stream": True}, stream=True, timeout=300) as r:
+            assert r.status_code == 200 and list(r.iter_lines())
+        for i in range(12):  # the 8 KiB store evicts as it fills
+            r = requests.post(R, json={"input": f"{i} " + "x" * 400, "max_output_tokens": 1},
+                              timeout=300)
+            assert r.status_code == 200, r.text
+        assert requests.delete(s.url(f"/v1/responses/{b.json()['id']}"),
+                               timeout=30).status_code in (200, 404)
+        bg = requests.post(R, json={"input": "Tell a long story.", "background": True,
+                                    "max_output_tokens": 200}, timeout=300).json()
+        assert requests.post(s.url(f"/v1/responses/{bg['id']}/cancel"),
+                             timeout=30).status_code == 200
+        msg = {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "max_tokens": 4,
+               "messages": [{"role": "user", "content": "Hi"}]}
+        assert requests.post(M, json=msg, timeout=300).status_code == 200
+        with requests.post(M, json=dict(msg, stream=True), stream=True, timeout=300) as r:
+            assert r.status_code == 200 and list(r.iter_lines())
+        t = dict(msg, max_tokens=30, tools=[{"name": "get_weather",
+                                             "input_schema": tool["parameters"]}],
+                 tool_choice={"type": "tool", "name": "get_weather"})
+        assert requests.post(M, json=t, timeout=300).json()["stop_reason"] == "tool_use"
+        assert requests.post(s.url("/v1/messages/count_tokens"), json=msg,
+                             timeout=300).status_code == 200
+        assert requests.post(M, json={"messages": []}, timeout=30).status_code == 400
+        ct = {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 30,
+              "tools": [{"type": "function", "function": tool | {"type": None}}]}
+        ct["tools"][0]["function"].pop("type")
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            with requests.post(s.url("/v1/chat/completions"), stream=True, timeout=300,
+                               json=dict(ct, tool_choice=choice, stream=True)) as r:
+                assert r.status_code == 200 and list(r.iter_lines())
+        r = requests.options(s.url("/v1/chat/completions"), timeout=30, headers={
+            "Origin": "https://a.example", "Access-Control-Request-Method": "POST"})
+        assert r.status_code == 200
+        assert requests.head(s.url("/v1/models"), timeout=30).status_code == 200
+        # left running: shutdown aborts it and stores the outcome
+        requests.post(R, json={"input": "Tell a long story.", "background": True,
+                               "max_output_tokens": 2000}, timeout=300)
+    finally:
+        s.stop()
