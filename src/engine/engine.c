@@ -206,10 +206,10 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
         (c->speculative != PGD_SPEC_NONE && c->speculative != PGD_SPEC_NGRAM &&
          c->speculative != PGD_SPEC_DRAFT))
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "invalid engine configuration (block size, "
-                    "max-num-batched-tokens, max-num-seqs or speculative decoding)");
+                         "max-num-batched-tokens, max-num-seqs or speculative decoding)");
     if (c->priority_scheduling && c->static_batching)
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "static batching admits in arrival order: "
-                    "it cannot be combined with priority scheduling");
+                         "it cannot be combined with priority scheduling");
     if (!(c->gpu_memory_utilization >= 0 && c->gpu_memory_utilization <= 1))
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "gpu_memory_utilization must be in (0, 1]");
     pgd_engine *e = calloc(1, sizeof *e);
@@ -624,7 +624,8 @@ static void snapshot_stats(pgd_engine *e) {
         reserved += r;
         filled += q->n_computed < r ? q->n_computed : r;
     }
-    s->kv_fragmentation_perc = reserved ? 100.0 * (double)(reserved - filled) / (double)reserved : 0;
+    s->kv_fragmentation_perc =
+        reserved ? 100.0 * (double)(reserved - filled) / (double)reserved : 0;
 }
 
 int pgd_engine_step(pgd_engine *e) {
@@ -765,8 +766,10 @@ int pgd__engine_check(pgd_engine *e) {
     if ((rc = check_tables(&e->mgr, &e->sched.running, &e->sched.waiting, false))) return rc;
     if (e->spec_mode == PGD_SPEC_DRAFT) {
         if ((rc = pgd_kv_check(&e->draft.mgr))) return rc;
-        if ((rc = check_tables(&e->draft.mgr, &e->sched.running, &e->sched.waiting, true))) return rc;
-        if (e->sched.running.n == 0 && e->sched.waiting.n == 0 && e->draft.mgr.n_free != e->draft.mgr.n_blocks)
+        if ((rc = check_tables(&e->draft.mgr, &e->sched.running, &e->sched.waiting, true)))
+            return rc;
+        if (e->sched.running.n == 0 && e->sched.waiting.n == 0 &&
+            e->draft.mgr.n_free != e->draft.mgr.n_blocks)
             return PGD_EFORMAT;
     }
     if (e->sched.running.n == 0 && e->sched.waiting.n == 0) {

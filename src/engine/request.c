@@ -98,7 +98,7 @@ int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "max_tokens must not be negative");
     if (p->priority && !e->cfg.priority_scheduling)
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "a priority other than 0 needs priority "
-                    "scheduling (--scheduling-policy priority)");
+                         "scheduling (--scheduling-policy priority)");
     if (p->embedding && p->max_tokens)
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "an embedding request generates nothing");
     for (int32_t i = 0; i < p->n_prompt; i++)
@@ -121,22 +121,22 @@ int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", msg);
     }
     if (!(p->temperature >= 0) || !(p->top_p >= 0 && p->top_p <= 1) || p->top_k < 0)
-        return pgd__fail(err, errlen, PGD_EINVAL, "%s", "temperature must be >= 0, top_p in [0, 1], "
-                    "top_k >= 0");
+        return pgd__fail(err, errlen, PGD_EINVAL, "%s",
+                         "temperature must be >= 0, top_p in [0, 1], top_k >= 0");
     if (p->n_stop < 0 || p->n_stop > MAX_STOP)
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "at most 16 stop strings");
     if (p->n_stop > 0 && !e->model->tok)
         return pgd__fail(err, errlen, PGD_EUNSUPPORTED, "%s", "stop strings need a tokenizer; "
-                    "the model has none (--load-format dummy)");
+                         "the model has none (--load-format dummy)");
     bool json = p->json_object || p->json_schema;
     if (json && !e->model->tok)
         return pgd__fail(err, errlen, PGD_EUNSUPPORTED, "%s", "JSON output needs a tokenizer; "
-                    "the model has none (--load-format dummy)");
+                         "the model has none (--load-format dummy)");
     bool gram = wants_grammar(p);
     if ((json || p->n_choices || p->regex || gram) && p->min_tokens > 0)
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "min_tokens cannot be combined with "
-                    "structured output (JSON, choices, a regex, a grammar), which ends where it "
-                    "is whole");
+                         "structured output (JSON, choices, a regex, a grammar), which ends "
+                         "where it is whole");
     for (int32_t i = 0; i < p->n_stop; i++) {
         size_t l = p->stop[i] ? strlen(p->stop[i]) : 0;
         if (l == 0 || l > MAX_STOP_LEN)
@@ -151,16 +151,16 @@ int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char
                                             : p->allowed_token_ids[i - p->n_stop_token_ids];
         if (t < 0 || t >= nv)
             return pgd__fail(err, errlen, PGD_EINVAL, "%s", "a stop or allowed token id is outside "
-                        "the vocabulary");
+                             "the vocabulary");
     }
     if (p->n_choices < 0 || p->n_choices > PGD_MAX_CHOICES)
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "too many choices");
     if ((p->n_choices || p->regex || gram) && !e->model->tok)
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "choices, regular expressions and grammars "
-                    "need a tokenizer; the model has none (--load-format dummy)");
+                         "need a tokenizer; the model has none (--load-format dummy)");
     if (json + (p->n_choices > 0) + (p->regex != NULL) + gram > 1)
         return pgd__fail(err, errlen, PGD_EINVAL, "%s", "one kind of structured output at a time "
-                    "(JSON, choices, a regular expression or a grammar)");
+                         "(JSON, choices, a regular expression or a grammar)");
     for (int32_t i = 0; i < p->n_choices; i++) {
         size_t l = p->choices[i] ? strlen(p->choices[i]) : 0;
         if (l == 0 || l > PGD_MAX_CHOICE_LEN)

@@ -117,7 +117,7 @@ static int32_t fit_rows(const seq *s, int32_t n, int32_t left) {
     if (pgd_sched_chunk_rows(s, n) <= left) return n;
     int32_t c = s->n_computed, a = c > s->lp_pos ? c : s->lp_pos;
     if (s->prompt_lp && a - c + left < n) n = a - c + left; /* left rows of prompt positions */
-    while (n > 0 && pgd_sched_chunk_rows(s, n) > left) n--;           /* at most once more: the last row */
+    while (n > 0 && pgd_sched_chunk_rows(s, n) > left) n--; /* at most once more: the last row */
     return n;
 }
 
