@@ -186,6 +186,7 @@ static void test_budget_and_chunks(void) {
     CHECK_EQ_INT(used, 3);
     run_until_idle(&w, 100);
     check_clean(&w);
+    world_free(&w);
     /* prompt logprobs: a chunk needs a logits row per position, so 3 rows cut it to 3 tokens */
     world_init(&w, 64, 16, 8, 3, false);
     seq *s = fake(&w, 1, 10, 1, 0, 100);
@@ -230,7 +231,7 @@ static void test_prefix_hits(void) {
     int64_t q0 = w.mgr.stats.prefix_queries, h0 = w.mgr.stats.prefix_hits;
     CHECK_EQ_INT(h0, 0);
     /* the same 16 tokens and more: 4 full blocks cached, never the last token's */
-    seq *s = fake(&w, 2, 20, 1, 0, 100);
+    seq *s = fake(&w, 2, 20, 2, 0, 100);
     add(&w, s);
     int32_t used;
     fake_step(&w, &used);
