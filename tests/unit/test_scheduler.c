@@ -308,18 +308,22 @@ static void test_abort_everywhere(void) {
 static void test_random(bool priority) {
     for (int round = 0; round < 20; round++) {
         world w;
-        int32_t budget = 8 + (int32_t)rnd(40), max_seqs = 1 + (int32_t)rnd(8);
-        world_init(&w, 24 + (int32_t)rnd(40), budget, max_seqs, max_seqs + (int32_t)rnd(8),
-                   priority);
+        /* (one draw per statement: the same workload whatever the compiler's argument order) */
+        int32_t budget = 8 + (int32_t)rnd(40);
+        int32_t max_seqs = 1 + (int32_t)rnd(8);
+        int32_t n_blocks = 24 + (int32_t)rnd(40);
+        int32_t max_logits = max_seqs + (int32_t)rnd(8);
+        world_init(&w, n_blocks, budget, max_seqs, max_logits, priority);
         int n_req = 0, n_done_steps_max = 0;
         int arrive[256] = {0};
         uint64_t next = 1;
         int step = 0;
         for (; step < 20000 && (n_req < 60 || w.sc.running.n || w.sc.waiting.n); step++) {
             if (n_req < 60 && rnd(3) == 0) {
-                int32_t np = 1 + (int32_t)rnd(40), mt = 1 + (int32_t)rnd(16);
-                seq *s = fake(&w, next, np, mt, priority ? (int32_t)rnd(4) : 0,
-                              100 * (int32_t)rnd(4));
+                int32_t np = 1 + (int32_t)rnd(40);
+                int32_t mt = 1 + (int32_t)rnd(16);
+                int32_t prio = priority ? (int32_t)rnd(4) : 0;
+                seq *s = fake(&w, next, np, mt, prio, 100 * (int32_t)rnd(4));
                 s->prompt_lp = rnd(8) == 0;
                 arrive[next] = step;
                 next++;
