@@ -247,8 +247,6 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->ngram_min = c->ngram_min ? c->ngram_min : 1;
     e->ngram_max = c->ngram_max ? c->ngram_max : 4;
     if (e->ngram_max < e->ngram_min) e->ngram_max = e->ngram_min;
-    const char *broken = getenv("PAGODA_TEST_SPEC_ALWAYS_ACCEPT");
-    e->spec_broken = broken && !strcmp(broken, "1");
     /* a speculating sequence asks logits for its k proposals plus the bonus row */
     int64_t ml = c->max_num_seqs;
     if (e->spec_mode != PGD_SPEC_NONE) ml *= e->spec_k + 1;
@@ -779,3 +777,5 @@ int pgd__engine_check(pgd_engine *e) {
     }
     return PGD_OK;
 }
+
+void pgd__engine_spec_always_accept(pgd_engine *e, bool on) { e->spec_broken = on; }

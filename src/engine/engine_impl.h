@@ -51,7 +51,8 @@ struct pgd_engine {
     pgd_spec_mode spec_mode;
     int32_t spec_k, ngram_min, ngram_max;
     pgd_draft draft;                /* DRAFT mode */
-    bool spec_broken;               /* test hook: accept every proposal (breaks exactness) */
+    bool spec_broken;               /* test hook: accept every proposal (breaks exactness;
+                                       pgd__engine_spec_always_accept) */
 
     pgd_sched sched;                /* the waiting and running requests */
     uint64_t next_id;
