@@ -29,6 +29,11 @@ typedef struct pgd_server_config {
     int max_tokens_limit, max_n, max_logprobs, max_prompts, max_prompt_tokens;
     int max_request_tokens; /* prompts x n x max_tokens of one request, at most */
     int max_connections, connection_timeout, drain_timeout, max_header_bytes;
+    int request_head_timeout, request_body_timeout; /* seconds (http_guard.h, server.c) */
+    int request_body_min_rate;      /* bytes/s a body must average after its timeout */
+    int max_connections_per_client; /* per client address (0: no limit) */
+    int max_messages;               /* messages in one chat request */
+    size_t max_prompt_bytes;        /* a rendered chat prompt, at most */
     bool no_prefix_caching, weights_f32, protect_health, log_requests;
     char *api_keys[PGD_MAX_API_KEYS];
     int n_api_keys;

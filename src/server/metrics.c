@@ -48,6 +48,14 @@ void pgd_metrics_observe(pgd_metrics *m, pgd_histogram_id id, double v) {
     h->count++;
 }
 
+static const char *const reject_names[PGD_REJ_COUNT] = {
+    "malformed", "smuggling", "transfer_coding", "http_version", "too_large", "head_timeout",
+    "body_timeout", "per_client_limit", "evicted", "oversized_chat"};
+
+void pgd_metrics_count_reject(pgd_metrics *m, pgd_reject_reason why) {
+    if ((unsigned)why < PGD_REJ_COUNT) m->http_rejected[why]++;
+}
+
 void pgd_metrics_count_finish(pgd_metrics *m, const char *reason, bool aborted) {
     if (aborted) m->finished_abort++;
     else if (!strcmp(reason, "length")) m->finished_length++;
@@ -128,6 +136,12 @@ char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st
             model, (unsigned long long)m->finished_length);
     bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"abort\"} %llu\n",
             model, (unsigned long long)m->finished_abort);
+    bprintf(&b, "# HELP pagoda:http_rejected_total Connections and requests refused before "
+                "the API (hostile or malformed HTTP, slow clients, limits).\n"
+                "# TYPE pagoda:http_rejected_total counter\n");
+    for (int i = 0; i < PGD_REJ_COUNT; i++)
+        bprintf(&b, "pagoda:http_rejected_total{model_name=\"%s\",reason=\"%s\"} %llu\n", model,
+                reject_names[i], (unsigned long long)m->http_rejected[i]);
     if (n_loras > 0) { /* vLLM's info gauge: the adapters in use, as label values */
         bprintf(&b, "# HELP pagoda:lora_requests_info Running and waiting LoRA adapters.\n"
                     "# TYPE pagoda:lora_requests_info gauge\n"

@@ -21,7 +21,23 @@ typedef struct pgd_histogram {
     uint64_t count;
 } pgd_histogram;
 
+/* Why a connection or request was refused before it reached the API (http_rejected_total) */
+typedef enum {
+    PGD_REJ_MALFORMED,      /* an ill-formed request head (400) */
+    PGD_REJ_SMUGGLING,      /* Content-Length with Transfer-Encoding, or lengths that disagree */
+    PGD_REJ_CODING,         /* a transfer coding other than chunked (501) */
+    PGD_REJ_VERSION,        /* not HTTP/1.x (505) */
+    PGD_REJ_TOO_LARGE,      /* a head past --max-header-bytes (431), a declared body past 413 */
+    PGD_REJ_HEAD_TIMEOUT,   /* no complete head within --request-head-timeout */
+    PGD_REJ_BODY_TIMEOUT,   /* a body slower than --request-body-timeout / --request-body-min-rate */
+    PGD_REJ_PER_CLIENT,     /* past --max-connections-per-client */
+    PGD_REJ_EVICTED,        /* the oldest waiting head, closed to admit a new client */
+    PGD_REJ_OVERSIZED,      /* a chat past --max-messages or --max-prompt-bytes */
+    PGD_REJ_COUNT
+} pgd_reject_reason;
+
 typedef struct pgd_metrics {
+    uint64_t http_rejected[PGD_REJ_COUNT];
     pgd_histogram h[PGD_H_COUNT];
     uint64_t finished_stop, finished_length, finished_abort;
     int n_spec_positions;          /* num_speculative_tokens, or 0 when speculation is off */
@@ -33,6 +49,7 @@ typedef struct pgd_metrics {
 void pgd_metrics_init(pgd_metrics *m, int n_spec_positions);
 void pgd_metrics_free(pgd_metrics *m);
 void pgd_metrics_observe(pgd_metrics *m, pgd_histogram_id h, double seconds);
+void pgd_metrics_count_reject(pgd_metrics *m, pgd_reject_reason why);
 void pgd_metrics_count_finish(pgd_metrics *m, const char *reason, bool aborted);
 /* The text exposition (malloc'd) with the engine's gauges from st (NULL while loading: zeros);
  * with LoRA adapters (n_loras > 0, their names), vLLM's lora_requests_info too. */

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <signal.h>
@@ -41,6 +42,7 @@
 #include "plan/kv_plan.h"
 #include "server/config.h"
 #include "server/cors.h"
+#include "server/http_guard.h"
 #include "server/metrics.h"
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
@@ -93,6 +95,7 @@ typedef struct req_ctx {
     struct req_ctx *run_prev, *run_next; /* in server.running while PH_RUNNING */
     bool in_run_list;
     bool client_gone;          /* the liveness check saw the client leave */
+    bool body_deadline_hit;    /* its body was too slow: the connection is being closed */
     int32_t lora;              /* the request's adapter (pgd_request_params.lora), 0: none */
     const char *model;         /* the model name it asked for: the server's or an adapter's */
     const char *resp_type;     /* c->resp's Content-Type; NULL: JSON */
@@ -121,6 +124,7 @@ struct server {
     uv_signal_t sigterm, sigint;
     uv_work_t load_work;
     struct MHD_Daemon *mhd;
+    pgd_http_guard *guard;     /* the listening socket and the first heads (http_guard.h) */
     pgd_engine *engine;
     pgd_tokenizer *tok;
     pgd_jinja_tmpl *tmpl;      /* the model's chat template, or NULL */
@@ -694,6 +698,14 @@ static void finish_request(server *s, req_ctx *c) {
  * see its client leave. Twice a second, peek at each such socket: on EOF or an error the client
  * is gone, and its engine requests are aborted (their blocks freed) as a dropped stream's are.
  * A client that half-closes its sending side while waiting counts as gone, as in vLLM. */
+/* Whether a body still being read (received so far, plus n arriving) has outlived
+ * --request-body-timeout while averaging under --request-body-min-rate since its head. */
+static bool body_too_slow(server *s, const req_ctx *c, size_t n) {
+    double dt = pgd_now_s() - c->t_arrival;
+    if (dt <= s->cfg.request_body_timeout || s->cfg.request_body_min_rate <= 0) return false;
+    return (double)(c->body_len + n) < dt * s->cfg.request_body_min_rate;
+}
+
 static void liveness_cb(uv_timer_t *t) {
     server *s = t->data;
     for (req_ctx *c = s->running, *next; c; c = next) {
@@ -709,6 +721,19 @@ static void liveness_cb(uv_timer_t *t) {
             for (int i = 0; i < c->n_choices; i++)
                 if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
         }
+    }
+    /* a body that stopped coming (the handler, called per piece, sees only the slow ones):
+     * shutting its socket makes MHD close the connection at its next read */
+    for (req_ctx *c = s->live; c; c = c->live_next) {
+        if (c->ph != PH_RECEIVING || c->conn_done || c->body_deadline_hit ||
+            !body_too_slow(s, c, 0))
+            continue;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci) continue;
+        c->body_deadline_hit = true;
+        pgd_metrics_count_reject(&s->metrics, PGD_REJ_BODY_TIMEOUT);
+        shutdown(ci->connect_fd, SHUT_RDWR);
     }
 }
 
@@ -783,13 +808,32 @@ static bool think_tag_at_end(const char *prompt, const char *tag) {
  * (without BOS unless add_bos: the template writes the BOS text itself where the model wants
  * it); *think (may be NULL): whether it ends by opening (1) or closing (2) the thinking, or
  * neither (0). */
+/* A chat past --max-messages is refused before its template renders. */
+static bool too_many_messages(server *s, const cJSON *messages, pgd_api_error *e) {
+    int n = cJSON_GetArraySize(messages);
+    if (n <= s->cfg.max_messages) return false;
+    pgd_api_error_set(e, 400, "invalid_request_error", "messages", "too_many_messages",
+                      "the request has %d messages, more than --max-messages (%d)", n,
+                      s->cfg.max_messages);
+    return true;
+}
+
 static int chat_prompt(server *s, const pgd_api_request *r, bool add_bos, pgd_api_prompt *pr,
                        int *think, pgd_api_error *e) {
     char *prompt = NULL, msg[512];
     pgd_chat_opts co = {.add_generation_prompt = r->add_generation_prompt,
                         .continue_final = r->continue_final_message, .kwargs = r->template_kwargs};
+    if (too_many_messages(s, r->messages, e)) return -1;
     int rc = pgd_chat_render(s->tmpl, s->tok, r->messages, r->tools, &co, &prompt, msg,
                              sizeof msg);
+    if (!rc && strlen(prompt) > s->cfg.max_prompt_bytes) {
+        /* (before tokenizing: that, not the rendering, is the costly part) */
+        pgd_api_error_set(e, 400, "invalid_request_error", "messages", "prompt_too_long",
+                          "the rendered chat prompt is %zu bytes, more than --max-prompt-bytes "
+                          "(%zu)", strlen(prompt), s->cfg.max_prompt_bytes);
+        free(prompt);
+        return -1;
+    }
     if (rc) {
         pgd_api_error_set(e, 400, "invalid_request_error", "messages", NULL,
                           "the chat template failed: %s", msg);
@@ -1710,6 +1754,55 @@ static enum MHD_Result scan_content_length(void *cls, enum MHD_ValueKind kind, c
     return MHD_YES;
 }
 
+/* MHD_get_connection_values_n callback: what the guard checks of a first head, for the later
+ * requests of a kept-alive connection, which MHD reads itself: a NUL cutting a name or value
+ * (its length past strlen), bytes no header name has, repeated credentials, and the framing
+ * headers. */
+struct head_scan {
+    int bad_byte, n_auth, n_xkey;
+    const char *te;
+};
+static enum MHD_Result scan_head(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 size_t key_size, const char *value, size_t value_size) {
+    struct head_scan *h = cls;
+    (void)kind;
+    if (!key) return MHD_YES;
+    if (strlen(key) != key_size || (value && strlen(value) != value_size)) h->bad_byte++;
+    for (size_t i = 0; i < key_size; i++) {
+        unsigned char c = (unsigned char)key[i];
+        if (c <= 0x20 || c >= 0x7f || strchr("\"(),/:;<=>?@[\\]{}", c)) h->bad_byte++;
+    }
+    for (size_t i = 0; value && i < value_size; i++)
+        if (((unsigned char)value[i] < 0x20 && value[i] != '\t') || value[i] == 0x7f)
+            h->bad_byte++;
+    if (!strcasecmp(key, "Authorization")) h->n_auth++;
+    if (!strcasecmp(key, "x-api-key")) h->n_xkey++;
+    if (!strcasecmp(key, "Transfer-Encoding")) h->te = value ? value : "";
+    return MHD_YES;
+}
+
+/* A refusal that closes the connection: what follows its head cannot be trusted to frame
+ * the next request. */
+static enum MHD_Result refuse_and_close(req_ctx *c, struct MHD_Connection *conn, int status,
+                                        pgd_reject_reason why, const char *msg) {
+    pgd_api_error e;
+    pgd_api_error_set(&e, status, "invalid_request_error", NULL, "bad_request", "%s", msg);
+    pgd_metrics_count_reject(&c->s->metrics, why);
+    char *js = pgd_api_error_json(&e);
+    const char *body = js ? js : "{}";
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    free(js);
+    if (!r) return MHD_NO;
+    c->status = status;
+    common_headers(c, r);
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* The key from "Authorization: Bearer KEY" (OpenAI's) or "x-api-key: KEY" (Anthropic's). */
 static bool authorized(server *s, struct MHD_Connection *conn) {
     if (s->cfg.n_api_keys == 0) return true;
@@ -1753,6 +1846,20 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         for (char *p = c->method; *p; p++) if (*p < 0x20 || *p == '"' || *p == '\\' || *p > 0x7e) *p = '?';
         for (char *p = c->path; *p; p++) if (*p < 0x20 || *p == '"' || *p == '\\' || *p > 0x7e) *p = '?';
         *con_cls = c;
+        struct head_scan hs = {0, 0, 0, NULL};
+        MHD_get_connection_values_n(conn, MHD_HEADER_KIND, scan_head, &hs);
+        if (hs.bad_byte)
+            return refuse_and_close(c, conn, 400, PGD_REJ_MALFORMED,
+                                    "a NUL, control or separator byte in a header");
+        if (hs.n_auth > 1 || hs.n_xkey > 1)
+            return refuse_and_close(c, conn, 400, PGD_REJ_MALFORMED,
+                                    "more than one Authorization or x-api-key header");
+        if (hs.te && MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length"))
+            return refuse_and_close(c, conn, 400, PGD_REJ_SMUGGLING,
+                                    "both Content-Length and Transfer-Encoding (RFC 9112 6.1)");
+        if (hs.te && strcasecmp(hs.te, "chunked"))
+            return refuse_and_close(c, conn, 501, PGD_REJ_CODING,
+                                    "the only transfer coding accepted is a lone 'chunked'");
         const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
         if (origin && strlen(origin) < sizeof c->origin) snprintf(c->origin, sizeof c->origin, "%s", origin);
         const char *xrid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
@@ -1835,6 +1942,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         return MHD_YES;
     }
     if (c->ph == PH_RECEIVING) {
+        if (*upload_size && body_too_slow(s, c, *upload_size)) {
+            if (!c->body_deadline_hit) pgd_metrics_count_reject(&s->metrics, PGD_REJ_BODY_TIMEOUT);
+            c->body_deadline_hit = true;
+            return MHD_NO; /* (closes: MHD 0.9.75 takes no answer while a body is read) */
+        }
         if (*upload_size) {
             if (!c->too_large && c->body_len + *upload_size > s->cfg.max_body_bytes) {
                 c->too_large = true;
@@ -1902,6 +2014,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
                 return send_error(c, conn, &e);
             }
             return MHD_YES;
+        }
+        if ((c->rt == R_CHAT || c->dialect) && too_many_messages(s, c->api.messages, &e)) {
+            pgd_metrics_count_reject(&s->metrics, PGD_REJ_OVERSIZED);
+            return send_error(c, conn, &e);
         }
         if (tool_options(s, &c->api, &e)) return send_error(c, conn, &e);
         if (!c->dialect)
@@ -1995,7 +2111,15 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
         }
     log_request(s, c, aborted ? -1 : (int)toe);
     if (c->counted) s->in_flight--;
+    bool big = c->body_cap >= (1u << 20);
     ctx_unref(c);
+    /* A large body's parse and render left megabytes in the allocator's arenas (the thread
+     * pool's among them): given back, at most once a second, so that RSS follows the load. */
+    static double last_trim;
+    if (big && pgd_now_s() - last_trim > 1.0) {
+        malloc_trim(0);
+        last_trim = pgd_now_s();
+    }
 }
 
 /* ---- lifecycle ---- */
@@ -2128,10 +2252,7 @@ static void signal_cb(uv_signal_t *sig, int signum) {
 #endif
     /* stop accepting: close the listening socket; connections already open get 503 for new
      * requests and their in-flight ones finish */
-    if (s->mhd) {
-        MHD_socket fd = MHD_quiesce_daemon(s->mhd);
-        if (fd != MHD_INVALID_SOCKET) close(fd);
-    }
+    if (s->guard) pgd_http_guard_quiesce(s->guard);
     uv_timer_start(&s->drain_timer, drain_check_cb, 0, 50);
 }
 
@@ -2174,6 +2295,17 @@ static void answer_unfinished(server *s) {
         MHD_run(s->mhd);
         if (s->in_flight > target) usleep(2000);
     }
+}
+
+/* A connection whose first head passed the guard: MHD reads it from here (refusing it past
+ * --max-connections or --max-connections-per-client, and closing it then). */
+static void guard_pass(void *arg, int fd, const struct sockaddr *addr, socklen_t addrlen) {
+    server *s = arg;
+    if (MHD_add_connection(s->mhd, fd, addr, addrlen) != MHD_YES) {
+        pgd_metrics_count_reject(&s->metrics, PGD_REJ_PER_CLIENT);
+        return;
+    }
+    run_mhd(s);
 }
 
 int pgd_serve(const pgd_server_config *cfg) {
@@ -2230,22 +2362,36 @@ int pgd_serve(const pgd_server_config *cfg) {
         fprintf(stderr, "pagoda: --host '%s' is not an IP address\n", cfg->host);
         return 1;
     }
-    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &addr,
+    /* MHD listens on nothing: the guard accepts, checks each connection's first head and
+     * hands it over (MHD_add_connection). STRICT_FOR_CLIENT 1 (Host required, no spaces in
+     * URLs) covers the later requests of a kept-alive connection, which MHD reads itself. */
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     MHD_USE_NO_LISTEN_SOCKET;
+    s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handler, s,
                               MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout,
                               MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)cfg->max_header_bytes,
-                              MHD_OPTION_END);
-    if (!s->mhd) {
-        fprintf(stderr, "pagoda: cannot listen on %s:%d\n", cfg->host, cfg->port);
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                              (unsigned)cfg->max_connections_per_client,
+                              MHD_OPTION_STRICT_FOR_CLIENT, (int)1, MHD_OPTION_END);
+    pgd_http_guard_cfg gc = {.head_timeout_ms = cfg->request_head_timeout * 1000,
+                             .max_pending = cfg->max_connections,
+                             .max_per_client = cfg->max_connections_per_client,
+                             .max_head_bytes = (size_t)cfg->max_header_bytes,
+                             .max_body_bytes = cfg->max_body_bytes};
+    int gerr = s->mhd ? pgd_http_guard_start(&s->loop, (struct sockaddr *)&addr, &gc,
+                                             guard_pass, s, &s->metrics, &s->guard)
+                      : -1;
+    if (gerr) {
+        fprintf(stderr, "pagoda: cannot listen on %s:%d%s%s\n", cfg->host, cfg->port,
+                gerr < -1 ? ": " : "", gerr < -1 ? strerror(-gerr) : "");
+        if (s->mhd) MHD_stop_daemon(s->mhd);
         return 1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
-    const union MHD_DaemonInfo *pi = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "{\"event\":\"listening\",\"host\":\"%s\",\"port\":%u}\n", cfg->host,
-            pi ? pi->port : (unsigned)cfg->port);
+    fprintf(stderr, "{\"event\":\"listening\",\"host\":\"%s\",\"port\":%d}\n", cfg->host,
+            pgd_http_guard_port(s->guard));
     uv_poll_init(&s->loop, &s->poll, di->epoll_fd);
     s->poll.data = s;
     uv_poll_start(&s->poll, UV_READABLE, mhd_poll_cb);
@@ -2285,6 +2431,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     MHD_run(s->mhd);
     MHD_stop_daemon(s->mhd); /* completes every connection, aborting their requests */
     s->mhd = NULL;
+    pgd_http_guard_close(s->guard); /* (freed by its handles' close callbacks below) */
     if (s->engine) {
         /* let the engine report those aborts so every request context is released */
         for (;;) {
