@@ -1755,9 +1755,10 @@ static enum MHD_Result scan_content_length(void *cls, enum MHD_ValueKind kind, c
 }
 
 /* MHD_get_connection_values_n callback: what the guard checks of a first head, for the later
- * requests of a kept-alive connection, which MHD reads itself: a NUL cutting a name or value
- * (its length past strlen), bytes no header name has, repeated credentials, and the framing
- * headers. */
+ * requests of a kept-alive connection, which MHD reads itself: bytes no header name has,
+ * control bytes in values, repeated credentials, and the framing headers. (A NUL cutting a
+ * value is not seen here: MHD 0.9.75 reports the length up to the NUL; the length check stays
+ * for a version that reports the real one.) */
 struct head_scan {
     int bad_byte, n_auth, n_xkey;
     const char *te;
