@@ -630,15 +630,12 @@ int pgd_engine_step(pgd_engine *e) {
     drain_inbox(e);
     int32_t ns = 0;
     int32_t used = pgd_sched_step(&e->sched, e->b_seqs, &ns); /* schedule */
-    if (ns == 0) {
+    if (ns == 0 || e->n_step_ev) { /* aborts' FINISH events go out now, not after a forward */
+        bool any = e->n_step_ev > 0;
         snapshot_stats(e);
         publish(e);
-        if (e->notify) e->notify(e->notify_arg);
-        return 0;
-    }
-    if (e->n_step_ev) { /* aborts' FINISH events go out now, not after the forward pass */
-        snapshot_stats(e);
-        publish(e);
+        if (any && e->notify) e->notify(e->notify_arg);
+        if (ns == 0) return 0;
     }
     int32_t nt = 0;
     int rc = pgd__run(e, ns, &nt); /* run */
