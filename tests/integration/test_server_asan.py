@@ -181,3 +181,16 @@ def test_asan_dialects_and_http(default_model):
                                "max_output_tokens": 2000}, timeout=300)
     finally:
         s.stop()
+
+
+def test_asan_hostile_http():
+    """test_hostile_http.py (issue 35: smuggling, malformed heads, slow clients, the 1,100
+    connection flood, oversized chats) against the ASan build: each server it starts must stop
+    with exit 0 and no sanitizer report (server_util.Server.stop checks both)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PAGODA_SERVER_BIN=str(asan_bin()), **ENV)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(Path(__file__).with_name("test_hostile_http.py"))],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
