@@ -10,10 +10,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/cpu/matmul.h"
-#include "model/gguf.h"
-#include "sample/device_sample.h"
+#include "core/types.h"
 #include "util/status.h"
+
+/* Defined in backend/cpu/pool.h and sample/device_sample.h; the ops table passes them by pointer
+ * only, so this header includes nothing of backend/cpu/, model/ or sample/. */
+typedef struct pgd_pool pgd_pool;
+typedef struct pgd_sample_row pgd_sample_row;
 
 typedef enum {
     PGD_OP_EMBED,        /* embedding gather (a vocab range of the table; other rows -> 0) */
@@ -224,7 +227,5 @@ double pgd_cuda_gemm_tflops(int device, int m, int n, int k, int iters);
 /* CUDA: the cudaStream_t an initialised CUDA instance runs its ops on (NULL otherwise); the NCCL
  * communicator enqueues its collectives there, in order with the ops. */
 void *pgd_cuda_stream(const pgd_backend *be);
-
-static inline size_t pgd_dtype_size(pgd_type t) { return t == PGD_TYPE_F32 ? 4 : 2; }
 
 #endif

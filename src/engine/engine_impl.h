@@ -15,6 +15,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "pagoda/pagoda.h"
+#include "sample/device_sample.h"
 #include "sample/grammar.h"
 #include "sample/json_grammar.h"
 #include "sample/sampler.h"

@@ -17,11 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
 #include "comm/comm.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "sample/device_sample.h"
 #include "util/clock.h"
 
 /* ---- KV storage ---- */

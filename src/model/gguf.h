@@ -8,30 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/types.h"
 #include "util/mapfile.h"
 #include "util/status.h"
-
-/* ggml tensor types (values as in the GGUF file). */
-typedef enum {
-    PGD_TYPE_F32 = 0,
-    PGD_TYPE_F16 = 1,
-    PGD_TYPE_Q4_0 = 2,
-    PGD_TYPE_Q4_1 = 3,
-    PGD_TYPE_Q5_0 = 6,
-    PGD_TYPE_Q5_1 = 7,
-    PGD_TYPE_Q8_0 = 8,
-    PGD_TYPE_Q8_1 = 9,
-    PGD_TYPE_Q2_K = 10,
-    PGD_TYPE_Q3_K = 11,
-    PGD_TYPE_Q4_K = 12,
-    PGD_TYPE_Q5_K = 13,
-    PGD_TYPE_Q6_K = 14,
-    PGD_TYPE_Q8_K = 15,
-    PGD_TYPE_IQ4_NL = 20,
-    PGD_TYPE_IQ4_XS = 23,
-    PGD_TYPE_BF16 = 30,
-    PGD_TYPE_COUNT = 40,
-} pgd_type;
 
 /* GGUF metadata value types. */
 typedef enum {
@@ -106,17 +85,5 @@ bool pgd_str_eq(pgd_str s, const char *cstr);
 /* A name made safe for a one-line message: at most 64 bytes, control bytes replaced by '?'. */
 typedef struct pgd_name_buf { char s[72]; } pgd_name_buf;
 const char *pgd_str_safe(pgd_str s, pgd_name_buf *b);
-
-/* Per-type block geometry: elements per block and bytes per block (0 if unknown type). */
-uint32_t pgd_type_block_elems(pgd_type t);
-uint32_t pgd_type_block_bytes(pgd_type t);
-const char *pgd_type_name(pgd_type t);
-/* The type named name (as pgd_type_name, any case): 0, or -1 for none. */
-int pgd_type_from_name(const char *name, pgd_type *out);
-/* Byte offsets of a block's fp16 scale d and second fp16 m (Q4_1/Q5_1's min, the K-quants'
- * dmin), -1 where it has none (float types: both; Q8_K's scale is an F32: none). */
-void pgd_type_scale_offsets(pgd_type t, int *d, int *m);
-/* Bytes of a row of n elements; 0 if n is not a multiple of the block size or type unknown. */
-uint64_t pgd_type_row_bytes(pgd_type t, uint64_t n);
 
 #endif

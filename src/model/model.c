@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/quant.h"
 #include "util/mapfile.h"
 #include <sys/mman.h>

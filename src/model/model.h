@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "backend/cpu/matmul.h"
+#include "core/types.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
@@ -91,8 +91,6 @@ typedef struct pgd_layer {
 
 typedef struct pgd_pool pgd_pool;
 struct pgd_comm;
-
-#define PGD_MAX_TP 8
 
 /* One tensor-parallel rank's slice of the weights, in its backend's memory. Column-parallel
  * (Q/K/V, gate/up, their biases) take a contiguous range of output rows; row-parallel (o_proj,

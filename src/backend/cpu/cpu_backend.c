@@ -9,9 +9,11 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
 #include "backend/cpu/simd.h"
+#include "sample/device_sample.h"
 #include "util/status.h"
 
 #define ATTN_TILE 32 /* positions per softmax tile: a multiple of 8 */

@@ -7,20 +7,7 @@
 #include <stdint.h>
 
 #include "backend/cpu/pool.h"
-#include "model/gguf.h"
-
-/* A 2-D weight: n_out rows of n_in elements, each row row_bytes long (row-major), unless
- * panel16: then data holds panels of 16 rows, each k-major, as pgd_cpu_pack writes them (F16:
- * element k of rows 16p..16p+15 at halves 16p * n_in + 16k + r; the block types: per panel and
- * block, the 16 rows' scale fields, then per element k the 16 rows' quants; the layouts are in
- * p16_layout.h). The same bytes as row-major. */
-typedef struct pgd_weight {
-    pgd_type type;
-    int64_t n_in, n_out;
-    size_t row_bytes;
-    const void *data;
-    bool panel16;
-} pgd_weight;
+#include "core/types.h"
 
 /* Whether this build multiplies w in the panel16 layout (F16, or Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * Q3_K, Q4_K, Q5_K, Q6_K with F32 activations; AVX2+FMA+F16C, n_out a multiple of 16;

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "model/gguf.h"
+#include "core/types.h"
 
 /* ---- Weights in panels of 16 rows (panel16: F16, Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K) ----
  * Outer-product tiles: per k, the 16 rows' weights (two vectors) meet a broadcast of each token's

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/gguf.h"
+#include "core/types.h"
 
 #define PGD_QK 32   /* elements per block of Q4_0, Q4_1, Q8_0 */
 #define PGD_QK_K 256 /* elements per super-block of the K-quants */

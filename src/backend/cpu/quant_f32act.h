@@ -32,7 +32,7 @@ static const int8_t pgd__iq4nl_grid[16] = {-127, -104, -83, -65, -49, -35, -22, 
 #include <string.h>
 
 #include "backend/cpu/simd.h"
-#include "model/gguf.h"
+#include "core/types.h"
 
 #define PGD_F32ACT_R 4 /* rows per tile, at most */
 #define PGD_F32ACT_T 3 /* tokens per tile, at most (12 accumulators + the dequantized vector) */

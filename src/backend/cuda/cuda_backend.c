@@ -19,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "sample/device_sample.h"
 #include "kernels.h"
 #include "qblocks.h"
 #include "sample.h"
