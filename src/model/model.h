@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "core/types.h"
+#include "kv/kv_cache.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
@@ -161,26 +162,6 @@ int pgd_model_opts_set_device(pgd_model_opts *opts, const char *name);
  * naming the file and the problem. */
 int pgd_model_load(const char *path, const pgd_model_opts *opts, pgd_model **out, pgd_err *err);
 void pgd_model_free(pgd_model *m);
-
-/* Paged KV storage: n_blocks blocks of block_size token slots, every layer's K and V for one
- * logical block id. Slot = block * block_size + offset. */
-typedef struct pgd_kv_cache {
-    pgd_type dtype;           /* F32, F16 or BF16 */
-    int32_t n_layer, n_blocks, block_size, kv_dim; /* kv_dim: one rank's n_kv_head * head_dim */
-    void *k, *v;              /* rank 0's (n_layer, n_blocks * block_size, kv_dim) of dtype */
-    int32_t n_ranks;
-    void *rk[PGD_MAX_TP], *rv[PGD_MAX_TP]; /* each rank's K and V, in its backend's memory */
-    const pgd_model *model;   /* borrowed: whose shards' backends hold the storage */
-} pgd_kv_cache;
-
-/* Allocates storage for n_blocks blocks (zeroed lazily by the OS). */
-int pgd_kv_cache_init(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, int32_t n_blocks,
-                      int32_t block_size, pgd_err *err);
-void pgd_kv_cache_free(pgd_kv_cache *c);
-/* Bytes one token slot takes across all layers (K and V). */
-size_t pgd_kv_cache_bytes_per_token(const pgd_model *m, pgd_type dtype);
-/* Copies the first n slots of block src to block dst in every layer (copy-on-write). */
-void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t n);
 
 /* One forward step over a flattened batch that mixes prefill chunks and decode tokens of
  * several sequences. Token i belongs to sequence seq[i] at position pos[i] and writes its K/V

@@ -1,0 +1,53 @@
+/* Paged KV storage: the K and V tensors of every layer that the block manager's block ids
+ * (kv/kv.h) name, in the memory of the backends that hold a model's shards (one allocation per
+ * rank for K and one for V). kv.h never sees these; the forward pass reads and writes them
+ * through pgd_kv_cache_layer, and the runner copies blocks for copy-on-write. */
+#ifndef PGD_KV_CACHE_H
+#define PGD_KV_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/types.h"
+#include "util/status.h"
+
+struct pgd_model;
+
+/* n_blocks blocks of block_size token slots, every layer's K and V for one logical block id.
+ * Slot = block * block_size + offset. */
+typedef struct pgd_kv_cache {
+    pgd_type dtype;           /* F32, F16 or BF16 */
+    int32_t n_layer, n_blocks, block_size, kv_dim; /* kv_dim: one rank's n_kv_head * head_dim */
+    void *k, *v;              /* rank 0's (n_layer, n_blocks * block_size, kv_dim) of dtype */
+    int32_t n_ranks;
+    void *rk[PGD_MAX_TP], *rv[PGD_MAX_TP]; /* each rank's K and V, in its backend's memory */
+    const struct pgd_model *model; /* borrowed: whose shards' backends hold the storage */
+} pgd_kv_cache;
+
+/* Allocates storage for n_blocks blocks (zeroed lazily by the OS) on m's shards' backends; m is
+ * borrowed and must outlive c. */
+int pgd_kv_cache_init(pgd_kv_cache *c, const struct pgd_model *m, pgd_type dtype,
+                      int32_t n_blocks, int32_t block_size, pgd_err *err);
+void pgd_kv_cache_free(pgd_kv_cache *c);
+/* Bytes one token slot takes across all layers (K and V). */
+size_t pgd_kv_cache_bytes_per_token(const struct pgd_model *m, pgd_type dtype);
+/* Copies the first n slots of block src to block dst in every layer (copy-on-write). */
+void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t n);
+
+/* Layer il's storage on rank `rank`, as the backend ops see it (no window, scale or softcap:
+ * the forward pass sets those per layer). */
+static inline pgd_kv_layer pgd_kv_cache_layer(const pgd_kv_cache *c, int rank, int il) {
+    size_t per_layer = (size_t)c->n_blocks * (size_t)c->block_size * (size_t)c->kv_dim *
+                       pgd_dtype_size(c->dtype);
+    pgd_kv_layer l = {
+        .dtype = c->dtype,
+        .k = (char *)c->rk[rank] + (size_t)il * per_layer,
+        .v = (char *)c->rv[rank] + (size_t)il * per_layer,
+        .block_size = c->block_size,
+        .kv_dim = c->kv_dim,
+    };
+    return l;
+}
+
+#endif
