@@ -73,6 +73,14 @@ typedef struct pgd_engine_config {
     bool priority_scheduling;
 } pgd_engine_config;
 
+/* Constraints compiled ahead of submit, which the engine copies instead of compiling their text
+ * again (a server compiles once per request, off its I/O thread, for all its choices). Opaque to
+ * this API: Pagoda's own front-ends build them (src/sample's compilers); an embedder passes the
+ * text (json_schema, regex, grammar) and leaves these NULL. */
+typedef struct pgd_json_schema pgd_json_schema;
+typedef struct pgd_regex pgd_regex;
+typedef struct pgd_grammar pgd_grammar;
+
 typedef struct pgd_request_params {
     const int32_t *prompt;          /* token ids (copied) */
     int32_t n_prompt;
@@ -109,10 +117,9 @@ typedef struct pgd_request_params {
     /* the same, held to this JSON Schema (the text of the schema object; compiled, not kept;
        OpenAI response_format json_schema): json_grammar.h says what it supports */
     const char *json_schema;
-    /* with json_schema: the schema compiled already (pgd_json_schema_compile of
-       src/sample/json_grammar.h), which the engine copies instead of compiling the text again (a
-       server compiles once per request, off its I/O thread); NULL: the engine compiles it */
-    const struct pgd_json_schema *json_schema_c;
+    /* with json_schema: the schema compiled already (opaque, above), which the engine copies;
+       NULL: the engine compiles the text */
+    const pgd_json_schema *json_schema_c;
     /* embeddings (max_tokens 0): the last prompt token's final hidden state (after the model's
        final norm: last-token pooling), L2-normalized, written into embedding (pgd_engine_dim
        floats, the caller's, untouched by the engine after this request's FINISH) before its
@@ -141,17 +148,16 @@ typedef struct pgd_request_params {
        per request), ending (STOP) when no byte can extend the match, or at an
        end-of-generation token once it is one; needs a tokenizer */
     const char *regex;
-    /* with regex: its DFA compiled already (pgd_regex_compile of src/sample/regex.h), which the
-       engine copies instead of compiling the pattern again (a server compiles once per request,
-       off its I/O thread, for all its choices); NULL: the engine compiles regex */
-    const struct pgd_regex *regex_dfa;
+    /* with regex: its DFA compiled already (opaque, above), which the engine copies; NULL: the
+       engine compiles regex */
+    const pgd_regex *regex_dfa;
     /* guided_grammar: the output is a sentence of this GBNF grammar's root rule
        (src/sample/grammar.h), ending (STOP) when no byte can extend it, or at an
        end-of-generation token once it is one; needs a tokenizer */
     const char *grammar;
-    /* or the grammar compiled already (pgd_grammar_compile), which the engine copies (grammar
-       is then not read; a server compiles once per request, off its I/O thread) */
-    const struct pgd_grammar *grammar_c;
+    /* or the grammar compiled already (opaque, above), which the engine copies (grammar is
+       then not read) */
+    const pgd_grammar *grammar_c;
     /* a reasoning model's thinking before a constrained answer (JSON, choices, a regex or a
        grammar), as vLLM applies a grammar only once the reasoning has ended: the constraint
        holds from the token after the one that completes this text ("</think>"); until then
