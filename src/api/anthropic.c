@@ -396,6 +396,7 @@ static int anth_begin(const pgd_dialect_env *env, const char *body, size_t len, 
     if (st) st->env = env;
     if (!chat || !st) goto oom;
     if (!cJSON_IsObject(o)) BAD(NULL, "the body must be a JSON object");
+    if (pgd_api_json_unique_keys(o, err)) goto fail;
     const cJSON *model = get(o, "model");
     if (unset(model)) BAD("model", "'model' is required");
     if (!cJSON_IsString(model)) BAD("model", "'model' must be a string");

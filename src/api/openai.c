@@ -74,6 +74,43 @@ cJSON *pgd_api_json_parse(const char *body, size_t len) {
     return o;
 }
 
+static int key_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first key found twice in one object of v (depth first), or NULL. n log n per object. */
+static const char *duplicate_key(const cJSON *v) {
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v)) return NULL;
+    int n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, v) n++;
+    if (cJSON_IsObject(v) && n > 1) {
+        const char *small[16], **keys = n <= 16 ? small : malloc((size_t)n * sizeof *keys);
+        if (!keys) return NULL; /* (out of memory: the parse goes on; nothing is lost) */
+        int k = 0;
+        cJSON_ArrayForEach(x, v) keys[k++] = x->string ? x->string : "";
+        qsort(keys, (size_t)n, sizeof *keys, key_cmp);
+        const char *dup = NULL;
+        for (int i = 1; i < n && !dup; i++)
+            if (!strcmp(keys[i - 1], keys[i])) dup = keys[i];
+        if (keys != small) free(keys);
+        if (dup) return dup;
+    }
+    cJSON_ArrayForEach(x, v) {
+        const char *d = duplicate_key(x);
+        if (d) return d;
+    }
+    return NULL;
+}
+
+int pgd_api_json_unique_keys(const cJSON *o, pgd_api_error *err) {
+    const char *d = duplicate_key(o);
+    if (!d) return 0;
+    pgd_api_error_set(err, 400, "invalid_request_error", NULL, "duplicate_key",
+                      "the request body has the key '%.100s' twice in one object", d);
+    return -1;
+}
+
 #define BAD(param, ...)                                                                          \
     do {                                                                                         \
         pgd_api_error_set(err, 400, "invalid_request_error", param, NULL, __VA_ARGS__);         \
@@ -214,6 +251,7 @@ static cJSON *parse_body(const char *body, size_t len, pgd_api_request *r, pgd_a
         return NULL;
     }
     if (!cJSON_IsObject(o)) BAD(NULL, "the request body must be a JSON object");
+    if (pgd_api_json_unique_keys(o, err)) goto fail;
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "model");
     if (x && !cJSON_IsNull(x) && !cJSON_IsString(x)) BAD("model", "'model' must be a string");
     if (cJSON_IsString(x) && !(r->model = strdup(x->valuestring))) {

@@ -132,6 +132,10 @@ int pgd_api_compile_schema(pgd_api_request *r, pgd_api_error *err);
  * end at a NUL, so the text after it would be dropped without a word). Else -1 with a 400 in
  * err. */
 int pgd_api_body_check(const char *body, size_t len, pgd_api_error *err);
+/* 0 when no object in o has a key twice; else -1 with a 400 naming the key. Bodies are held to
+ * this rather than to cJSON's first-wins or most parsers' last-wins: a proxy that validated the
+ * other reading would pass a request Pagoda reads differently. */
+int pgd_api_json_unique_keys(const cJSON *o, pgd_api_error *err);
 /* Parses body[0..len) as exactly one JSON value (whitespace around it only), or returns NULL. */
 cJSON *pgd_api_json_parse(const char *body, size_t len);
 

@@ -340,6 +340,7 @@ static int begin(const pgd_dialect_env *env, const char *body, size_t len, cJSON
                           "the body must be a JSON object");
         goto fail;
     }
+    if (pgd_api_json_unique_keys(o, err)) goto fail;
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
         if (!unset(get(o, refused[i])))
             BAD(refused[i], "'%s' is not supported by this server", refused[i]);

@@ -1190,6 +1190,7 @@ static void tokenize_work_cb(uv_work_t *w) {
                           "the request body must be a JSON object");
         goto err;
     }
+    if (pgd_api_json_unique_keys(o, &e)) goto err;
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
     const cJSON *ab = cJSON_GetObjectItemCaseSensitive(o, "add_special_tokens");
     if (ab && !cJSON_IsBool(ab)) {
@@ -1352,6 +1353,10 @@ static enum MHD_Result lora_update(server *s, req_ctx *c, struct MHD_Connection 
     cJSON *o = pgd_api_body_check(c->body ? c->body : "", c->body_len, &e)
                    ? NULL
                    : pgd_api_json_parse(c->body ? c->body : "", c->body_len);
+    if (o && pgd_api_json_unique_keys(o, &e)) {
+        cJSON_Delete(o);
+        return send_error(c, conn, &e);
+    }
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "lora_name");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "lora_path");
     if (!cJSON_IsString(n) || (load && !cJSON_IsString(p))) {

@@ -176,3 +176,33 @@ def test_several_served_names():
             c.completions.create(model="tiny,", prompt="a", max_tokens=2)
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 1, "max_tokens": 900}'),
+    ("/v1/completions", b'{"prompt": "a", "logit_bias": {"5": 1, "6": 2, "5": -100}}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a", "role": "x"}]}'),
+    ("/v1/embeddings", b'{"input": "a", "input": "b"}'),
+    ("/tokenize", b'{"prompt": "a", "prompt": "b"}'),
+    ("/v1/responses", b'{"input": "a", "store": false, "store": true}'),
+    ("/v1/messages", b'{"model": "m", "max_tokens": 1, "messages": [], "max_tokens": 2}'),
+])
+def test_duplicate_keys_refused(server, path, body):
+    """A key twice in one object, at any depth, is a 400 naming it on every route (neither
+    cJSON's first-wins nor the usual last-wins: a proxy must not read another request)."""
+    r = requests.post(server.url(path), data=body, timeout=30,
+                      headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    j = r.json()
+    msg = j["error"]["message"]
+    assert "twice" in msg and ("'max_tokens'" in msg or "'5'" in msg or "'role'" in msg or
+                               "'input'" in msg or "'prompt'" in msg or "'store'" in msg), j
+    # the same keys once each are fine (where the route can serve stories260K)
+    if path == "/v1/completions":
+        ok = requests.post(server.url(path), json={"prompt": "a", "max_tokens": 1}, timeout=30)
+        assert ok.status_code == 200
+    # a wide object (sorted, not quadratic) with one repeat deep inside
+    wide = "{" + ",".join(f'"{i}": 0' for i in range(20000)) + ', "7": 1}'
+    r = requests.post(server.url("/v1/completions"), timeout=30,
+                      data=('{"prompt": "a", "logit_bias": ' + wide + "}").encode())
+    assert r.status_code == 400 and "'7'" in r.json()["error"]["message"], r.text
