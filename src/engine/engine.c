@@ -180,7 +180,7 @@ static void hook_release(void *ctx, seq *s) {
 /* (a grammar starts on the engine thread: it needs the engine's scratch) */
 static void hook_admit(void *ctx, seq *s) {
     pgd_engine *e = ctx;
-    if (s->has_gr) pgd_grammar_state_start(&s->gr_st, &s->gr, e->gr_scratch);
+    if (s->cons) pgd_constraint_start(s->cons, e->gr_scratch);
 }
 
 static void hook_copy_blocks(void *ctx, const pgd_kv_copy *cp) {

@@ -192,64 +192,12 @@ static void emit_prompt_logprobs(pgd_engine *e, seq *s) {
     s->lp_n = 0;
 }
 
-/* allow[] of every end-of-generation token = 1 (where the output may end). */
-static void allow_eog(const pgd_engine *e, uint8_t *allow) {
-    for (int32_t k = 0; k < e->n_eog; k++) allow[e->eog[k]] = 1;
-}
-
-/* Keeps mask a in s's memo, over its oldest entry: that entry's index. */
-static int memo_put(seq *s, const uint8_t *a, int32_t nv) {
-    int m = s->re_memo_next;
-    s->re_memo_next = (m + 1) % RE_MEMO;
-    memcpy(s->re_memo[m], a, (size_t)nv);
-    return m;
-}
-
-/* guided_choice: allow[] = the tokens that keep the output a prefix of an alive choice, and
- * the end-of-generation tokens where it is one already. */
-static void choice_mask(pgd_engine *e, const seq *s, uint8_t *allow) {
-    memset(allow, 0, (size_t)e->model->cfg.n_vocab);
-    for (int32_t i = 0; i < s->n_choices; i++) {
-        if (!s->ch_alive[i]) continue;
-        size_t l = s->ch_len[i];
-        if (l > s->ch_pos)
-            pgd_json_vocab_allow_prefixes(&e->json_vocab, s->choices[i] + s->ch_pos,
-                                          l - s->ch_pos, allow);
-        else
-            allow_eog(e, allow);
-    }
-}
-
-/* Some alive choice goes on with t[0..n) after the output so far. */
-static bool choice_takes(const seq *s, const char *t, size_t n) {
-    for (int32_t i = 0; i < s->n_choices; i++)
-        if (s->ch_alive[i] && s->ch_len[i] >= s->ch_pos + n &&
-            !memcmp(s->choices[i] + s->ch_pos, t, n))
-            return true;
-    return false;
-}
-
-/* Moves s's choices over token id, whose text adds t[0..n): STOP at an end-of-generation token
- * (the mask allowed it: the output is a choice) or once the output is a choice that no alive
- * one continues. */
-static pgd_finish_reason choice_advance(pgd_engine *e, seq *s, int32_t id, const char *t,
-                                        size_t n) {
-    if (e->json_vocab.eog[id]) return PGD_FINISH_STOP;
-    size_t at = s->ch_pos;
-    bool any = false, longer = false;
-    for (int32_t i = 0; i < s->n_choices; i++) {
-        size_t l = s->ch_len[i];
-        if (!s->ch_alive[i] || l < at + n || memcmp(s->choices[i] + at, t, n)) {
-            s->ch_alive[i] = 0;
-            continue;
-        }
-        any = true;
-        longer |= l > at + n;
-    }
-    s->ch_pos += n;
-    /* a refused token: only from logits with no finite value (the sampler's fallback) */
-    if (!any || n == 0) return PGD_FINISH_ERROR;
-    return longer ? 0 : PGD_FINISH_STOP;
+/* What the constraints read and write with: e's vocabulary bytes, end-of-generation tokens and
+ * grammar scratch. */
+static pgd_constraint_env constraint_env(pgd_engine *e) {
+    return (pgd_constraint_env){.vocab = &e->json_vocab, .eog = e->eog, .n_eog = e->n_eog,
+                                .n_vocab = e->model->cfg.n_vocab, .gr_scratch = e->gr_scratch,
+                                .gr_key = &e->gr_key};
 }
 
 /* SentencePiece with a dummy prefix after a prompt of BOS alone: the detokenizer drops the
@@ -266,39 +214,7 @@ static const char *token_text(const pgd_engine *e, int32_t id, bool drop, size_t
     return t;
 }
 
-/* The mask of a constrained answer's first token when its leading space is dropped: a grammar
- * walks the trie with the space skipped (within its work limit: false past it); the others by
- * the definition, each token less the space fed to a copy of the state (cheap: a DFA, the JSON
- * machine, choices). Once per request, and only for SentencePiece models given BOS alone. A
- * token left with no text is refused (it would emit nothing). */
-static bool first_token_mask(pgd_engine *e, seq *s, uint8_t *a) {
-    const pgd_json_vocab *v = &e->json_vocab;
-    if (s->has_gr) {
-        if (pgd_grammar_allowed_drop_space(&s->gr_st, &s->gr, e->gr_scratch, &e->json_vocab,
-                                           a) < 0)
-            return false;
-        if (pgd_grammar_complete(&s->gr_st)) allow_eog(e, a);
-        return true;
-    }
-    memset(a, 0, (size_t)e->model->cfg.n_vocab);
-    for (int32_t id = 0; id < v->n; id++) {
-        size_t n;
-        const char *t = token_text(e, id, true, &n);
-        if (v->eog[id] || n == 0) continue;
-        if (s->json) {
-            pgd_json_state c = s->json_st;
-            a[id] = pgd_json_feed(&c, t, n);
-        } else if (s->has_re) {
-            a[id] = pgd_regex_feed(&s->re, s->re_q, t, n) >= 0;
-        } else {
-            a[id] = choice_takes(s, t, n);
-        }
-    }
-    if (s->has_re && s->re.accept[s->re_q]) allow_eog(e, a);
-    return true;
-}
-
-/* The mask of s's next token in e->json_allow, when it has one: JSON (json_st) or choices,
+/* The mask of s's next token in e->json_allow, when it has one: its constraint's,
  * narrowed to allowed_token_ids, and without the stop tokens while output < min_tokens. */
 static bool build_mask(pgd_engine *e, seq *s) {
     int32_t nv = e->model->cfg.n_vocab;
@@ -306,41 +222,16 @@ static bool build_mask(pgd_engine *e, seq *s) {
     bool constrained = constrained_output(s) && s->c_wait != C_THINKING;
     if (!constrained && !s->allowed && !under_min) return false;
     uint8_t *a = e->json_allow;
-    if (constrained && drops_space(e, s)) { /* (not memoized: other masks see whole pieces) */
-        if (!first_token_mask(e, s, a)) {
+    if (constrained) {
+        /* the first token of a SentencePiece answer after BOS alone is read less its leading
+         * space (not memoized: other masks see whole pieces) */
+        pgd_constraint_env env = constraint_env(e);
+        if ((drops_space(e, s) ? pgd_constraint_mask_drop_space(s->cons, &env, a)
+                               : pgd_constraint_mask(s->cons, &env, a)) < 0) {
+            /* nothing allowed: the sample fails and ends the request with this */
             s->err_msg = GRAMMAR_WORK_MSG;
             return true;
         }
-    } else if (constrained && s->json) {
-        pgd_json_allowed(&s->json_st, &e->json_vocab, a);
-    } else if (constrained && s->has_re) {
-        int m = 0;
-        while (m < RE_MEMO && s->re_memo_q[m] != s->re_q) m++;
-        if (m < RE_MEMO) {
-            memcpy(a, s->re_memo[m], (size_t)nv);
-        } else {
-            pgd_json_vocab_walk_dfa(&e->json_vocab, &s->re, s->re_q, a);
-            if (s->re.accept[s->re_q]) allow_eog(e, a);
-            s->re_memo_q[memo_put(s, a, nv)] = s->re_q;
-        }
-    } else if (constrained && s->has_gr) {
-        pgd_grammar_key *key = &e->gr_key;
-        pgd_grammar_state_key(&s->gr_st, key);
-        int m = 0;
-        while (m < RE_MEMO && !pgd_grammar_key_equal(key, &s->gr_keys[m])) m++;
-        if (m < RE_MEMO) {
-            memcpy(a, s->re_memo[m], (size_t)nv);
-        } else {
-            if (pgd_grammar_allowed(&s->gr_st, &s->gr, e->gr_scratch, &e->json_vocab, a) < 0) {
-                /* nothing allowed: the sample fails and ends the request with this */
-                s->err_msg = GRAMMAR_WORK_MSG;
-                return true;
-            }
-            if (pgd_grammar_complete(&s->gr_st)) allow_eog(e, a);
-            if (key->n) s->gr_keys[memo_put(s, a, nv)] = *key;
-        }
-    } else if (constrained) {
-        choice_mask(e, s, a);
     } else { /* allowed_token_ids alone (or the stop tokens under min_tokens) */
         if (s->allowed) memcpy(a, s->allowed, (size_t)nv);
         else memset(a, 1, (size_t)nv);
@@ -353,16 +244,7 @@ static bool build_mask(pgd_engine *e, seq *s) {
     return true;
 }
 
-/* Moves s's JSON state over token id (text t[0..n)): STOP once the object is closed. A token
- * the mask refused can only come from logits with no finite value (the sampler's arg-max
- * fallback): an error. */
-static pgd_finish_reason json_advance(pgd_engine *e, seq *s, int32_t id, const char *t,
-                                      size_t n) {
-    if (e->json_vocab.eog[id] || !n || !pgd_json_feed(&s->json_st, t, n)) return PGD_FINISH_ERROR;
-    return pgd_json_complete(&s->json_st) ? PGD_FINISH_STOP : 0;
-}
-
-/* Moves s's constraint over token id: JSON or choices, once thinking (constrain_after) is over:
+/* Moves s's constraint (any kind) over token id, once thinking (constrain_after) is over:
  * a first think_open token starts it, the token that completes c_after ends it. drop: the
  * token's leading space was dropped from the text (drops_space before it was emitted). */
 static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id, bool drop) {
@@ -379,26 +261,12 @@ static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id, b
     if (!constrained_output(s)) return 0; /* (and maybe no vocabulary) */
     size_t n;
     const char *t = token_text(e, id, drop, &n);
-    if (s->json) return json_advance(e, s, id, t, n);
-    if (s->choices) return choice_advance(e, s, id, t, n);
-    if (s->has_re) {
-        /* an end-of-generation token only where the mask let it (a match); a refused token
-         * only from logits with no finite value (the sampler's fallback) */
-        if (e->json_vocab.eog[id]) return PGD_FINISH_STOP;
-        int32_t q = n ? pgd_regex_feed(&s->re, s->re_q, t, n) : -1;
-        if (q < 0) return PGD_FINISH_ERROR;
-        s->re_q = q;
-        return s->re.accept[q] && !s->re.extend[q] ? PGD_FINISH_STOP : 0;
+    pgd_constraint_env env = constraint_env(e);
+    switch (pgd_constraint_accept(s->cons, &env, id, t, n)) {
+    case PGD_CONSTRAINT_DONE: return PGD_FINISH_STOP;
+    case PGD_CONSTRAINT_REFUSED: return PGD_FINISH_ERROR;
+    default: return 0;
     }
-    if (s->has_gr) { /* as the regex: STOP at a sentence no byte can extend */
-        if (e->json_vocab.eog[id]) return PGD_FINISH_STOP;
-        if (!n || !pgd_grammar_feed(&s->gr_st, &s->gr, e->gr_scratch, t, n))
-            return PGD_FINISH_ERROR;
-        return pgd_grammar_complete(&s->gr_st) && !pgd_grammar_extends(&s->gr_st)
-                   ? PGD_FINISH_STOP
-                   : 0;
-    }
-    return 0;
 }
 
 /* After the forward pass: samples the sequence's next token, or verifies its k proposals

@@ -17,20 +17,11 @@ void pgd__seq_free(seq *s) {
     pgd_kv_seq_free(&s->kv);
     pgd_draft_seq_free(&s->dseq);
     pgd_sampler_free(&s->sampler);
-    pgd_json_schema_free(&s->schema);
+    pgd_constraint_free(s->cons);
     for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
-    for (int i = 0; i < s->n_choices; i++) free(s->choices[i]);
-    free(s->choices);
-    free(s->ch_len);
-    free(s->ch_alive);
     free(s->stop_ids);
     free(s->allowed);
     free(s->c_after);
-    pgd_regex_free(&s->re);
-    for (int i = 0; i < RE_MEMO; i++) free(s->re_memo[i]);
-    pgd_grammar_free(&s->gr);
-    pgd_grammar_state_free(&s->gr_st);
-    free(s->gr_keys);
     free(s->text);
     free(s);
 }
@@ -38,8 +29,8 @@ void pgd__seq_free(seq *s) {
 /* The request holds its output to a grammar: its text, or compiled already. */
 static bool wants_grammar(const pgd_request_params *p) { return p->grammar || p->grammar_c; }
 
-/* s's copies of p's stop token ids, allowed token ids (as a mask) and choices: PGD_OK or
- * PGD_ENOMEM (what was copied is freed with s). */
+/* s's copies of p's stop token ids, allowed token ids (as a mask) and constrain_after: PGD_OK
+ * or PGD_ENOMEM (what was copied is freed with s). */
 static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) {
     int32_t nv = e->model->cfg.n_vocab;
     s->include_stop = p->include_stop;
@@ -54,7 +45,8 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
         for (int32_t i = 0; i < p->n_allowed_token_ids; i++)
             s->allowed[p->allowed_token_ids[i]] = 1;
     }
-    if (p->constrain_after && *p->constrain_after && (s->json || p->n_choices || p->regex ||
+    bool json = p->json_object || p->json_schema;
+    if (p->constrain_after && *p->constrain_after && (json || p->n_choices || p->regex ||
                                                       wants_grammar(p))) {
         if (!(s->c_after = strdup(p->constrain_after))) return PGD_ENOMEM;
         s->c_wait = p->think_open ? C_FIRST : C_THINKING;
@@ -62,26 +54,26 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
                                                            strlen(p->think_open))
                                      : -1;
     }
-    if (p->n_choices) {
-        s->choices = calloc((size_t)p->n_choices, sizeof *s->choices);
-        s->ch_len = malloc((size_t)p->n_choices * sizeof *s->ch_len);
-        s->ch_alive = malloc((size_t)p->n_choices);
-        if (!s->choices || !s->ch_len || !s->ch_alive) return PGD_ENOMEM;
-        memset(s->ch_alive, 1, (size_t)p->n_choices);
-        for (; s->n_choices < p->n_choices; s->n_choices++) {
-            if (!(s->choices[s->n_choices] = strdup(p->choices[s->n_choices]))) return PGD_ENOMEM;
-            s->ch_len[s->n_choices] = strlen(p->choices[s->n_choices]);
-        }
-    }
     return PGD_OK;
 }
 
-/* The mask memo of a regex or grammar request: PGD_OK or PGD_ENOMEM (seq_free frees it). */
-static int alloc_memo(seq *s, int32_t nv) {
-    for (int i = 0; i < RE_MEMO; i++) {
-        s->re_memo_q[i] = -1;
-        if (!(s->re_memo[i] = malloc((size_t)nv))) return PGD_ENOMEM;
+/* s's output constraint for p (one kind at most: validated), or none: PGD_OK, or a negative
+ * status with the error line in why. */
+static int new_constraint(pgd_engine *e, seq *s, const pgd_request_params *p, char *why,
+                          size_t whylen) {
+    int32_t nv = e->model->cfg.n_vocab;
+    if (p->n_choices) {
+        int rc = pgd_constraint_choice_new(p->choices, p->n_choices, &s->cons);
+        if (rc) snprintf(why, whylen, "out of memory");
+        return rc;
     }
+    if (p->regex)
+        return pgd_constraint_regex_new(p->regex, p->regex_dfa, nv, &s->cons, why, whylen);
+    if (wants_grammar(p))
+        return pgd_constraint_grammar_new(p->grammar, p->grammar_c, nv, &s->cons, why, whylen);
+    if (p->json_object || p->json_schema)
+        return pgd_constraint_json_new(p->json_schema, p->json_schema ? p->json_schema_c : NULL,
+                                       p->json_prefix, p->json_suffix, &s->cons, why, whylen);
     return PGD_OK;
 }
 
@@ -207,58 +199,14 @@ int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char
      * the replacement comes from the masked distribution), so the output distribution is the
      * constrained one, as without proposals */
     s->spec = e->spec_mode != PGD_SPEC_NONE && !p->no_speculation;
-    s->json = json;
     if (copy_constraints(e, s, p)) {
         rc = pgd__fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
         goto fail;
     }
-    if (p->regex) {
-        char why[200] = "out of memory";
-        rc = p->regex_dfa
-                 ? pgd_regex_copy(&s->re, p->regex_dfa)
-                 : pgd_regex_compile(p->regex, strlen(p->regex), &s->re, why, sizeof why);
-        if (rc) {
-            rc = pgd__fail(err, errlen, rc, "regular expression: %s", why);
-            goto fail;
-        }
-        s->has_re = true;
-        if (alloc_memo(s, nv)) {
-            rc = pgd__fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
-            goto fail;
-        }
-    }
-    if (gram) {
-        char why[200] = "out of memory";
-        rc = p->grammar_c ? pgd_grammar_copy(&s->gr, p->grammar_c)
-                          : pgd_grammar_compile(p->grammar, strlen(p->grammar), &s->gr, why,
-                                                sizeof why);
-        if (!rc) rc = pgd_grammar_state_init(&s->gr_st);
-        if (!rc && (alloc_memo(s, nv) || !(s->gr_keys = calloc(RE_MEMO, sizeof *s->gr_keys))))
-            rc = PGD_ENOMEM;
-        if (rc) {
-            rc = pgd__fail(err, errlen, rc, "grammar: %s", why);
-            goto fail;
-        }
-        s->has_gr = true;
-    }
-    pgd_json_init(&s->json_st, true);
-    if (p->json_schema) {
-        char why[200];
-        rc = p->json_schema_c
-                 ? pgd_json_schema_copy(&s->schema, p->json_schema_c)
-                 : pgd_json_schema_compile(p->json_schema, strlen(p->json_schema), &s->schema,
-                                           why, sizeof why);
-        if (rc == PGD_ENOMEM) snprintf(why, sizeof why, "out of memory");
-        if (!rc && ((p->json_prefix && !(s->schema.prefix = strdup(p->json_prefix))) ||
-                    (p->json_suffix && !(s->schema.suffix = strdup(p->json_suffix))))) {
-            rc = PGD_ENOMEM;
-            snprintf(why, sizeof why, "out of memory");
-        }
-        if (rc) {
-            rc = pgd__fail(err, errlen, rc, "JSON schema: %s", why);
-            goto fail;
-        }
-        pgd_json_init_schema(&s->json_st, &s->schema);
+    char why[256];
+    if ((rc = new_constraint(e, s, p, why, sizeof why))) {
+        rc = pgd__fail(err, errlen, rc, "%s", why);
+        goto fail;
     }
     pgd_spec_adapt_init(&s->adapt, e->spec_k);
     memcpy(s->tokens, p->prompt, (size_t)p->n_prompt * sizeof *s->tokens);

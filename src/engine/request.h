@@ -10,9 +10,7 @@
 
 #include "kv/kv.h"
 #include "pagoda/pagoda.h"
-#include "sample/grammar.h"
-#include "sample/json_grammar.h"
-#include "sample/regex.h"
+#include "sample/constraint.h"
 #include "sample/sampler.h"
 #include "spec/spec.h"
 #include "tokenizer/tokenizer.h"
@@ -20,7 +18,6 @@
 #define MAX_STOP 16
 #define MAX_STOP_IDS 64     /* stop token ids per request */
 #define MAX_STOP_LEN 64
-#define RE_MEMO 4           /* states whose masks a regex or grammar request keeps */
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
 
@@ -61,33 +58,14 @@ typedef struct seq {
     int32_t sched_n;          /* tokens scheduled this step */
     int32_t logit_row;        /* row of this step's logits, or -1 */
     bool dev_sampled;         /* this step's token is sampled by the backend (b_sampled) */
-    bool json;                /* output constrained to a JSON object (json_st) */
-    pgd_json_state json_st;
-    pgd_json_schema schema;   /* its schema, when the request gave one */
+    pgd_constraint *cons;     /* the output constraint (JSON, choices, a regex, a grammar), or
+                                 NULL */
     int32_t *stop_ids;        /* (n_stop_ids) vLLM's stop_token_ids */
     int32_t n_stop_ids;
     bool include_stop;        /* include_stop_str_in_output */
     uint8_t *allowed;         /* (n_vocab) allowed_token_ids as a mask, or NULL */
-    char **choices;           /* (n_choices) guided_choice, or NULL */
-    size_t *ch_len;           /* (n_choices) their lengths */
     int32_t stop_str, stop_tok; /* what stopped it (FINISH's stop_string / stop_token), or -1 */
-    int32_t n_choices;
-    uint8_t *ch_alive;        /* (n_choices) the choices the output is still a prefix of */
-    size_t ch_pos;            /* bytes of output so far (each a prefix of the alive choices) */
-    bool has_re;              /* guided_regex: re, in state re_q */
-    pgd_regex re;
-    int32_t re_q;
-    /* the masks of the last RE_MEMO DFA or grammar states seen (a pattern like [a-z ]+ stays in
-     * a few, and its mask walks most of the vocabulary): (n_vocab) each, allocated with the
-     * request; a regex's states by number, a grammar's by key (gr_keys) */
-    uint8_t *re_memo[RE_MEMO];
-    int32_t re_memo_q[RE_MEMO], re_memo_next;
-    pgd_grammar_key *gr_keys; /* (RE_MEMO) */
     const char *err_msg;      /* why a constraint ended it (FINISH_ERROR), or NULL: the default */
-    bool has_gr;              /* guided_grammar: gr, in state gr_st (started at admission, on
-                                 the engine thread: it needs the engine's scratch) */
-    pgd_grammar gr;
-    pgd_grammar_state gr_st;
     /* constrain_after: the constraint (JSON, choices) waits for c_after while thinking */
     enum { C_ON, C_THINKING, C_FIRST } c_wait; /* C_FIRST: think_tok or the constraint */
     char *c_after;
@@ -103,7 +81,7 @@ typedef struct seq_list {
 
 /* s's output is held to JSON, choices, a regex or a grammar. */
 static inline bool constrained_output(const seq *s) {
-    return s->json || s->choices || s->has_re || s->has_gr;
+    return s->cons != NULL;
 }
 
 struct pgd_engine;
