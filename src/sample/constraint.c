@@ -61,6 +61,19 @@ static void allow_eog(const pgd_constraint_env *env, uint8_t *allow) {
     for (int32_t k = 0; k < env->n_eog; k++) allow[env->eog[k]] = 1;
 }
 
+/* The end of a constructor: PGD_OK with *out = c, or (rc < 0) c freed (NULL: none was made),
+ * rc returned and the error line `what` then msg in why. */
+static int made(pgd_constraint *c, int rc, const char *what, const char *msg,
+                pgd_constraint **out, char *why, size_t whylen) {
+    if (!rc) {
+        *out = c;
+        return PGD_OK;
+    }
+    snprintf(why, whylen, "%s%s", what, msg);
+    if (c) c->ops->free(c);
+    return rc;
+}
+
 /* The drop-space mask by the definition: each text token, less its leading space, offered to
  * takes (which must not move c); end-of-generation tokens and tokens left empty refused. Cheap
  * for a DFA, the JSON machine and choices. */
@@ -116,7 +129,6 @@ static void json_free(pgd_constraint *c) {
 }
 
 static const pgd_constraint_ops json_ops = {
-    .name = "json",
     .mask = json_mask,
     .mask_drop_space = json_mask_drop_space,
     .accept = json_accept,
@@ -127,33 +139,25 @@ int pgd_constraint_json_new(const char *schema, const pgd_json_schema *compiled,
                             const char *prefix, const char *suffix, pgd_constraint **out,
                             char *why, size_t whylen) {
     *out = NULL;
+    char msg[200] = "out of memory";
     json_c *j = calloc(1, sizeof *j);
-    if (!j) {
-        snprintf(why, whylen, "out of memory");
-        return PGD_ENOMEM;
-    }
+    if (!j) return made(NULL, PGD_ENOMEM, "", msg, out, why, whylen);
     j->base.ops = &json_ops;
     pgd_json_init(&j->st, true);
+    int rc = PGD_OK;
     if (schema || compiled) {
-        char msg[200] = "";
-        int rc = compiled ? pgd_json_schema_copy(&j->schema, compiled)
-                          : pgd_json_schema_compile(schema, strlen(schema), &j->schema, msg,
-                                                    sizeof msg);
+        rc = compiled ? pgd_json_schema_copy(&j->schema, compiled)
+                      : pgd_json_schema_compile(schema, strlen(schema), &j->schema, msg,
+                                                sizeof msg);
         if (rc == PGD_ENOMEM) snprintf(msg, sizeof msg, "out of memory");
         if (!rc && ((prefix && !(j->schema.prefix = strdup(prefix))) ||
                     (suffix && !(j->schema.suffix = strdup(suffix))))) {
             rc = PGD_ENOMEM;
             snprintf(msg, sizeof msg, "out of memory");
         }
-        if (rc) {
-            snprintf(why, whylen, "JSON schema: %s", msg);
-            json_free(&j->base);
-            return rc;
-        }
-        pgd_json_init_schema(&j->st, &j->schema);
+        if (!rc) pgd_json_init_schema(&j->st, &j->schema);
     }
-    *out = &j->base;
-    return PGD_OK;
+    return made(&j->base, rc, "JSON schema: ", msg, out, why, whylen);
 }
 
 /* ---- choices ---- */
@@ -232,7 +236,6 @@ static void choice_free(pgd_constraint *c) {
 }
 
 static const pgd_constraint_ops choice_ops = {
-    .name = "choice",
     .mask = choice_mask,
     .mask_drop_space = choice_mask_drop_space,
     .accept = choice_accept,
@@ -312,7 +315,6 @@ static void regex_free(pgd_constraint *c) {
 }
 
 static const pgd_constraint_ops regex_ops = {
-    .name = "regex",
     .mask = regex_mask,
     .mask_drop_space = regex_mask_drop_space,
     .accept = regex_accept,
@@ -324,22 +326,14 @@ int pgd_constraint_regex_new(const char *pattern, const pgd_regex *compiled, int
     *out = NULL;
     char msg[200] = "out of memory";
     regex_c *r = calloc(1, sizeof *r);
-    int rc = !r          ? PGD_ENOMEM
-             : compiled ? pgd_regex_copy(&r->re, compiled)
-                        : pgd_regex_compile(pattern, strlen(pattern), &r->re, msg, sizeof msg);
-    if (rc) {
-        snprintf(why, whylen, "regular expression: %s", msg);
-        if (r) regex_free(&r->base);
-        return rc;
-    }
+    if (!r) return made(NULL, PGD_ENOMEM, "regular expression: ", msg, out, why, whylen);
     r->base.ops = &regex_ops;
-    if (pgd_mask_memo_init(&r->memo, n_vocab, 1)) {
-        snprintf(why, whylen, "out of memory");
-        regex_free(&r->base);
-        return PGD_ENOMEM;
-    }
-    *out = &r->base;
-    return PGD_OK;
+    int rc = compiled ? pgd_regex_copy(&r->re, compiled)
+                      : pgd_regex_compile(pattern, strlen(pattern), &r->re, msg, sizeof msg);
+    if (rc) return made(&r->base, rc, "regular expression: ", msg, out, why, whylen);
+    /* (the memo's failure is the request's plain "out of memory", as it always was) */
+    rc = pgd_mask_memo_init(&r->memo, n_vocab, 1);
+    return made(&r->base, rc, "", "out of memory", out, why, whylen);
 }
 
 /* ---- a grammar ---- */
@@ -397,7 +391,6 @@ static void grammar_free(pgd_constraint *c) {
 }
 
 static const pgd_constraint_ops grammar_ops = {
-    .name = "grammar",
     .mask = grammar_mask,
     .mask_drop_space = grammar_mask_drop_space,
     .accept = grammar_accept,
@@ -410,17 +403,11 @@ int pgd_constraint_grammar_new(const char *text, const pgd_grammar *compiled, in
     *out = NULL;
     char msg[200] = "out of memory";
     grammar_c *gc = calloc(1, sizeof *gc);
-    int rc = !gc         ? PGD_ENOMEM
-             : compiled ? pgd_grammar_copy(&gc->g, compiled)
-                        : pgd_grammar_compile(text, strlen(text), &gc->g, msg, sizeof msg);
-    if (!rc) rc = pgd_grammar_state_init(&gc->st);
-    if (!rc && pgd_mask_memo_init(&gc->memo, n_vocab, PGD_GRAMMAR_KEY_MAX)) rc = PGD_ENOMEM;
-    if (rc) {
-        snprintf(why, whylen, "grammar: %s", msg);
-        if (gc) grammar_free(&gc->base);
-        return rc;
-    }
+    if (!gc) return made(NULL, PGD_ENOMEM, "grammar: ", msg, out, why, whylen);
     gc->base.ops = &grammar_ops;
-    *out = &gc->base;
-    return PGD_OK;
+    int rc = compiled ? pgd_grammar_copy(&gc->g, compiled)
+                      : pgd_grammar_compile(text, strlen(text), &gc->g, msg, sizeof msg);
+    if (!rc) rc = pgd_grammar_state_init(&gc->st);
+    if (!rc) rc = pgd_mask_memo_init(&gc->memo, n_vocab, PGD_GRAMMAR_KEY_MAX);
+    return made(&gc->base, rc, "grammar: ", msg, out, why, whylen);
 }

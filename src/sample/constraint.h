@@ -35,7 +35,6 @@ typedef enum {
 typedef struct pgd_constraint pgd_constraint;
 
 typedef struct pgd_constraint_ops {
-    const char *name;
     /* allow[0..n_vocab) = 1 for the tokens that may come next (end-of-generation tokens where
      * the output may end), else 0: 0, or -1 past the work limit (allow then all 0). */
     int (*mask)(pgd_constraint *c, const pgd_constraint_env *env, uint8_t *allow);
