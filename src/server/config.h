@@ -9,20 +9,24 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "util/options.h"
+
 #define PGD_MAX_API_KEYS 16
 
 typedef struct pgd_server_config {
-    char *model, *host, *served_model_name, *kv_dtype, *config_file;
-    char *speculative, *draft_model, *device, *load_format, *tool_call_parser;
+    /* the engine and model options (util/options.h's table), under their own names too */
+    union {
+        struct {
+            PGD_ENGINE_OPTS_FIELDS
+        };
+        pgd_engine_opts engine;
+    };
+    char *host, *served_model_name, *config_file, *tool_call_parser;
     char *reasoning_parser;
-    char *scheduling_policy; /* "fcfs" or "priority" (requests' "priority" field) */
-    char *lora_modules;     /* "NAME=DIR,NAME=DIR...": LoRA adapters served under those names */
     int max_loras;          /* adapter slots (0: the --lora-modules, or 8 with runtime loading) */
     bool allow_runtime_lora_updating; /* /v1/load_lora_adapter and /v1/unload_lora_adapter */
-    float gpu_memory_utilization;
-    int num_speculative_tokens, tensor_parallel_size, speculative_disable_by_batch_size;
-    int port, threads, ctx, max_num_batched_tokens, max_num_seqs, block_size, max_waiting;
-    size_t kv_cache_bytes, max_body_bytes;
+    int port, max_waiting;
+    size_t max_body_bytes;
     size_t responses_store_bytes; /* --responses-store-size */
     char *allowed_origins, *allowed_methods, *allowed_headers; /* CORS lists (cors.h) */
     bool allow_credentials;
@@ -34,7 +38,7 @@ typedef struct pgd_server_config {
     int max_connections_per_client; /* per client address (0: no limit) */
     int max_messages;               /* messages in one chat request */
     size_t max_prompt_bytes;        /* a rendered chat prompt, at most */
-    bool no_prefix_caching, weights_f32, protect_health, log_requests;
+    bool protect_health, log_requests;
     char *api_keys[PGD_MAX_API_KEYS];
     int n_api_keys;
 } pgd_server_config;
