@@ -333,7 +333,9 @@ def test_background_and_cancel(server):
     whole = ok(post(server, {"input": "Count to ten.", "max_output_tokens": 6, "temperature": 0}))
     assert output_text(final) == output_text(whole)
     # a long one, cancelled while it runs
-    long = ok(post(server, {"input": "Write a long story about a dragon.",
+    # greedy: this answer runs to max_output_tokens (a sampled one may end in time to finish
+    # before the GET below)
+    long = ok(post(server, {"input": "Write a long story about a dragon.", "temperature": 0,
                             "max_output_tokens": 2000, "background": True}))
     time.sleep(0.5)
     running = ok(requests.get(server.url(f"/v1/responses/{long['id']}"), timeout=30))
