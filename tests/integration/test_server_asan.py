@@ -150,7 +150,8 @@ def test_asan_dialects_and_http(default_model):
         assert requests.delete(s.url(f"/v1/responses/{b.json()['id']}"),
                                timeout=30).status_code in (200, 404)
         bg = requests.post(R, json={"input": "Tell a long story.", "background": True,
-                                    "max_output_tokens": 200}, timeout=300).json()
+                                    "temperature": 0, "max_output_tokens": 200},
+                           timeout=300).json()
         assert requests.post(s.url(f"/v1/responses/{bg['id']}/cancel"),
                              timeout=30).status_code == 200
         msg = {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "max_tokens": 4,
