@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokenizer/unicode.h"
+
 #define MAX_SRC         (16u << 20) /* template source bytes */
 #define MAX_PARSE_DEPTH 256         /* AST depth the parser builds (bounds every recursion) */
 #define MAX_VALUE_DEPTH 200         /* nesting of lists/dicts (context and template-built) */
@@ -499,29 +501,6 @@ static uint32_t u8_decode(const char *p, size_t n) {
                ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
     default: return s[0];
     }
-}
-
-static size_t u8_encode(uint32_t c, char *out) {
-    if (c < 0x80) {
-        out[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        out[0] = (char)(0xC0 | (c >> 6));
-        out[1] = (char)(0x80 | (c & 0x3F));
-        return 2;
-    }
-    if (c < 0x10000) {
-        out[0] = (char)(0xE0 | (c >> 12));
-        out[1] = (char)(0x80 | ((c >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (c >> 18));
-    out[1] = (char)(0x80 | ((c >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((c >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
 }
 
 static bool cp_space(uint32_t c) {
@@ -1155,7 +1134,7 @@ static void decode_string(P *p, tok *t, const char *s, size_t n) {
                 for (int k = 0; k < 3 && i < n && s[i] >= '0' && s[i] <= '7'; k++)
                     cp = cp * 8 + (uint32_t)(s[i++] - '0');
                 i--;
-                o += u8_encode(cp, o);
+                o += pgd__utf8_encode(cp, o);
             } else {
                 *o++ = '\\';
                 *o++ = c;
@@ -1174,7 +1153,7 @@ static void decode_string(P *p, tok *t, const char *s, size_t n) {
             }
             if (cp > 0x10FFFF)
                 pfail(p, PGD_EFORMAT, t->off, "illegal Unicode character in a string");
-            o += u8_encode(cp, o); /* at most 4 bytes from >= 4 source bytes */
+            o += pgd__utf8_encode(cp, o); /* at most 4 bytes from >= 4 source bytes */
         }
     }
     *o = 0;
@@ -2161,35 +2140,25 @@ static node *parse_not(P *p) {
     return parse_compare(p);
 }
 
-static node *parse_and(P *p) {
+/* A left-associative chain `sub (kw sub)*` of kind `kind` ("and", "or"). */
+static node *parse_chain(P *p, const char *kw, int kind, node *(*sub)(P *)) {
     int d0 = p->depth; /* each round of the loop deepens the tree */
-    node *n = parse_not(p);
-    for (tok *t; tok_is_name(t = cur(p), "and");) {
+    node *n = sub(p);
+    for (tok *t; tok_is_name(t = cur(p), kw);) {
         enter(p);
         advance(p);
-        node *x = mk(p, N_AND, t);
+        node *x = mk(p, kind, t);
         x->a = n;
-        x->b = parse_not(p);
+        x->b = sub(p);
         n = x;
     }
     p->depth = d0;
     return n;
 }
 
-static node *parse_or(P *p) {
-    int d0 = p->depth; /* each round of the loop deepens the tree */
-    node *n = parse_and(p);
-    for (tok *t; tok_is_name(t = cur(p), "or");) {
-        enter(p);
-        advance(p);
-        node *x = mk(p, N_OR, t);
-        x->a = n;
-        x->b = parse_and(p);
-        n = x;
-    }
-    p->depth = d0;
-    return n;
-}
+static node *parse_and(P *p) { return parse_chain(p, "and", N_AND, parse_not); }
+
+static node *parse_or(P *p) { return parse_chain(p, "or", N_OR, parse_and); }
 
 static node *parse_expr(P *p, bool with_condexpr) {
     int d0 = p->depth; /* each round of the loop deepens the tree */
@@ -2706,7 +2675,7 @@ static jv str_case(R *r, jv s, int mode) {
         if (o == c)
             sb_put(r, b, p, l);
         else
-            sb_put(r, b, enc, u8_encode(o, enc));
+            sb_put(r, b, enc, (size_t)pgd__utf8_encode(o, enc));
         p += l;
     }
     return sb_take(r, b);
