@@ -865,28 +865,11 @@ static bool token_ok(const pgd_json_state *st, const pgd_json_vocab *v, int32_t 
     return pgd_json_feed(&t, v->text[id], v->len[id]);
 }
 
-int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const pgd_regex *re, int32_t q,
-                                uint8_t *allow) {
-    int32_t n_ok = 0, *ds = v->dfa_stack;
-    memset(allow, 0, (size_t)v->n);
-    ds[0] = q;
-    for (int32_t i = 0; i < v->n_trie;) {
-        const pgd_json_trie *nd = &v->trie[i];
-        int32_t t = pgd_regex_next(re, ds[nd->depth - 1], nd->byte);
-        if (t < 0) {
-            i = nd->skip;
-            continue;
-        }
-        ds[nd->depth] = t;
-        for (int32_t k = 0; k < nd->n_tok; k++) allow[v->sorted[nd->tok + k]] = 1;
-        n_ok += nd->n_tok;
-        i++;
-    }
-    return n_ok;
-}
-
-int32_t pgd_json_vocab_walk(const pgd_json_vocab *v, bool (*step)(void *ctx, int32_t d, uint8_t b),
-                            void *ctx, uint8_t *allow) {
+/* The trie walk behind every mask (pgd_json_vocab_walk's contract). Inlined into each caller, so
+ * step is a direct call on the per-token mask path. */
+static inline __attribute__((always_inline)) int32_t
+trie_walk(const pgd_json_vocab *v, bool (*step)(void *ctx, int32_t d, uint8_t b), void *ctx,
+          uint8_t *allow) {
     int32_t n_ok = 0;
     memset(allow, 0, (size_t)v->n);
     for (int32_t i = 0; i < v->n_trie;) {
@@ -902,33 +885,57 @@ int32_t pgd_json_vocab_walk(const pgd_json_vocab *v, bool (*step)(void *ctx, int
     return n_ok;
 }
 
+typedef struct dfa_walk {
+    const pgd_regex *re;
+    int32_t *ds; /* (max_len + 1) the DFA state after each depth's byte */
+} dfa_walk;
+
+static bool dfa_step(void *ctx, int32_t d, uint8_t b) {
+    dfa_walk *w = ctx;
+    int32_t t = pgd_regex_next(w->re, w->ds[d - 1], b);
+    if (t < 0) return false;
+    w->ds[d] = t;
+    return true;
+}
+
+int32_t pgd_json_vocab_walk_dfa(pgd_json_vocab *v, const pgd_regex *re, int32_t q,
+                                uint8_t *allow) {
+    dfa_walk w = {re, v->dfa_stack};
+    w.ds[0] = q;
+    return trie_walk(v, dfa_step, &w, allow);
+}
+
+int32_t pgd_json_vocab_walk(const pgd_json_vocab *v, bool (*step)(void *ctx, int32_t d, uint8_t b),
+                            void *ctx, uint8_t *allow) {
+    return trie_walk(v, step, ctx, allow);
+}
+
 /* Inside a string held to a pattern, between characters: the trie walked with the pattern's DFA
  * and the character count, as string_byte would take each byte (a subtree is cut where the DFA
  * refuses, or no match can end within minLength/maxLength); a quote, a backslash or a control
  * byte ends a path: the few tokens with one are tried whole. */
+typedef struct pattern_walk {
+    const pgd_regex *re;
+    const pgd_json_node *sn;
+    int32_t *ds, *cs; /* (max_len + 1) the DFA state and the character count after each depth */
+} pattern_walk;
+
+static bool pattern_step(void *ctx, int32_t d, uint8_t b) {
+    pattern_walk *w = ctx;
+    int32_t t = b == '"' || b == '\\' || b < 0x20 ? -1 : pgd_regex_next(w->re, w->ds[d - 1], b);
+    int32_t c = w->cs[d - 1] + ((b & 0xC0) != 0x80);
+    if (t < 0 || !re_len_ok(w->re, w->sn, c, t)) return false;
+    w->ds[d] = t;
+    w->cs[d] = c;
+    return true;
+}
+
 static int32_t pattern_string_mask(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *allow) {
     const pgd_json_node *sn = &st->sc->nodes[st->snode];
-    const pgd_regex *re = &st->sc->regex[sn->pattern];
-    int32_t n_ok = 0, *ds = v->dfa_stack, *cs = v->char_stack;
-    memset(allow, 0, (size_t)v->n);
-    ds[0] = st->sre;
-    cs[0] = st->slen;
-    for (int32_t i = 0; i < v->n_trie;) {
-        const pgd_json_trie *nd = &v->trie[i];
-        uint8_t b = nd->byte;
-        int32_t t = b == '"' || b == '\\' || b < 0x20 ? -1
-                                                      : pgd_regex_next(re, ds[nd->depth - 1], b);
-        int32_t c = cs[nd->depth - 1] + ((b & 0xC0) != 0x80);
-        if (t < 0 || !re_len_ok(re, sn, c, t)) {
-            i = nd->skip;
-            continue;
-        }
-        ds[nd->depth] = t;
-        cs[nd->depth] = c;
-        for (int32_t k = 0; k < nd->n_tok; k++) allow[v->sorted[nd->tok + k]] = 1;
-        n_ok += nd->n_tok;
-        i++;
-    }
+    pattern_walk w = {&st->sc->regex[sn->pattern], sn, v->dfa_stack, v->char_stack};
+    w.ds[0] = st->sre;
+    w.cs[0] = st->slen;
+    int32_t n_ok = trie_walk(v, pattern_step, &w, allow);
     for (int32_t i = 0; i < v->n_quoted + v->n_escaped; i++) {
         int32_t id = i < v->n_quoted ? v->quoted[i] : v->escaped[i - v->n_quoted];
         if (!allow[id] && token_ok(st, v, id)) {
@@ -937,6 +944,13 @@ static int32_t pattern_string_mask(const pgd_json_state *st, pgd_json_vocab *v, 
         }
     }
     return n_ok;
+}
+
+/* The general step: the parser state at depth d is the one at d - 1 fed byte b. */
+static bool state_step(void *ctx, int32_t d, uint8_t b) {
+    pgd_json_state *stack = ctx;
+    state_copy(&stack[d], &stack[d - 1]);
+    return feed_byte(&stack[d], b);
 }
 
 int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *allow) {
@@ -967,19 +981,6 @@ int32_t pgd_json_allowed(const pgd_json_state *st, pgd_json_vocab *v, uint8_t *a
         return n_ok;
     }
     /* elsewhere few bytes can come next: walk the trie, skipping each refused subtree */
-    memset(allow, 0, (size_t)v->n);
     state_copy(&v->stack[0], st);
-    for (int32_t i = 0; i < v->n_trie;) {
-        const pgd_json_trie *nd = &v->trie[i];
-        pgd_json_state *t = &v->stack[nd->depth];
-        state_copy(t, &v->stack[nd->depth - 1]);
-        if (!feed_byte(t, nd->byte)) {
-            i = nd->skip;
-            continue;
-        }
-        for (int32_t k = 0; k < nd->n_tok; k++) allow[v->sorted[nd->tok + k]] = 1;
-        n_ok += nd->n_tok;
-        i++;
-    }
-    return n_ok;
+    return trie_walk(v, state_step, v->stack, allow);
 }
