@@ -252,6 +252,8 @@ void pgd_engine_free(pgd_engine *e);
 int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bos,
                         bool parse_special, int32_t *out, size_t cap, size_t *n_out);
 int32_t pgd_engine_n_ctx(const pgd_engine *e);
+/* The model's vocabulary: token ids are below it. */
+int32_t pgd_engine_n_vocab(const pgd_engine *e);
 /* The model's hidden size: the length of an embedding. */
 int32_t pgd_engine_dim(const pgd_engine *e);
 bool pgd_engine_add_bos(const pgd_engine *e);

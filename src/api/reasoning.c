@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-static const char OPEN[] = "<think>", CLOSE[] = "</think>";
+static const char OPEN[] = PGD_THINK_OPEN, CLOSE[] = PGD_THINK_CLOSE;
 
 int pgd_reasoning_format_of(const char *name) {
     if (!strcmp(name, "none")) return PGD_REASONING_NONE;
@@ -49,4 +49,15 @@ void pgd_reasoning_scan(pgd_reasoning_format f, const char *t, size_t n, bool do
         return;
     }
     sp->r_end = n - (done ? 0 : partial_tag(t + sp->r_off, n - sp->r_off, CLOSE));
+}
+
+/* The prompt ends with tag, but for white space after it. */
+static bool ends_with_tag(const char *prompt, const char *tag) {
+    size_t n = strlen(prompt), l = strlen(tag);
+    while (n && strchr(" \t\r\n", prompt[n - 1])) n--;
+    return n >= l && !memcmp(prompt + n - l, tag, l);
+}
+
+int pgd_reasoning_prompt_state(const char *prompt) {
+    return ends_with_tag(prompt, OPEN) ? 1 : ends_with_tag(prompt, CLOSE) ? 2 : 0;
 }

@@ -22,6 +22,10 @@ typedef enum {
     PGD_REASONING_QWEN3,
 } pgd_reasoning_format;
 
+/* The tags both formats use. */
+#define PGD_THINK_OPEN "<think>"
+#define PGD_THINK_CLOSE "</think>"
+
 /* "none", "deepseek_r1" or "qwen3"; -1 for another name. */
 int pgd_reasoning_format_of(const char *name);
 
@@ -40,5 +44,9 @@ typedef struct pgd_reasoning_span {
  * caller keeps it. */
 void pgd_reasoning_scan(pgd_reasoning_format f, const char *t, size_t n, bool done, size_t known,
                         pgd_reasoning_span *sp);
+
+/* Whether a rendered chat prompt ends (but for white space) by opening the thinking (1), by
+ * closing it (2), or neither (0). */
+int pgd_reasoning_prompt_state(const char *prompt);
 
 #endif

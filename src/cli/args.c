@@ -1,4 +1,5 @@
-/* Argument helpers shared by the subcommands. */
+/* Argument helpers shared by the subcommands; the engine and model options themselves are
+ * util/options.h's table. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -6,12 +7,25 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "model/model.h"
+#include "util/options.h"
 
 const char *pgd_cli_default_model(void) {
-    const char *e = getenv("PAGODA_MODEL");
-    return e && *e ? e : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const pgd_opt *o = pgd_opt_find(pgd_engine_opt_table, pgd_engine_opt_count, "model");
+    const char *e = pgd_opt_env_value(o);
+    return e ? e : o->dflt;
 }
 
+void pgd_cli_model_opts(const pgd_engine_opts *eo, pgd_model_opts *mo) {
+    memset(mo, 0, sizeof *mo);
+    mo->weights_f32 = eo->weights_f32;
+    mo->n_ctx = eo->ctx;
+    mo->tensor_parallel = eo->tensor_parallel_size;
+    mo->load_format = eo->load_format && !strcmp(eo->load_format, "dummy") ? PGD_LOAD_DUMMY
+                                                                            : PGD_LOAD_AUTO;
+    mo->gpu_memory_utilization = eo->gpu_memory_utilization;
+    if (eo->device) pgd_model_opts_set_device(mo, eo->device); /* the table checked the name */
+}
 int pgd_cli_parse_long(const char *s, long lo, long hi, long *out) {
     if (!s || !*s) return -1;
     char *end;
@@ -28,34 +42,6 @@ int pgd_cli_parse_float(const char *s, float lo, float hi, float *out) {
     errno = 0;
     float v = strtof(s, &end);
     if (errno || *end || !isfinite(v) || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
-int pgd_cli_parse_load_format(const char *cmd, const char *s, bool *dummy) {
-    if (!strcmp(s, "auto") || !strcmp(s, "dummy")) {
-        *dummy = !strcmp(s, "dummy");
-        return 0;
-    }
-    fprintf(stderr, "%s: invalid value '%s' for --load-format (auto or dummy)\n", cmd, s);
-    return -1;
-}
-
-int pgd_cli_parse_kv_dtype(const char *s, pgd_kv_dtype *out) {
-    if (!strcmp(s, "f32")) *out = PGD_KV_F32;
-    else if (!strcmp(s, "f16")) *out = PGD_KV_F16;
-    else if (!strcmp(s, "bf16")) *out = PGD_KV_BF16;
-    else return -1;
-    return 0;
-}
-
-int pgd_cli_parse_gpu_util(const char *cmd, const char *s, float *out) {
-    float v;
-    if (pgd_cli_parse_float(s, 0, 1, &v) || !(v > 0)) {
-        fprintf(stderr, "%s: invalid value '%s' for --gpu-memory-utilization (a fraction, "
-                        "0 < F <= 1)\n", cmd, s);
-        return -1;
-    }
     *out = v;
     return 0;
 }

@@ -16,18 +16,16 @@
 #include "model/model.h"
 #include "util/clock.h"
 #include "util/mapfile.h"
+#include "util/options.h"
 
 #define MAX_BATCHES 16
 #define BATCH_STEPS 16 /* decode steps per batched measurement */
 #define BATCH_BLOCK 16 /* KV block size of the batched measurement */
 
 typedef struct bench_opts {
-    const char *model;
-    const char *device;    /* "cpu" or "cuda"; NULL: the default (cpu, or $PAGODA_DEVICE) */
+    pgd_engine_opts eng;   /* the engine and model options bench takes (util/options.h) */
+    const char *model;     /* eng.model */
     const char *lora;      /* --lora: every sequence runs with this adapter */
-    long tp;               /* --tensor-parallel-size; 0: the default */
-    float gpu_util;        /* --gpu-memory-utilization; 0: the default */
-    bool load_dummy;       /* --load-format dummy */
     pgd_type kv_type;      /* --kv-dtype */
     long n_prompt, n_gen, threads, reps;
     long depth;            /* -d: pp and tg start after this many context tokens */
@@ -48,10 +46,8 @@ static double median(double *v, int n) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pagoda bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-t THREADS] [-r REPS]\n"
-            "                    [--batch 1,4,16,64] [--json] [--load-format auto|dummy]\n"
-            "                    [--device cpu|cuda] [--tensor-parallel-size N]\n"
-            "                    [--gpu-memory-utilization F] [--kv-dtype f32|f16|bf16]\n"
-            "                    [--lora DIR]\n"
+            "                    [--batch 1,4,16,64] [--json] [--lora DIR]\n"
+            "                    [engine and model options]\n"
             "Measures pp (prefill tokens/s of a -p token prompt), tg (decode tokens/s, -n)\n"
             "and batched decode tokens/s (B sequences in their own paged KV blocks, each step\n"
             "one token per sequence with its logits, %d steps from position 0), median of -r\n"
@@ -62,17 +58,15 @@ static void usage(FILE *f) {
             "  -d DEPTH         pp and tg run after a DEPTH-token context (llama-bench's -d):\n"
             "                   their rooflines add the attention over it (its FLOPs to pp's,\n"
             "                   its K/V bytes to each tg step's)\n"
-            "  --load-format dummy  MODEL is a config.json (or its folder; e.g.\n"
-            "                   configs/models/Llama-3-8B.json): random BF16 weights of its real\n"
-            "                   shapes, no download and no tokenizer needed\n"
-            "  --device cpu|cuda, --tensor-parallel-size N   backend and ranks (default cpu, 1)\n"
-            "  --kv-dtype f32|f16|bf16  element type of the K/V cache (default f32)\n"
             "  --lora DIR       every sequence runs with this LoRA adapter (the rooflines stay\n"
             "                   the base model's)\n"
-            "  --gpu-memory-utilization F  CUDA: share (0, 1] of each GPU's memory the process\n"
-            "                   may use; loading fails if the weights exceed it (bench allocates\n"
-            "                   exactly the KV its tests need); accepted and ignored on the CPU\n",
+            "--load-format dummy: MODEL is a config.json (or its folder; e.g.\n"
+            "configs/models/Llama-3-8B.json), random BF16 weights of its real shapes, no download\n"
+            "and no tokenizer needed. --gpu-memory-utilization: loading fails if the weights\n"
+            "exceed it (bench allocates exactly the KV its tests need).\n"
+            "Engine and model options (the same as pagoda serve's):\n",
             BATCH_STEPS);
+    pgd_opt_help(f, pgd_engine_opt_table, pgd_engine_opt_count, PGD_CMD_BENCH);
 }
 
 static int parse_batches(const char *s, bench_opts *o) {
@@ -91,9 +85,9 @@ static int parse_batches(const char *s, bench_opts *o) {
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
     long nproc = sysconf(_SC_NPROCESSORS_ONLN);
-    *o = (bench_opts){.model = pgd_cli_default_model(), .n_prompt = 512, .n_gen = 128,
-                      .threads = nproc > 0 ? nproc : 1, .reps = 5,
-                      .batches = {1, 4, 16, 64}, .n_batches = 4, .kv_type = PGD_TYPE_F32};
+    *o = (bench_opts){.n_prompt = 512, .n_gen = 128, .reps = 5, .batches = {1, 4, 16, 64},
+                      .n_batches = 4};
+    if (pgd_engine_opts_init(&o->eng, PGD_CMD_BENCH)) return -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -103,31 +97,19 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             o->json = true;
             continue;
         }
+        int orc = pgd_opt_parse_arg(&o->eng, pgd_engine_opt_table, pgd_engine_opt_count,
+                                    PGD_CMD_BENCH, argc, argv, &i);
+        if (orc < 0) return -1;
+        if (orc) continue;
         if (!v) goto bad;
         int rc = 0;
-        if (!strcmp(a, "-m")) o->model = v;
-        else if (!strcmp(a, "--lora")) o->lora = v;
+        if (!strcmp(a, "--lora")) o->lora = v;
         else if (!strcmp(a, "-p")) rc = pgd_cli_parse_long(v, 0, 1 << 16, &o->n_prompt);
         else if (!strcmp(a, "-n")) rc = pgd_cli_parse_long(v, 0, 1 << 16, &o->n_gen);
         else if (!strcmp(a, "-d")) rc = pgd_cli_parse_long(v, 0, 1 << 20, &o->depth);
-        else if (!strcmp(a, "-t")) rc = pgd_cli_parse_long(v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-r")) rc = pgd_cli_parse_long(v, 1, 1000, &o->reps);
         else if (!strcmp(a, "--batch")) rc = parse_batches(v, o);
-        else if (!strcmp(a, "--kv-dtype")) {
-            pgd_kv_dtype d = PGD_KV_F32;
-            rc = pgd_cli_parse_kv_dtype(v, &d);
-            o->kv_type = (pgd_type)d; /* the public enum's values are pgd_type's */
-        }
-        else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp"))
-            rc = pgd_cli_parse_long(v, 1, 64, &o->tp);
-        else if (!strcmp(a, "--device")) {
-            rc = strcmp(v, "cpu") && strcmp(v, "cuda") ? -1 : 0;
-            o->device = v;
-        } else if (!strcmp(a, "--load-format")) {
-            if (pgd_cli_parse_load_format("pagoda bench", v, &o->load_dummy)) return -1;
-        } else if (!strcmp(a, "--gpu-memory-utilization")) {
-            if (pgd_cli_parse_gpu_util("pagoda bench", v, &o->gpu_util)) return -1;
-        } else goto bad;
+        else goto bad;
         if (rc != 0) {
             fprintf(stderr, "pagoda bench: bad value '%s' for %s\n", v, a);
             return -1;
@@ -139,6 +121,9 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         usage(stderr);
         return -1;
     }
+    o->model = o->eng.model;
+    o->threads = o->eng.threads ? o->eng.threads : nproc > 0 ? nproc : 1;
+    o->kv_type = (pgd_type)pgd_engine_opts_kv_dtype(o->eng.kv_dtype); /* pgd_type's values */
     return 0;
 }
 
@@ -433,7 +418,10 @@ out:
 
 int pgd_cli_bench(int argc, char **argv) {
     bench_opts o;
-    if (parse_args(argc, argv, &o) != 0) return 2;
+    if (parse_args(argc, argv, &o) != 0) {
+        pgd_engine_opts_free(&o.eng);
+        return 2;
+    }
     pgd_err err = {{0}};
     pgd_model *m = NULL;
     pgd_pool *pool = NULL;
@@ -449,10 +437,9 @@ int pgd_cli_bench(int argc, char **argv) {
     n_ctx += o.depth;
     /* the context is filled in chunks of up to 512 tokens */
     if (o.depth > max_batch) max_batch = o.depth < 512 ? o.depth : 512;
-    pgd_model_opts mo = {.n_ctx = (int32_t)(n_ctx + 8), .tensor_parallel = (int32_t)o.tp,
-                         .load_format = o.load_dummy ? PGD_LOAD_DUMMY : PGD_LOAD_AUTO,
-                         .gpu_memory_utilization = o.gpu_util};
-    if (o.device) pgd_model_opts_set_device(&mo, o.device); /* parse_args checked the name */
+    pgd_model_opts mo;
+    pgd_cli_model_opts(&o.eng, &mo);
+    mo.n_ctx = (int32_t)(n_ctx + 8);
     if (pgd_model_load(o.model, &mo, &m, &err) != 0) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
         goto done;
@@ -628,5 +615,6 @@ done:
     pgd_lora_free(lora);
     pgd_pool_free(pool);
     pgd_model_free(m);
+    pgd_engine_opts_free(&o.eng);
     return rc;
 }

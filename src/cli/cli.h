@@ -20,18 +20,18 @@ int pgd_cli_kv_plan(int argc, char **argv);
 int pgd_cli_render_template(int argc, char **argv);
 
 /* Shared helpers (src/cli/args.c). */
-/* The model path used when -m is not given: $PAGODA_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf */
+/* The model path used when -m is not given: the --model declaration's environment variable
+ * ($PAGODA_MODEL) or default */
 const char *pgd_cli_default_model(void);
 /* Parses "1 2 3" / "1,2,3" into a malloc'd id array; returns 0 or -1 on a bad list. */
 int pgd_cli_parse_ids(const char *s, int32_t **ids, size_t *n);
 /* Strict number parsing; return 0 on success, -1 if s is not entirely a number in range. */
 int pgd_cli_parse_long(const char *s, long lo, long hi, long *out);
 int pgd_cli_parse_float(const char *s, float lo, float hi, float *out);
-/* --load-format auto|dummy: *dummy set; -1 (after a one-line message naming cmd) otherwise. */
-int pgd_cli_parse_load_format(const char *cmd, const char *s, bool *dummy);
-/* --gpu-memory-utilization F, 0 < F <= 1: 0 or -1 (after a one-line message naming cmd). */
-int pgd_cli_parse_gpu_util(const char *cmd, const char *s, float *out);
-/* --kv-dtype f32|f16|bf16: 0, or -1 for anything else (the caller reports it). */
-int pgd_cli_parse_kv_dtype(const char *s, pgd_kv_dtype *out);
+/* The model-loading options the engine and model options give (for the commands that load a
+ * model without an engine). Borrowed: eo's strings. */
+struct pgd_engine_opts;
+struct pgd_model_opts;
+void pgd_cli_model_opts(const struct pgd_engine_opts *eo, struct pgd_model_opts *mo);
 
 #endif

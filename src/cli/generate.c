@@ -16,39 +16,28 @@
 #include "sample/sampler.h"
 #include "util/clock.h"
 #include "util/mapfile.h"
+#include "util/options.h"
 
 #define PREFILL_CHUNK 64
 
 typedef struct gen_opts {
-    const char *model, *prompt, *file, *ids, *out, *draft_model, *device, *lora;
+    pgd_engine_opts eng;      /* the engine and model options (util/options.h) */
+    const char *prompt, *file, *ids, *out, *lora;
     const char *grammar, *grammar_file; /* llama.cpp's --grammar / --grammar-file */
-    long tp;
-    float gpu_util;           /* --gpu-memory-utilization; 0: the default */
-    pgd_spec_mode speculative;
-    long num_spec;
-    long n_predict, threads, ctx;
+    long n_predict;
     float temperature, top_p;
     long top_k;
     unsigned long long seed;
-    bool seed_set, ignore_eos, print_ids, weights_f32, load_dummy;
+    bool seed_set, ignore_eos, print_ids;
 } gen_opts;
 
 static void usage_generate(FILE *f) {
     fprintf(f,
             "usage: pagoda generate [-m MODEL] [-p PROMPT | --file F | --ids \"1 2 3\"] [-n N]\n"
             "                       [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-            "                       [--threads N] [--ctx N] [--ignore-eos] [--print-ids]\n"
-            "                       [--weights-f32] [--speculative ngram|draft]\n"
-            "                       [--num-speculative-tokens K] [--draft-model M]\n"
-            "                       [--load-format auto|dummy] [--device cpu|cuda]\n"
-            "                       [--tensor-parallel-size N] [--gpu-memory-utilization F]\n"
-            "                       [--lora DIR] [--grammar G | --grammar-file F]\n"
+            "                       [--ignore-eos] [--print-ids] [--lora DIR]\n"
+            "                       [--grammar G | --grammar-file F] [engine and model options]\n"
             "Writes only the generated text to stdout; prefill and decode speeds to stderr.\n"
-            "  -m MODEL         GGUF file or Hugging Face model directory (default %s)\n"
-            "  --load-format auto|dummy  dummy: MODEL is a config.json (or its folder) and the\n"
-            "                   weights are random, to run real shapes without downloading; with\n"
-            "                   no tokenizer.json beside it, give --ids (or no prompt: BOS from\n"
-            "                   config.json) and token ids are printed\n"
             "  -p PROMPT        prompt text (BOS is added when the model's metadata says so;\n"
             "                   an empty prompt generates from BOS)\n"
             "  --file F         read the prompt from a file, byte for byte\n"
@@ -59,24 +48,21 @@ static void usage_generate(FILE *f) {
             "  --print-ids      print generated token ids instead of text\n"
             "  --grammar G, --grammar-file F  the output is a sentence of this GBNF grammar\n"
             "                   (or the Lark-like form), as the server's guided_grammar\n"
-            "  --weights-f32    dequantize every weight to F32 at load (reference path)\n"
             "  --lora DIR       run with a LoRA adapter: a PEFT directory (adapter_config.json,\n"
             "                   adapter_model.safetensors; CPU backend)\n"
-            "  --speculative ngram|draft  speculative decoding by n-gram prompt lookup or a draft\n"
-            "                   model (the output distribution is unchanged); the acceptance rate\n"
-            "                   is reported on stderr\n"
-            "  --num-speculative-tokens K  the most proposals per step, 1..16 (default 5)\n"
-            "  --draft-model M  the draft model (same vocabulary) for --speculative draft\n"
-            "  --device cpu|cuda, --tensor-parallel-size N   backend and ranks (default cpu, 1)\n"
-            "  --gpu-memory-utilization F  CUDA: share of each GPU's memory for weights,\n"
-            "                   activations and the KV cache, 0 < F <= 1 (default 0.9); accepted\n"
-            "                   and ignored on the CPU\n",
-            pgd_cli_default_model());
+            "With --load-format dummy and no tokenizer.json beside the config, give --ids (or no\n"
+            "prompt: BOS from config.json) and token ids are printed; with --speculative the\n"
+            "acceptance rate is reported on stderr.\n"
+            "Engine and model options (the same as pagoda serve's):\n");
+    pgd_opt_help(f, pgd_engine_opt_table, pgd_engine_opt_count, PGD_CMD_GENERATE);
 }
 
+/* Fills o (free o->eng with pgd_engine_opts_free whatever it returns): 0, 1 after --help, or
+ * -1 after one line on stderr. */
 static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
-    *o = (gen_opts){.model = pgd_cli_default_model(), .n_predict = 128, .threads = 0,
-                    .temperature = 0.8f, .top_p = 0.95f, .top_k = 40};
+    *o = (gen_opts){.n_predict = 128, .temperature = 0.8f, .top_p = 0.95f, .top_k = 40};
+    unsigned cmd = logits_cmd ? PGD_CMD_LOGITS : PGD_CMD_GENERATE;
+    if (pgd_engine_opts_init(&o->eng, cmd)) return -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -89,13 +75,13 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
             o->ignore_eos = true, has_v = false;
         } else if (!strcmp(a, "--print-ids")) {
             o->print_ids = true, has_v = false;
-        } else if (!strcmp(a, "--weights-f32")) {
-            o->weights_f32 = true, has_v = false;
+        } else if ((l = pgd_opt_parse_arg(&o->eng, pgd_engine_opt_table, pgd_engine_opt_count,
+                                          cmd, argc, argv, &i))) {
+            if (l < 0) return -1;
+            has_v = false;
         } else if (!v) {
             fprintf(stderr, "pagoda: option %s needs a value\n", a);
             return -1;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            o->model = v;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             o->prompt = v;
         } else if (!strcmp(a, "--file")) {
@@ -112,34 +98,12 @@ static int parse_gen(int argc, char **argv, gen_opts *o, bool logits_cmd) {
             o->out = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             if (pgd_cli_parse_long(v, 0, 1 << 24, &o->n_predict)) goto bad;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (pgd_cli_parse_long(v, 1, 1024, &o->threads)) goto bad;
-        } else if (!strcmp(a, "--ctx")) {
-            if (pgd_cli_parse_long(v, 1, 1 << 24, &o->ctx)) goto bad;
         } else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) {
             if (pgd_cli_parse_float(v, 0, 100, &o->temperature)) goto bad;
         } else if (!strcmp(a, "--top-p")) {
             if (pgd_cli_parse_float(v, 1e-6f, 1, &o->top_p)) goto bad;
         } else if (!strcmp(a, "--top-k")) {
             if (pgd_cli_parse_long(v, 0, 1 << 30, &o->top_k)) goto bad;
-        } else if (!strcmp(a, "--speculative") && !logits_cmd) {
-            if (!strcmp(v, "ngram")) o->speculative = PGD_SPEC_NGRAM;
-            else if (!strcmp(v, "draft")) o->speculative = PGD_SPEC_DRAFT;
-            else if (!strcmp(v, "none")) o->speculative = PGD_SPEC_NONE;
-            else goto bad;
-        } else if (!strcmp(a, "--num-speculative-tokens") && !logits_cmd) {
-            if (pgd_cli_parse_long(v, 1, PGD_SPEC_MAX_TOKENS, &o->num_spec)) goto bad;
-        } else if (!strcmp(a, "--draft-model") && !logits_cmd) {
-            o->draft_model = v;
-        } else if (!strcmp(a, "--device")) {
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) goto bad;
-            o->device = v;
-        } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
-            if (pgd_cli_parse_long(v, 1, 64, &o->tp)) goto bad;
-        } else if (!strcmp(a, "--load-format")) {
-            if (pgd_cli_parse_load_format("pagoda", v, &o->load_dummy)) return -1;
-        } else if (!strcmp(a, "--gpu-memory-utilization")) {
-            if (pgd_cli_parse_gpu_util("pagoda", v, &o->gpu_util)) return -1;
         } else if (!strcmp(a, "--seed")) {
             if (pgd_cli_parse_long(v, 0, 0x7fffffffL, &l)) goto bad;
             o->seed = (unsigned long long)l, o->seed_set = true;
@@ -186,19 +150,14 @@ static void gen_free(gen_ctx *g) {
 static int gen_setup(const gen_opts *o, gen_ctx *g) {
     memset(g, 0, sizeof *g);
     pgd_err err = {{0}};
-    pgd_model_opts mo = {.weights_f32 = o->weights_f32, .n_ctx = (int32_t)o->ctx,
-                         .tensor_parallel = (int32_t)o->tp,
-                         .load_format = o->load_dummy ? PGD_LOAD_DUMMY : PGD_LOAD_AUTO,
-                         .gpu_memory_utilization = o->gpu_util,
-                         .device = !o->device ? 0
-                                   : !strcmp(o->device, "cuda") ? 1 + PGD_DEVICE_CUDA
-                                                                : 1 + PGD_DEVICE_CPU};
-    int rc = pgd_model_load(o->model, &mo, &g->model, &err);
+    pgd_model_opts mo;
+    pgd_cli_model_opts(&o->eng, &mo);
+    int rc = pgd_model_load(o->eng.model, &mo, &g->model, &err);
     if (rc) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         return rc;
     }
-    long nt = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    long nt = o->eng.threads ? o->eng.threads : sysconf(_SC_NPROCESSORS_ONLN);
     if (nt < 1) nt = 1;
     if ((rc = pgd_pool_create((int)nt, &g->pool, &err)) ||
         (rc = pgd_session_init(&g->sess, g->model, g->pool, PREFILL_CHUNK, &err)) ||
@@ -242,7 +201,7 @@ static int prompt_ids(const gen_opts *o, pgd_engine *e, int32_t **ids, size_t *n
     }
     if (!pgd_engine_has_tokenizer(e) && (o->file || (o->prompt && *o->prompt))) {
         fprintf(stderr, "pagoda: %s has no tokenizer (no tokenizer.json beside its config): give "
-                        "the prompt as --ids, or no prompt to start from BOS\n", o->model);
+                        "the prompt as --ids, or no prompt to start from BOS\n", o->eng.model);
         return PGD_EUNSUPPORTED;
     }
     char *text = NULL;
@@ -288,26 +247,23 @@ static int load_grammar(const gen_opts *o, pgd_grammar *g) {
 }
 
 /* `pagoda generate`: one request through the engine (a batch of one). */
+static int generate_run(gen_opts o);
+
 int pgd_cli_generate(int argc, char **argv) {
     gen_opts o;
     int prc = parse_gen(argc, argv, &o, false);
-    if (prc) return prc > 0 ? 0 : 2;
+    int rc = prc ? (prc > 0 ? 0 : 2) : generate_run(o);
+    pgd_engine_opts_free(&o.eng);
+    return rc;
+}
+
+/* o by value: the options parse_gen filled, borrowed */
+static int generate_run(gen_opts o) {
     pgd_grammar gram;
     if (load_grammar(&o, &gram)) return 2;
     pgd_engine_config ec;
-    pgd_engine_config_default(&ec);
-    ec.model_path = o.model;
-    ec.weights_f32 = o.weights_f32;
-    ec.n_threads = (int32_t)o.threads;
-    ec.n_ctx = (int32_t)o.ctx;
+    pgd_engine_opts_config(&o.eng, &ec);
     ec.max_num_seqs = 1;
-    ec.speculative = o.speculative;
-    ec.num_speculative_tokens = (int32_t)o.num_spec;
-    ec.draft_model_path = o.draft_model;
-    ec.device = o.device;
-    ec.tensor_parallel_size = (int32_t)o.tp;
-    ec.load_format_dummy = o.load_dummy;
-    ec.gpu_memory_utilization = o.gpu_util;
     ec.lora_paths = &o.lora;
     ec.n_loras = o.lora ? 1 : 0;
     char err[512];
@@ -336,7 +292,7 @@ int pgd_cli_generate(int argc, char **argv) {
     }
     long room = (long)pgd_engine_n_ctx(e) - (long)n_ids;
     if (room < 1) {
-        fprintf(stderr, "pagoda: %s: the prompt has %zu tokens; the context holds %d\n", o.model,
+        fprintf(stderr, "pagoda: %s: the prompt has %zu tokens; the context holds %d\n", o.eng.model,
                 n_ids, pgd_engine_n_ctx(e));
         goto done;
     }
@@ -386,7 +342,7 @@ int pgd_cli_generate(int argc, char **argv) {
             (double)n_ids / (t_first - t0));
     fprintf(stderr, "decode: %ld tokens in %.3f s (%.1f tokens/s)\n", n_gen, t2 - t_first,
             n_gen > 1 ? (double)(n_gen - 1) / (t2 - t_first) : 0.0);
-    if (o.speculative != PGD_SPEC_NONE) {
+    if (ec.speculative != PGD_SPEC_NONE) {
         pgd_engine_stats st;
         pgd_engine_get_stats(e, &st);
         fprintf(stderr, "speculation: %lld proposed, %lld accepted (acceptance rate %.1f%%), "
@@ -405,10 +361,17 @@ done:
     return exit_code;
 }
 
+static int logits_run(gen_opts o);
+
 int pgd_cli_logits(int argc, char **argv) {
     gen_opts o;
     int prc = parse_gen(argc, argv, &o, true);
-    if (prc) return prc > 0 ? 0 : 2;
+    int rc = prc ? (prc > 0 ? 0 : 2) : logits_run(o);
+    pgd_engine_opts_free(&o.eng);
+    return rc;
+}
+
+static int logits_run(gen_opts o) {
     if (!o.ids || !o.out) {
         fprintf(stderr, "usage: pagoda logits -m MODEL --ids \"1 2 3\" --out FILE [--weights-f32] "
                         "[--lora DIR]\n"

@@ -439,6 +439,7 @@ int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bo
 
 int32_t pgd_engine_n_ctx(const pgd_engine *e) { return e->n_ctx; }
 int32_t pgd_engine_dim(const pgd_engine *e) { return e->model->cfg.dim; }
+int32_t pgd_engine_n_vocab(const pgd_engine *e) { return e->model->cfg.n_vocab; }
 bool pgd_engine_add_bos(const pgd_engine *e) {
     const pgd_model *m = e->model;
     if (!m->tok) return m->cfg.bos_id >= 0 && m->cfg.bos_id < m->cfg.n_vocab;

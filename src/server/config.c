@@ -16,124 +16,110 @@
 #define OFF(f) offsetof(pgd_server_config, f)
 
 static const pgd_opt table[] = {
-    {"served-model-name", 0, NULL, PGD_OPT_STR, OFF(served_model_name), NULL, 0,
-     0, NULL, NULL, PGD_CMD_SERVE,
+    {"served-model-name", 0, NULL, PGD_OPT_STR, OFF(served_model_name), NULL, 0, 0, NULL, NULL,
+     PGD_CMD_SERVE,
      "model name in the API (default: the model file's base name); several, "
      "separated by "
      "commas or spaces, are all accepted as \"model\" (the first is the one "
      "answers name)"},
-    {"host", 0, NULL, PGD_OPT_STR, OFF(host), "127.0.0.1", 0, 0, NULL, NULL,
-     PGD_CMD_SERVE, "address to bind"},
-    {"port", 'p', NULL, PGD_OPT_INT, OFF(port), "8000", 0, 65535, NULL, NULL,
-     PGD_CMD_SERVE, "port to listen on (0: any free port)"},
-    {"api-key", 0, NULL, PGD_OPT_KEYS, OFF(api_keys), NULL, 0, 0, NULL,
-     "PAGODA_API_KEY", PGD_CMD_SERVE,
+    {"host", 0, NULL, PGD_OPT_STR, OFF(host), "127.0.0.1", 0, 0, NULL, NULL, PGD_CMD_SERVE,
+     "address to bind"},
+    {"port", 'p', NULL, PGD_OPT_INT, OFF(port), "8000", 0, 65535, NULL, NULL, PGD_CMD_SERVE,
+     "port to listen on (0: any free port)"},
+    {"api-key", 0, NULL, PGD_OPT_KEYS, OFF(api_keys), NULL, 0, 0, NULL, "PAGODA_API_KEY",
+     PGD_CMD_SERVE,
      "accepted API key (repeat for several; the variable takes a "
      "comma-separated list)"},
-    {"protect-health", 0, NULL, PGD_OPT_BOOL, OFF(protect_health), "false", 0,
-     0, NULL, NULL, PGD_CMD_SERVE,
-     "require the API key for /health and /metrics too"},
-    {"tool-call-parser", 0, NULL, PGD_OPT_STR, OFF(tool_call_parser), "auto", 0,
-     0, NULL, NULL, PGD_CMD_SERVE,
+    {"protect-health", 0, NULL, PGD_OPT_BOOL, OFF(protect_health), "false", 0, 0, NULL, NULL,
+     PGD_CMD_SERVE, "require the API key for /health and /metrics too"},
+    {"tool-call-parser", 0, NULL, PGD_OPT_STR, OFF(tool_call_parser), "auto", 0, 0, NULL, NULL,
+     PGD_CMD_SERVE,
      "tool calls in chat answers: hermes (<tool_call>{...}</tool_call>), "
      "llama3_json (Llama "
      "3.1's {\"name\", \"parameters\"} first), mistral ([TOOL_CALLS][{...}]), "
      "none, or auto "
      "(what the chat template asks for)"},
-    {"reasoning-parser", 0, NULL, PGD_OPT_STR, OFF(reasoning_parser), "none", 0,
-     0, NULL, NULL, PGD_CMD_SERVE,
+    {"reasoning-parser", 0, NULL, PGD_OPT_STR, OFF(reasoning_parser), "none", 0, 0, NULL, NULL,
+     PGD_CMD_SERVE,
      "reasoning in chat answers, returned as reasoning_content: deepseek_r1 "
      "(the template opens "
      "<think>; reasoning up to </think>), qwen3 (when the answer opens "
      "<think>), or none"},
-    {"max-loras", 0, NULL, PGD_OPT_INT, OFF(max_loras), "0", 0, 64, NULL, NULL,
-     PGD_CMD_SERVE,
+    {"max-loras", 0, NULL, PGD_OPT_INT, OFF(max_loras), "0", 0, 64, NULL, NULL, PGD_CMD_SERVE,
      "LoRA adapter slots (0: as many as --lora-modules names, at least 8 with "
      "--allow-runtime-lora-updating)"},
-    {"allow-runtime-lora-updating", 0, NULL, PGD_OPT_BOOL,
-     OFF(allow_runtime_lora_updating), "false", 0, 0, NULL,
-     "PAGODA_ALLOW_RUNTIME_LORA_UPDATING", PGD_CMD_SERVE,
+    {"allow-runtime-lora-updating", 0, NULL, PGD_OPT_BOOL, OFF(allow_runtime_lora_updating),
+     "false", 0, 0, NULL, "PAGODA_ALLOW_RUNTIME_LORA_UPDATING", PGD_CMD_SERVE,
      "serve POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and "
      "/v1/unload_lora_adapter {\"lora_name\"} (vLLM's), to change adapters "
      "while serving"},
-    {"max-waiting", 0, NULL, PGD_OPT_INT, OFF(max_waiting), "1024", 1, 1 << 20,
+    {"max-waiting", 0, NULL, PGD_OPT_INT, OFF(max_waiting), "1024", 1, 1 << 20, NULL, NULL,
+     PGD_CMD_SERVE, "waiting-queue bound; beyond it requests get 429 with Retry-After"},
+    {"max-body-bytes", 0, NULL, PGD_OPT_SIZE, OFF(max_body_bytes), "4MiB", 1024, 1e9, NULL, NULL,
+     PGD_CMD_SERVE, "largest request body (413 beyond)"},
+    {"max-header-bytes", 0, NULL, PGD_OPT_INT, OFF(max_header_bytes), "32768", 4096, 1 << 20, NULL,
+     NULL, PGD_CMD_SERVE, "memory for one connection's request headers"},
+    {"max-tokens-limit", 0, NULL, PGD_OPT_INT, OFF(max_tokens_limit), "65536", 1, 1 << 24, NULL,
+     NULL, PGD_CMD_SERVE, "largest max_tokens a request may ask for"},
+    {"max-n", 0, NULL, PGD_OPT_INT, OFF(max_n), "16", 1, 128, NULL, NULL, PGD_CMD_SERVE,
+     "largest n (choices per prompt)"},
+    {"max-request-tokens", 0, NULL, PGD_OPT_INT, OFF(max_request_tokens), "1048576", 1, 1 << 30,
      NULL, NULL, PGD_CMD_SERVE,
-     "waiting-queue bound; beyond it requests get 429 with Retry-After"},
-    {"max-body-bytes", 0, NULL, PGD_OPT_SIZE, OFF(max_body_bytes), "4MiB", 1024,
-     1e9, NULL, NULL, PGD_CMD_SERVE, "largest request body (413 beyond)"},
-    {"max-header-bytes", 0, NULL, PGD_OPT_INT, OFF(max_header_bytes), "32768",
-     4096, 1 << 20, NULL, NULL, PGD_CMD_SERVE,
-     "memory for one connection's request headers"},
-    {"max-tokens-limit", 0, NULL, PGD_OPT_INT, OFF(max_tokens_limit), "65536",
-     1, 1 << 24, NULL, NULL, PGD_CMD_SERVE,
-     "largest max_tokens a request may ask for"},
-    {"max-n", 0, NULL, PGD_OPT_INT, OFF(max_n), "16", 1, 128, NULL, NULL,
-     PGD_CMD_SERVE, "largest n (choices per prompt)"},
-    {"max-request-tokens", 0, NULL, PGD_OPT_INT, OFF(max_request_tokens),
-     "1048576", 1, 1 << 30, NULL, NULL, PGD_CMD_SERVE,
      "most tokens one request may ask for over all its choices (prompts x n x "
      "max_tokens; "
      "bounds the memory a non-streamed answer takes)"},
-    {"max-logprobs", 0, NULL, PGD_OPT_INT, OFF(max_logprobs), "20", 0, 20, NULL,
-     NULL, PGD_CMD_SERVE, "largest logprobs / top_logprobs"},
-    {"max-prompts", 0, NULL, PGD_OPT_INT, OFF(max_prompts), "64", 1, 4096, NULL,
+    {"max-logprobs", 0, NULL, PGD_OPT_INT, OFF(max_logprobs), "20", 0, 20, NULL, NULL,
+     PGD_CMD_SERVE, "largest logprobs / top_logprobs"},
+    {"max-prompts", 0, NULL, PGD_OPT_INT, OFF(max_prompts), "64", 1, 4096, NULL, NULL,
+     PGD_CMD_SERVE, "largest number of prompts in one completions request"},
+    {"max-prompt-tokens", 0, NULL, PGD_OPT_INT, OFF(max_prompt_tokens), "131072", 1, 1 << 24, NULL,
+     NULL, PGD_CMD_SERVE, "largest prompt in tokens before the context check"},
+    {"max-connections", 0, NULL, PGD_OPT_INT, OFF(max_connections), "1024", 1, 1 << 20, NULL, NULL,
+     PGD_CMD_SERVE, "concurrent connections"},
+    {"connection-timeout", 0, NULL, PGD_OPT_INT, OFF(connection_timeout), "60", 1, 86400, NULL,
+     NULL, PGD_CMD_SERVE, "seconds an idle or slow client may take before it is disconnected"},
+    {"request-head-timeout", 0, NULL, PGD_OPT_INT, OFF(request_head_timeout), "30", 1, 3600, NULL,
      NULL, PGD_CMD_SERVE,
-     "largest number of prompts in one completions request"},
-    {"max-prompt-tokens", 0, NULL, PGD_OPT_INT, OFF(max_prompt_tokens),
-     "131072", 1, 1 << 24, NULL, NULL, PGD_CMD_SERVE,
-     "largest prompt in tokens before the context check"},
-    {"max-connections", 0, NULL, PGD_OPT_INT, OFF(max_connections), "1024", 1,
-     1 << 20, NULL, NULL, PGD_CMD_SERVE, "concurrent connections"},
-    {"connection-timeout", 0, NULL, PGD_OPT_INT, OFF(connection_timeout), "60",
-     1, 86400, NULL, NULL, PGD_CMD_SERVE,
-     "seconds an idle or slow client may take before it is disconnected"},
-    {"request-head-timeout", 0, NULL, PGD_OPT_INT, OFF(request_head_timeout),
-     "30", 1, 3600, NULL, NULL, PGD_CMD_SERVE,
      "seconds a new connection has to send its whole request head, however it "
      "trickles "
      "(408 after; --connection-timeout counts only silence)"},
-    {"request-body-timeout", 0, NULL, PGD_OPT_INT, OFF(request_body_timeout),
-     "60", 1, 86400, NULL, NULL, PGD_CMD_SERVE,
-     "seconds a request body may take before --request-body-min-rate applies"},
-    {"request-body-min-rate", 0, NULL, PGD_OPT_INT, OFF(request_body_min_rate),
-     "1024", 0, 1 << 30, NULL, NULL, PGD_CMD_SERVE,
+    {"request-body-timeout", 0, NULL, PGD_OPT_INT, OFF(request_body_timeout), "60", 1, 86400, NULL,
+     NULL, PGD_CMD_SERVE, "seconds a request body may take before --request-body-min-rate applies"},
+    {"request-body-min-rate", 0, NULL, PGD_OPT_INT, OFF(request_body_min_rate), "1024", 0, 1 << 30,
+     NULL, NULL, PGD_CMD_SERVE,
      "bytes per second a body must average once --request-body-timeout has "
      "passed, or the "
      "connection is closed (0: no minimum)"},
-    {"max-connections-per-client", 0, NULL, PGD_OPT_INT,
-     OFF(max_connections_per_client), "256", 0, 1 << 20, NULL, NULL,
-     PGD_CMD_SERVE,
+    {"max-connections-per-client", 0, NULL, PGD_OPT_INT, OFF(max_connections_per_client), "256", 0,
+     1 << 20, NULL, NULL, PGD_CMD_SERVE,
      "connections one client address may hold (0: no limit; 503 beyond)"},
-    {"max-messages", 0, NULL, PGD_OPT_INT, OFF(max_messages), "4096", 1,
-     1 << 24, NULL, NULL, PGD_CMD_SERVE,
+    {"max-messages", 0, NULL, PGD_OPT_INT, OFF(max_messages), "4096", 1, 1 << 24, NULL, NULL,
+     PGD_CMD_SERVE,
      "most messages in one chat request (400 beyond, before the template "
      "renders)"},
-    {"max-prompt-bytes", 0, NULL, PGD_OPT_SIZE, OFF(max_prompt_bytes), "8MiB",
-     1024, 1e10, NULL, NULL, PGD_CMD_SERVE,
-     "largest rendered chat prompt (400 beyond, before it is tokenized)"},
-    {"allowed-origins", 0, NULL, PGD_OPT_STR, OFF(allowed_origins), "*", 0, 0,
-     NULL, NULL, PGD_CMD_SERVE,
+    {"max-prompt-bytes", 0, NULL, PGD_OPT_SIZE, OFF(max_prompt_bytes), "8MiB", 1024, 1e10, NULL,
+     NULL, PGD_CMD_SERVE, "largest rendered chat prompt (400 beyond, before it is tokenized)"},
+    {"allowed-origins", 0, NULL, PGD_OPT_STR, OFF(allowed_origins), "*", 0, 0, NULL, NULL,
+     PGD_CMD_SERVE,
      "CORS: origins allowed, a JSON list ('[\"https://a.example\"]') or "
      "comma-separated; * any"},
-    {"allowed-methods", 0, NULL, PGD_OPT_STR, OFF(allowed_methods), "*", 0, 0,
-     NULL, NULL, PGD_CMD_SERVE, "CORS: methods a preflight allows (* all)"},
-    {"allowed-headers", 0, NULL, PGD_OPT_STR, OFF(allowed_headers), "*", 0, 0,
-     NULL, NULL, PGD_CMD_SERVE,
-     "CORS: request headers a preflight allows (* any)"},
-    {"allow-credentials", 0, NULL, PGD_OPT_BOOL, OFF(allow_credentials),
-     "false", 0, 0, NULL, NULL, PGD_CMD_SERVE,
+    {"allowed-methods", 0, NULL, PGD_OPT_STR, OFF(allowed_methods), "*", 0, 0, NULL, NULL,
+     PGD_CMD_SERVE, "CORS: methods a preflight allows (* all)"},
+    {"allowed-headers", 0, NULL, PGD_OPT_STR, OFF(allowed_headers), "*", 0, 0, NULL, NULL,
+     PGD_CMD_SERVE, "CORS: request headers a preflight allows (* any)"},
+    {"allow-credentials", 0, NULL, PGD_OPT_BOOL, OFF(allow_credentials), "false", 0, 0, NULL, NULL,
+     PGD_CMD_SERVE,
      "CORS: allow credentials (cookies, authorization) in cross-origin "
      "requests"},
-    {"responses-store-size", 0, NULL, PGD_OPT_SIZE, OFF(responses_store_bytes),
-     "64MiB", 0, 1e12, NULL, NULL, PGD_CMD_SERVE,
+    {"responses-store-size", 0, NULL, PGD_OPT_SIZE, OFF(responses_store_bytes), "64MiB", 0, 1e12,
+     NULL, NULL, PGD_CMD_SERVE,
      "memory for stored /v1/responses answers (store: true; "
      "previous_response_id chains from "
      "them), the least recently used dropped first; 0: nothing is stored"},
-    {"drain-timeout", 0, NULL, PGD_OPT_INT, OFF(drain_timeout), "30", 0, 86400,
-     NULL, NULL, PGD_CMD_SERVE, "seconds SIGTERM waits for in-flight requests"},
-    {"log-requests", 0, NULL, PGD_OPT_BOOL, OFF(log_requests), "true", 0, 0,
-     NULL, NULL, PGD_CMD_SERVE,
-     "one structured access-log line per request on stderr"},
+    {"drain-timeout", 0, NULL, PGD_OPT_INT, OFF(drain_timeout), "30", 0, 86400, NULL, NULL,
+     PGD_CMD_SERVE, "seconds SIGTERM waits for in-flight requests"},
+    {"log-requests", 0, NULL, PGD_OPT_BOOL, OFF(log_requests), "true", 0, 0, NULL, NULL,
+     PGD_CMD_SERVE, "one structured access-log line per request on stderr"},
 };
 #define N_OPTS (sizeof table / sizeof table[0])
 
@@ -235,8 +221,8 @@ int pgd_server_config_load(pgd_server_config *c, int argc, char **argv) {
         pgd_opt_env(c, table, N_OPTS, PGD_CMD_SERVE))
         return -1;
     for (size_t i = 0; i < N_OPTS; i++) { /* the API keys, which pgd_opt_env leaves here */
-        const char *e = table[i].type == PGD_OPT_KEYS ? getenv(table[i].env) : NULL;
-        if (e && *e && set_opt(c, &table[i], e, table[i].env)) return -1;
+        const char *e = table[i].type == PGD_OPT_KEYS ? pgd_opt_env_value(&table[i]) : NULL;
+        if (e && set_opt(c, &table[i], e, table[i].env)) return -1;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -33,8 +33,10 @@
 #include "api/chat.h"
 #include "api/dialect.h"
 #include "api/openai.h"
+#include "api/params.h"
 #include "api/reasoning.h"
 #include "api/responses.h"
+#include "api/stream.h"
 #include "api/tool_calls.h"
 #include "sample/json_grammar.h"
 #include "model/gguf.h"
@@ -334,18 +336,6 @@ static void emit_end(req_ctx *c) {
     out_append_sbuf(c, &b);
 }
 
-static void choice_append(pgd_api_choice *ch, const char *t, size_t n) {
-    if (ch->text_len + n + 1 > ch->text_cap) {
-        size_t nc = (ch->text_len + n + 1) * 2 + 64;
-        char *x = realloc(ch->text, nc);
-        if (!x) return;
-        ch->text = x;
-        ch->text_cap = nc;
-    }
-    memcpy(ch->text + ch->text_len, t, n);
-    ch->text_len += n;
-    ch->text[ch->text_len] = 0;
-}
 
 static void resume(req_ctx *c) {
     if (c->suspended && !c->conn_done) {
@@ -439,76 +429,7 @@ static void flush_echo(server *s, req_ctx *c, int i) {
 
 static void finish_request(server *s, req_ctx *c);
 
-/* A streamed chat answer whose reasoning or tool calls are parsed: the event's text joins the
- * choice's. *rtext, *rlen: the reasoning to send now. *text, *text_len: the content to send now,
- * which stops where a call begins or may begin; at the end the held text is parsed: *calls (and
- * finish "tool_calls"), or it goes out as content. */
-static void stream_chat_text(req_ctx *c, int i, const pgd_event *ev, const char **rtext,
-                             size_t *rlen, const char **text, size_t *text_len, const char **fin,
-                             cJSON **calls) {
-    pgd_api_choice *ch = &c->choices[i];
-    choice_append(ch, ev->text, (size_t)ev->text_len);
-    const char *t = ch->text ? ch->text : "";
-    pgd_reasoning_span sp = ch->r_span; /* final once the content has started */
-    if (!ch->r_final) {
-        pgd_reasoning_scan((pgd_reasoning_format)c->api.reasoning, t, ch->text_len,
-                           *fin != NULL, ch->r_known, &sp);
-        ch->r_known = ch->text_len;
-        ch->r_final = sp.content;
-        ch->r_span = sp;
-    }
-    *rtext = *text = t;
-    *rlen = *text_len = 0;
-    if (sp.thinking) {
-        size_t from = ch->r_emitted > sp.r_off ? ch->r_emitted : sp.r_off;
-        *rtext = t + from;
-        *rlen = sp.r_end > from ? sp.r_end - from : 0;
-        ch->r_emitted = from + *rlen;
-    }
-    if (!sp.content) return;
-    size_t base = sp.c_off, n = ch->text_len - base, safe = n; /* the content: t[base..] */
-    if (ch->emitted < base) ch->emitted = base;
-    if (c->api.tool_format) {
-        bool opened = ch->t_opened;
-        if (opened) {
-            safe = ch->t_safe;
-        } else {
-            safe = pgd_tool_calls_stream_safe((pgd_tool_format)c->api.tool_format, t + base, n,
-                                              ch->t_known, &opened);
-            ch->t_known = n;
-            ch->t_opened = opened;
-            ch->t_safe = safe;
-        }
-        if (*fin) {
-            safe = n; /* all of it is content, unless it holds calls */
-            if (opened) *calls = pgd_api_choice_tool_calls(&c->api, c->id, i, t + base, n, &safe,
-                                                           fin);
-        }
-    }
-    *text = t + ch->emitted;
-    *text_len = base + safe > ch->emitted ? base + safe - ch->emitted : 0;
-    ch->emitted += *text_len;
-}
 
-/* With a reasoning parser: the tokens up to the one after which the content began are the
- * reasoning's (the one holding "</think>" with them), none when the answer does not think; an
- * answer that never leaves its thinking is all reasoning. Counted into usage's
- * completion_tokens_details.reasoning_tokens. The scan is the stream's own (O(new bytes)). */
-static void count_reasoning(req_ctx *c, pgd_api_choice *ch, const pgd_event *ev) {
-    if (ev->type == PGD_EVENT_TOKEN) ch->n_reasoning++;
-    const char *t = ch->text ? ch->text : "";
-    pgd_reasoning_span sp = ch->r_span;
-    if (!ch->r_final && !(c->api.stream && c->ph == PH_STREAMING)) { /* a stream scanned it */
-        pgd_reasoning_scan((pgd_reasoning_format)c->api.reasoning, t, ch->text_len,
-                           ev->type == PGD_EVENT_FINISH, ch->r_known, &sp);
-        ch->r_known = ch->text_len;
-        ch->r_final = sp.content;
-        ch->r_span = sp;
-    }
-    if (!sp.content && ev->type != PGD_EVENT_FINISH) return;
-    c->api.reasoning_tokens += sp.thinking ? ch->n_reasoning : 0;
-    ch->n_reasoning = -1;
-}
 
 /* A named function without a tool format: the constrained answer is the call's arguments, so
  * they stream as they come, as OpenAI and vLLM send them (the first delta with the role, null
@@ -521,7 +442,7 @@ static bool streams_named_call(const req_ctx *c) {
 
 static void stream_named_call(req_ctx *c, int i, const char *text, size_t len, const char *fin) {
     pgd_api_choice *ch = &c->choices[i];
-    choice_append(ch, text, len);
+    pgd_api_choice_append(ch, text, len);
     if (len || !c->role_sent[i]) {
         cJSON *calls = cJSON_CreateArray(), *call = cJSON_CreateObject();
         cJSON *fn = cJSON_CreateObject();
@@ -592,7 +513,10 @@ static void handle_event(server *s, const pgd_event *ev) {
             resume(c);
             text_len = 0, lp = NULL, fin = NULL; /* all sent */
         } else if (c->api.tool_format || c->api.reasoning) {
-            stream_chat_text(c, i, ev, &rtext, &rlen, &text, &text_len, &fin, &calls);
+            pgd_api_delta d;
+            pgd_api_stream_split(&c->api, c->id, i, ch, ev->text, (size_t)ev->text_len, &fin, &d);
+            rtext = d.reasoning, rlen = d.reasoning_len;
+            text = d.content, text_len = d.content_len, calls = d.calls;
         }
         if (text_len || rlen || lp || (fin && !calls) || (!c->role_sent[i] && !streams_named_call(c))) {
             emit_frame(c, pgd_api_chunk_sse(&c->api, c->id, c->created, c->model, i, text,
@@ -608,9 +532,11 @@ static void handle_event(server *s, const pgd_event *ev) {
     } else {
         if (ev->type == PGD_EVENT_TOKEN && c->api.logprobs >= 0)
             add_logprobs(s, c, &ch->logprobs, ev, ch->prompt_offset + (size_t)ev->text_offset);
-        choice_append(ch, ev->text, (size_t)ev->text_len);
+        pgd_api_choice_append(ch, ev->text, (size_t)ev->text_len);
     }
-    if (c->api.reasoning && ch->n_reasoning >= 0) count_reasoning(c, ch, ev);
+    if (c->api.reasoning)
+        pgd_api_count_reasoning(&c->api, ch, ev->type == PGD_EVENT_TOKEN,
+                                ev->type == PGD_EVENT_FINISH, c->api.stream && c->ph == PH_STREAMING);
     if (ev->type != PGD_EVENT_FINISH) return;
     /* the engine measures submission -> first scheduling */
     pgd_metrics_observe(&s->metrics, PGD_H_QUEUE, ev->queue_seconds);
@@ -797,13 +723,6 @@ static int tool_options(server *s, pgd_api_request *r, pgd_api_error *e) {
     return 0;
 }
 
-/* The prompt ends with tag, but for whitespace after it. */
-static bool think_tag_at_end(const char *prompt, const char *tag) {
-    size_t n = strlen(prompt), l = strlen(tag);
-    while (n && strchr(" \t\r\n", prompt[n - 1])) n--;
-    return n >= l && !memcmp(prompt + n - l, tag, l);
-}
-
 /* A chat request's prompt: its messages rendered by the chat template, then tokenized into pr
  * (without BOS unless add_bos: the template writes the BOS text itself where the model wants
  * it); *think (may be NULL): whether it ends by opening (1) or closing (2) the thinking, or
@@ -838,9 +757,7 @@ static int chat_prompt(server *s, const pgd_api_request *r, bool add_bos, pgd_ap
         pgd_api_error_set(e, 400, "invalid_request_error", "messages", NULL,
                           "the chat template failed: %s", msg);
     } else if (think) {
-        *think = think_tag_at_end(prompt, "<think>")    ? 1
-                 : think_tag_at_end(prompt, "</think>") ? 2
-                                                         : 0;
+        *think = pgd_reasoning_prompt_state(prompt);
     }
     if (!rc && (rc = tokenize_into(s, prompt, add_bos, pr))) {
         pgd_api_error_set(e, 500, "server_error", NULL, NULL, "tokenization failed");
@@ -881,11 +798,6 @@ static void work_cb(uv_work_t *w) {
     }
 }
 
-/* Whether the request's prompt is scored: echo with logprobs, or prompt_logprobs. */
-static bool scores_prompt(const pgd_api_request *r) {
-    return (r->echo && r->logprobs >= 0) || r->prompt_logprobs >= 0;
-}
-
 static void submit_all(server *s, req_ctx *c) {
     pgd_api_request *r = &c->api;
     int32_t n_ctx = pgd_engine_n_ctx(s->engine);
@@ -895,39 +807,9 @@ static void submit_all(server *s, req_ctx *c) {
         c->has_err = true;
         return;
     }
-    if (r->n_prompts * r->n > s->cfg.max_waiting) {
-        /* a 429 would never clear: the queue cannot take this many sequences at once */
-        pgd_api_error_set(&c->err, 400, "invalid_request_error", r->n > 1 ? "n" : "prompt", NULL,
-                          "%d prompts x n=%d sequences exceed the server's waiting queue of %d "
-                          "(--max-waiting)", r->n_prompts, r->n, s->cfg.max_waiting);
-        c->has_err = true;
-        return;
-    }
-    /* vLLM's truncate_prompt_tokens: each prompt's last N tokens (-1: the context's length, the
-     * prompt plus max_tokens still checked against it below); an echo then shows those */
-    int32_t keep = r->truncate_prompt < 0 ? n_ctx : r->truncate_prompt;
-    for (int p = 0; r->truncate_prompt && p < r->n_prompts; p++) {
-        pgd_api_prompt *pr = &r->prompts[p];
-        if (pr->n_ids <= keep) continue;
-        memmove(pr->ids, pr->ids + (pr->n_ids - keep), (size_t)keep * sizeof *pr->ids);
-        pr->n_ids = keep;
-        free(pr->text);
-        pr->text = NULL;
-    }
-    /* a 200-byte request must not ask for gigabytes of answer (64 prompts x n=16 x 65,536
-     * tokens with 20 logprobs each). Chat without max_tokens ("up to the context") is bounded
-     * by n x the context already, and is not counted. Scored prompt tokens (echo with logprobs,
-     * prompt_logprobs) are answer tokens too. */
-    bool scored = scores_prompt(r);
-    int64_t total = 0;
-    for (int p = 0; p < r->n_prompts; p++)
-        total += (int64_t)r->n * (r->max_tokens + (scored ? r->prompts[p].n_ids : 0));
-    if (total > s->cfg.max_request_tokens) {
-        pgd_api_error_set(&c->err, 400, "invalid_request_error", "max_tokens", NULL,
-                          "%d prompts x n=%d x (max_tokens%s) ask for %lld tokens; this server "
-                          "answers at most %d per request (--max-request-tokens)",
-                          r->n_prompts, r->n, scored ? " + scored prompt tokens" : "",
-                          (long long)total, s->cfg.max_request_tokens);
+    pgd_api_budget bud = {.n_ctx = n_ctx, .max_waiting = s->cfg.max_waiting,
+                          .max_request_tokens = s->cfg.max_request_tokens};
+    if (pgd_api_prepare(r, &bud, &c->err)) {
         c->has_err = true;
         return;
     }
@@ -947,25 +829,6 @@ static void submit_all(server *s, req_ctx *c) {
     uint64_t seed0 = r->has_seed ? r->seed : ((uint64_t)time(NULL) << 20) ^ (s->next_req * 7919);
     for (int p = 0; p < r->n_prompts; p++) {
         pgd_api_prompt *pr = &r->prompts[p];
-        if (pr->n_ids == 0) {
-            pgd_api_error_set(&c->err, 400, "invalid_request_error", "prompt", NULL,
-                              "the prompt is empty");
-            c->has_err = true;
-            return;
-        }
-        /* echo alone and embeddings run the prompt only (max_tokens 0: nothing generated) */
-        bool only = r->echo_only || r->embed;
-        int32_t max_tokens = r->max_tokens > 0 || only ? r->max_tokens : n_ctx - pr->n_ids;
-        if (pr->n_ids + (int64_t)max_tokens > n_ctx || (max_tokens < 1 && !only)) {
-            pgd_api_error_set(&c->err, 400, "invalid_request_error",
-                              r->chat ? "messages" : r->embed ? "input" : "prompt",
-                              "context_length_exceeded",
-                              "this model's maximum context length is %d tokens; the prompt has "
-                              "%d tokens and max_tokens is %d", n_ctx, pr->n_ids,
-                              r->max_tokens > 0 ? r->max_tokens : 0);
-            c->has_err = true;
-            return;
-        }
         c->prompt_tokens += pr->n_ids;
         for (int k = 0; k < r->n; k++) {
             int i = p * r->n + k;
@@ -977,44 +840,11 @@ static void submit_all(server *s, req_ctx *c) {
                 c->n_choices = i;
                 return;
             }
-            pgd_request_params rp = {
-                .prompt = pr->ids, .n_prompt = pr->n_ids, .max_tokens = max_tokens,
-                .temperature = r->temperature, .top_p = r->top_p, .top_k = r->top_k,
-                .seed = seed0 + (uint64_t)i, .ignore_eos = r->ignore_eos,
-                .stop = (const char *const *)r->stop, .n_stop = r->n_stop,
-                .user_data = (uint64_t)(uintptr_t)c, .min_p = r->min_p,
-                .presence_penalty = r->presence_penalty, .frequency_penalty = r->frequency_penalty,
-                .repetition_penalty = r->repetition_penalty, .logit_bias_ids = r->bias_ids,
-                .logit_bias = r->bias, .n_logit_bias = r->n_bias, .min_tokens = r->min_tokens,
-                .logprobs = r->logprobs, .no_speculation = r->no_speculation,
-                .prompt_logprobs = scores_prompt(r),
-                .prompt_top_logprobs = r->echo && r->logprobs > r->prompt_logprobs
-                                           ? r->logprobs
-                                           : r->prompt_logprobs > 0 ? r->prompt_logprobs : 0,
-                .json_object = r->json_object, .json_schema = r->json_schema,
-                .json_schema_c = r->schema_c,
-                .stop_token_ids = r->stop_ids, .n_stop_token_ids = r->n_stop_ids,
-                .include_stop = r->include_stop, .render_special = r->render_special,
-                .allowed_token_ids = r->allowed_ids, .n_allowed_token_ids = r->n_allowed,
-                .choices = (const char *const *)r->choices, .n_choices = r->n_choices,
-                .regex = r->regex, .regex_dfa = r->regex_dfa,
-                .grammar = r->grammar, .grammar_c = r->grammar_c,
-                /* a constrained answer thinks first: the prompt may have opened the thinking
-                 * or closed it already; else deepseek_r1 thinks from the start and under qwen3
-                 * the model may open it with its first token */
-                .constrain_after = r->reasoning && r->prompt_think != 2 ? "</think>" : NULL,
-                .think_open = r->reasoning == PGD_REASONING_QWEN3 && !r->prompt_think
-                                  ? "<think>"
-                                  : NULL,
-                .json_prefix = r->tool_required
-                                   ? pgd_tool_call_prefix((pgd_tool_format)r->tool_format)
-                                   : NULL,
-                .json_suffix = r->tool_required
-                                   ? pgd_tool_call_suffix((pgd_tool_format)r->tool_format)
-                                   : NULL,
-                .embedding = c->choices[i].embedding, .lora = c->lora,
-                .priority = r->priority,
-            };
+            pgd_request_params rp;
+            pgd_api_engine_params(r, i, n_ctx, seed0 + (uint64_t)i, &rp);
+            rp.user_data = (uint64_t)(uintptr_t)c;
+            rp.embedding = c->choices[i].embedding;
+            rp.lora = c->lora;
             char err[256];
             int rc = pgd_engine_submit(s->engine, &rp, &c->engine_ids[i], err, sizeof err);
             if (rc) {
@@ -1044,7 +874,7 @@ static void submit_all(server *s, req_ctx *c) {
                     t = dec;
                 if (t) {
                     c->echo_len[i] = strlen(t);
-                    choice_append(&c->choices[i], t, c->echo_len[i]);
+                    pgd_api_choice_append(&c->choices[i], t, c->echo_len[i]);
                 }
                 /* streamed, the echo goes out first; with logprobs, once the prompt is scored */
                 c->choices[i].echo_pending = r->logprobs >= 0;
