@@ -99,23 +99,13 @@ typedef struct tile {
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE uint16_t ld16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-INLINE float ldf(const uint8_t *p) {
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
 /* Hides that v is a broadcast: otherwise GCC turns each per-pair vmulps of two broadcasts into
  * vmulss + vbroadcastss (same bits, one more instruction per pair). */
 INLINE __m256 opaque(__m256 v) {
     __asm__("" : "+x"(v));
     return v;
 }
-INLINE __m256 bcast_f16(const uint8_t *p) { return _mm256_set1_ps(_cvtsh_ss(ld16(p))); }
+INLINE __m256 bcast_f16(const uint8_t *p) { return _mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(p))); }
 /* 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..15), then high (16..31). */
 INLINE __m256i nibbles32(const uint8_t *qs) {
     __m128i t = _mm_loadu_si128((const __m128i *)qs);
@@ -142,7 +132,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
-            da[t] = opaque(_mm256_set1_ps(ldf(ab)));
+            da[t] = opaque(_mm256_set1_ps(pgd_ld_f32(ab)));
             aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
         }
 #pragma GCC unroll 4
@@ -196,7 +186,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
-                da[t] = opaque(_mm256_set1_ps(ldf(ab)));
+                da[t] = opaque(_mm256_set1_ps(pgd_ld_f32(ab)));
                 aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
             }
 #pragma GCC unroll 4
@@ -204,7 +194,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
                 const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * Q4_1_BYTES;
                 __m256i wq = nibbles32(wb + 4);
                 __m256 dw = bcast_f16(wb);
-                mf[r][b - b0] = _cvtsh_ss(ld16(wb + 2));
+                mf[r][b - b0] = _cvtsh_ss(pgd_ld_u16(wb + 2));
 #pragma GCC unroll 4
                 for (int t = 0; t < NT; t++) {
                     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, aq[t]), ones);
@@ -250,9 +240,9 @@ INLINE __m256 load8w(const uint8_t *p, const int kind) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
 INLINE float load1w(const uint8_t *p, const int kind) {
-    if (kind == WF32) return ldf(p);
-    if (kind == WF16) return _cvtsh_ss(ld16(p));
-    return pgd_bf16_to_fp32(ld16(p));
+    if (kind == WF32) return pgd_ld_f32(p);
+    if (kind == WF16) return _cvtsh_ss(pgd_ld_u16(p));
+    return pgd_bf16_to_fp32(pgd_ld_u16(p));
 }
 
 INLINE void tile_float(const tile *g, const int NR, const int NT, const int kind) {
@@ -372,40 +362,36 @@ FA_TILES(fa_iq4_xs, PGD_TYPE_IQ4_XS)
 /* Tile shapes per type: (rows x tokens) for n > 1, and rows for n == 1. Integer kernels reuse
  * a weight block across 3 tokens in 12 accumulators; float kernels are limited by the F16/BF16
  * conversion, so they convert 2 rows once for 6 tokens. Decode streams 4 rows at a time. */
+typedef const tile_fn (*tile_fns)[TILE_T];
 typedef struct tile_plan {
-    const tile_fn (*fns)[TILE_T];
+    tile_fns fns;
     int mr, mt, mr1;
 } tile_plan;
 
-static bool plan_for(pgd_type t, tile_plan *p) {
+/* The kernels per weight type: int8 activations, or F32 ones for the quantized types whose
+ * dot takes F32 activations (pgd_vec_dot_type). */
+static const tile_fns int8act_tiles[PGD_TYPE_COUNT] = {
+    [PGD_TYPE_Q8_0] = tiles_q8_0, [PGD_TYPE_Q4_0] = tiles_q4_0, [PGD_TYPE_Q4_1] = tiles_q4_1,
+    [PGD_TYPE_F32] = tiles_f32,   [PGD_TYPE_F16] = tiles_f16,   [PGD_TYPE_BF16] = tiles_bf16,
+};
 #ifdef PGD_F32ACT_SIMD
-    if (is_quant_type(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) {
-        switch (t) {
-        case PGD_TYPE_Q8_0: *p = (tile_plan){fa_q8_0, 4, 3, 4}; return true;
-        case PGD_TYPE_Q4_0: *p = (tile_plan){fa_q4_0, 4, 3, 4}; return true;
-        case PGD_TYPE_Q4_1: *p = (tile_plan){fa_q4_1, 4, 3, 4}; return true;
-        case PGD_TYPE_Q4_K: *p = (tile_plan){fa_q4_k, 4, 3, 4}; return true;
-        case PGD_TYPE_Q5_K: *p = (tile_plan){fa_q5_k, 4, 3, 4}; return true;
-        case PGD_TYPE_Q6_K: *p = (tile_plan){fa_q6_k, 4, 3, 4}; return true;
-        case PGD_TYPE_Q5_0: *p = (tile_plan){fa_q5_0, 4, 3, 4}; return true;
-        case PGD_TYPE_Q5_1: *p = (tile_plan){fa_q5_1, 4, 3, 4}; return true;
-        case PGD_TYPE_IQ4_NL: *p = (tile_plan){fa_iq4_nl, 4, 3, 4}; return true;
-        case PGD_TYPE_Q2_K: *p = (tile_plan){fa_q2_k, 4, 3, 4}; return true;
-        case PGD_TYPE_Q3_K: *p = (tile_plan){fa_q3_k, 4, 3, 4}; return true;
-        case PGD_TYPE_IQ4_XS: *p = (tile_plan){fa_iq4_xs, 4, 3, 4}; return true;
-        default: return false;
-        }
-    }
+static const tile_fns f32act_tiles[PGD_TYPE_COUNT] = {
+    [PGD_TYPE_Q8_0] = fa_q8_0, [PGD_TYPE_Q4_0] = fa_q4_0,     [PGD_TYPE_Q4_1] = fa_q4_1,
+    [PGD_TYPE_Q4_K] = fa_q4_k, [PGD_TYPE_Q5_K] = fa_q5_k,     [PGD_TYPE_Q6_K] = fa_q6_k,
+    [PGD_TYPE_Q5_0] = fa_q5_0, [PGD_TYPE_Q5_1] = fa_q5_1,     [PGD_TYPE_IQ4_NL] = fa_iq4_nl,
+    [PGD_TYPE_Q2_K] = fa_q2_k, [PGD_TYPE_Q3_K] = fa_q3_k,     [PGD_TYPE_IQ4_XS] = fa_iq4_xs,
+};
 #endif
-    switch (t) {
-    case PGD_TYPE_Q8_0: *p = (tile_plan){tiles_q8_0, 4, 3, 4}; return true;
-    case PGD_TYPE_Q4_0: *p = (tile_plan){tiles_q4_0, 4, 3, 4}; return true;
-    case PGD_TYPE_Q4_1: *p = (tile_plan){tiles_q4_1, 4, 3, 4}; return true;
-    case PGD_TYPE_F32: *p = (tile_plan){tiles_f32, 4, 3, 4}; return true;
-    case PGD_TYPE_F16: *p = (tile_plan){tiles_f16, 4, 3, 4}; return true;
-    case PGD_TYPE_BF16: *p = (tile_plan){tiles_bf16, 4, 3, 4}; return true;
-    default: return false;
-    }
+
+static bool plan_for(pgd_type t, tile_plan *p) {
+    if ((unsigned)t >= PGD_TYPE_COUNT) return false;
+    tile_fns fns = int8act_tiles[t];
+#ifdef PGD_F32ACT_SIMD
+    if (is_quant_type(t) && pgd_vec_dot_type(t) == PGD_TYPE_F32) fns = f32act_tiles[t];
+#endif
+    if (!fns) return false;
+    *p = (tile_plan){fns, 4, 3, 4};
+    return true;
 }
 
 /* Runs one row tile (fns[nt - 1] for 1..3 tokens) over tokens [t0, t1), mt at a time. */

@@ -64,22 +64,6 @@ typedef struct act_q8 {
 #define Q8K_QS 4
 #define Q8K_BSUMS (4 + PGD_QK_K)
 
-static uint16_t rd16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static float rdf32(const uint8_t *p) {
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static int16_t rdi16(const uint8_t *p) {
-    int16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 /* ---- Conversions ------------------------------------------------------------------------- */
 
 static uint32_t f2u(float f) {
@@ -145,7 +129,7 @@ uint16_t pgd_fp32_to_bf16(float f) {
     return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
 }
 
-#define FP16(p) pgd_fp16_to_fp32(rd16(p))
+#define FP16(p) pgd_fp16_to_fp32(pgd_ld_u16(p))
 
 /* ---- Geometry (own table: gguf.c owns the public one) -------------------------------------- */
 
@@ -209,7 +193,7 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
         for (int64_t i = 0; i < n; i++) y[i] = FP16(p + 2 * i);
         return;
     case PGD_TYPE_BF16:
-        for (int64_t i = 0; i < n; i++) y[i] = pgd_bf16_to_fp32(rd16(p + 2 * i));
+        for (int64_t i = 0; i < n; i++) y[i] = pgd_bf16_to_fp32(pgd_ld_u16(p + 2 * i));
         return;
     case PGD_TYPE_Q4_0:
         for (int64_t b = 0; b < nb; b++, p += Q4_0_BYTES, y += PGD_QK) {
@@ -269,7 +253,7 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
     case PGD_TYPE_IQ4_XS:
         for (int64_t b = 0; b < nb; b++, p += IQ4_XS_BYTES) {
             float d = FP16(p);
-            uint16_t sh = rd16(p + 2);
+            uint16_t sh = pgd_ld_u16(p + 2);
             const uint8_t *qs = p + 8;
             for (int ib = 0; ib < 8; ib++, qs += 16, y += 32) {
                 int ls = ((p[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | ((sh >> (2 * ib)) & 3) << 4;
@@ -356,7 +340,7 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
         return;
     case PGD_TYPE_Q8_K:
         for (int64_t b = 0; b < nb; b++, p += Q8_K_BYTES, y += PGD_QK_K) {
-            float d = rdf32(p + Q8K_D);
+            float d = pgd_ld_f32(p + Q8K_D);
             for (int l = 0; l < PGD_QK_K; l++) y[l] = d * (float)(int8_t)p[Q8K_QS + l];
         }
         return;
@@ -489,7 +473,7 @@ void pgd_dequantize_act(pgd_type wt, const void *act, float *dst, int64_t n) {
 
 static float dot_f32_scalar(const uint8_t *w, const float *x, int64_t n) {
     float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += rdf32(w + 4 * i) * x[i];
+    for (int64_t i = 0; i < n; i++) s += pgd_ld_f32(w + 4 * i) * x[i];
     return s;
 }
 static float dot_f16_scalar(const uint8_t *w, const float *x, int64_t n) {
@@ -499,7 +483,7 @@ static float dot_f16_scalar(const uint8_t *w, const float *x, int64_t n) {
 }
 static float dot_bf16_scalar(const uint8_t *w, const float *x, int64_t n) {
     float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += pgd_bf16_to_fp32(rd16(w + 2 * i)) * x[i];
+    for (int64_t i = 0; i < n; i++) s += pgd_bf16_to_fp32(pgd_ld_u16(w + 2 * i)) * x[i];
     return s;
 }
 
@@ -539,14 +523,14 @@ static float dot_q4_1_scalar(const uint8_t *w, const act_q8 *a, int64_t nb) {
 static int32_t k4_min_sum(const uint8_t *act, const uint8_t mn[8]) {
     int32_t s = 0;
     for (int j = 0; j < 8; j++)
-        s += mn[j] * (rdi16(act + Q8K_BSUMS + 4 * j) + rdi16(act + Q8K_BSUMS + 4 * j + 2));
+        s += mn[j] * (pgd_ld_i16(act + Q8K_BSUMS + 4 * j) + pgd_ld_i16(act + Q8K_BSUMS + 4 * j + 2));
     return s;
 }
 
 static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
     float s = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, a += Q8_K_BYTES) {
-        float da = rdf32(a + Q8K_D);
+        float da = pgd_ld_f32(a + Q8K_D);
         uint8_t sc[8], mn[8];
         unpack_k4_scales(w + 4, sc, mn);
         const uint8_t *q = w + 16;
@@ -568,7 +552,7 @@ static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
 static float dot_q5_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
     float s = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, a += Q8_K_BYTES) {
-        float da = rdf32(a + Q8K_D);
+        float da = pgd_ld_f32(a + Q8K_D);
         uint8_t sc[8], mn[8];
         unpack_k4_scales(w + 4, sc, mn);
         const uint8_t *qh = w + 16, *ql = w + 48;
@@ -605,7 +589,7 @@ static float dot_q6_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
                         sc[is + 4] * q3 * x[l + 64] + sc[is + 6] * q4 * x[l + 96];
             }
         }
-        s += FP16(w + 208) * rdf32(a + Q8K_D) * (float)isum;
+        s += FP16(w + 208) * pgd_ld_f32(a + Q8K_D) * (float)isum;
     }
     return s;
 }
@@ -651,7 +635,7 @@ float pgd_vec_dot_scalar(pgd_type t, const void *w_row, const void *act, int64_t
 /* Hardware fp16 -> fp32 (exact, so bit-identical to pgd_fp16_to_fp32; per-block scales are on
  * the hot path, where the software conversion's branches cost ~30% on Q4_0). */
 #ifdef __F16C__
-#define FP16X(p) _cvtsh_ss(rd16(p))
+#define FP16X(p) _cvtsh_ss(pgd_ld_u16(p))
 #else
 #define FP16X(p) FP16(p)
 #endif
@@ -683,10 +667,10 @@ static __m256 load8_bf16(const uint8_t *p) {
     __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
-static float elem_bf16(const uint8_t *p) { return pgd_bf16_to_fp32(rd16(p)); }
+static float elem_bf16(const uint8_t *p) { return pgd_bf16_to_fp32(pgd_ld_u16(p)); }
 static float elem_f16(const uint8_t *p) { return FP16X(p); }
 
-DOT_FLOAT_AVX2(dot_f32_avx2, 4, load8_f32, rdf32)
+DOT_FLOAT_AVX2(dot_f32_avx2, 4, load8_f32, pgd_ld_f32)
 DOT_FLOAT_AVX2(dot_f16_avx2, 2, load8_f16, elem_f16)
 DOT_FLOAT_AVX2(dot_bf16_avx2, 2, load8_bf16, elem_bf16)
 
@@ -798,7 +782,7 @@ static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, a += Q8_K_BYTES) {
-        float da = rdf32(a + Q8K_D);
+        float da = pgd_ld_f32(a + Q8K_D);
         uint32_t u[4];
         unpack_k4_scales_fast(w + 4, u);
         const uint8_t *sc = (const uint8_t *)u;
@@ -825,7 +809,7 @@ static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, a += Q8_K_BYTES) {
-        float da = rdf32(a + Q8K_D);
+        float da = pgd_ld_f32(a + Q8K_D);
         uint32_t u[4];
         unpack_k4_scales_fast(w + 4, u);
         const uint8_t *sc = (const uint8_t *)u;
@@ -887,7 +871,7 @@ static float dot_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + 208) * rdf32(a + Q8K_D)),
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + 208) * pgd_ld_f32(a + Q8K_D)),
                               _mm256_cvtepi32_ps(sumi), acc);
     }
     return pgd_hsum8(acc);

@@ -49,11 +49,7 @@ typedef struct pgd__f32act_tile {
 
 #define PGD_F32ACT_INLINE static inline __attribute__((always_inline))
 
-PGD_F32ACT_INLINE float pgd__f32act_h(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return _cvtsh_ss(v);
-}
+PGD_F32ACT_INLINE float pgd__f32act_h(const uint8_t *p) { return _cvtsh_ss(pgd_ld_u16(p)); }
 /* The two fp16 values at p and p + 2 as floats in lanes 0 and 1: one 32-bit load and one
  * conversion (vpinsrw + vcvtph2ps per half cost two vector-pipe uops more). */
 PGD_F32ACT_INLINE __m128 pgd__f32act_h2(const uint8_t *p) {

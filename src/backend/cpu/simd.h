@@ -7,10 +7,29 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+
+/* Unaligned little-endian loads from packed weight and activation blocks (scales, F16/BF16
+ * words, floats): memcpy compiles to one mov. */
+static inline __attribute__((always_inline)) uint16_t pgd_ld_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline __attribute__((always_inline)) int16_t pgd_ld_i16(const uint8_t *p) {
+    int16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline __attribute__((always_inline)) float pgd_ld_f32(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 #ifdef __AVX2__
 /* Software prefetch for the matmul tiles. A tile streams NR contiguous weight rows
