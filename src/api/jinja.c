@@ -2041,30 +2041,31 @@ static node *binop(P *p, const tok *t, int op, node *a, node *b) {
     return n;
 }
 
-static node *parse_pow(P *p) {
+/* A left-associative chain `sub (op sub)*` over the operators ops[0..n_ops). */
+static node *parse_binops(P *p, node *(*sub)(P *), const uint8_t *ops, int n_ops) {
     int d0 = p->depth; /* each round of the loop deepens the tree */
-    node *n = parse_unary(p, true);
-    while (tok_is_op(cur(p), OP_POW)) {
-        enter(p);
+    node *n = sub(p);
+    for (;;) {
         tok *t = cur(p);
+        if (t->kind != TK_OP || !memchr(ops, t->op, (size_t)n_ops)) break;
+        enter(p);
         advance(p);
-        n = binop(p, t, OP_POW, n, parse_unary(p, true));
+        n = binop(p, t, t->op, n, sub(p));
     }
     p->depth = d0;
     return n;
 }
 
+static node *parse_filtered_unary(P *p) { return parse_unary(p, true); }
+
+static node *parse_pow(P *p) {
+    static const uint8_t ops[] = {OP_POW};
+    return parse_binops(p, parse_filtered_unary, ops, (int)sizeof ops);
+}
+
 static node *parse_math2(P *p) {
-    int d0 = p->depth; /* each round of the loop deepens the tree */
-    node *n = parse_pow(p);
-    for (tok *t; (t = cur(p))->kind == TK_OP &&
-                 (t->op == OP_MUL || t->op == OP_DIV || t->op == OP_FLOORDIV || t->op == OP_MOD);) {
-        enter(p);
-        advance(p);
-        n = binop(p, t, t->op, n, parse_pow(p));
-    }
-    p->depth = d0;
-    return n;
+    static const uint8_t ops[] = {OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD};
+    return parse_binops(p, parse_pow, ops, (int)sizeof ops);
 }
 
 static node *parse_concat(P *p) {
@@ -2081,15 +2082,8 @@ static node *parse_concat(P *p) {
 }
 
 static node *parse_math1(P *p) {
-    int d0 = p->depth; /* each round of the loop deepens the tree */
-    node *n = parse_concat(p);
-    for (tok *t; (t = cur(p))->kind == TK_OP && (t->op == OP_ADD || t->op == OP_SUB);) {
-        enter(p);
-        advance(p);
-        n = binop(p, t, t->op, n, parse_concat(p));
-    }
-    p->depth = d0;
-    return n;
+    static const uint8_t ops[] = {OP_ADD, OP_SUB};
+    return parse_binops(p, parse_concat, ops, (int)sizeof ops);
 }
 
 static node *parse_compare(P *p) {
