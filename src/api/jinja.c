@@ -1752,18 +1752,24 @@ static void parse_args(P *p, node *n) {
     }
 }
 
+/* name ('.' name)*, joined (a filter's or a test's name; each join keeps at most 255 bytes). */
+static jstr *expect_dotted_name(P *p) {
+    jstr *name = expect_name(p);
+    while (accept_op(p, OP_DOT)) {
+        jstr *part = expect_name(p);
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s.%s", name->s, part->s);
+        name = imm_str(p, buf, strlen(buf));
+    }
+    return name;
+}
+
 /* filter_name ('(' args ')')? applied to input (NULL inside {% filter %}). */
 static node *parse_filter(P *p, node *input) {
     tok *t = cur(p);
     node *f = mk(p, N_FILTER, t);
     f->a = input;
-    f->name = expect_name(p);
-    while (accept_op(p, OP_DOT)) { /* dotted names are allowed (and never builtin filters) */
-        jstr *part = expect_name(p);
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s.%s", f->name->s, part->s);
-        f->name = imm_str(p, buf, strlen(buf));
-    }
+    f->name = expect_dotted_name(p); /* dotted names are never builtin filters */
     f->fid = find_filter(f->name->s); /* unknown: checked by check_names */
     if (tok_is_op(cur(p), OP_LPAREN)) parse_args(p, f);
     return f;
@@ -1782,16 +1788,8 @@ static node *parse_filter_expr(P *p, node *n) {
             node *x = mk(p, N_TEST, t);
             x->a = n;
             x->neg = accept_name(p, "not");
-            tok *nt = cur(p);
-            x->name = expect_name(p);
-            while (accept_op(p, OP_DOT)) {
-                jstr *part = expect_name(p);
-                char buf[256];
-                snprintf(buf, sizeof buf, "%s.%s", x->name->s, part->s);
-                x->name = imm_str(p, buf, strlen(buf));
-            }
+            x->name = expect_dotted_name(p);
             x->fid = find_test(x->name->s); /* unknown: checked by check_names */
-            (void)nt;
             tok *c = cur(p);
             if (tok_is_op(c, OP_LPAREN))
                 parse_args(p, x);
