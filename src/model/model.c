@@ -17,6 +17,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quant.h"
 #include "util/mapfile.h"
+#include "util/xalloc.h"
 #include <sys/mman.h>
 
 /* A tensor found in either kind of file, before it becomes a weight. */
@@ -30,15 +31,9 @@ typedef struct src_tensor {
 
 static int own(pgd_model *m, void *p, pgd_err *err) {
     if (!p) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
-    if (m->n_owned == m->cap_owned) {
-        size_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
-        void **n = realloc(m->owned, nc * sizeof *n);
-        if (!n) {
-            free(p);
-            return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
-        }
-        m->owned = n;
-        m->cap_owned = nc;
+    if (pgd_grow(&m->owned, m->n_owned, &m->cap_owned, 64, sizeof *m->owned)) {
+        free(p);
+        return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
     }
     m->owned[m->n_owned++] = p;
     return PGD_OK;
@@ -1058,13 +1053,8 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
 /* ---- placement: devices and tensor-parallel shards ---- */
 
 static int track(pgd_shard *sh, void *p) {
-    if (sh->n_mem == sh->cap_mem) {
-        size_t nc = sh->cap_mem ? sh->cap_mem * 2 : 64;
-        void **n = realloc(sh->mem, nc * sizeof *n);
-        if (!n) return PGD_ENOMEM;
-        sh->mem = n;
-        sh->cap_mem = nc;
-    }
+    int rc = pgd_grow(&sh->mem, sh->n_mem, &sh->cap_mem, 64, sizeof *sh->mem);
+    if (rc) return rc;
     sh->mem[sh->n_mem++] = p;
     return PGD_OK;
 }

@@ -9,17 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/xalloc.h"
+
 #define ST_MAX_HEADER (100u << 20) /* the format's own reference implementation caps at 100 MB */
 
 static int add_tensor(pgd_safetensors *st, size_t *cap, pgd_st_tensor *t, const char *name,
                       pgd_err *err) {
-    if (st->n_tensors == *cap) {
-        size_t ncap = *cap ? *cap * 2 : 64;
-        pgd_st_tensor *nt = realloc(st->tensors, ncap * sizeof *nt);
-        if (!nt) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", name);
-        st->tensors = nt;
-        *cap = ncap;
-    }
+    if (pgd_grow(&st->tensors, st->n_tensors, cap, 64, sizeof *st->tensors))
+        return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", name);
     st->tensors[st->n_tensors++] = *t;
     return PGD_OK;
 }

@@ -12,6 +12,7 @@
 #include "tokenizer/unicode.h"
 #include "util/parse.h"
 #include "util/status.h"
+#include "util/xalloc.h"
 
 #define END (-1)
 #define IS_REF(e) ((e) & 1)
@@ -27,13 +28,8 @@ typedef struct ivec {
 } ivec;
 
 static int iv_push(ivec *a, int32_t x) {
-    if (a->n == a->cap) {
-        int32_t cap = a->cap ? 2 * a->cap : 16;
-        int32_t *v = realloc(a->v, (size_t)cap * sizeof *v);
-        if (!v) return PGD_ENOMEM;
-        a->v = v;
-        a->cap = cap;
-    }
+    int rc = pgd_grow_i32(&a->v, a->n, &a->cap, 16, sizeof *a->v);
+    if (rc) return rc;
     a->v[a->n++] = x;
     return PGD_OK;
 }
@@ -116,15 +112,9 @@ static void skip_space(parser *ps, bool newlines) {
 }
 
 static int32_t new_rule(parser *ps, const char *name, uint32_t len) {
-    if (ps->n_rules == ps->cap_rules) {
-        int32_t cap = ps->cap_rules ? 2 * ps->cap_rules : 16;
-        rule *r = realloc(ps->rules, (size_t)cap * sizeof *r);
-        if (!r) {
-            oom(ps);
-            return -1;
-        }
-        ps->rules = r;
-        ps->cap_rules = cap;
+    if (pgd_grow_i32(&ps->rules, ps->n_rules, &ps->cap_rules, 16, sizeof *ps->rules)) {
+        oom(ps);
+        return -1;
     }
     ps->rules[ps->n_rules] = (rule){.name = name, .name_len = len, .owner = ps->cur};
     if (name) ps->rules[ps->n_rules].owner = ps->n_rules;

@@ -12,6 +12,7 @@
 #include "sample/regex.h"
 #include "tokenizer/unicode.h"
 #include "util/status.h"
+#include "util/xalloc.h"
 
 #define MAX_REF_DEPTH 32
 /* a budget on what a schema expands to ($refs are compiled where they are used), checked as it
@@ -158,13 +159,8 @@ static bool in_list(const char *const *l, const char *s) {
 
 static int new_node(ctx *x, int32_t *out) {
     pgd_json_schema *sc = x->sc;
-    if (sc->n_nodes == sc->cap_nodes) {
-        int32_t cap = sc->cap_nodes ? 2 * sc->cap_nodes : 16;
-        pgd_json_node *n = realloc(sc->nodes, (size_t)cap * sizeof *n);
-        if (!n) return PGD_ENOMEM;
-        sc->nodes = n;
-        sc->cap_nodes = cap;
-    }
+    int rc = pgd_grow_i32(&sc->nodes, sc->n_nodes, &sc->cap_nodes, 16, sizeof *sc->nodes);
+    if (rc) return rc;
     if (sc->n_nodes >= MAX_NODES)
         return fail(x, "the schema expands to more than %d parts ($refs count where they are "
                        "used)", MAX_NODES);

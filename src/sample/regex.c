@@ -13,6 +13,7 @@
 #include "tokenizer/unicode.h"
 #include "util/parse.h"
 #include "util/status.h"
+#include "util/xalloc.h"
 
 #define MAX_CP 0x10FFFF
 #define MAX_REPEAT 1000
@@ -65,28 +66,17 @@ static int32_t oom(parser *ps) {
 
 static int32_t mk(parser *ps, node n) {
     if (ps->rc) return -1;
-    if (ps->n_nodes == ps->cap_nodes) {
-        int32_t nc = ps->cap_nodes ? ps->cap_nodes * 2 : 64;
-        node *x = realloc(ps->nodes, (size_t)nc * sizeof *x);
-        if (!x) return oom(ps);
-        ps->nodes = x;
-        ps->cap_nodes = nc;
-    }
+    if (pgd_grow_i32(&ps->nodes, ps->n_nodes, &ps->cap_nodes, 64, sizeof *ps->nodes))
+        return oom(ps);
     ps->nodes[ps->n_nodes] = n;
     return ps->n_nodes++;
 }
 
 static void add_range(parser *ps, uint32_t lo, uint32_t hi) {
     if (ps->rc) return;
-    if (ps->n_ranges == ps->cap_ranges) {
-        int32_t nc = ps->cap_ranges ? ps->cap_ranges * 2 : 64;
-        range *x = realloc(ps->ranges, (size_t)nc * sizeof *x);
-        if (!x) {
-            oom(ps);
-            return;
-        }
-        ps->ranges = x;
-        ps->cap_ranges = nc;
+    if (pgd_grow_i32(&ps->ranges, ps->n_ranges, &ps->cap_ranges, 64, sizeof *ps->ranges)) {
+        oom(ps);
+        return;
     }
     ps->ranges[ps->n_ranges++] = (range){lo, hi};
 }
@@ -418,13 +408,7 @@ static int32_t nadd(nfa *a, nstate st) {
     if (a->n >= PGD_REGEX_MAX_NFA)
         return perr(a->ps, "the pattern is too large (its automaton passes %d states)",
                     PGD_REGEX_MAX_NFA);
-    if (a->n == a->cap) {
-        int32_t nc = a->cap ? a->cap * 2 : 256;
-        nstate *x = realloc(a->s, (size_t)nc * sizeof *x);
-        if (!x) return oom(a->ps);
-        a->s = x;
-        a->cap = nc;
-    }
+    if (pgd_grow_i32(&a->s, a->n, &a->cap, 256, sizeof *a->s)) return oom(a->ps);
     a->s[a->n] = st;
     return a->n++;
 }

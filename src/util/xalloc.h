@@ -1,0 +1,40 @@
+/* Growth of the heap arrays that parsers, loaders and scratch structs append to: one doubling
+ * rule instead of a realloc block at every push site. Not for hot paths (it may allocate). */
+#ifndef PGD_UTIL_XALLOC_H
+#define PGD_UTIL_XALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/status.h"
+
+/* Makes room for element n of the array whose address is arr (a T **: the array is borrowed
+ * and may move), which holds *cap elements of elem bytes: when n == *cap, reallocates it to
+ * twice *cap elements (first when *cap is 0). Returns 0, or PGD_ENOMEM (the size overflowing
+ * too) with the array and *cap unchanged, still the caller's to free. */
+static inline int pgd_grow(void *arr, size_t n, size_t *cap, size_t first, size_t elem) {
+    if (n < *cap) return PGD_OK;
+    size_t nc = *cap ? 2 * *cap : first;
+    if (nc < *cap || nc > SIZE_MAX / elem) return PGD_ENOMEM;
+    void *old;
+    memcpy(&old, arr, sizeof old); /* arr is a T **, read as the void * it converts to */
+    void *p = realloc(old, nc * elem);
+    if (!p) return PGD_ENOMEM;
+    memcpy(arr, &p, sizeof p);
+    *cap = nc;
+    return PGD_OK;
+}
+
+/* pgd_grow for arrays counted in int32_t (the grammar, regex and schema compilers). */
+static inline int pgd_grow_i32(void *arr, int32_t n, int32_t *cap, int32_t first, size_t elem) {
+    if (n < *cap) return PGD_OK;
+    if (*cap > INT32_MAX / 2) return PGD_ENOMEM;
+    size_t c = (size_t)*cap;
+    int rc = pgd_grow(arr, (size_t)n, &c, (size_t)first, elem);
+    if (!rc) *cap = (int32_t)c;
+    return rc;
+}
+
+#endif
