@@ -962,15 +962,10 @@ static void load(pgd_grammar_scratch *sc, const pgd_grammar_state *st) {
 static bool save(const pgd_grammar_scratch *sc, pgd_grammar_state *st) {
     const level *L = &sc->lev[0];
     if (L->n_nodes > PGD_GRAMMAR_MAX_NODES) return false;
-    memcpy(st->pos, sc->pos, (size_t)L->n_nodes * sizeof *st->pos);
-    memcpy(st->par, sc->par, (size_t)L->n_nodes * sizeof *st->par);
-    memcpy(st->top, sc->tops, (size_t)L->n_top * sizeof *st->top);
-    st->n_nodes = L->n_nodes;
-    st->n_top = L->n_top;
-    st->acc = L->acc;
-    st->need = L->need;
-    st->ulen = L->ulen;
-    st->can_end = L->can_end;
+    const pgd_grammar_state view = {.pos = sc->pos, .par = sc->par, .n_nodes = L->n_nodes,
+                                    .top = sc->tops, .n_top = L->n_top, .can_end = L->can_end,
+                                    .need = L->need, .ulen = L->ulen, .acc = L->acc};
+    pgd_grammar_state_assign(st, &view);
     return true;
 }
 
