@@ -62,18 +62,12 @@ static const char *safe_name(const char *s, char *buf, size_t cap) {
 static int read_config(const char *dir, pgd_lora *l, pgd_err *err) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    char *txt = NULL;
-    size_t len = 0;
-    int rc = pgd_read_file(path, &txt, &len, err);
-    if (rc)
+    cJSON *c;
+    int rc = pgd__json_object_read(path, &c, err);
+    if (rc && rc != PGD_EFORMAT)
         return pgd_err_set(err, rc, "%s: cannot read (a LoRA adapter is a PEFT directory with "
                            "adapter_config.json and adapter_model.safetensors)", path);
-    cJSON *c = cJSON_ParseWithLength(txt, len);
-    free(txt);
-    if (!cJSON_IsObject(c)) {
-        cJSON_Delete(c);
-        return pgd_err_set(err, PGD_EFORMAT, "%s: not a JSON object", path);
-    }
+    if (rc) return rc;
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(c, "peft_type");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(c, "r");
     const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(c, "lora_alpha");

@@ -802,12 +802,10 @@ static int unwrap_config(const cJSON *outer, size_t w, const char *path, cJSON *
     return PGD_OK;
 }
 
-int pgd_hf_config_read(const char *path, bool lenient, cJSON **out, bool *wrapped,
-                       pgd_err *err) {
+int pgd__json_object_read(const char *path, cJSON **out, pgd_err *err) {
     char *txt = NULL;
     size_t len = 0;
     *out = NULL;
-    *wrapped = false;
     int rc = pgd_read_file(path, &txt, &len, err);
     if (rc) return rc;
     cJSON *c = cJSON_ParseWithLength(txt, len);
@@ -816,6 +814,17 @@ int pgd_hf_config_read(const char *path, bool lenient, cJSON **out, bool *wrappe
         cJSON_Delete(c);
         return pgd_err_set(err, PGD_EFORMAT, "%s: not a JSON object", path);
     }
+    *out = c;
+    return PGD_OK;
+}
+
+int pgd_hf_config_read(const char *path, bool lenient, cJSON **out, bool *wrapped,
+                       pgd_err *err) {
+    *out = NULL;
+    *wrapped = false;
+    cJSON *c;
+    int rc = pgd__json_object_read(path, &c, err);
+    if (rc) return rc;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
     for (size_t w = 0; w < sizeof wrapped_configs / sizeof wrapped_configs[0]; w++) {
         if (!cJSON_IsString(mt) || strcmp(mt->valuestring, wrapped_configs[w].outer)) continue;

@@ -260,5 +260,8 @@ int pgd_session_forward(pgd_session *s, const int32_t *tokens, int32_t n, bool a
 struct cJSON;
 int pgd_hf_config_read(const char *path, bool lenient, struct cJSON **out, bool *wrapped,
                        pgd_err *err);
+/* Reads path (a small file) as one JSON object into *out (owned by the caller). PGD_EFORMAT:
+ * not a JSON object; otherwise pgd_read_file's status, with its message. */
+int pgd__json_object_read(const char *path, struct cJSON **out, pgd_err *err);
 
 #endif
