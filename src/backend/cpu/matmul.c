@@ -113,6 +113,16 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
     return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
 }
 
+/* Block b of each of the NT tokens' Q8 activation rows: its scale broadcast, its 32 int8s. */
+INLINE void load_act_q8(const tile *g, const int NT, int64_t b, __m256i *aq, __m256 *da) {
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
+        da[t] = opaque(_mm256_set1_ps(pgd_ld_f32(ab)));
+        aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
+    }
+}
+
 /* Q8_0 and Q4_0 (signed weights): per (row, token) and block,
  *   acc += (d_w * d_a) * float(sum of w * a in 8 lanes)  (one FMA; products exact in int32). */
 INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
@@ -129,12 +139,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
         pgd_prefetch_step(&pf, b);
         __m256i aq[TILE_T];
         __m256 da[TILE_T];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
-            da[t] = opaque(_mm256_set1_ps(pgd_ld_f32(ab)));
-            aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
-        }
+        load_act_q8(g, NT, b, aq, da);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * bsz;
@@ -183,12 +188,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
             pgd_prefetch_step(&pf, b);
             __m256i aq[TILE_T];
             __m256 da[TILE_T];
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) {
-                const uint8_t *ab = g->a + (size_t)t * g->a_stride + (size_t)b * ACT_Q8_BYTES;
-                da[t] = opaque(_mm256_set1_ps(pgd_ld_f32(ab)));
-                aq[t] = _mm256_loadu_si256((const __m256i *)(ab + 8));
-            }
+            load_act_q8(g, NT, b, aq, da);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * Q4_1_BYTES;
