@@ -692,42 +692,37 @@ static __m256i nibbles32(const uint8_t *qs) {
 }
 static __m256i act_qs(const act_q8 *a) { return _mm256_loadu_si256((const __m256i *)a->qs); }
 
-/* Two blocks per iteration into two accumulators (hides FMA latency); odd tail into acc0. */
-static float dot_q8_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
+/* A Q8_0 block's 32 int8 weights, or a Q4_0 block's nibbles less 8. */
+static inline __attribute__((always_inline)) __m256i q8_block(const uint8_t *w, const bool q4) {
+    return q4 ? _mm256_sub_epi8(nibbles32(w + 2), _mm256_set1_epi8(8))
+              : _mm256_loadu_si256((const __m256i *)(w + 2));
+}
+
+/* Q8_0 and Q4_0 (signed weights): two blocks per iteration into two accumulators (hides FMA
+ * latency); odd tail into acc0. */
+static inline __attribute__((always_inline)) float dot_q8_avx2(const uint8_t *w, const act_q8 *a,
+                                                               int64_t nb, const bool q4) {
+    const int bsz = q4 ? Q4_0_BYTES : Q8_0_BYTES;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, w += 2 * Q8_0_BYTES, a += 2) {
-        __m256i p0 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)(w + 2)), act_qs(a));
-        __m256i p1 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)(w + Q8_0_BYTES + 2)),
-                                act_qs(a + 1));
+    for (; b + 2 <= nb; b += 2, w += 2 * bsz, a += 2) {
+        __m256i p0 = mul_sum_i8(q8_block(w, q4), act_qs(a));
+        __m256i p1 = mul_sum_i8(q8_block(w + bsz, q4), act_qs(a + 1));
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + Q8_0_BYTES) * a[1].d),
-                               _mm256_cvtepi32_ps(p1), acc1);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + bsz) * a[1].d), _mm256_cvtepi32_ps(p1),
+                               acc1);
     }
     if (b < nb) {
-        __m256i p0 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)(w + 2)), act_qs(a));
+        __m256i p0 = mul_sum_i8(q8_block(w, q4), act_qs(a));
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
     }
     return pgd_hsum8(_mm256_add_ps(acc0, acc1));
 }
-
+static float dot_q8_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
+    return dot_q8_avx2(w, a, nb, false);
+}
 static float dot_q4_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
-    const __m256i off = _mm256_set1_epi8(8);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, w += 2 * Q4_0_BYTES, a += 2) {
-        __m256i q0 = _mm256_sub_epi8(nibbles32(w + 2), off);
-        __m256i q1 = _mm256_sub_epi8(nibbles32(w + Q4_0_BYTES + 2), off);
-        __m256i p0 = mul_sum_i8(q0, act_qs(a)), p1 = mul_sum_i8(q1, act_qs(a + 1));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + Q4_0_BYTES) * a[1].d),
-                               _mm256_cvtepi32_ps(p1), acc1);
-    }
-    if (b < nb) {
-        __m256i p0 = mul_sum_i8(_mm256_sub_epi8(nibbles32(w + 2), off), act_qs(a));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
-    }
-    return pgd_hsum8(_mm256_add_ps(acc0, acc1));
+    return dot_q8_avx2(w, a, nb, true);
 }
 
 /* The "+ m" term m * d_act * sum(q_act) goes into a scalar accumulator, block by block. */
@@ -775,23 +770,37 @@ static int32_t k4_min_sum_avx2(const uint8_t *act, const uint32_t u[4]) {
     return _mm_cvtsi128_si32(p);
 }
 
-/* Q4_K and Q5_K: per 64 elements, two sub-blocks of 32 with their own 6-bit scale; the mins
- * term comes from Q8_K's bsums exactly as in the scalar code. */
-static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+/* Q4_K and Q5_K: per 64 elements, two sub-blocks of 32 with their own 6-bit scale (Q5_K: a
+ * fifth bit per element from its 32 high-bit bytes); the mins term comes from Q8_K's bsums
+ * exactly as in the scalar code. */
+static inline __attribute__((always_inline)) float dot_k45_avx2(const uint8_t *w, const uint8_t *a,
+                                                                int64_t nb, const bool q5) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(16);
+    const int bsz = q5 ? Q5_K_BYTES : Q4_K_BYTES;
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, a += Q8_K_BYTES) {
+    for (int64_t b = 0; b < nb; b++, w += bsz, a += Q8_K_BYTES) {
         float da = pgd_ld_f32(a + Q8K_D);
         uint32_t u[4];
         unpack_k4_scales_fast(w + 4, u);
         const uint8_t *sc = (const uint8_t *)u;
-        const uint8_t *q = w + 16, *x = a + Q8K_QS;
+        const uint8_t *q = w + (q5 ? 48 : 16), *x = a + Q8K_QS;
+        const __m256i hbits = q5 ? _mm256_loadu_si256((const __m256i *)(w + 16))
+                                 : _mm256_setzero_si256();
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++, q += 32, x += 64) {
             __m256i bits = _mm256_loadu_si256((const __m256i *)q);
             __m256i lo = _mm256_and_si256(bits, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            if (q5) {
+                __m256i mk0 = _mm256_set1_epi8((char)(1 << (2 * j)));
+                __m256i mk1 = _mm256_set1_epi8((char)(2 << (2 * j)));
+                __m256i h0 = _mm256_cmpeq_epi8(_mm256_and_si256(hbits, mk0), mk0);
+                __m256i h1 = _mm256_cmpeq_epi8(_mm256_and_si256(hbits, mk1), mk1);
+                /* 16 where the element's fifth bit is set */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(h0, b16));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(h1, b16));
+            }
             __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
             __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
             p0 = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), p0);
@@ -803,39 +812,11 @@ static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
     }
     return pgd_hsum8(acc) - accm;
 }
-
+static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
+    return dot_k45_avx2(w, a, nb, false);
+}
 static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(16);
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, a += Q8_K_BYTES) {
-        float da = pgd_ld_f32(a + Q8K_D);
-        uint32_t u[4];
-        unpack_k4_scales_fast(w + 4, u);
-        const uint8_t *sc = (const uint8_t *)u;
-        const uint8_t *ql = w + 48, *x = a + Q8K_QS;
-        const __m256i hbits = _mm256_loadu_si256((const __m256i *)(w + 16));
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++, ql += 32, x += 64) {
-            __m256i bits = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i mk0 = _mm256_set1_epi8((char)(1 << (2 * j)));
-            __m256i mk1 = _mm256_set1_epi8((char)(2 << (2 * j)));
-            __m256i h0 = _mm256_cmpeq_epi8(_mm256_and_si256(hbits, mk0), mk0);
-            __m256i h1 = _mm256_cmpeq_epi8(_mm256_and_si256(hbits, mk1), mk1);
-            h0 = _mm256_and_si256(h0, b16); /* 16 where the element's fifth bit is set */
-            h1 = _mm256_and_si256(h1, b16);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h0);
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h1);
-            __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
-            __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
-            p0 = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), p0);
-            p1 = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), p1);
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * da), _mm256_cvtepi32_ps(sumi), acc);
-        accm += FP16X(w + 2) * da * (float)k4_min_sum_avx2(a, u);
-    }
-    return pgd_hsum8(acc) - accm;
+    return dot_k45_avx2(w, a, nb, true);
 }
 
 /* Q6_K: q in 0..63 via maddubs, minus 32 * (pair sums of the activations), times the int8
