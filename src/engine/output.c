@@ -219,24 +219,26 @@ static const char *token_text(const pgd_engine *e, int32_t id, bool drop, size_t
 static bool build_mask(pgd_engine *e, seq *s) {
     int32_t nv = e->model->cfg.n_vocab;
     bool under_min = s->n_stop_ids > 0 && s->n_tokens - s->n_prompt < s->sampler.params.min_tokens;
-    bool constrained = constrained_output(s) && s->c_wait != C_THINKING;
-    if (!constrained && !s->allowed && !under_min) return false;
+    bool constrained = constrained_output(s);
     uint8_t *a = e->json_allow;
     if (constrained) {
         /* the first token of a SentencePiece answer after BOS alone is read less its leading
          * space (not memoized: other masks see whole pieces) */
         pgd_constraint_env env = constraint_env(e);
-        if ((drops_space(e, s) ? pgd_constraint_mask_drop_space(s->cons, &env, a)
-                               : pgd_constraint_mask(s->cons, &env, a)) < 0) {
+        int rc = drops_space(e, s) ? pgd_constraint_mask_drop_space(s->cons, &env, a)
+                                   : pgd_constraint_mask(s->cons, &env, a);
+        if (rc < 0) {
             /* nothing allowed: the sample fails and ends the request with this */
             s->err_msg = GRAMMAR_WORK_MSG;
             return true;
         }
-    } else { /* allowed_token_ids alone (or the stop tokens under min_tokens) */
+        constrained = rc != PGD_CONSTRAINT_FREE; /* (a think-first wrapper while thinking) */
+    }
+    if (!constrained && !s->allowed && !under_min) return false;
+    if (!constrained) { /* allowed_token_ids alone (or the stop tokens under min_tokens) */
         if (s->allowed) memcpy(a, s->allowed, (size_t)nv);
         else memset(a, 1, (size_t)nv);
     }
-    if (s->c_wait == C_FIRST && s->think_tok >= 0) a[s->think_tok] = 1;
     if (s->allowed && constrained)
         for (int32_t i = 0; i < nv; i++) a[i] &= s->allowed[i];
     if (under_min)
@@ -244,20 +246,9 @@ static bool build_mask(pgd_engine *e, seq *s) {
     return true;
 }
 
-/* Moves s's constraint (any kind) over token id, once thinking (constrain_after) is over:
- * a first think_open token starts it, the token that completes c_after ends it. drop: the
- * token's leading space was dropped from the text (drops_space before it was emitted). */
+/* Moves s's constraint (any kind, think-first included) over token id. drop: the token's
+ * leading space was dropped from the text (drops_space before it was emitted). */
 static pgd_finish_reason constraint_advance(pgd_engine *e, seq *s, int32_t id, bool drop) {
-    if (s->c_wait == C_FIRST) {
-        s->c_wait = id == s->think_tok ? C_THINKING : C_ON;
-        if (s->c_wait == C_THINKING) return 0;
-    }
-    if (s->c_wait == C_THINKING) {
-        size_t l = strlen(s->c_after), from = s->c_scan < s->text_len ? s->c_scan : s->text_len;
-        if (memmem(s->text + from, s->text_len - from, s->c_after, l)) s->c_wait = C_ON;
-        else if (s->text_len >= l) s->c_scan = s->text_len - l + 1; /* a match may straddle */
-        return 0;
-    }
     if (!constrained_output(s)) return 0; /* (and maybe no vocabulary) */
     size_t n;
     const char *t = token_text(e, id, drop, &n);

@@ -21,7 +21,6 @@ void pgd__seq_free(seq *s) {
     for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
     free(s->stop_ids);
     free(s->allowed);
-    free(s->c_after);
     free(s->text);
     free(s);
 }
@@ -29,7 +28,7 @@ void pgd__seq_free(seq *s) {
 /* The request holds its output to a grammar: its text, or compiled already. */
 static bool wants_grammar(const pgd_request_params *p) { return p->grammar || p->grammar_c; }
 
-/* s's copies of p's stop token ids, allowed token ids (as a mask) and constrain_after: PGD_OK
+/* s's copies of p's stop token ids and allowed token ids (as a mask): PGD_OK
  * or PGD_ENOMEM (what was copied is freed with s). */
 static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) {
     int32_t nv = e->model->cfg.n_vocab;
@@ -45,21 +44,12 @@ static int copy_constraints(pgd_engine *e, seq *s, const pgd_request_params *p) 
         for (int32_t i = 0; i < p->n_allowed_token_ids; i++)
             s->allowed[p->allowed_token_ids[i]] = 1;
     }
-    bool json = p->json_object || p->json_schema;
-    if (p->constrain_after && *p->constrain_after && (json || p->n_choices || p->regex ||
-                                                      wants_grammar(p))) {
-        if (!(s->c_after = strdup(p->constrain_after))) return PGD_ENOMEM;
-        s->c_wait = p->think_open ? C_FIRST : C_THINKING;
-        s->think_tok = p->think_open ? pgd_json_vocab_find(&e->json_vocab, p->think_open,
-                                                           strlen(p->think_open))
-                                     : -1;
-    }
     return PGD_OK;
 }
 
 /* s's output constraint for p (one kind at most: validated), or none: PGD_OK, or a negative
  * status with the error line in why. */
-static int new_constraint(pgd_engine *e, seq *s, const pgd_request_params *p, char *why,
+static int kind_constraint(pgd_engine *e, seq *s, const pgd_request_params *p, char *why,
                           size_t whylen) {
     int32_t nv = e->model->cfg.n_vocab;
     if (p->n_choices) {
@@ -75,6 +65,25 @@ static int new_constraint(pgd_engine *e, seq *s, const pgd_request_params *p, ch
         return pgd_constraint_json_new(p->json_schema, p->json_schema ? p->json_schema_c : NULL,
                                        p->json_prefix, p->json_suffix, &s->cons, why, whylen);
     return PGD_OK;
+}
+
+/* The kind's constraint, behind a "think first" wrapper when p says the answer reasons before
+ * it (constrain_after; think_open: the answer may open the thinking with that token -- one the
+ * vocabulary lacks leaves the constraint on from the first token). */
+static int new_constraint(pgd_engine *e, seq *s, const pgd_request_params *p, char *why,
+                          size_t whylen) {
+    int rc = kind_constraint(e, s, p, why, whylen);
+    if (rc || !s->cons || !p->constrain_after || !*p->constrain_after) return rc;
+    int32_t tok = p->think_open ? pgd_json_vocab_find(&e->json_vocab, p->think_open,
+                                                      strlen(p->think_open))
+                                : -1;
+    if (p->think_open && tok < 0) return PGD_OK;
+    pgd_constraint *inner = s->cons;
+    s->cons = NULL;
+    if ((rc = pgd_constraint_think_first_new(inner, p->constrain_after, tok, &s->cons)))
+        snprintf(why, whylen, "%s", rc == PGD_ENOMEM ? "out of memory"
+                                                     : "constrain_after is too long");
+    return rc;
 }
 
 int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char *err,

@@ -58,19 +58,14 @@ typedef struct seq {
     int32_t sched_n;          /* tokens scheduled this step */
     int32_t logit_row;        /* row of this step's logits, or -1 */
     bool dev_sampled;         /* this step's token is sampled by the backend (b_sampled) */
-    pgd_constraint *cons;     /* the output constraint (JSON, choices, a regex, a grammar), or
-                                 NULL */
+    pgd_constraint *cons;     /* the output constraint (JSON, choices, a regex, a grammar;
+                                 maybe behind a think-first wrapper), or NULL */
     int32_t *stop_ids;        /* (n_stop_ids) vLLM's stop_token_ids */
     int32_t n_stop_ids;
     bool include_stop;        /* include_stop_str_in_output */
     uint8_t *allowed;         /* (n_vocab) allowed_token_ids as a mask, or NULL */
     int32_t stop_str, stop_tok; /* what stopped it (FINISH's stop_string / stop_token), or -1 */
     const char *err_msg;      /* why a constraint ended it (FINISH_ERROR), or NULL: the default */
-    /* constrain_after: the constraint (JSON, choices) waits for c_after while thinking */
-    enum { C_ON, C_THINKING, C_FIRST } c_wait; /* C_FIRST: think_tok or the constraint */
-    char *c_after;
-    size_t c_scan;            /* text before this was searched for c_after */
-    int32_t think_tok;        /* think_open's token, or -1 */
 } seq;
 
 typedef struct seq_list {

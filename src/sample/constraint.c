@@ -411,3 +411,106 @@ int pgd_constraint_grammar_new(const char *text, const pgd_grammar *compiled, in
     if (!rc) rc = pgd_mask_memo_init(&gc->memo, n_vocab, PGD_GRAMMAR_KEY_MAX);
     return made(&gc->base, rc, "grammar: ", msg, out, why, whylen);
 }
+
+/* ---- think first, then constrain ---- */
+
+#define THINK_AFTER_MAX 32
+
+typedef struct think_c {
+    pgd_constraint base;
+    pgd_constraint *inner;
+    enum { TF_FIRST, TF_THINKING, TF_ON } state;
+    int32_t think_tok;
+    char after[THINK_AFTER_MAX];
+    size_t after_len;
+    char tail[2 * THINK_AFTER_MAX]; /* the thinking's last bytes: a match may straddle tokens */
+    size_t tail_len;
+} think_c;
+
+static int think_masked(pgd_constraint *c, int rc, uint8_t *allow) {
+    think_c *tc = (think_c *)c;
+    if (rc == 0 && tc->state == TF_FIRST && tc->think_tok >= 0) allow[tc->think_tok] = 1;
+    return rc;
+}
+
+static int think_mask(pgd_constraint *c, const pgd_constraint_env *env, uint8_t *allow) {
+    think_c *tc = (think_c *)c;
+    if (tc->state == TF_THINKING) return PGD_CONSTRAINT_FREE;
+    return think_masked(c, pgd_constraint_mask(tc->inner, env, allow), allow);
+}
+
+static int think_mask_drop_space(pgd_constraint *c, const pgd_constraint_env *env,
+                                 uint8_t *allow) {
+    think_c *tc = (think_c *)c;
+    if (tc->state == TF_THINKING) return PGD_CONSTRAINT_FREE;
+    return think_masked(c, pgd_constraint_mask_drop_space(tc->inner, env, allow), allow);
+}
+
+/* While thinking: whether t[0..n) completes `after`, searched over the bytes kept from before
+ * and these; keeps the last after_len - 1 for the next token. */
+static bool think_ends(think_c *tc, const char *t, size_t n) {
+    size_t keep = tc->after_len - 1;
+    while (n) {
+        size_t take = n < sizeof tc->tail - tc->tail_len ? n : sizeof tc->tail - tc->tail_len;
+        memcpy(tc->tail + tc->tail_len, t, take);
+        tc->tail_len += take;
+        t += take;
+        n -= take;
+        if (memmem(tc->tail, tc->tail_len, tc->after, tc->after_len)) return true;
+        if (tc->tail_len > keep) {
+            memmove(tc->tail, tc->tail + tc->tail_len - keep, keep);
+            tc->tail_len = keep;
+        }
+    }
+    return false;
+}
+
+static pgd_constraint_step think_accept(pgd_constraint *c, const pgd_constraint_env *env,
+                                        int32_t id, const char *t, size_t n) {
+    think_c *tc = (think_c *)c;
+    if (tc->state == TF_FIRST) {
+        tc->state = id == tc->think_tok ? TF_THINKING : TF_ON;
+        if (tc->state == TF_THINKING) return PGD_CONSTRAINT_MORE;
+    }
+    if (tc->state == TF_THINKING) { /* the constraint starts with the next token */
+        if (think_ends(tc, t, n)) tc->state = TF_ON;
+        return PGD_CONSTRAINT_MORE;
+    }
+    return pgd_constraint_accept(tc->inner, env, id, t, n);
+}
+
+static void think_start(pgd_constraint *c, pgd_grammar_scratch *sc) {
+    pgd_constraint_start(((think_c *)c)->inner, sc);
+}
+
+static void think_free(pgd_constraint *c) {
+    pgd_constraint_free(((think_c *)c)->inner);
+    free(c);
+}
+
+static const pgd_constraint_ops think_ops = {
+    .mask = think_mask,
+    .mask_drop_space = think_mask_drop_space,
+    .accept = think_accept,
+    .start = think_start,
+    .free = think_free,
+};
+
+int pgd_constraint_think_first_new(pgd_constraint *inner, const char *after, int32_t think_tok,
+                                   pgd_constraint **out) {
+    *out = NULL;
+    size_t l = strlen(after);
+    think_c *tc = l && l < THINK_AFTER_MAX ? calloc(1, sizeof *tc) : NULL;
+    if (!tc) {
+        pgd_constraint_free(inner);
+        return l && l < THINK_AFTER_MAX ? PGD_ENOMEM : PGD_EINVAL;
+    }
+    tc->base.ops = &think_ops;
+    tc->inner = inner;
+    tc->think_tok = think_tok;
+    tc->state = think_tok >= 0 ? TF_FIRST : TF_THINKING;
+    memcpy(tc->after, after, l);
+    tc->after_len = l;
+    *out = &tc->base;
+    return PGD_OK;
+}

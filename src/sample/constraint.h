@@ -34,9 +34,14 @@ typedef enum {
 
 typedef struct pgd_constraint pgd_constraint;
 
+/* A mask's answer besides 0 (allow written) and -1 (past the work limit: allow all 0): the
+ * constraint holds nothing back at this token (allow left as it was). */
+#define PGD_CONSTRAINT_FREE 1
+
 typedef struct pgd_constraint_ops {
     /* allow[0..n_vocab) = 1 for the tokens that may come next (end-of-generation tokens where
-     * the output may end), else 0: 0, or -1 past the work limit (allow then all 0). */
+     * the output may end), else 0: 0, -1 past the work limit (allow then all 0), or
+     * PGD_CONSTRAINT_FREE. */
     int (*mask)(pgd_constraint *c, const pgd_constraint_env *env, uint8_t *allow);
     /* The same for tokens read less a leading space (a SentencePiece first piece, whose space
      * the text drops); a token left with no text is refused. Not memoized. */
@@ -93,6 +98,14 @@ int pgd_constraint_regex_new(const char *pattern, const pgd_regex *compiled, int
  * thread (pgd_constraint_start). Keeps a memo of masks of n_vocab bytes. */
 int pgd_constraint_grammar_new(const char *text, const pgd_grammar *compiled, int32_t n_vocab,
                                pgd_constraint **out, char *why, size_t whylen);
+
+/* "Think first, then constrain" (vLLM's reasoning with structured output): wraps inner (taken:
+ * freed with the wrapper, or on failure) so that it holds nothing back while the answer thinks,
+ * and applies from the token after the one that completes `after` (the reasoning's end,
+ * "</think>"). think_tok >= 0: the thinking has not begun, and the answer may open it with that
+ * token (any other first token starts the constraint at once); -1: it thinks from the start. */
+int pgd_constraint_think_first_new(pgd_constraint *inner, const char *after, int32_t think_tok,
+                                   pgd_constraint **out);
 
 /* The masks of a constraint's last PGD_MASK_MEMO states (a pattern like [a-z ]+ stays in a few,
  * and its mask walks most of the vocabulary), each under its state's key: words that are equal

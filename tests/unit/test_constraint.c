@@ -1,7 +1,7 @@
 /* The output-constraint interface (sample/constraint.h) over a toy vocabulary: each kind's mask,
  * drop-space mask and accept through the ops table; the regex's and grammar's masks equal the
  * walks they memoize, hit or miss; the shared mask memo's keys and eviction; the constructors'
- * error lines. */
+ * error lines; the think-first wrapper (free while thinking, the end tag found across tokens). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -183,6 +183,51 @@ static void test_memo(void) {
     pgd_mask_memo_free(&m);
 }
 
+/* "Think first": nothing held back from the opening token to the end tag ("}}" here, split
+ * over two tokens), then the inner constraint; a first token other than the opener starts the
+ * constraint at once; -1 thinks from the start; an overlong tag is refused and frees inner. */
+static void test_think_first(void) {
+    const char *ch[] = {"ab"};
+    uint8_t a[N_TOK];
+    pgd_constraint *in, *c;
+    CHECK(pgd_constraint_choice_new(ch, 1, &in) == PGD_OK);
+    CHECK(pgd_constraint_think_first_new(in, "}}", LBRACE, &c) == PGD_OK);
+    CHECK(pgd_constraint_mask(c, &env, a) == 0);
+    CHECK(!strcmp(bits(a), "010101000"));            /* a, ab, or the opener */
+    CHECK_EQ_INT(take(c, LBRACE), PGD_CONSTRAINT_MORE);
+    CHECK(pgd_constraint_mask(c, &env, a) == PGD_CONSTRAINT_FREE);
+    CHECK_EQ_INT(take(c, C), PGD_CONSTRAINT_MORE);   /* refused by "ab", not while thinking */
+    CHECK_EQ_INT(take(c, RBRACE), PGD_CONSTRAINT_MORE);
+    CHECK(pgd_constraint_mask(c, &env, a) == PGD_CONSTRAINT_FREE);
+    CHECK_EQ_INT(take(c, RBRACE), PGD_CONSTRAINT_MORE); /* "}}" complete: on from here */
+    CHECK(pgd_constraint_mask(c, &env, a) == 0);
+    CHECK(!strcmp(bits(a), "010100000"));
+    CHECK_EQ_INT(take(c, AB), PGD_CONSTRAINT_DONE);
+    pgd_constraint_free(c);
+
+    CHECK(pgd_constraint_choice_new(ch, 1, &in) == PGD_OK);
+    CHECK(pgd_constraint_think_first_new(in, "}}", LBRACE, &c) == PGD_OK);
+    CHECK_EQ_INT(take(c, A), PGD_CONSTRAINT_MORE);   /* no thinking: "a" of "ab" */
+    CHECK(pgd_constraint_mask(c, &env, a) == 0);
+    CHECK(!strcmp(bits(a), "001000000"));
+    CHECK_EQ_INT(take(c, C), PGD_CONSTRAINT_REFUSED);
+    pgd_constraint_free(c);
+
+    CHECK(pgd_constraint_choice_new(ch, 1, &in) == PGD_OK);
+    CHECK(pgd_constraint_think_first_new(in, "}", -1, &c) == PGD_OK);
+    CHECK(pgd_constraint_mask(c, &env, a) == PGD_CONSTRAINT_FREE);
+    CHECK_EQ_INT(take(c, LBRACE), PGD_CONSTRAINT_MORE); /* no opener: "{" is thinking text */
+    CHECK_EQ_INT(take(c, RBRACE), PGD_CONSTRAINT_MORE);
+    CHECK(pgd_constraint_mask(c, &env, a) == 0);
+    pgd_constraint_free(c);
+
+    char longtag[40];
+    memset(longtag, 'x', sizeof longtag - 1);
+    longtag[sizeof longtag - 1] = 0;
+    CHECK(pgd_constraint_choice_new(ch, 1, &in) == PGD_OK);
+    CHECK(pgd_constraint_think_first_new(in, longtag, -1, &c) == PGD_EINVAL && !c);
+}
+
 int main(void) {
     setup();
     test_choice();
@@ -190,6 +235,7 @@ int main(void) {
     test_grammar();
     test_json();
     test_memo();
+    test_think_first();
     pgd_grammar_scratch_free(env.gr_scratch);
     pgd_json_vocab_free(&vocab);
     return test_report("test_constraint");
