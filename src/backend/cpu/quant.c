@@ -181,6 +181,15 @@ static void unpack_k4_scales(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8]
     for (int j = 0; j < 8; j++) scale_min_k4(j, scales, &sc[j], &mn[j]);
 }
 
+/* Elements l, l + 32, l + 64 and l + 96 of a Q6_K half-block (ql: its 64 low-nibble bytes, qh:
+ * its 32 bytes of high bit pairs) as signed values, -32..31. */
+static inline void q6k_unpack4(const uint8_t *ql, const uint8_t *qh, int l, int q[4]) {
+    q[0] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+    q[1] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+    q[2] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+    q[3] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+}
+
 void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
     const uint8_t *p = src;
     float *y = dst;
@@ -288,36 +297,25 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
         return;
     }
     case PGD_TYPE_Q4_K:
-        for (int64_t b = 0; b < nb; b++, p += Q4_K_BYTES) {
+    case PGD_TYPE_Q5_K: {
+        const bool q5 = t == PGD_TYPE_Q5_K; /* a fifth bit per element from the qh bytes */
+        for (int64_t b = 0; b < nb; b++, p += q5 ? Q5_K_BYTES : Q4_K_BYTES) {
             float d = FP16(p), dmin = FP16(p + 2);
             uint8_t sc[8], mn[8];
             unpack_k4_scales(p + 4, sc, mn);
-            const uint8_t *q = p + 16;
+            const uint8_t *qh = p + 16, *q = p + (q5 ? 48 : 16);
             for (int j = 0; j < 4; j++, q += 32) {
-                float d1 = d * sc[2 * j], m1 = dmin * mn[2 * j];
-                float d2 = d * sc[2 * j + 1], m2 = dmin * mn[2 * j + 1];
-                for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xF) - m1;
-                for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
-            }
-        }
-        return;
-    case PGD_TYPE_Q5_K:
-        for (int64_t b = 0; b < nb; b++, p += Q5_K_BYTES) {
-            float d = FP16(p), dmin = FP16(p + 2);
-            uint8_t sc[8], mn[8];
-            unpack_k4_scales(p + 4, sc, mn);
-            const uint8_t *qh = p + 16, *ql = p + 48;
-            for (int j = 0; j < 4; j++, ql += 32) {
                 float d1 = d * sc[2 * j], m1 = dmin * mn[2 * j];
                 float d2 = d * sc[2 * j + 1], m2 = dmin * mn[2 * j + 1];
                 uint8_t u1 = (uint8_t)(1u << (2 * j)), u2 = (uint8_t)(2u << (2 * j));
                 for (int l = 0; l < 32; l++)
-                    *y++ = d1 * (float)((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+                    *y++ = d1 * (float)((q[l] & 0xF) + (q5 && (qh[l] & u1) ? 16 : 0)) - m1;
                 for (int l = 0; l < 32; l++)
-                    *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+                    *y++ = d2 * (float)((q[l] >> 4) + (q5 && (qh[l] & u2) ? 16 : 0)) - m2;
             }
         }
         return;
+    }
     case PGD_TYPE_Q6_K:
         for (int64_t b = 0; b < nb; b++, p += Q6_K_BYTES) {
             float d = FP16(p + 208);
@@ -326,14 +324,12 @@ void pgd_dequantize_row(pgd_type t, const void *src, float *dst, int64_t n) {
             for (int c = 0; c < 2; c++, y += 128, ql += 64, qh += 32, sc += 8) {
                 for (int l = 0; l < 32; l++) {
                     int is = l / 16;
-                    int q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
-                    int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                    int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                    int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                    y[l] = d * (float)sc[is] * (float)q1;
-                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+                    int q[4];
+                    q6k_unpack4(ql, qh, l, q);
+                    y[l] = d * (float)sc[is] * (float)q[0];
+                    y[l + 32] = d * (float)sc[is + 2] * (float)q[1];
+                    y[l + 64] = d * (float)sc[is + 4] * (float)q[2];
+                    y[l + 96] = d * (float)sc[is + 6] * (float)q[3];
                 }
             }
         }
@@ -487,34 +483,27 @@ static float dot_bf16_scalar(const uint8_t *w, const float *x, int64_t n) {
     return s;
 }
 
-static float dot_q8_0_scalar(const uint8_t *w, const act_q8 *a, int64_t nb) {
+/* Q8_0, Q4_0 and Q4_1 (t, a compile-time constant in each caller): Q4_0's nibbles less 8; Q4_1's
+ * unsigned, plus its m times the activations' sum. */
+static inline __attribute__((always_inline)) float dot_q32_scalar(const uint8_t *w,
+                                                                  const act_q8 *a, int64_t nb,
+                                                                  const pgd_type t) {
+    const int bsz = t == PGD_TYPE_Q8_0 ? Q8_0_BYTES : t == PGD_TYPE_Q4_0 ? Q4_0_BYTES : Q4_1_BYTES;
     float s = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += Q8_0_BYTES, a++) {
+    for (int64_t b = 0; b < nb; b++, w += bsz, a++) {
         int32_t isum = 0;
-        for (int l = 0; l < PGD_QK; l++) isum += (int8_t)w[2 + l] * a->qs[l];
-        s += FP16(w) * a->d * (float)isum;
-    }
-    return s;
-}
-
-static float dot_q4_0_scalar(const uint8_t *w, const act_q8 *a, int64_t nb) {
-    float s = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += Q4_0_BYTES, a++) {
-        int32_t isum = 0;
-        for (int l = 0; l < 16; l++)
-            isum += ((w[2 + l] & 0xF) - 8) * a->qs[l] + ((w[2 + l] >> 4) - 8) * a->qs[l + 16];
-        s += FP16(w) * a->d * (float)isum;
-    }
-    return s;
-}
-
-static float dot_q4_1_scalar(const uint8_t *w, const act_q8 *a, int64_t nb) {
-    float s = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += Q4_1_BYTES, a++) {
-        int32_t isum = 0;
-        for (int l = 0; l < 16; l++)
-            isum += (w[4 + l] & 0xF) * a->qs[l] + (w[4 + l] >> 4) * a->qs[l + 16];
-        s += FP16(w) * a->d * (float)isum + FP16(w + 2) * a->d * (float)a->sum;
+        if (t == PGD_TYPE_Q8_0) {
+            for (int l = 0; l < PGD_QK; l++) isum += (int8_t)w[2 + l] * a->qs[l];
+        } else {
+            const uint8_t *q = w + (t == PGD_TYPE_Q4_0 ? 2 : 4);
+            const int off = t == PGD_TYPE_Q4_0 ? 8 : 0;
+            for (int l = 0; l < 16; l++)
+                isum += ((q[l] & 0xF) - off) * a->qs[l] + ((q[l] >> 4) - off) * a->qs[l + 16];
+        }
+        if (t == PGD_TYPE_Q4_1)
+            s += FP16(w) * a->d * (float)isum + FP16(w + 2) * a->d * (float)a->sum;
+        else
+            s += FP16(w) * a->d * (float)isum;
     }
     return s;
 }
@@ -527,42 +516,26 @@ static int32_t k4_min_sum(const uint8_t *act, const uint8_t mn[8]) {
     return s;
 }
 
-static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
+/* Q4_K and Q5_K (Q5_K: each element's fifth bit from the 32 high-bit bytes after the scales). */
+static inline __attribute__((always_inline)) float dot_k45_scalar(const uint8_t *w,
+                                                                  const uint8_t *a, int64_t nb,
+                                                                  const bool q5) {
+    const int bsz = q5 ? Q5_K_BYTES : Q4_K_BYTES;
     float s = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, a += Q8_K_BYTES) {
+    for (int64_t b = 0; b < nb; b++, w += bsz, a += Q8_K_BYTES) {
         float da = pgd_ld_f32(a + Q8K_D);
         uint8_t sc[8], mn[8];
         unpack_k4_scales(w + 4, sc, mn);
-        const uint8_t *q = w + 16;
+        const uint8_t *qh = w + 16, *q = w + (q5 ? 48 : 16);
         const int8_t *x = (const int8_t *)(a + Q8K_QS);
         int32_t isum = 0;
         for (int j = 0; j < 4; j++, q += 32, x += 64) {
             int32_t s0 = 0, s1 = 0;
             for (int l = 0; l < 32; l++) {
-                s0 += (q[l] & 0xF) * x[l];
-                s1 += (q[l] >> 4) * x[l + 32];
-            }
-            isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
-        }
-        s += FP16(w) * da * (float)isum - FP16(w + 2) * da * (float)k4_min_sum(a, mn);
-    }
-    return s;
-}
-
-static float dot_q5_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
-    float s = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, a += Q8_K_BYTES) {
-        float da = pgd_ld_f32(a + Q8K_D);
-        uint8_t sc[8], mn[8];
-        unpack_k4_scales(w + 4, sc, mn);
-        const uint8_t *qh = w + 16, *ql = w + 48;
-        const int8_t *x = (const int8_t *)(a + Q8K_QS);
-        int32_t isum = 0;
-        for (int j = 0; j < 4; j++, ql += 32, x += 64) {
-            int32_t s0 = 0, s1 = 0;
-            for (int l = 0; l < 32; l++) {
-                s0 += ((ql[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4)) * x[l];
-                s1 += ((ql[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4)) * x[l + 32];
+                int h0 = q5 ? ((qh[l] >> (2 * j)) & 1) << 4 : 0;
+                int h1 = q5 ? ((qh[l] >> (2 * j + 1)) & 1) << 4 : 0;
+                s0 += ((q[l] & 0xF) | h0) * x[l];
+                s1 += ((q[l] >> 4) | h1) * x[l + 32];
             }
             isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
         }
@@ -581,12 +554,10 @@ static float dot_q6_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
         for (int c = 0; c < 2; c++, ql += 64, qh += 32, sc += 8, x += 128) {
             for (int l = 0; l < 32; l++) {
                 int is = l / 16;
-                int q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
-                int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                isum += sc[is] * q1 * x[l] + sc[is + 2] * q2 * x[l + 32] +
-                        sc[is + 4] * q3 * x[l + 64] + sc[is + 6] * q4 * x[l + 96];
+                int q[4];
+                q6k_unpack4(ql, qh, l, q);
+                isum += sc[is] * q[0] * x[l] + sc[is + 2] * q[1] * x[l + 32] +
+                        sc[is + 4] * q[2] * x[l + 64] + sc[is + 6] * q[3] * x[l + 96];
             }
         }
         s += FP16(w + 208) * pgd_ld_f32(a + Q8K_D) * (float)isum;
@@ -617,11 +588,11 @@ float pgd_vec_dot_scalar(pgd_type t, const void *w_row, const void *act, int64_t
     case PGD_TYPE_F32: return dot_f32_scalar(w_row, act, n);
     case PGD_TYPE_F16: return dot_f16_scalar(w_row, act, n);
     case PGD_TYPE_BF16: return dot_bf16_scalar(w_row, act, n);
-    case PGD_TYPE_Q8_0: return dot_q8_0_scalar(w_row, act, nb);
-    case PGD_TYPE_Q4_0: return dot_q4_0_scalar(w_row, act, nb);
-    case PGD_TYPE_Q4_1: return dot_q4_1_scalar(w_row, act, nb);
-    case PGD_TYPE_Q4_K: return dot_q4_k_scalar(w_row, act, nb);
-    case PGD_TYPE_Q5_K: return dot_q5_k_scalar(w_row, act, nb);
+    case PGD_TYPE_Q8_0: return dot_q32_scalar(w_row, act, nb, PGD_TYPE_Q8_0);
+    case PGD_TYPE_Q4_0: return dot_q32_scalar(w_row, act, nb, PGD_TYPE_Q4_0);
+    case PGD_TYPE_Q4_1: return dot_q32_scalar(w_row, act, nb, PGD_TYPE_Q4_1);
+    case PGD_TYPE_Q4_K: return dot_k45_scalar(w_row, act, nb, false);
+    case PGD_TYPE_Q5_K: return dot_k45_scalar(w_row, act, nb, true);
     case PGD_TYPE_Q6_K: return dot_q6_k_scalar(w_row, act, nb);
     default: return 0.0f;
     }
@@ -718,12 +689,6 @@ static inline __attribute__((always_inline)) float dot_q8_avx2(const uint8_t *w,
     }
     return pgd_hsum8(_mm256_add_ps(acc0, acc1));
 }
-static float dot_q8_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
-    return dot_q8_avx2(w, a, nb, false);
-}
-static float dot_q4_0_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
-    return dot_q8_avx2(w, a, nb, true);
-}
 
 /* The "+ m" term m * d_act * sum(q_act) goes into a scalar accumulator, block by block. */
 static float dot_q4_1_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
@@ -812,12 +777,6 @@ static inline __attribute__((always_inline)) float dot_k45_avx2(const uint8_t *w
     }
     return pgd_hsum8(acc) - accm;
 }
-static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
-    return dot_k45_avx2(w, a, nb, false);
-}
-static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
-    return dot_k45_avx2(w, a, nb, true);
-}
 
 /* Q6_K: q in 0..63 via maddubs, minus 32 * (pair sums of the activations), times the int8
  * scale of each 16 elements (ggml's scheme). */
@@ -892,11 +851,11 @@ float pgd_vec_dot(pgd_type t, const void *w_row, const void *act, int64_t n) {
     case PGD_TYPE_F32: return dot_f32_avx2(w_row, act, n);
     case PGD_TYPE_F16: return dot_f16_avx2(w_row, act, n);
     case PGD_TYPE_BF16: return dot_bf16_avx2(w_row, act, n);
-    case PGD_TYPE_Q8_0: return dot_q8_0_avx2(w_row, act, nb);
-    case PGD_TYPE_Q4_0: return dot_q4_0_avx2(w_row, act, nb);
+    case PGD_TYPE_Q8_0: return dot_q8_avx2(w_row, act, nb, false);
+    case PGD_TYPE_Q4_0: return dot_q8_avx2(w_row, act, nb, true);
     case PGD_TYPE_Q4_1: return dot_q4_1_avx2(w_row, act, nb);
-    case PGD_TYPE_Q4_K: return dot_q4_k_avx2(w_row, act, nb);
-    case PGD_TYPE_Q5_K: return dot_q5_k_avx2(w_row, act, nb);
+    case PGD_TYPE_Q4_K: return dot_k45_avx2(w_row, act, nb, false);
+    case PGD_TYPE_Q5_K: return dot_k45_avx2(w_row, act, nb, true);
     case PGD_TYPE_Q6_K: return dot_q6_k_avx2(w_row, act, nb);
     default: return 0.0f;
     }
