@@ -21,35 +21,9 @@ typedef struct cand {
     int32_t merged;
 } cand;
 
-static bool cand_less(const cand *x, const cand *y) {
+static bool cand_less(const void *xv, const void *yv) {
+    const cand *x = xv, *y = yv;
     return x->rank < y->rank || (x->rank == y->rank && x->pos < y->pos);
-}
-
-static void heap_push(cand *h, size_t *n, cand c) {
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!cand_less(&c, &h[p])) break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = c;
-}
-
-static cand heap_pop(cand *h, size_t *n) {
-    cand top = h[0], last = h[--*n];
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        const cand *best = &last;
-        if (l < *n && cand_less(&h[l], best)) m = l, best = &h[l];
-        if (r < *n && cand_less(&h[r], best)) m = r;
-        if (m == i) break;
-        h[i] = h[m];
-        i = m;
-    }
-    if (*n > 0) h[i] = last;
-    return top;
 }
 
 static void try_pair(const pgd_tokenizer *t, const sym *s, int32_t pos, cand *h, size_t *nh) {
@@ -59,7 +33,8 @@ static void try_pair(const pgd_tokenizer *t, const sym *s, int32_t pos, cand *h,
     int32_t merged;
     int32_t rank = pgd__tok_pair_find(t, s[pos].id, s[nx].id, &merged);
     if (rank < 0) return;
-    heap_push(h, nh, (cand){rank, pos, s[pos].id, s[nx].id, merged});
+    const cand c = {rank, pos, s[pos].id, s[nx].id, merged};
+    pgd__heap_push(h, nh, &c, sizeof c, cand_less);
 }
 
 /* Byte fallback for a piece with no token: its bytes as <0xXX> / byte-level tokens, else unk. */
@@ -80,7 +55,8 @@ static int merge_and_emit(const pgd_tokenizer *t, const unsigned char *w, sym *s
     size_t nh = 0;
     for (int32_t i = 0; i + 1 < n; i++) try_pair(t, s, i, h, &nh);
     while (nh > 0) {
-        cand c = heap_pop(h, &nh);
+        cand c;
+        pgd__heap_pop(h, &nh, &c, sizeof c, cand_less);
         sym *l = &s[c.pos];
         if (l->id != c.a || l->next < 0) continue;
         sym *r = &s[l->next];

@@ -18,35 +18,9 @@ typedef struct bigram {
 } bigram;
 
 /* max-heap: higher score first, then the leftmost */
-static bool big_before(const bigram *x, const bigram *y) {
+static bool big_before(const void *xv, const void *yv) {
+    const bigram *x = xv, *y = yv;
     return x->score > y->score || (x->score == y->score && x->left < y->left);
-}
-
-static void push(bigram *h, size_t *n, bigram b) {
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!big_before(&b, &h[p])) break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = b;
-}
-
-static bigram pop(bigram *h, size_t *n) {
-    bigram top = h[0], last = h[--*n];
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        const bigram *best = &last;
-        if (l < *n && big_before(&h[l], best)) m = l, best = &h[l];
-        if (r < *n && big_before(&h[r], best)) m = r;
-        if (m == i) break;
-        h[i] = h[m];
-        i = m;
-    }
-    if (*n > 0) h[i] = last;
-    return top;
 }
 
 static void try_bigram(const pgd_tokenizer *t, const char *s, const spm_sym *sy, int32_t l,
@@ -55,7 +29,8 @@ static void try_bigram(const pgd_tokenizer *t, const char *s, const spm_sym *sy,
     uint32_t size = sy[l].n + sy[r].n;
     int32_t id = pgd__tok_lookup(t, s + sy[l].start, size);
     if (id < 0) return;
-    push(h, nh, (bigram){t->scores ? t->scores[id] : 0.0f, l, r, size});
+    const bigram b = {t->scores ? t->scores[id] : 0.0f, l, r, size};
+    pgd__heap_push(h, nh, &b, sizeof b, big_before);
 }
 
 static int spm_chunk(const pgd_tokenizer *t, const char *s, size_t n, pgd_tok_out *o,
@@ -107,7 +82,8 @@ static int spm_chunk(const pgd_tokenizer *t, const char *s, size_t n, pgd_tok_ou
     size_t nh = 0;
     for (int32_t i = 1; i < ns; i++) try_bigram(t, s, sy, i - 1, i, h, &nh);
     while (nh > 0) {
-        bigram b = pop(h, &nh);
+        bigram b;
+        pgd__heap_pop(h, &nh, &b, sizeof b, big_before);
         spm_sym *l = &sy[b.left], *r = &sy[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue;
         l->n += r->n;

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tokenizer/tokenizer.h"
 
@@ -148,5 +149,42 @@ int pgd__pretok_split(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn
 /* GPT-2 byte-to-unicode map: the code point standing for byte b, and its inverse. */
 uint32_t pgd__bytelevel_cp(unsigned char b);
 int pgd__bytelevel_byte(uint32_t cp); /* -1 if cp is not in the map */
+
+/* The mergers' binary heap: *n elements of `size` bytes at h, before(x, y) when x comes out
+ * first. Always inlined, so each caller's constant size and comparator make it a typed heap (no
+ * calls through the pointer). push: h has room for one more; pop: the first element into *top,
+ * *n >= 1. */
+typedef bool (*pgd__heap_before)(const void *x, const void *y);
+static inline __attribute__((always_inline)) void pgd__heap_push(void *h, size_t *n, const void *x,
+                                                                size_t size,
+                                                                pgd__heap_before before) {
+    unsigned char *e = h;
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!before(x, e + p * size)) break;
+        memcpy(e + i * size, e + p * size, size);
+        i = p;
+    }
+    memcpy(e + i * size, x, size);
+}
+static inline __attribute__((always_inline)) void pgd__heap_pop(void *h, size_t *n, void *top,
+                                                               size_t size,
+                                                               pgd__heap_before before) {
+    unsigned char *e = h;
+    memcpy(top, e, size);
+    const unsigned char *last = e + --*n * size; /* past the heap now: never overwritten below */
+    size_t i = 0;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const void *best = last;
+        if (l < *n && before(e + l * size, best)) m = l, best = e + l * size;
+        if (r < *n && before(e + r * size, best)) m = r;
+        if (m == i) break;
+        memcpy(e + i * size, e + m * size, size);
+        i = m;
+    }
+    if (*n > 0) memcpy(e + i * size, last, size);
+}
 
 #endif
