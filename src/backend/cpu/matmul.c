@@ -106,12 +106,6 @@ INLINE __m256 opaque(__m256 v) {
     return v;
 }
 INLINE __m256 bcast_f16(const uint8_t *p) { return _mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(p))); }
-/* 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..15), then high (16..31). */
-INLINE __m256i nibbles32(const uint8_t *qs) {
-    __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
-}
 
 /* Block b of each of the NT tokens' Q8 activation rows: its scale broadcast, its 32 int8s. */
 INLINE void load_act_q8(const tile *g, const int NT, int64_t b, __m256i *aq, __m256 *da) {
@@ -143,7 +137,7 @@ INLINE void tile_q8(const tile *g, const int NR, const int NT, const bool q4) {
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * bsz;
-            __m256i wq = q4 ? _mm256_sub_epi8(nibbles32(wb + 2), off)
+            __m256i wq = q4 ? _mm256_sub_epi8(pgd_nibbles32(wb + 2), off)
                             : _mm256_loadu_si256((const __m256i *)(wb + 2));
             __m256i aw = _mm256_sign_epi8(wq, wq);
             __m256 dw = bcast_f16(wb);
@@ -192,7 +186,7 @@ INLINE void tile_q4_1(const tile *g, const int NR, const int NT) {
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const uint8_t *wb = g->w + (size_t)r * g->w_stride + (size_t)b * Q4_1_BYTES;
-                __m256i wq = nibbles32(wb + 4);
+                __m256i wq = pgd_nibbles32(wb + 4);
                 __m256 dw = bcast_f16(wb);
                 mf[r][b - b0] = _cvtsh_ss(pgd_ld_u16(wb + 2));
 #pragma GCC unroll 4

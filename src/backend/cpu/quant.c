@@ -655,17 +655,11 @@ static __m256i mul_sum_i8(__m256i x, __m256i y) {
 static __m256i mul_sum_u8_i8(__m256i x, __m256i y) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
 }
-/* 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..15), then high (16..31). */
-static __m256i nibbles32(const uint8_t *qs) {
-    __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
-}
 static __m256i act_qs(const act_q8 *a) { return _mm256_loadu_si256((const __m256i *)a->qs); }
 
 /* A Q8_0 block's 32 int8 weights, or a Q4_0 block's nibbles less 8. */
 static inline __attribute__((always_inline)) __m256i q8_block(const uint8_t *w, const bool q4) {
-    return q4 ? _mm256_sub_epi8(nibbles32(w + 2), _mm256_set1_epi8(8))
+    return q4 ? _mm256_sub_epi8(pgd_nibbles32(w + 2), _mm256_set1_epi8(8))
               : _mm256_loadu_si256((const __m256i *)(w + 2));
 }
 
@@ -696,8 +690,8 @@ static float dot_q4_1_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
     float accm = 0.0f;
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2, w += 2 * Q4_1_BYTES, a += 2) {
-        __m256i p0 = mul_sum_u8_i8(nibbles32(w + 4), act_qs(a));
-        __m256i p1 = mul_sum_u8_i8(nibbles32(w + Q4_1_BYTES + 4), act_qs(a + 1));
+        __m256i p0 = mul_sum_u8_i8(pgd_nibbles32(w + 4), act_qs(a));
+        __m256i p1 = mul_sum_u8_i8(pgd_nibbles32(w + Q4_1_BYTES + 4), act_qs(a + 1));
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + Q4_1_BYTES) * a[1].d),
                                _mm256_cvtepi32_ps(p1), acc1);
@@ -705,7 +699,7 @@ static float dot_q4_1_avx2(const uint8_t *w, const act_q8 *a, int64_t nb) {
         accm += FP16X(w + Q4_1_BYTES + 2) * a[1].d * (float)a[1].sum;
     }
     if (b < nb) {
-        __m256i p0 = mul_sum_u8_i8(nibbles32(w + 4), act_qs(a));
+        __m256i p0 = mul_sum_u8_i8(pgd_nibbles32(w + 4), act_qs(a));
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * a[0].d), _mm256_cvtepi32_ps(p0), acc0);
         accm += FP16X(w + 2) * a[0].d * (float)a[0].sum;
     }

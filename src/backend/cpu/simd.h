@@ -159,6 +159,13 @@ static inline __m256 pgd_gelu8(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
+/* 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..15), then high (16..31). */
+static inline __attribute__((always_inline)) __m256i pgd_nibbles32(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
+}
+
 /* Sum of the 8 lanes in a fixed tree: ((0+4) + (2+6)) + ((1+5) + (3+7)). */
 static inline float pgd_hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
