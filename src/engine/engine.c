@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -692,6 +693,7 @@ int pgd_engine_poll(pgd_engine *e, pgd_event *out, int max, int timeout_ms) {
 
 static void *engine_main(void *arg) {
     pgd_engine *e = arg;
+    prctl(PR_SET_NAME, "pgd-engine"); /* (top -H; the server's fault-injection test) */
     while (!e->stop_thread) {
         if (!pgd_engine_has_work(e)) {
             pthread_mutex_lock(&e->in_mu);

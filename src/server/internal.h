@@ -144,6 +144,8 @@ struct server {
     pgd_reasoning_format reasoning_format; /* of the chat answers (--reasoning-parser) */
     bool loading;              /* the load work is queued or running (it writes s->engine) */
     int in_flight;             /* requests accepted and not yet answered */
+    int n_contexts;            /* request contexts allocated and not yet freed (the refcounts'
+                                  check: 0 once every answer is done) */
     struct req_ctx *live;      /* every context whose connection has not completed */
     bool stopping;             /* shutting down: close connections instead of waiting */
     uint64_t next_req;

@@ -364,7 +364,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
     int code = s->exit_code;
-    if (!code) fprintf(stderr, "{\"event\":\"stopped\"}\n");
+    if (!code) fprintf(stderr, "{\"event\":\"stopped\",\"contexts_left\":%d}\n", s->n_contexts);
     pgd_engine_free(s->engine);
     if (s->tok) pgd_tokenizer_free(s->tok);
     if (s->tmpl) pgd_jinja_free(s->tmpl);

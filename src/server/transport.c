@@ -45,6 +45,7 @@ void pgd__ctx_unref(req_ctx *c) {
     free(c->lora_name);
     free(c->lora_path);
     if (c->dialect && c->dstate) c->dialect->free_state(c->dstate);
+    c->s->n_contexts--;
     free(c);
 }
 
@@ -399,6 +400,7 @@ enum MHD_Result pgd__handler(void *cls, struct MHD_Connection *conn, const char 
     if (!c) {
         c = calloc(1, sizeof *c);
         if (!c) return MHD_NO;
+        s->n_contexts++;
         c->s = s;
         c->conn = conn;
         c->model = s->model_name;
