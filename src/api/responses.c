@@ -747,14 +747,20 @@ static void stream_start(void *state, pgd_sbuf *out) {
     }
 }
 
+/* Output item k (item: a reasoning or a message, kind "rs" or "msg") added, with its first,
+ * empty part. */
+static void open_item(resp_state *st, pgd_sbuf *out, cJSON *item, const char *kind, int k,
+                      cJSON *part) {
+    ev_item_added(st, out, "response.output_item.added", item, k);
+    cJSON *e = ev_item(st, "response.content_part.added", kind, k);
+    cJSON_AddItemToObject(e, "part", part);
+    ev_send(out, e);
+}
+
 static void open_reasoning(resp_state *st, pgd_sbuf *out) {
     int k = st->n_items++;
     st->r_open = true;
-    ev_item_added(st, out, "response.output_item.added", reasoning_item(st, k, "in_progress", false),
-                  k);
-    cJSON *e = ev_item(st, "response.content_part.added", "rs", k);
-    cJSON_AddItemToObject(e, "part", reasoning_part(""));
-    ev_send(out, e);
+    open_item(st, out, reasoning_item(st, k, "in_progress", false), "rs", k, reasoning_part(""));
 }
 
 /* next: the content or a call begins (the reasoning has ended), else the answer has. */
@@ -780,11 +786,7 @@ static void open_message(resp_state *st, pgd_sbuf *out, bool next) {
     close_reasoning(st, out, next);
     int k = st->n_items++;
     st->m_open = true;
-    ev_item_added(st, out, "response.output_item.added", message_item(st, k, "in_progress", false),
-                  k);
-    cJSON *e = ev_item(st, "response.content_part.added", "msg", k);
-    cJSON_AddItemToObject(e, "part", text_part(""));
-    ev_send(out, e);
+    open_item(st, out, message_item(st, k, "in_progress", false), "msg", k, text_part(""));
 }
 
 static void close_message(resp_state *st, pgd_sbuf *out) {

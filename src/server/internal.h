@@ -167,15 +167,16 @@ enum {
     ROUTE_LORA_ADMIN = 1 << 2, /* exists only with --allow-runtime-lora-updating (as vLLM's) */
 };
 
-typedef enum MHD_Result (*route_fn)(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                    const char *method, const char *url);
+/* A route's handler, called once the request (and any body) is read. */
+typedef enum MHD_Result route_fn(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                 const char *method, const char *url);
 
 struct route_def {
     const char *path;
     route rt;
     const char *methods, *allow;
     unsigned flags;
-    route_fn handler;
+    route_fn *handler;
 };
 
 /* transport.c: libmicrohttpd and libuv glue, request bodies, auth, headers, SSE buffering,
@@ -197,6 +198,8 @@ void pgd__mhd_poll_cb(uv_poll_t *p, int status, int events);
 void pgd__liveness_cb(uv_timer_t *t);
 int pgd__queue_conn_work(server *s, req_ctx *c, struct MHD_Connection *conn, uv_work_cb run,
                          uv_after_work_cb after);
+enum MHD_Result pgd__answer_after_work(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                       uv_work_cb run, uv_after_work_cb after);
 enum MHD_Result pgd__answer_text(req_ctx *c, struct MHD_Connection *conn, const char *fmt,
                                  const char *name);
 enum MHD_Result pgd__handler(void *cls, struct MHD_Connection *conn, const char *url,
@@ -215,28 +218,12 @@ void pgd__engine_notify(void *arg);
 
 /* openai_routes.c: the API routes (completions, chat, embeddings, Messages, Responses, tokenize,
  * models) */
-enum MHD_Result pgd__answer_models(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                   const char *method, const char *url);
-enum MHD_Result pgd__answer_stored_response(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                            const char *method, const char *url);
-enum MHD_Result pgd__route_tokenize(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                    const char *method, const char *url);
-enum MHD_Result pgd__route_generate(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                    const char *method, const char *url);
-enum MHD_Result pgd__answer_model(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                  const char *method, const char *url);
+route_fn pgd__answer_models, pgd__answer_stored_response, pgd__route_tokenize, pgd__route_generate,
+         pgd__answer_model;
 
 /* admin.c: the operations routes (health, metrics, version, kv_plan, LoRA load/unload) */
-enum MHD_Result pgd__lora_update(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                 const char *method, const char *url);
-enum MHD_Result pgd__answer_kv_plan(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                    const char *method, const char *url);
-enum MHD_Result pgd__answer_health(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                   const char *method, const char *url);
-enum MHD_Result pgd__answer_metrics(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                    const char *method, const char *url);
-enum MHD_Result pgd__answer_version(server *s, req_ctx *c, struct MHD_Connection *conn,
-                                    const char *method, const char *url);
+route_fn pgd__lora_update, pgd__answer_kv_plan, pgd__answer_health, pgd__answer_metrics,
+         pgd__answer_version;
 
 /* routes.c: the route table */
 const route_def *pgd__find_route(const char *url);

@@ -570,13 +570,7 @@ enum MHD_Result pgd__answer_stored_response(server *s, req_ctx *c, struct MHD_Co
 enum MHD_Result pgd__route_tokenize(server *s, req_ctx *c, struct MHD_Connection *conn,
                                       const char *method, const char *url) {
     (void)method, (void)url;
-    pgd_api_error e;
-    if (pgd__queue_conn_work(s, c, conn, tokenize_work_cb, tokenize_after_cb)) {
-        pgd_api_error_set(&e, 500, "server_error", NULL, NULL,
-                          "cannot schedule the request");
-        return pgd__send_error(c, conn, &e);
-    }
-    return MHD_YES;
+    return pgd__answer_after_work(s, c, conn, tokenize_work_cb, tokenize_after_cb);
 }
 
 /* The generating routes: completions, chat, embeddings, and the dialects that ride chat
@@ -613,14 +607,8 @@ enum MHD_Result pgd__route_generate(server *s, req_ctx *c, struct MHD_Connection
                           "this model has no chat template; use /v1/completions");
         return pgd__send_error(c, conn, &e);
     }
-    if (c->rt == R_COUNT_TOKENS) {
-        if (pgd__queue_conn_work(s, c, conn, count_tokens_work_cb, tokenize_after_cb)) {
-            pgd_api_error_set(&e, 500, "server_error", NULL, NULL,
-                              "cannot schedule the request");
-            return pgd__send_error(c, conn, &e);
-        }
-        return MHD_YES;
-    }
+    if (c->rt == R_COUNT_TOKENS)
+        return pgd__answer_after_work(s, c, conn, count_tokens_work_cb, tokenize_after_cb);
     if ((c->rt == R_CHAT || c->dialect) && too_many_messages(s, c->api.messages, &e)) {
         pgd_metrics_count_reject(&s->metrics, PGD_REJ_OVERSIZED);
         return pgd__send_error(c, conn, &e);
@@ -632,11 +620,7 @@ enum MHD_Result pgd__route_generate(server *s, req_ctx *c, struct MHD_Connection
                  ((uint64_t)c->created << 24) ^ ++s->next_req);
     if (c->rt == R_RESPONSES && pgd_responses_background(c->dstate))
         return start_background(s, c, conn);
-    if (pgd__queue_conn_work(s, c, conn, work_cb, after_work_cb)) {
-        pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "cannot schedule the request");
-        return pgd__send_error(c, conn, &e);
-    }
-    return MHD_YES;
+    return pgd__answer_after_work(s, c, conn, work_cb, after_work_cb);
 }
 
 /* GET /v1/models/{id}: the model or an adapter, as /v1/models lists them (OpenAI's 404 else). */

@@ -55,31 +55,9 @@ int32_t pgd__lora_slot_of(const server *s, const char *name) {
 
 static void load_work_cb(uv_work_t *w) {
     server *s = w->data;
-    pgd_engine_config ec;
-    pgd_engine_config_default(&ec);
-    ec.model_path = s->cfg.model;
-    ec.weights_f32 = s->cfg.weights_f32;
-    ec.n_threads = s->cfg.threads;
-    ec.n_ctx = s->cfg.ctx;
-    ec.block_size = s->cfg.block_size;
-    ec.kv_cache_bytes = s->cfg.kv_cache_bytes;
-    ec.kv_dtype = !strcmp(s->cfg.kv_dtype, "f16") ? PGD_KV_F16
-                  : !strcmp(s->cfg.kv_dtype, "bf16") ? PGD_KV_BF16 : PGD_KV_F32;
-    ec.max_num_batched_tokens = s->cfg.max_num_batched_tokens;
-    ec.max_num_seqs = s->cfg.max_num_seqs;
-    ec.no_prefix_caching = s->cfg.no_prefix_caching;
-    ec.priority_scheduling = s->limits.priority_scheduling;
+    pgd_engine_config ec; /* the options table's, as generate, batch and bench make it */
+    pgd_engine_opts_config(&s->cfg.engine, &ec);
     ec.max_waiting = s->cfg.max_waiting;
-    ec.speculative = !strcmp(s->cfg.speculative, "ngram")   ? PGD_SPEC_NGRAM
-                     : !strcmp(s->cfg.speculative, "draft") ? PGD_SPEC_DRAFT
-                                                            : PGD_SPEC_NONE;
-    ec.num_speculative_tokens = s->cfg.num_speculative_tokens;
-    ec.draft_model_path = s->cfg.draft_model;
-    ec.speculative_disable_by_batch_size = s->cfg.speculative_disable_by_batch_size;
-    ec.device = s->cfg.device;
-    ec.tensor_parallel_size = s->cfg.tensor_parallel_size;
-    ec.load_format_dummy = !strcmp(s->cfg.load_format, "dummy");
-    ec.gpu_memory_utilization = s->cfg.gpu_memory_utilization;
     ec.lora_paths = (const char *const *)s->lora_paths;
     ec.n_loras = s->n_static_loras;
     ec.max_loras = s->n_loras;

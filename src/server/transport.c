@@ -253,6 +253,15 @@ int pgd__queue_conn_work(server *s, req_ctx *c, struct MHD_Connection *conn,
     return -1;
 }
 
+/* pgd__queue_conn_work, or a 500 when the work cannot be queued. */
+enum MHD_Result pgd__answer_after_work(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                       uv_work_cb run, uv_after_work_cb after) {
+    if (!pgd__queue_conn_work(s, c, conn, run, after)) return MHD_YES;
+    pgd_api_error e;
+    pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "cannot schedule the request");
+    return pgd__send_error(c, conn, &e);
+}
+
 /* ---- LoRA adapters at run time ---- */
 
 /* A 200 answer of plain text (vLLM answers its LoRA routes so). */
