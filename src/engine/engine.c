@@ -16,16 +16,33 @@
 
 /* ---- events ---- */
 
-/* Grows the outbox to hold at least need events; out_mu held. Rare: the capacity doubles. */
-static int outbox_grow(pgd_engine *e, size_t need) {
-    if (need <= e->cap_events) return PGD_OK;
-    size_t nc = e->cap_events ? e->cap_events * 2 : 256;
-    if (nc < need) nc = need;
-    pgd_event *n = realloc(e->events, nc * sizeof *n);
-    if (!n) return PGD_ENOMEM;
-    e->events = n;
-    e->cap_events = nc;
-    return PGD_OK;
+/* Locks out_mu with room in the outbox for extra more events beside those queued and the
+ * FINISH slots reserved: PGD_OK, or PGD_ENOMEM (still locked, the outbox as it was). A larger
+ * outbox is allocated with the lock released; under it the queued events are copied over and
+ * the buffers swapped (rare: the capacity doubles), so a poll never waits on an allocation. */
+static int outbox_lock_room(pgd_engine *e, size_t extra) {
+    pthread_mutex_lock(&e->out_mu);
+    for (;;) {
+        size_t need = e->n_events + e->n_fin_reserved + extra, cap = e->cap_events;
+        if (need <= cap) return PGD_OK;
+        pthread_mutex_unlock(&e->out_mu);
+        size_t nc = cap ? cap * 2 : 256;
+        if (nc < need) nc = need;
+        pgd_event *n = nc <= SIZE_MAX / sizeof *n ? malloc(nc * sizeof *n) : NULL;
+        pthread_mutex_lock(&e->out_mu);
+        if (!n) return PGD_ENOMEM;
+        if (e->cap_events != cap || e->n_events > nc) { /* another thread grew it meanwhile */
+            free(n);
+            continue;
+        }
+        memcpy(n, e->events, e->n_events * sizeof *n);
+        pgd_event *old = e->events;
+        e->events = n;
+        e->cap_events = nc;
+        pthread_mutex_unlock(&e->out_mu);
+        free(old);
+        pthread_mutex_lock(&e->out_mu);
+    }
 }
 
 /* Moves this step's events to the outbox in one critical section, with the stats: FINISH events
@@ -35,9 +52,8 @@ static void publish(pgd_engine *e) {
     int32_t n_fin = 0;
     for (int32_t i = 0; i < e->n_step_ev; i++) n_fin += e->step_ev[i].type == PGD_EVENT_FINISH;
     size_t n_tok = (size_t)(e->n_step_ev - n_fin);
-    pthread_mutex_lock(&e->out_mu);
+    outbox_lock_room(e, n_tok); /* (out of memory: room for fewer tokens) */
     PGD_ASSERT((size_t)n_fin <= e->n_fin_reserved);
-    outbox_grow(e, e->n_events + e->n_fin_reserved + n_tok); /* else room for fewer tokens */
     size_t room = e->cap_events - e->n_events - e->n_fin_reserved; /* token events that fit */
     for (int32_t i = 0; i < e->n_step_ev; i++) {
         const pgd_event *ev = &e->step_ev[i];
@@ -54,8 +70,7 @@ static void publish(pgd_engine *e) {
 
 /* Reserves the outbox slot of a new request's FINISH: 0 or PGD_ENOMEM. Any thread. */
 static int reserve_finish(pgd_engine *e) {
-    pthread_mutex_lock(&e->out_mu);
-    int rc = outbox_grow(e, e->n_events + e->n_fin_reserved + 1);
+    int rc = outbox_lock_room(e, 1);
     if (!rc) e->n_fin_reserved++;
     pthread_mutex_unlock(&e->out_mu);
     return rc;
