@@ -234,6 +234,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->next_id = 1;
     pthread_mutex_init(&e->in_mu, NULL);
     pthread_mutex_init(&e->lora_mu, NULL);
+    pthread_mutex_init(&e->fwd_mu, NULL);
     pthread_mutex_init(&e->out_mu, NULL);
     pthread_cond_init(&e->out_cv, NULL);
     pthread_cond_init(&e->in_cv, NULL);
@@ -405,6 +406,7 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->lora_users);
     free(e->lora_retired);
     pthread_mutex_destroy(&e->lora_mu);
+    pthread_mutex_destroy(&e->fwd_mu);
     pgd_draft_free(&e->draft);
     pgd_kv_cache_free(&e->kv);
     pgd_kv_mgr_free(&e->mgr);
@@ -527,7 +529,7 @@ void pgd_engine_abort(pgd_engine *e, uint64_t id) {
 
 /* ---- LoRA slots ---- */
 
-/* Empties slot k (index k - 1) and frees its adapter; lora_mu held. */
+/* Empties slot k (index k - 1) and frees its adapter; fwd_mu and lora_mu held. */
 static void lora_slot_free(pgd_engine *e, int32_t k) {
     pgd_err perr;
     pgd_fwd_set_lora(&e->fwd, k + 1, NULL, &perr); /* emptying allocates nothing: cannot fail */
@@ -536,9 +538,29 @@ static void lora_slot_free(pgd_engine *e, int32_t k) {
     e->lora_retired[k] = false;
 }
 
-/* Puts adapter l (taken over, freed on failure) into a free slot, *k its number. */
-static int install_lora(pgd_engine *e, pgd_lora *l, int32_t *k, pgd_err *err) {
+/* Frees the retired slots no sequence holds; fwd_mu and lora_mu held. */
+static void lora_sweep(pgd_engine *e) {
+    __atomic_store_n(&e->lora_gc, false, __ATOMIC_RELAXED);
+    for (int32_t k = 0; k < e->n_loras; k++)
+        if (e->loras[k] && e->lora_retired[k] && e->lora_users[k] == 0) lora_slot_free(e, k);
+}
+
+/* The engine thread, between steps: frees what unloads and finished sequences left. */
+static void lora_collect(pgd_engine *e) {
+    if (!__atomic_load_n(&e->lora_gc, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&e->fwd_mu);
     pthread_mutex_lock(&e->lora_mu);
+    lora_sweep(e);
+    pthread_mutex_unlock(&e->lora_mu);
+    pthread_mutex_unlock(&e->fwd_mu);
+}
+
+/* Puts adapter l (taken over, freed on failure) into a free slot, *k its number. Waits for the
+ * forward pass in progress (a pool thread: never the I/O thread). */
+static int install_lora(pgd_engine *e, pgd_lora *l, int32_t *k, pgd_err *err) {
+    pthread_mutex_lock(&e->fwd_mu);
+    pthread_mutex_lock(&e->lora_mu);
+    lora_sweep(e); /* an unloaded slot is free again */
     int32_t i = 0;
     while (i < e->n_loras && e->loras[i]) i++;
     int rc = i == e->n_loras ? pgd_err_set(err, PGD_ERANGE, "%s: all %d LoRA adapter slots are "
@@ -552,16 +574,27 @@ static int install_lora(pgd_engine *e, pgd_lora *l, int32_t *k, pgd_err *err) {
         *k = i + 1;
     }
     pthread_mutex_unlock(&e->lora_mu);
+    pthread_mutex_unlock(&e->fwd_mu);
     if (rc) pgd_lora_free(l);
     return rc;
 }
 
-/* A finished sequence lets go of its adapter; the last one out of an unloaded slot frees it. */
+/* Marks that a retired slot may be free, and wakes the engine thread to collect it. */
+static void lora_gc_request(pgd_engine *e) {
+    __atomic_store_n(&e->lora_gc, true, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&e->in_mu);
+    pthread_cond_signal(&e->in_cv);
+    pthread_mutex_unlock(&e->in_mu);
+}
+
+/* A finished sequence lets go of its adapter; the last one out of an unloaded slot has it freed
+ * before the next step. Engine thread. */
 void pgd__lora_release(pgd_engine *e, seq *s) {
     if (!s->lora) return;
     pthread_mutex_lock(&e->lora_mu);
     int32_t k = s->lora - 1;
-    if (--e->lora_users[k] == 0 && e->lora_retired[k]) lora_slot_free(e, k);
+    if (--e->lora_users[k] == 0 && e->lora_retired[k])
+        __atomic_store_n(&e->lora_gc, true, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&e->lora_mu);
     s->lora = 0;
 }
@@ -580,14 +613,13 @@ int pgd_engine_load_lora(pgd_engine *e, const char *path, int32_t *lora, char *e
 
 int pgd_engine_unload_lora(pgd_engine *e, int32_t lora) {
     if (lora < 1 || lora > e->n_loras) return PGD_ENOENT;
-    pthread_mutex_lock(&e->lora_mu);
+    pthread_mutex_lock(&e->lora_mu); /* (bookkeeping only: never waits on a forward pass) */
     int32_t k = lora - 1;
     int rc = e->loras[k] && !e->lora_retired[k] ? PGD_OK : PGD_ENOENT;
-    if (!rc) {
-        e->lora_retired[k] = true;
-        if (e->lora_users[k] == 0) lora_slot_free(e, k);
-    }
+    bool idle = !rc && e->lora_users[k] == 0;
+    if (!rc) e->lora_retired[k] = true; /* no new request takes it; freed once none holds it */
     pthread_mutex_unlock(&e->lora_mu);
+    if (idle) lora_gc_request(e);
     return rc;
 }
 
@@ -644,6 +676,7 @@ static void snapshot_stats(pgd_engine *e) {
 }
 
 int pgd_engine_step(pgd_engine *e) {
+    lora_collect(e);
     drain_inbox(e);
     int32_t ns = 0;
     int32_t used = pgd_sched_step(&e->sched, e->b_seqs, &ns); /* schedule */
@@ -710,9 +743,11 @@ static void *engine_main(void *arg) {
     pgd_engine *e = arg;
     prctl(PR_SET_NAME, "pgd-engine"); /* (top -H; the server's fault-injection test) */
     while (!e->stop_thread) {
+        lora_collect(e);
         if (!pgd_engine_has_work(e)) {
             pthread_mutex_lock(&e->in_mu);
-            while (!e->stop_thread && e->incoming.n == 0 && e->n_aborts == 0)
+            while (!e->stop_thread && e->incoming.n == 0 && e->n_aborts == 0 &&
+                   !__atomic_load_n(&e->lora_gc, __ATOMIC_ACQUIRE))
                 pthread_cond_wait(&e->in_cv, &e->in_mu);
             pthread_mutex_unlock(&e->in_mu);
             continue;

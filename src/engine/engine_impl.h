@@ -26,11 +26,14 @@ struct pgd_engine {
     pgd_model *model;
     pgd_pool *pool;
     pgd_fwd fwd;
-    /* LoRA slots 1..n_loras (loras[k - 1], NULL: free), changed between steps under lora_mu
-     * (the engine thread holds it over each forward pass): each one's prefix-cache namespace
+    /* LoRA slots 1..n_loras (loras[k - 1], NULL: free): each one's prefix-cache namespace
      * (never reused: a new load is a new namespace), the sequences holding it, and whether it
-     * was unloaded while held */
-    pthread_mutex_t lora_mu;
+     * was unloaded (retired). lora_mu guards this bookkeeping only, never over compute (submit
+     * and unload take it on the I/O thread); a slot's weights change under fwd_mu, which the
+     * engine thread holds over each forward pass: a load (a pool thread) installs under it, and
+     * a retired slot no sequence holds is freed by the engine thread between steps (lora_gc). */
+    pthread_mutex_t lora_mu, fwd_mu;
+    bool lora_gc;              /* (atomic) a retired slot may be free to collect */
     struct pgd_lora **loras;
     uint32_t *lora_ns;
     int32_t *lora_users;

@@ -109,8 +109,8 @@ int pgd__run(pgd_engine *e, int32_t ns, int32_t *n_tokens) {
                    .logit_rows = e->b_rows, .hidden = b_hidden ? e->hidden : NULL,
                    .seq_lora = e->n_loras ? e->b_lora : NULL};
     if (e->device_sampling && nl > 0) plan_device_sampling(e, ns, &b);
-    if (e->n_loras) pthread_mutex_lock(&e->lora_mu); /* adapters change between steps only */
+    if (e->n_loras) pthread_mutex_lock(&e->fwd_mu); /* (a load installs between passes) */
     int rc = pgd_model_forward(&e->fwd, &e->kv, &b);
-    if (e->n_loras) pthread_mutex_unlock(&e->lora_mu);
+    if (e->n_loras) pthread_mutex_unlock(&e->fwd_mu);
     return rc;
 }
