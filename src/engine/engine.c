@@ -185,12 +185,12 @@ static int install_lora(pgd_engine *e, pgd_lora *l, int32_t *k, pgd_err *err);
 
 static void hook_unpropose(void *ctx, seq *s) {
     pgd_engine *e = ctx;
-    if (e->spec_mode == PGD_SPEC_DRAFT) pgd_draft_rollback(&e->draft, &s->dseq, s->n_tokens);
+    if (e->spec_mode == PGD_SPEC_DRAFT) pgd_draft_rollback(&e->draft, &s->out->dseq, s->n_tokens);
 }
 
 static void hook_release(void *ctx, seq *s) {
     pgd_engine *e = ctx;
-    if (e->spec_mode == PGD_SPEC_DRAFT) pgd_draft_seq_release(&e->draft, &s->dseq);
+    if (e->spec_mode == PGD_SPEC_DRAFT) pgd_draft_seq_release(&e->draft, &s->out->dseq);
 }
 
 /* (a grammar starts on the engine thread: it needs the engine's scratch) */
@@ -796,8 +796,8 @@ static int check_tables(const pgd_kv_mgr *m, const seq_list *running, const seq_
     const seq_list *lists[2] = {running, waiting};
     for (int l = 0; l < 2; l++)
         for (const seq *s = lists[l]->head; s; s = s->next) {
-            const pgd_kv_seq *kv = draft ? &s->dseq.kv : &s->kv;
-            int32_t n = draft ? s->dseq.n_computed : s->n_computed;
+            const pgd_kv_seq *kv = draft ? &s->out->dseq.kv : &s->kv;
+            int32_t n = draft ? s->out->dseq.n_computed : s->n_computed;
             int32_t want = l == 1 && !draft ? 0 : (n + m->block_size - 1) / m->block_size;
             if (kv->n_blocks != want) return PGD_EFORMAT;
             if (draft && n > s->n_tokens) return PGD_EFORMAT;

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/pool.h"
 #include "engine/request.h"
+#include "engine/seq_out.h"
 #include "engine/scheduler.h"
 #include "kv/kv.h"
 #include "model/lora.h"

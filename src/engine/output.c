@@ -92,12 +92,12 @@ static pgd_finish_reason accept_token(pgd_engine *e, seq *s, int32_t id, pgd_eve
     pgd_finish_reason why = eog || s->stop_tok >= 0 ? PGD_FINISH_STOP : 0;
     if (why && !s->include_stop) return why;
     if (text_reserve(s, pgd_detok_cap(e->model->tok)) == 0) {
-        int nb = pgd_detok_push(&s->detok, id, s->text + s->text_len, s->text_cap - s->text_len);
+        int nb = pgd_detok_push(&s->out->detok, id, s->text + s->text_len, s->text_cap - s->text_len);
         if (nb > 0) s->text_len += (size_t)nb;
     } /* out of memory: the token's text is lost, the generation goes on */
     /* no stop string ends the generation before min_tokens (as in vLLM, whose stop check
      * returns early until then) */
-    int n_stop = !why && s->n_tokens - s->n_prompt >= s->sampler.params.min_tokens ? s->n_stop : 0;
+    int n_stop = !why && s->n_tokens - s->n_prompt >= s->out->sampler.params.min_tokens ? s->n_stop : 0;
     for (int i = 0; i < n_stop; i++) {
         /* a match must start at or after emitted: earlier text was checked when emitted */
         size_t from = s->emitted, l = strlen(s->stop[i]);
@@ -203,7 +203,7 @@ static pgd_constraint_env constraint_env(pgd_engine *e) {
 /* SentencePiece with a dummy prefix after a prompt of BOS alone: the detokenizer drops the
  * next piece's leading space (pgd_detok), so the constraints must not see it either. */
 static bool drops_space(const pgd_engine *e, const seq *s) {
-    return e->model->tok && pgd_detok_drops_space(&s->detok);
+    return e->model->tok && pgd_detok_drops_space(&s->out->detok);
 }
 
 /* The bytes token id adds to the text: its piece, less a leading space when drop. */
@@ -218,7 +218,7 @@ static const char *token_text(const pgd_engine *e, int32_t id, bool drop, size_t
  * narrowed to allowed_token_ids, and without the stop tokens while output < min_tokens. */
 static bool build_mask(pgd_engine *e, seq *s) {
     int32_t nv = e->model->cfg.n_vocab;
-    bool under_min = s->n_stop_ids > 0 && s->n_tokens - s->n_prompt < s->sampler.params.min_tokens;
+    bool under_min = s->n_stop_ids > 0 && s->n_tokens - s->n_prompt < s->out->sampler.params.min_tokens;
     bool constrained = constrained_output(s);
     uint8_t *a = e->json_allow;
     if (constrained) {
@@ -279,13 +279,13 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
         }
         pgd_sampler_dist d;
         bool masked = build_mask(e, s);
-        if (masked) s->sampler.allow = e->json_allow;
-        pgd_sampler_dist_compute(&s->sampler, lg, s->tokens, s->n_prompt, s->n_tokens, &d);
-        s->sampler.allow = NULL;
+        if (masked) s->out->sampler.allow = e->json_allow;
+        pgd_sampler_dist_compute(&s->out->sampler, lg, s->tokens, s->n_prompt, s->n_tokens, &d);
+        s->out->sampler.allow = NULL;
         bool accepted = false;
-        int32_t id = j == k ? pgd_sampler_draw(&s->sampler, &d)
+        int32_t id = j == k ? pgd_sampler_draw(&s->out->sampler, &d)
                    : e->spec_broken ? (accepted = true, drafts[j])
-                                    : pgd_spec_verify_token(&s->sampler, &d, drafts[j], NULL,
+                                    : pgd_spec_verify_token(&s->out->sampler, &d, drafts[j], NULL,
                                                             &accepted);
         /* a masked token: the masks left none with a finite logit (allowed_token_ids outside
          * what the JSON or the choices allow, or non-finite logits) and the sampler fell back
@@ -308,7 +308,7 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
         e->stats.spec_accepted_tokens += n_acc;
         s->n_spec_draft += k;
         s->n_spec_accepted += n_acc;
-        pgd_spec_adapt_update(&s->adapt, k, n_acc);
+        pgd_spec_adapt_update(&s->out->adapt, k, n_acc);
     }
     if (why) return why;
     /* K/V is valid for the tokens that were inputs and survived: all but the newest */
@@ -316,8 +316,8 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
     if (k > 0) pgd_kv_truncate(&e->mgr, &s->kv, s->n_computed);
     pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
     if (e->spec_mode == PGD_SPEC_DRAFT) {
-        int32_t dn = s->dseq.n_computed < s->n_tokens - 1 ? s->dseq.n_computed : s->n_tokens - 1;
-        pgd_draft_rollback(&e->draft, &s->dseq, dn);
+        int32_t dn = s->out->dseq.n_computed < s->n_tokens - 1 ? s->out->dseq.n_computed : s->n_tokens - 1;
+        pgd_draft_rollback(&e->draft, &s->out->dseq, dn);
     }
     return 0;
 }
@@ -340,7 +340,7 @@ void pgd__finish(pgd_engine *e, seq *s, pgd_finish_reason why, const char *error
         /* bytes of a character the generation stopped in the middle of: one U+FFFD, as
          * Hugging Face's decode reports them, so the text stays valid UTF-8 */
         if (text_reserve(s, 3) == 0) {
-            int nb = pgd_detok_flush(&s->detok, s->text + s->text_len, 3);
+            int nb = pgd_detok_flush(&s->out->detok, s->text + s->text_len, 3);
             if (nb > 0) s->text_len += (size_t)nb;
         }
     }

@@ -11,12 +11,20 @@ int pgd__fail(char *err, size_t errlen, int rc, const char *fmt, const char *arg
     return rc;
 }
 
+/* The record and its seq_out in one allocation (the record first: freeing it frees both). */
+typedef struct seq_block {
+    seq s;
+    struct seq_out out;
+} seq_block;
+
 void pgd__seq_free(seq *s) {
     if (!s) return;
     free(s->tokens);
     pgd_kv_seq_free(&s->kv);
-    pgd_draft_seq_free(&s->dseq);
-    pgd_sampler_free(&s->sampler);
+    if (s->out) { /* (a record made without one: the scheduler's tests) */
+        pgd_draft_seq_free(&s->out->dseq);
+        pgd_sampler_free(&s->out->sampler);
+    }
     pgd_constraint_free(s->cons);
     for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
     free(s->stop_ids);
@@ -167,8 +175,10 @@ int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char
         if (l == 0 || l > PGD_MAX_CHOICE_LEN)
             return pgd__fail(err, errlen, PGD_EINVAL, "%s", "choices must be 1 to 4096 bytes");
     }
-    seq *s = calloc(1, sizeof *s);
-    if (!s) return pgd__fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+    seq_block *b = calloc(1, sizeof *b); /* the record and its output state, freed as one */
+    if (!b) return pgd__fail(err, errlen, PGD_ENOMEM, "%s", "out of memory");
+    seq *s = &b->s;
+    s->out = &b->out;
     int rc;
     s->tokens = malloc(((size_t)p->n_prompt + (size_t)p->max_tokens) * sizeof *s->tokens);
     /* 8 bytes a token, and room for the longest token's text beyond (text_reserve) */
@@ -186,9 +196,9 @@ int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char
                              .seed = p->seed};
     pgd_err serr = {{0}};
     int src = !s->tokens || !s->text || pgd_kv_seq_init(&s->kv, e->max_blocks_per_seq) ||
-                      (e->spec_mode == PGD_SPEC_DRAFT && pgd_draft_seq_init(&e->draft, &s->dseq))
+                      (e->spec_mode == PGD_SPEC_DRAFT && pgd_draft_seq_init(&e->draft, &s->out->dseq))
                   ? PGD_ENOMEM
-                  : pgd_sampler_init(&s->sampler, &sp, &e->sample_scratch, &serr);
+                  : pgd_sampler_init(&s->out->sampler, &sp, &e->sample_scratch, &serr);
     if (src) {
         rc = pgd__fail(err, errlen, src, "%s", src == PGD_ENOMEM ? "out of memory" : serr.msg);
         goto fail;
@@ -217,7 +227,7 @@ int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char
         rc = pgd__fail(err, errlen, rc, "%s", why);
         goto fail;
     }
-    pgd_spec_adapt_init(&s->adapt, e->spec_k);
+    pgd_spec_adapt_init(&s->out->adapt, e->spec_k);
     memcpy(s->tokens, p->prompt, (size_t)p->n_prompt * sizeof *s->tokens);
     s->n_prompt = s->n_tokens = p->n_prompt;
     s->max_tokens = p->max_tokens;
@@ -234,10 +244,10 @@ int pgd__request_new(pgd_engine *e, const pgd_request_params *p, seq **out, char
         int32_t l = (int32_t)strlen(p->stop[i]);
         if (l - 1 > s->hold) s->hold = l - 1;
     }
-    pgd_detok_init(&s->detok, e->model->tok, p->render_special);
+    pgd_detok_init(&s->out->detok, e->model->tok, p->render_special);
     /* SentencePiece decoders drop the leading space of the text's first piece; generated text
      * continues the prompt, so that applies only when the prompt is BOS alone. */
-    s->detok.first = e->model->tok && p->n_prompt == 1 &&
+    s->out->detok.first = e->model->tok && p->n_prompt == 1 &&
                      p->prompt[0] == pgd_tokenizer_bos(e->model->tok);
     s->logit_row = -1;
     s->stop_str = s->stop_tok = -1;

@@ -1,6 +1,9 @@
 /* The request record (one sequence: its tokens, KV, sampler, stop strings, detokenizer, output
  * constraint, speculation, prompt logprobs, embedding) and its creation from the public
- * parameters: validation and allocation with one cleanup path. Internal to src/engine. */
+ * parameters: validation and allocation with one cleanup path. Internal to src/engine.
+ * The record is what the scheduler reads (scalars, tokens, KV); the state of sampling,
+ * detokenization and speculation, whose types belong to sample/, tokenizer/ and spec/, is in
+ * its seq_out (engine/seq_out.h), so the scheduler includes none of those layers. */
 #ifndef PGD_ENGINE_REQUEST_H
 #define PGD_ENGINE_REQUEST_H
 
@@ -10,10 +13,9 @@
 
 #include "kv/kv.h"
 #include "pagoda/pagoda.h"
-#include "sample/constraint.h"
-#include "sample/sampler.h"
-#include "spec/spec.h"
-#include "tokenizer/tokenizer.h"
+
+struct pgd_constraint;
+struct seq_out;
 
 #define MAX_STOP 16
 #define MAX_STOP_IDS 64     /* stop token ids per request */
@@ -32,7 +34,7 @@ typedef struct seq {
     bool admitted_once;
     double t_submit, queue_seconds; /* monotonic seconds; time until first scheduled */
     pgd_kv_seq kv;
-    pgd_sampler sampler;
+    struct seq_out *out;      /* sampling, detokenization and speculation state (seq_out.h) */
     int32_t logprobs;         /* top alternatives per token event; -1: no logprobs */
     /* prompt_logprobs: positions p in [lp_pos, n_prompt - 1) still owe the logprob of token
      * p + 1 (their logits rows: lp_row.. lp_row + lp_n this step); lp_started: token 0's event
@@ -43,22 +45,19 @@ typedef struct seq {
     int32_t prompt_top;       /* alternatives per prompt token */
     int32_t lp_pos, lp_row, lp_n;
     bool spec;                /* speculative decoding on for this request */
-    pgd_spec_adapt adapt;     /* its adaptive number of proposals */
     int32_t n_draft;          /* proposals scheduled this step: tokens[n_tokens..+n_draft) */
     int32_t n_spec_draft, n_spec_accepted; /* proposals verified and accepted, for FINISH */
-    pgd_draft_seq dseq;       /* draft-model KV (DRAFT mode) */
     bool ignore_eos, aborted;
     char *stop[MAX_STOP];
     int32_t n_stop, hold;     /* hold: bytes held back that may start a stop string */
     char *text;               /* (text_cap) generated text so far */
     size_t text_len, text_cap, emitted;
-    pgd_detok detok;
     seq_state state;
     struct seq *prev, *next;  /* in waiting or running */
     int32_t sched_n;          /* tokens scheduled this step */
     int32_t logit_row;        /* row of this step's logits, or -1 */
     bool dev_sampled;         /* this step's token is sampled by the backend (b_sampled) */
-    pgd_constraint *cons;     /* the output constraint (JSON, choices, a regex, a grammar;
+    struct pgd_constraint *cons;     /* the output constraint (JSON, choices, a regex, a grammar;
                                  maybe behind a think-first wrapper), or NULL */
     int32_t *stop_ids;        /* (n_stop_ids) vLLM's stop_token_ids */
     int32_t n_stop_ids;

@@ -9,7 +9,7 @@
 /* Asks the request's proposer for up to cap proposals, written after its last token. */
 int32_t pgd__propose(void *ctx, seq *s, int32_t cap) {
     pgd_engine *e = ctx;
-    int32_t k = pgd_spec_adapt_want(&s->adapt);
+    int32_t k = pgd_spec_adapt_want(&s->out->adapt);
     int32_t left = s->max_tokens - (s->n_tokens - s->n_prompt) - 1; /* after the next token */
     if (k > left) k = left;
     if (k > cap) k = cap;
@@ -18,14 +18,14 @@ int32_t pgd__propose(void *ctx, seq *s, int32_t cap) {
     int32_t *out = s->tokens + s->n_tokens;
     if (e->spec_mode == PGD_SPEC_NGRAM)
         return pgd_spec_ngram_propose(s->tokens, s->n_tokens, e->ngram_min, e->ngram_max, k, out);
-    return pgd_draft_propose(&e->draft, &s->dseq, s->tokens, s->n_tokens, k, out);
+    return pgd_draft_propose(&e->draft, &s->out->dseq, s->tokens, s->n_tokens, k, out);
 }
 
 /* Whether s's next token can be sampled on the backend: its chain is temperature, top-k, top-p
  * and min-p alone -- no processor that reads the history, the bias or a mask (JSON, choices, a
  * regex, allowed ids), no logprobs (they need the logits), no proposals to verify. */
 static bool device_sampleable(const pgd_engine *e, const seq *s) {
-    const pgd_sampler_params *p = &s->sampler.params;
+    const pgd_sampler_params *p = &s->out->sampler.params;
     return s->n_draft == 0 && s->logprobs < 0 && p->n_bias == 0 && !constrained_output(s) &&
            !s->allowed &&
            (p->repetition_penalty == 0 || p->repetition_penalty == 1) &&
@@ -48,11 +48,11 @@ static void plan_device_sampling(pgd_engine *e, int32_t ns, pgd_batch *b) {
             n_host++;
             continue;
         }
-        const pgd_sampler_params *p = &s->sampler.params;
+        const pgd_sampler_params *p = &s->out->sampler.params;
         pgd_sample_row *r = &e->b_sample[s->logit_row];
         *r = (pgd_sample_row){.temperature = p->temperature, .top_p = p->top_p,
                               .min_p = p->min_p, .top_k = p->top_k};
-        if (p->temperature > 0 && p->top_k != 1) r->u = pgd_sampler_uniform_f32(&s->sampler);
+        if (p->temperature > 0 && p->top_k != 1) r->u = pgd_sampler_uniform_f32(&s->out->sampler);
         s->dev_sampled = true;
         n_dev++;
     }
