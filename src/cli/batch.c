@@ -17,6 +17,7 @@
 #include "util/mapfile.h"
 #include "util/options.h"
 #include "util/parse.h"
+#include "util/env.h"
 
 typedef struct result {
     cJSON *id;            /* the request's "id" (a copy), or null */
@@ -341,7 +342,7 @@ int pgd_cli_batch(int argc, char **argv) {
         return 1;
     }
     /* a test hook (tests/integration/test_spec.py): a verifier that accepts every proposal */
-    const char *broken = getenv("PAGODA_TEST_SPEC_ALWAYS_ACCEPT");
+    const char *broken = pgd_env(PGD_ENV_TEST_SPEC_ALWAYS_ACCEPT);
     if (broken && !strcmp(broken, "1")) pgd__engine_spec_always_accept(e, true);
     /* split lines (blank lines are skipped, not counted) */
     int n_lines = 0, cap_lines = 64;

@@ -6,6 +6,7 @@
 #endif
 
 #include "cli/cli.h"
+#include "util/env.h"
 
 static const struct {
     const char *name;
@@ -27,7 +28,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: pagoda COMMAND [OPTIONS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n'pagoda COMMAND --help' describes a command's options.\n");
+    fprintf(f, "\n'pagoda COMMAND --help' describes a command's options (and the environment\n"
+               "variables that set them). Switches for measuring and working around kernels:\n");
+    pgd_env_help(f);
 }
 
 /* The build's instruction-set baseline against this CPU, before anything runs that the compiler

@@ -13,6 +13,7 @@
 #include "engine/engine_impl.h"
 #include "engine/engine_internal.h"
 #include "util/clock.h"
+#include "util/env.h"
 
 /* ---- events ---- */
 
@@ -377,7 +378,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     /* On by default where the logits live in device memory of one GPU (downloading them costs
      * n_vocab floats per row); PAGODA_DEVICE_SAMPLING=1 forces it (on the CPU too: the path CI
      * tests), =0 turns it off. Several ranks gather the logits on the host anyway. */
-    const char *ds = getenv("PAGODA_DEVICE_SAMPLING");
+    const char *ds = pgd_env(PGD_ENV_DEVICE_SAMPLING);
     if (ds && *ds) e->device_sampling = ds[0] == '1';
     else e->device_sampling = e->model->device != PGD_DEVICE_CPU && e->model->n_ranks == 1;
     if (!e->model->shards[0].be.ops->sample) e->device_sampling = false;

@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "sample/device_sample.h"
 #include "util/clock.h"
+#include "util/env.h"
 
 /* ---- scratch ---- */
 
@@ -177,7 +178,7 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
                                                (float)(2 * i) / (float)c->head_dim);
     }
     int nth = pool ? pgd_pool_n_threads(pool) : 1;
-    const char *pe = getenv("PAGODA_PROFILE");
+    const char *pe = pgd_env(PGD_ENV_PROFILE);
     bool prof = pe && *pe && strcmp(pe, "0") != 0;
     for (int ri = 0; ri < f->n_ranks; ri++) {
         const pgd_shard *sh = &m->shards[ri];

@@ -18,6 +18,7 @@
 #include "backend/cpu/quant.h"
 #include "util/mapfile.h"
 #include "util/xalloc.h"
+#include "util/env.h"
 #include <sys/mman.h>
 
 /* A tensor found in either kind of file, before it becomes a weight. */
@@ -1335,13 +1336,7 @@ static void settle_windows(pgd_model *m, const pgd_backend_ops *ops) {
 
 static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
-    pgd_model_opts o = *opts;
-    const char *env;
-    if (!o.device && (env = getenv("PAGODA_DEVICE")) && *env &&
-        pgd_model_opts_set_device(&o, env))
-        return pgd_err_set(err, PGD_EINVAL, "PAGODA_DEVICE=%s: expected cpu or cuda", env);
-    if (!o.tensor_parallel && (env = getenv("PAGODA_TENSOR_PARALLEL")) && *env)
-        o.tensor_parallel = atoi(env);
+    pgd_model_opts o = *opts; /* (PAGODA_DEVICE and the like are the options table's) */
     int tp = o.tensor_parallel ? o.tensor_parallel : 1;
     const pgd_backend_ops *ops = &pgd_cpu_backend_ops;
     m->device = PGD_DEVICE_CPU;
@@ -1422,7 +1417,7 @@ static uint64_t splitmix(uint64_t *s) {
  * layers).
  * types[0] is the main type, types[1] that of V, down and the head. */
 static int dummy_types(const pgd_model *m, pgd_type types[2], pgd_err *err) {
-    const char *env = getenv("PAGODA_DUMMY_TYPE");
+    const char *env = pgd_env(PGD_ENV_DUMMY_TYPE);
     types[0] = types[1] = PGD_TYPE_BF16;
     if (!env || !*env) return PGD_OK;
     if (!strcasecmp(env, "Q4_K_M")) {

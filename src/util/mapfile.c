@@ -1,5 +1,6 @@
 /* mmap of model files; small-file reading for JSON configs. */
 #include "util/mapfile.h"
+#include "util/env.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -92,7 +93,7 @@ int pgd_read_file(const char *path, char **out, size_t *len, pgd_err *err) {
 }
 
 bool pgd_advise_hugepages(void *p, size_t n) {
-    const char *env = getenv("PAGODA_HUGEPAGES");
+    const char *env = pgd_env(PGD_ENV_HUGEPAGES);
     if (env && !strcmp(env, "0")) return false;
     char buf[128] = {0};
     FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");

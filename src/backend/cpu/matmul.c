@@ -517,6 +517,7 @@ INLINE v16 p16_w_q3k(const uint8_t *sb, int k) {
 }
 
 #include "backend/cpu/p16_kernels.h"
+#include "util/env.h"
 
 /* The sum of a block's activations, in one fixed order (the offset terms). */
 INLINE float p16_xsum(const pgd_type t, const float *x) {
@@ -531,28 +532,28 @@ INLINE float p16_xsum(const pgd_type t, const float *x) {
 /* The block types with a panel layout, and the variable that turns each off. */
 static const struct {
     pgd_type t;
-    const char *env;
+    pgd_env_var env;
 } k_p16_fmts[] = {
-    {PGD_TYPE_Q8_0, "PAGODA_PACK_Q8_0"}, {PGD_TYPE_Q4_0, "PAGODA_PACK_Q4_Q5"},
-    {PGD_TYPE_Q4_1, "PAGODA_PACK_Q4_Q5"}, {PGD_TYPE_Q5_0, "PAGODA_PACK_Q4_Q5"},
-    {PGD_TYPE_Q5_1, "PAGODA_PACK_Q4_Q5"}, {PGD_TYPE_Q3_K, "PAGODA_PACK_Q3_K"},
-    {PGD_TYPE_Q4_K, "PAGODA_PACK_Q4_K"}, {PGD_TYPE_Q5_K, "PAGODA_PACK_Q5_K"},
-    {PGD_TYPE_Q6_K, "PAGODA_PACK_Q6_K"},
+    {PGD_TYPE_Q8_0, PGD_ENV_PACK_Q8_0}, {PGD_TYPE_Q4_0, PGD_ENV_PACK_Q4_Q5},
+    {PGD_TYPE_Q4_1, PGD_ENV_PACK_Q4_Q5}, {PGD_TYPE_Q5_0, PGD_ENV_PACK_Q4_Q5},
+    {PGD_TYPE_Q5_1, PGD_ENV_PACK_Q4_Q5}, {PGD_TYPE_Q3_K, PGD_ENV_PACK_Q3_K},
+    {PGD_TYPE_Q4_K, PGD_ENV_PACK_Q4_K}, {PGD_TYPE_Q5_K, PGD_ENV_PACK_Q5_K},
+    {PGD_TYPE_Q6_K, PGD_ENV_PACK_Q6_K},
 };
 #endif
 
 bool pgd_cpu_can_pack(const pgd_weight *w) {
 #ifdef PGD_F32ACT_SIMD
-    const char *env = getenv("PAGODA_PACK");
+    const char *env = pgd_env(PGD_ENV_PACK);
     if (env && env[0] == '0') return false;
     if (w->panel16 || w->n_out % 16 || w->n_in <= 0) return false;
     if (w->type == PGD_TYPE_F16) {
-        env = getenv("PAGODA_PACK_F16");
+        env = pgd_env(PGD_ENV_PACK_F16);
         return !(env && env[0] == '0') && w->row_bytes == (size_t)w->n_in * 2;
     }
     for (size_t i = 0; i < sizeof k_p16_fmts / sizeof k_p16_fmts[0]; i++) {
         if (k_p16_fmts[i].t != w->type) continue;
-        env = getenv(k_p16_fmts[i].env);
+        env = pgd_env(k_p16_fmts[i].env);
         const uint64_t rb = pgd_type_row_bytes(w->type, (uint64_t)w->n_in); /* 0: no blocks */
         return !(env && env[0] == '0') && pgd_vec_dot_type(w->type) == PGD_TYPE_F32 &&
                rb != 0 && w->row_bytes == rb;
@@ -671,7 +672,7 @@ bool pgd_cpu_set_avx512(int on) {
 bool pgd_cpu_avx512(void) {
     int v = __atomic_load_n(&g_avx512, __ATOMIC_RELAXED);
     if (v < 0) {
-        const char *env = getenv("PAGODA_AVX512");
+        const char *env = pgd_env(PGD_ENV_AVX512);
         v = pgd_cpu_set_avx512(!(env && env[0] == '0'));
     }
     return v;

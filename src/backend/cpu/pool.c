@@ -4,6 +4,7 @@
  * run_chunks hands out chunks dynamically and never waits for a worker that has not joined, so
  * a worker descheduled by another process (a shared machine) delays no one. */
 #include "backend/cpu/pool.h"
+#include "util/env.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -50,7 +51,7 @@ typedef struct worker_arg {
  * (containers may forbid it) and leaves the thread unpinned. */
 static void pin_to_cpu(int ith) {
 #ifdef __linux__
-    const char *env = getenv("PAGODA_PIN");
+    const char *env = pgd_env(PGD_ENV_PIN);
     if (env && env[0] == '0') return;
     cpu_set_t allowed, one;
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;

@@ -12,6 +12,7 @@
 #include "backend/cpu/simd.h"
 #include "backend/cpu/quant_f32act.h"
 #include "util/status.h"
+#include "util/env.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -366,7 +367,7 @@ void pgd_cpu_set_int8_act(bool on) { atomic_store_explicit(&g_int8_act, on, memo
 bool pgd_cpu_int8_act(void) {
     int v = atomic_load_explicit(&g_int8_act, memory_order_relaxed);
     if (v < 0) {
-        const char *e = getenv("PAGODA_INT8_ACT");
+        const char *e = pgd_env(PGD_ENV_INT8_ACT);
         v = e != NULL && e[0] != '\0' && strcmp(e, "0") != 0;
         int expected = -1; /* a setter that ran meanwhile wins */
         if (!atomic_compare_exchange_strong(&g_int8_act, &expected, v)) v = expected;

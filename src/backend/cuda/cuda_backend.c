@@ -23,6 +23,7 @@
 #include "kernels.h"
 #include "qblocks.h"
 #include "sample.h"
+#include "util/env.h"
 
 int pgd__cuda_failed;
 
@@ -175,7 +176,7 @@ static bool cuda_supports(pgd_op op, pgd_type t) {
         /* Q5_0/Q5_1/IQ4_NL and the K-quants and IQ4_XS (kernels/qblocks.h) stay quantized
          * on the device unless PAGODA_CUDA_WIDEN=1, which widens them to F32 at load, as
          * before the kernels read them */
-        const char *widen = getenv("PAGODA_CUDA_WIDEN");
+        const char *widen = pgd_env(PGD_ENV_CUDA_WIDEN);
         if (pgd_qb_is((int)t)) return !(widen && widen[0] == '1');
         return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 ||
                t == PGD_TYPE_Q8_0 || t == PGD_TYPE_Q4_0 || t == PGD_TYPE_Q4_1;
@@ -361,7 +362,7 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     /* cuBLAS and cuBLASLt share the workspace (one stream orders them); a set workspace also
      * keeps cuBLAS from allocating while a graph is captured. */
     CUBLAS_CHECK_OR(cublasSetWorkspace(st->blas, st->lt_ws, st->lt_ws_bytes), goto fail);
-    const char *g = getenv("PAGODA_CUDA_GRAPHS");
+    const char *g = pgd_env(PGD_ENV_CUDA_GRAPHS);
     st->graphs_on = !(g && g[0] == '0');
     CUDA_CHECK_OR(cudaMalloc((void **)&st->d_slot, (size_t)max_tokens * sizeof(int64_t)), goto fail);
     CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_slot, (size_t)max_tokens * sizeof(int64_t)),
@@ -370,14 +371,14 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
                   goto fail);
     CUDA_CHECK_OR(cudaMallocHost((void **)&st->h_att, (size_t)max_tokens * 3 * sizeof(int32_t)),
                   goto fail);
-    const char *xc = getenv("PAGODA_CUDA_XCONV");
+    const char *xc = pgd_env(PGD_ENV_CUDA_XCONV);
     st->xconv_keep = !(xc && xc[0] == '0');
-    const char *gg = getenv("PAGODA_CUDA_GEMV_GROUP");
+    const char *gg = pgd_env(PGD_ENV_CUDA_GEMV_GROUP);
     st->gq_on = !(gg && gg[0] == '0');
-    const char *gm = getenv("PAGODA_CUDA_GEMV_MAX"); /* 0..GEMV_MAX_ROWS, for measuring */
+    const char *gm = pgd_env(PGD_ENV_CUDA_GEMV_MAX); /* 0..GEMV_MAX_ROWS, for measuring */
     st->gemv_max = gm && *gm ? atoi(gm) : GEMV_MAX_ROWS;
     if (st->gemv_max < 0 || st->gemv_max > GEMV_MAX_ROWS) st->gemv_max = GEMV_MAX_ROWS;
-    const char *tc = getenv("PAGODA_CUDA_TC_ATTN");
+    const char *tc = pgd_env(PGD_ENV_CUDA_TC_ATTN);
     st->tc_attn = head_dim % 16 == 0 && head_dim <= 256 && !(tc && tc[0] == '0');
     CUDA_CHECK_OR(cudaMalloc((void **)&st->d_inv_freq, (size_t)(head_dim / 2 + 1) * sizeof(float)),
                   goto fail);
@@ -407,9 +408,9 @@ static int cuda_init(pgd_backend *be, int32_t max_tokens, size_t act_row_bytes, 
     CUDA_CHECK_OR(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor,
                                          be->device),
                   goto fail);
-    const char *pdl = getenv("PAGODA_CUDA_PDL");
+    const char *pdl = pgd_env(PGD_ENV_CUDA_PDL);
     pgd_k_set_pdl(cc_major >= 9 && !(pdl && pdl[0] == '0'));
-    const char *af = getenv("PAGODA_CUDA_ATTN_FILL"); /* 0: one split per 256 positions */
+    const char *af = pgd_env(PGD_ENV_CUDA_ATTN_FILL); /* 0: one split per 256 positions */
     st->attn_fill = af && *af ? atoi(af) : ATTN_BLOCKS_PER_SM;
     if (st->attn_fill < 0) st->attn_fill = 0;
     return PGD_OK;
