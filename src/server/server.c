@@ -264,6 +264,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                      MHD_USE_NO_LISTEN_SOCKET;
     s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, pgd__handler, s,
+                              MHD_OPTION_EXTERNAL_LOGGER, pgd_http_guard_mhd_log, NULL,
                               MHD_OPTION_NOTIFY_COMPLETED, pgd__completed_cb, s,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout,
