@@ -1,5 +1,6 @@
 /* The byte buffer the API dialects write their events into (api/dialect.h). */
 #include "api/dialect.h"
+#include "util/xalloc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,19 +9,7 @@
 
 void pgd_sbuf_append(pgd_sbuf *b, const char *data, size_t n) {
     if (b->oom || !data) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = (b->len + n + 1) * 2 + 256;
-        char *d = realloc(b->data, nc);
-        if (!d) {
-            b->oom = true;
-            return;
-        }
-        b->data = d;
-        b->cap = nc;
-    }
-    memcpy(b->data + b->len, data, n);
-    b->len += n;
-    b->data[b->len] = 0;
+    if (pgd_bytes_append(&b->data, &b->len, &b->cap, data, n)) b->oom = true;
 }
 
 void pgd_sbuf_appendf(pgd_sbuf *b, const char *fmt, ...) {

@@ -466,6 +466,19 @@ fail:
     return -1;
 }
 
+/* A constraint's compile status rc as the API's error: out of memory a 500, anything else a 400
+ * on the parameter that gave it, with the compiler's msg after label (NULL: 'param'). -1. */
+static int compile_failed(int rc, const char *param, const char *label, const char *msg,
+                          pgd_api_error *err) {
+    if (rc == PGD_ENOMEM)
+        pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+    else if (label)
+        pgd_api_error_set(err, 400, "invalid_request_error", param, NULL, "%s: %s", label, msg);
+    else
+        pgd_api_error_set(err, 400, "invalid_request_error", param, NULL, "'%s': %s", param, msg);
+    return -1;
+}
+
 int pgd_api_compile_schema(pgd_api_request *r, pgd_api_error *err) {
     if (!r->json_schema || r->schema_c) return 0;
     char msg[200];
@@ -477,12 +490,7 @@ int pgd_api_compile_schema(pgd_api_request *r, pgd_api_error *err) {
                 : PGD_ENOMEM;
     if (rc) {
         free(sc);
-        if (rc == PGD_ENOMEM)
-            pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
-        else
-            pgd_api_error_set(err, 400, "invalid_request_error", r->schema_param, NULL, "%s: %s",
-                              r->schema_label, msg);
-        return -1;
+        return compile_failed(rc, r->schema_param, r->schema_label, msg, err);
     }
     r->schema_c = sc;
     return 0;
@@ -623,6 +631,7 @@ fail:
     return -1;
 }
 
+
 int pgd_api_compile_regex(pgd_api_request *r, pgd_api_error *err) {
     if (!r->regex || r->regex_dfa) return 0;
     char msg[200];
@@ -630,12 +639,7 @@ int pgd_api_compile_regex(pgd_api_request *r, pgd_api_error *err) {
     int rc = re ? pgd_regex_compile(r->regex, strlen(r->regex), re, msg, sizeof msg) : PGD_ENOMEM;
     if (rc) {
         free(re);
-        if (rc == PGD_ENOMEM)
-            pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
-        else
-            pgd_api_error_set(err, 400, "invalid_request_error", r->regex_param, NULL,
-                              "'%s': %s", r->regex_param, msg);
-        return -1;
+        return compile_failed(rc, r->regex_param, NULL, msg, err);
     }
     r->regex_dfa = re;
     return 0;
@@ -649,12 +653,7 @@ int pgd_api_compile_grammar(pgd_api_request *r, pgd_api_error *err) {
                : PGD_ENOMEM;
     if (rc) {
         free(g);
-        if (rc == PGD_ENOMEM)
-            pgd_api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
-        else
-            pgd_api_error_set(err, 400, "invalid_request_error", r->grammar_param, NULL,
-                              "'%s': %s", r->grammar_param, msg);
-        return -1;
+        return compile_failed(rc, r->grammar_param, NULL, msg, err);
     }
     r->grammar_c = g;
     return 0;

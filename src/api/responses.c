@@ -496,12 +496,18 @@ static void item_id(const resp_state *st, const char *prefix, int index, char *o
     snprintf(out, n, "%s_%s_%d", prefix, st->hex, index);
 }
 
-static cJSON *reasoning_item(const resp_state *st, int index, const char *status, bool whole) {
+/* An output item's object with its id (prefix, index) and type. */
+static cJSON *item_new(const resp_state *st, const char *prefix, int index, const char *type) {
     char id[160];
-    item_id(st, "rs", index, id, sizeof id);
+    item_id(st, prefix, index, id, sizeof id);
     cJSON *it = cJSON_CreateObject();
     cJSON_AddStringToObject(it, "id", id);
-    cJSON_AddStringToObject(it, "type", "reasoning");
+    cJSON_AddStringToObject(it, "type", type);
+    return it;
+}
+
+static cJSON *reasoning_item(const resp_state *st, int index, const char *status, bool whole) {
+    cJSON *it = item_new(st, "rs", index, "reasoning");
     cJSON_AddArrayToObject(it, "summary");
     cJSON *c = cJSON_AddArrayToObject(it, "content");
     if (whole) {
@@ -524,11 +530,7 @@ static cJSON *text_part(const char *text) {
 }
 
 static cJSON *message_item(const resp_state *st, int index, const char *status, bool whole) {
-    char id[160];
-    item_id(st, "msg", index, id, sizeof id);
-    cJSON *it = cJSON_CreateObject();
-    cJSON_AddStringToObject(it, "id", id);
-    cJSON_AddStringToObject(it, "type", "message");
+    cJSON *it = item_new(st, "msg", index, "message");
     cJSON_AddStringToObject(it, "status", status);
     cJSON_AddStringToObject(it, "role", "assistant");
     cJSON *c = cJSON_AddArrayToObject(it, "content");

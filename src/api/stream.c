@@ -6,18 +6,10 @@
 
 #include "api/reasoning.h"
 #include "api/tool_calls.h"
+#include "util/xalloc.h"
 
 void pgd_api_choice_append(pgd_api_choice *ch, const char *t, size_t n) {
-    if (ch->text_len + n + 1 > ch->text_cap) {
-        size_t nc = (ch->text_len + n + 1) * 2 + 64;
-        char *x = realloc(ch->text, nc);
-        if (!x) return;
-        ch->text = x;
-        ch->text_cap = nc;
-    }
-    memcpy(ch->text + ch->text_len, t, n);
-    ch->text_len += n;
-    ch->text[ch->text_len] = 0;
+    pgd_bytes_append(&ch->text, &ch->text_len, &ch->text_cap, t, n); /* (else unchanged) */
 }
 
 /* The reasoning's span of the text so far, rescanned only while it may still change: once the

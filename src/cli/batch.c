@@ -17,6 +17,7 @@
 #include "util/mapfile.h"
 #include "util/options.h"
 #include "util/parse.h"
+#include "util/xalloc.h"
 #include "util/env.h"
 
 typedef struct result {
@@ -189,18 +190,9 @@ static int parse_line(pgd_engine *e, const lora_set *ls, const char *line, const
 }
 
 static void append(result *r, const pgd_event *ev) {
-    if (ev->text_len > 0) {
-        if (r->text_len + (size_t)ev->text_len + 1 > r->text_cap) {
-            size_t nc = (r->text_cap + (size_t)ev->text_len + 1) * 2;
-            char *t = realloc(r->text, nc);
-            if (!t) return;
-            r->text = t;
-            r->text_cap = nc;
-        }
-        memcpy(r->text + r->text_len, ev->text, (size_t)ev->text_len);
-        r->text_len += (size_t)ev->text_len;
-        r->text[r->text_len] = 0;
-    }
+    if (ev->text_len > 0 &&
+        pgd_bytes_append(&r->text, &r->text_len, &r->text_cap, ev->text, (size_t)ev->text_len))
+        return;
     if (ev->type == PGD_EVENT_TOKEN) {
         if (r->n_ids == r->cap_ids) {
             size_t nc = r->cap_ids ? r->cap_ids * 2 : 64;

@@ -246,16 +246,19 @@ static int load_grammar(const gen_opts *o, pgd_grammar *g) {
     return 0;
 }
 
-/* `pagoda generate`: one request through the engine (a batch of one). */
-static int generate_run(gen_opts o);
-
-int pgd_cli_generate(int argc, char **argv) {
+/* A command of this file: its options parsed (exit 0 after --help, 2 on a bad one), then run. */
+static int run_command(int argc, char **argv, bool logits_cmd, int (*run)(gen_opts)) {
     gen_opts o;
-    int prc = parse_gen(argc, argv, &o, false);
-    int rc = prc ? (prc > 0 ? 0 : 2) : generate_run(o);
+    int prc = parse_gen(argc, argv, &o, logits_cmd);
+    int rc = prc ? (prc > 0 ? 0 : 2) : run(o);
     pgd_engine_opts_free(&o.eng);
     return rc;
 }
+
+/* `pagoda generate`: one request through the engine (a batch of one). */
+static int generate_run(gen_opts o);
+
+int pgd_cli_generate(int argc, char **argv) { return run_command(argc, argv, false, generate_run); }
 
 /* o by value: the options parse_gen filled, borrowed */
 static int generate_run(gen_opts o) {
@@ -363,13 +366,7 @@ done:
 
 static int logits_run(gen_opts o);
 
-int pgd_cli_logits(int argc, char **argv) {
-    gen_opts o;
-    int prc = parse_gen(argc, argv, &o, true);
-    int rc = prc ? (prc > 0 ? 0 : 2) : logits_run(o);
-    pgd_engine_opts_free(&o.eng);
-    return rc;
-}
+int pgd_cli_logits(int argc, char **argv) { return run_command(argc, argv, true, logits_run); }
 
 static int logits_run(gen_opts o) {
     if (!o.ids || !o.out) {

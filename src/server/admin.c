@@ -144,10 +144,7 @@ enum MHD_Result pgd__answer_kv_plan(server *s, req_ctx *c, struct MHD_Connection
         pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "kv plan failed: %s", err.msg);
         return pgd__send_error(c, conn, &e);
     }
-    c->status = 200;
-    enum MHD_Result r = pgd__send_body(c, conn, 200, js, "application/json", NULL);
-    free(js);
-    return r;
+    return pgd__send_json(c, conn, js);
 }
 
 /* The routes answered without the engine, once their request has been read. */

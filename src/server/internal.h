@@ -42,6 +42,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/parse.h"
+#include "util/xalloc.h"
 
 typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_LORA_LOAD,
                R_LORA_UNLOAD, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES,
@@ -53,6 +54,11 @@ typedef struct server server;
 typedef struct route_def route_def;
 
 #define PGD_SERVER_MAX_LORAS 64
+
+/* A context's links in one of the server's lists (live, running, detached: pgd__list_*). */
+typedef struct ctx_links {
+    struct req_ctx *prev, *next;
+} ctx_links;
 
 typedef struct req_ctx {
     server *s;
@@ -88,8 +94,8 @@ typedef struct req_ctx {
     bool stream_done, suspended;
     uv_work_t work;
     char method[16], path[64]; /* for the access log (JSON-safe: printable, no quotes) */
-    struct req_ctx *live_prev, *live_next; /* server->live: contexts whose connection is open */
-    struct req_ctx *run_prev, *run_next; /* in server.running while PH_RUNNING */
+    ctx_links live;            /* in server.live: contexts whose connection is open */
+    ctx_links run;             /* in server.running while PH_RUNNING */
     bool in_run_list;
     bool client_gone;          /* the liveness check saw the client leave */
     bool body_deadline_hit;    /* its body was too slow: the connection is being closed */
@@ -108,7 +114,7 @@ typedef struct req_ctx {
     char origin[256];          /* the request's Origin header ("" none, or too long for CORS) */
     char xrid[128];            /* X-Request-Id: the client's, or made at the first answer */
     const char *allow;         /* a 405's Allow header */
-    struct req_ctx *det_prev, *det_next; /* server->detached while its engine requests run */
+    ctx_links det;             /* in server.detached while its engine requests run */
 } req_ctx;
 
 struct server {
@@ -179,6 +185,11 @@ struct route_def {
     route_fn *handler;
 };
 
+/* The server's lists of contexts, by the member holding their links (offsetof(req_ctx, run),
+ * ...): c goes to the front of *head; c leaves *head. */
+void pgd__list_push(struct req_ctx **head, struct req_ctx *c, size_t links);
+void pgd__list_unlink(struct req_ctx **head, struct req_ctx *c, size_t links);
+
 /* transport.c: libmicrohttpd and libuv glue, request bodies, auth, headers, SSE buffering,
  * suspend/resume, the access log */
 void pgd__run_list_remove(server *s, req_ctx *c);
@@ -188,6 +199,7 @@ void pgd__detached_remove(server *s, req_ctx *c);
 enum MHD_Result pgd__send_body(req_ctx *c, struct MHD_Connection *conn, int status,
                                const char *body, const char *ctype, const char *retry_after);
 enum MHD_Result pgd__send_error(req_ctx *c, struct MHD_Connection *conn, const pgd_api_error *e);
+enum MHD_Result pgd__send_json(req_ctx *c, struct MHD_Connection *conn, char *js);
 void pgd__out_append(req_ctx *c, const char *data, size_t n);
 void pgd__out_append_sbuf(req_ctx *c, pgd_sbuf *b);
 void pgd__emit_frame(req_ctx *c, char *f);

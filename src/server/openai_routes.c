@@ -281,9 +281,7 @@ enum MHD_Result pgd__answer_models(server *s, req_ctx *c, struct MHD_Connection 
         if (s->lora_names[i]) add_model_entry(s, d, s->lora_names[i], s->lora_paths[i]);
     char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    enum MHD_Result r = pgd__send_body(c, conn, 200, js ? js : "{}", "application/json", NULL);
-    free(js);
-    return r;
+    return pgd__send_json(c, conn, js);
 }
 
 /* /tokenize's answer: {"tokens", "count", "max_model_len"}. */
@@ -488,13 +486,8 @@ static enum MHD_Result start_background(server *s, req_ctx *c, struct MHD_Connec
         return pgd__send_error(c, conn, &e);
     }
     c->detached = true;
-    c->det_next = s->detached;
-    if (s->detached) s->detached->det_prev = c;
-    s->detached = c;
-    c->status = 200;
-    enum MHD_Result r = pgd__send_body(c, conn, 200, snap, "application/json", NULL);
-    free(snap);
-    return r;
+    pgd__list_push(&s->detached, c, offsetof(req_ctx, det));
+    return pgd__send_json(c, conn, snap);
 }
 
 /* GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel. */
@@ -520,17 +513,14 @@ enum MHD_Result pgd__answer_stored_response(server *s, req_ctx *c, struct MHD_Co
     }
     memcpy(id, rest, n);
     id[n] = 0;
-    for (req_ctx *d = cancel ? s->detached : NULL; d; d = d->det_next) {
+    for (req_ctx *d = cancel ? s->detached : NULL; d; d = d->det.next) {
         if (strcmp(d->id, id)) continue;
         d->cancelled = true;
         pgd_responses_mark_cancelled(d->dstate);
         for (int i = 0; i < d->n_choices; i++)
             if (d->submitted[i]) pgd_engine_abort(s->engine, d->engine_ids[i]);
         char *snap = pgd_responses_snapshot(d->dstate);
-        c->status = snap ? 200 : 500;
-        enum MHD_Result r = pgd__send_body(c, conn, c->status, snap ? snap : "{}", "application/json",
-                                      NULL);
-        free(snap);
+        enum MHD_Result r = pgd__send_json(c, conn, snap);
         return r;
     }
     const cJSON *stored = s->store ? pgd_resp_store_get(s->store, id) : NULL;
@@ -556,10 +546,7 @@ enum MHD_Result pgd__answer_stored_response(server *s, req_ctx *c, struct MHD_Co
         js = cJSON_PrintUnformatted(o);
         cJSON_Delete(o);
     }
-    c->status = js ? 200 : 500;
-    enum MHD_Result r = pgd__send_body(c, conn, c->status, js ? js : "{}", "application/json", NULL);
-    free(js);
-    return r;
+    return pgd__send_json(c, conn, js);
 }
 
 /* ---- routing ---- */
@@ -641,7 +628,6 @@ enum MHD_Result pgd__answer_model(server *s, req_ctx *c, struct MHD_Connection *
                           "The model '%.200s' does not exist", id);
         return pgd__send_error(c, conn, &e);
     }
-    enum MHD_Result r = pgd__send_body(c, conn, 200, js, "application/json", NULL);
-    free(js);
+    enum MHD_Result r = pgd__send_json(c, conn, js);
     return r;
 }

@@ -169,7 +169,7 @@ static void signal_cb(uv_signal_t *sig, int signum) {
  * them, for up to a second, not closed bare. */
 void pgd__answer_unfinished(server *s) {
     int n = 0;
-    for (req_ctx *c = s->live; c; c = c->live_next) {
+    for (req_ctx *c = s->live; c; c = c->live.next) {
         bool waiting = c->ph == PH_RUNNING && c->suspended;
         bool streaming = c->ph == PH_STREAMING && !c->stream_done;
         if (c->conn_done || (!waiting && !streaming)) continue;
@@ -313,14 +313,14 @@ int pgd_serve(const pgd_server_config *cfg) {
     uv_run(&s->loop, UV_RUN_DEFAULT);
     /* shutdown: engine first (no more events), then HTTP, then the loop's handles */
     if (s->engine) pgd_engine_stop(s->engine);
-    for (req_ctx *c = s->detached; c; c = c->det_next) /* background responses end here */
+    for (req_ctx *c = s->detached; c; c = c->det.next) /* background responses end here */
         for (int i = 0; i < c->n_choices; i++)
             if (c->submitted[i]) pgd_engine_abort(s->engine, c->engine_ids[i]);
     pgd__answer_unfinished(s);
     /* MHD refuses to stop with suspended connections (it aborts the process): pgd__resume them all;
      * stopping then closes them, which aborts their engine requests */
     s->stopping = true;
-    for (req_ctx *c = s->live; c; c = c->live_next)
+    for (req_ctx *c = s->live; c; c = c->live.next)
         if (c->suspended) {
             c->suspended = false;
             MHD_resume_connection(c->conn);

@@ -7,20 +7,32 @@
 /* ---- the MHD <-> libuv glue ---- */
 static void mhd_timer_cb(uv_timer_t *t);
 
+static ctx_links *links_of(req_ctx *c, size_t links) { return (ctx_links *)((char *)c + links); }
+
+void pgd__list_push(req_ctx **head, req_ctx *c, size_t links) {
+    ctx_links *l = links_of(c, links);
+    l->prev = NULL;
+    l->next = *head;
+    if (*head) links_of(*head, links)->prev = c;
+    *head = c;
+}
+
+void pgd__list_unlink(req_ctx **head, req_ctx *c, size_t links) {
+    ctx_links *l = links_of(c, links);
+    if (l->prev) links_of(l->prev, links)->next = l->next;
+    else *head = l->next;
+    if (l->next) links_of(l->next, links)->prev = l->prev;
+    l->prev = l->next = NULL;
+}
+
 void pgd__run_list_remove(server *s, req_ctx *c) {
     if (!c->in_run_list) return;
-    if (c->run_prev) c->run_prev->run_next = c->run_next;
-    else s->running = c->run_next;
-    if (c->run_next) c->run_next->run_prev = c->run_prev;
-    c->run_prev = c->run_next = NULL;
+    pgd__list_unlink(&s->running, c, offsetof(req_ctx, run));
     c->in_run_list = false;
 }
 
 void pgd__run_list_add(server *s, req_ctx *c) {
-    c->run_prev = NULL;
-    c->run_next = s->running;
-    if (s->running) s->running->run_prev = c;
-    s->running = c;
+    pgd__list_push(&s->running, c, offsetof(req_ctx, run));
     c->in_run_list = true;
 }
 
@@ -51,10 +63,7 @@ void pgd__ctx_unref(req_ctx *c) {
 
 void pgd__detached_remove(server *s, req_ctx *c) {
     if (!c->detached) return;
-    if (c->det_prev) c->det_prev->det_next = c->det_next;
-    else s->detached = c->det_next;
-    if (c->det_next) c->det_next->det_prev = c->det_prev;
-    c->det_prev = c->det_next = NULL;
+    pgd__list_unlink(&s->detached, c, offsetof(req_ctx, det));
     c->detached = false;
 }
 
@@ -99,17 +108,21 @@ enum MHD_Result pgd__send_error(req_ctx *c, struct MHD_Connection *conn, const p
     return r;
 }
 
-void pgd__out_append(req_ctx *c, const char *data, size_t n) {
-    if (!data) return;
-    if (c->out_len + n > c->out_cap) {
-        size_t nc = (c->out_len + n) * 2 + 256;
-        char *o = realloc(c->out, nc);
-        if (!o) return;
-        c->out = o;
-        c->out_cap = nc;
+/* A 200 with the JSON body js (taken: freed), or a 500 when js is NULL (out of memory). */
+enum MHD_Result pgd__send_json(req_ctx *c, struct MHD_Connection *conn, char *js) {
+    if (!js) {
+        pgd_api_error e;
+        pgd_api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return pgd__send_error(c, conn, &e);
     }
-    memcpy(c->out + c->out_len, data, n);
-    c->out_len += n;
+    c->status = 200;
+    enum MHD_Result r = pgd__send_body(c, conn, 200, js, "application/json", NULL);
+    free(js);
+    return r;
+}
+
+void pgd__out_append(req_ctx *c, const char *data, size_t n) {
+    if (data) pgd_bytes_append(&c->out, &c->out_len, &c->out_cap, data, n);
 }
 
 void pgd__out_append_sbuf(req_ctx *c, pgd_sbuf *b) {
@@ -183,7 +196,7 @@ static bool body_too_slow(server *s, const req_ctx *c, size_t n) {
 void pgd__liveness_cb(uv_timer_t *t) {
     server *s = t->data;
     for (req_ctx *c = s->running, *next; c; c = next) {
-        next = c->run_next;
+        next = c->run.next;
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (!ci) continue;
@@ -198,7 +211,7 @@ void pgd__liveness_cb(uv_timer_t *t) {
     }
     /* a body that stopped coming (the pgd__handler, called per piece, sees only the slow ones):
      * shutting its socket makes MHD close the connection at its next read */
-    for (req_ctx *c = s->live; c; c = c->live_next) {
+    for (req_ctx *c = s->live; c; c = c->live.next) {
         if (c->ph != PH_RECEIVING || c->conn_done || c->body_deadline_hit ||
             !body_too_slow(s, c, 0))
             continue;
@@ -414,9 +427,7 @@ enum MHD_Result pgd__handler(void *cls, struct MHD_Connection *conn, const char 
         c->conn = conn;
         c->model = s->model_name;
         c->refs = 1;
-        c->live_next = s->live;
-        if (s->live) s->live->live_prev = c;
-        s->live = c;
+        pgd__list_push(&s->live, c, offsetof(req_ctx, live));
         c->t_arrival = pgd_now_s();
         c->created = (long)time(NULL);
         c->status = 0;
@@ -618,10 +629,7 @@ void pgd__completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!c) return;
     *con_cls = NULL;
     c->conn_done = true;
-    if (c->live_prev) c->live_prev->live_next = c->live_next;
-    else s->live = c->live_next;
-    if (c->live_next) c->live_next->live_prev = c->live_prev;
-    c->live_prev = c->live_next = NULL;
+    pgd__list_unlink(&s->live, c, offsetof(req_ctx, live));
     pgd__run_list_remove(s, c); /* its connection is gone: the liveness check must not touch it */
     bool aborted = false;
     for (int i = 0; !c->detached && i < c->n_choices; i++)

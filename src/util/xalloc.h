@@ -37,4 +37,23 @@ static inline int pgd_grow_i32(void *arr, int32_t n, int32_t *cap, int32_t first
     return rc;
 }
 
+/* Appends data[0..n) to the byte buffer *buf (*len bytes used of *cap), kept NUL-terminated
+ * (the terminator not counted in *len) and grown to about twice what it needs: PGD_OK, or
+ * PGD_ENOMEM with the buffer unchanged. */
+static inline int pgd_bytes_append(char **buf, size_t *len, size_t *cap, const char *data,
+                                   size_t n) {
+    if (n > SIZE_MAX / 4 - *len) return PGD_ENOMEM;
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*len + n + 1) * 2 + 64;
+        char *p = realloc(*buf, nc);
+        if (!p) return PGD_ENOMEM;
+        *buf = p;
+        *cap = nc;
+    }
+    if (n) memcpy(*buf + *len, data, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return PGD_OK;
+}
+
 #endif
