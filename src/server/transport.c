@@ -343,11 +343,10 @@ static enum MHD_Result scan_content_length(void *cls, enum MHD_ValueKind kind, c
     return MHD_YES;
 }
 
-/* MHD_get_connection_values_n callback: what the guard checks of a first head, for the later
- * requests of a kept-alive connection, which MHD reads itself: bytes no header name has,
- * control bytes in values, repeated credentials, and the framing headers. (A NUL cutting a
- * value is not seen here: MHD 0.9.75 reports the length up to the NUL; the length check stays
- * for a version that reports the real one.) */
+/* MHD_get_connection_values_n callback: a second line of defence behind the guard, which checks
+ * every request head before MHD reads it (http_guard.c): bytes no header name has, control
+ * bytes in values, repeated credentials, and the framing headers. (A NUL cutting a value is not
+ * seen here: MHD 0.9.75 reports the length up to the NUL; the guard refuses it.) */
 struct head_scan {
     int bad_byte, n_auth, n_xkey;
     const char *te;
