@@ -13,6 +13,7 @@
 #include "engine/engine_impl.h"
 #include "engine/engine_internal.h"
 #include "util/clock.h"
+#include "util/xalloc.h"
 #include "util/env.h"
 
 /* ---- events ---- */
@@ -336,29 +337,24 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
                              .copy_blocks = hook_copy_blocks, .pending = hook_pending};
     pgd_sched_init(&e->sched, &sc, &e->mgr, &hooks);
     size_t T = (size_t)c->max_num_batched_tokens, S = (size_t)c->max_num_seqs;
-    e->b_tokens = malloc(T * sizeof *e->b_tokens);
-    e->b_pos = malloc(T * sizeof *e->b_pos);
-    e->b_seq = malloc(T * sizeof *e->b_seq);
-    e->b_rows = malloc((size_t)e->max_logits * sizeof *e->b_rows);
-    e->b_slot = malloc(T * sizeof *e->b_slot);
-    e->b_tables = malloc(S * sizeof *e->b_tables);
-    e->b_lora = calloc(S, sizeof *e->b_lora);
-    e->b_seqs = malloc(S * sizeof *e->b_seqs);
-    e->b_sample = malloc((size_t)e->max_logits * sizeof *e->b_sample);
-    e->b_sampled = malloc((size_t)e->max_logits * sizeof *e->b_sampled);
-    e->lp_rows = malloc((size_t)e->max_logits * sizeof *e->lp_rows);
-    e->lp_todo = malloc((size_t)e->max_logits * sizeof *e->lp_todo);
-    e->hidden = malloc((size_t)e->max_logits * (size_t)e->model->cfg.dim * sizeof *e->hidden);
     /* a step's events: a token per logits row, a prompt token per row and one more per
      * sequence, a FINISH per sequence (more, from aborts, publish early) */
     e->cap_step_ev = 2 * e->max_logits + 2 * c->max_num_seqs;
-    e->step_ev = malloc((size_t)e->cap_step_ev * sizeof *e->step_ev);
+    size_t L = (size_t)e->max_logits;
     int32_t nv = e->model->cfg.n_vocab;
-    e->eog = malloc((size_t)nv * sizeof *e->eog);
-    if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_rows || !e->b_slot || !e->b_tables ||
-        !e->b_lora ||
-        !e->b_seqs || !e->b_sample || !e->b_sampled || !e->lp_rows || !e->lp_todo || !e->eog ||
-        !e->hidden || !e->step_ev) {
+    const pgd_slice step[] = { /* the step's scratch, sized once */
+        {&e->b_tokens, T * sizeof *e->b_tokens}, {&e->b_pos, T * sizeof *e->b_pos},
+        {&e->b_seq, T * sizeof *e->b_seq}, {&e->b_slot, T * sizeof *e->b_slot},
+        {&e->b_rows, L * sizeof *e->b_rows}, {&e->b_sample, L * sizeof *e->b_sample},
+        {&e->b_sampled, L * sizeof *e->b_sampled}, {&e->lp_rows, L * sizeof *e->lp_rows},
+        {&e->lp_todo, L * sizeof *e->lp_todo},
+        {&e->hidden, L * (size_t)e->model->cfg.dim * sizeof *e->hidden},
+        {&e->b_tables, S * sizeof *e->b_tables}, {&e->b_lora, S * sizeof *e->b_lora},
+        {&e->b_seqs, S * sizeof *e->b_seqs},
+        {&e->step_ev, (size_t)e->cap_step_ev * sizeof *e->step_ev},
+        {&e->eog, (size_t)nv * sizeof *e->eog},
+    };
+    if (!(e->step_block = pgd_alloc_slices(step, sizeof step / sizeof step[0]))) {
         rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
         goto fail_perr;
     }
@@ -413,27 +409,13 @@ void pgd_engine_free(pgd_engine *e) {
     pgd_kv_mgr_free(&e->mgr);
     pgd_pool_free(e->pool);
     pgd_model_free(e->model);
-    free(e->b_tokens);
-    free(e->b_pos);
-    free(e->b_seq);
-    free(e->b_rows);
-    free(e->b_slot);
-    free(e->b_tables);
-    free(e->b_lora);
-    free(e->b_seqs);
-    free(e->b_sample);
-    free(e->b_sampled);
-    free(e->lp_rows);
-    free(e->hidden);
-    free(e->lp_todo);
+    free(e->step_block); /* b_*, lp_*, hidden, step_ev, eog */
     pgd_sampler_scratch_free(&e->sample_scratch);
-    free(e->eog);
     pgd_json_vocab_free(&e->json_vocab);
     pgd_grammar_scratch_free(e->gr_scratch);
     free(e->json_allow);
     free(e->aborts);
     free(e->events);
-    free(e->step_ev);
     pthread_mutex_destroy(&e->in_mu);
     pthread_mutex_destroy(&e->out_mu);
     pthread_cond_destroy(&e->out_cv);

@@ -63,6 +63,8 @@ struct pgd_engine {
     uint64_t next_id;
 
     /* step buffers, sized once */
+    void *step_block;                           /* one allocation: the arrays below to hidden,
+                                                   step_ev and eog (pgd_alloc_slices) */
     int32_t *b_tokens, *b_pos, *b_seq;          /* (max_num_batched_tokens) */
     int32_t *b_rows;                            /* (max_logits) */
     int32_t max_logits;                         /* logit rows per step */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "spec/spec.h"
+#include "util/xalloc.h"
 
 int pgd_draft_init(pgd_draft *d, const char *path, pgd_pool *pool, int32_t n_vocab,
                    int32_t n_ctx, int32_t n_blocks, int32_t block_size, int32_t chunk,
@@ -28,11 +29,11 @@ int pgd_draft_init(pgd_draft *d, const char *path, pgd_pool *pool, int32_t n_voc
         (rc = pgd_fwd_init(&d->fwd, d->model, pool, d->chunk, 1, err)))
         goto fail;
     size_t C = (size_t)d->chunk;
-    d->b_tokens = malloc(C * sizeof *d->b_tokens);
-    d->b_pos = malloc(C * sizeof *d->b_pos);
-    d->b_seq = calloc(C, sizeof *d->b_seq);
-    d->b_slot = malloc(C * sizeof *d->b_slot);
-    if (!d->b_tokens || !d->b_pos || !d->b_seq || !d->b_slot) {
+    const pgd_slice batch[] = {{&d->b_tokens, C * sizeof *d->b_tokens},
+                               {&d->b_pos, C * sizeof *d->b_pos},
+                               {&d->b_seq, C * sizeof *d->b_seq},
+                               {&d->b_slot, C * sizeof *d->b_slot}};
+    if (!(d->b_block = pgd_alloc_slices(batch, sizeof batch / sizeof batch[0]))) {
         rc = pgd_err_set(err, PGD_ENOMEM, "draft model: out of memory");
         goto fail;
     }
@@ -47,10 +48,7 @@ void pgd_draft_free(pgd_draft *d) {
     if (d->kv.k) pgd_kv_cache_free(&d->kv);
     if (d->mgr.blocks) pgd_kv_mgr_free(&d->mgr);
     pgd_model_free(d->model);
-    free(d->b_tokens);
-    free(d->b_pos);
-    free(d->b_seq);
-    free(d->b_slot);
+    free(d->b_block); /* b_tokens, b_pos, b_seq, b_slot */
     memset(d, 0, sizeof *d);
 }
 

@@ -68,6 +68,7 @@ typedef struct pgd_draft {
     pgd_kv_mgr mgr;
     pgd_fwd fwd;            /* max_tokens = chunk, one logit row */
     int32_t chunk, n_ctx, max_blocks_per_seq;
+    void *b_block;                     /* one allocation: the four arrays below */
     int32_t *b_tokens, *b_pos, *b_seq; /* (chunk) */
     int64_t *b_slot;                   /* (chunk) */
 } pgd_draft;

@@ -56,4 +56,31 @@ static inline int pgd_bytes_append(char **buf, size_t *len, size_t *cap, const c
     return PGD_OK;
 }
 
+/* One allocation for several arrays set up together and freed together (a struct's scratch):
+ * array i is slices[i].bytes long (each starts 64-byte aligned within the block, which is
+ * zeroed) and its address goes into the pointer at slices[i].dst (a T **, written as the void *
+ * it converts to). Returns the block -- freeing it frees every array -- or NULL (out of memory,
+ * or sizes that overflow) with the pointers untouched. */
+typedef struct pgd_slice {
+    void *dst;
+    size_t bytes;
+} pgd_slice;
+
+static inline void *pgd_alloc_slices(const pgd_slice *slices, size_t n) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t b = (slices[i].bytes + 63) & ~(size_t)63;
+        if (b < slices[i].bytes || total > SIZE_MAX - b) return NULL;
+        total += b;
+    }
+    char *block = calloc(1, total ? total : 1);
+    if (!block) return NULL;
+    for (size_t i = 0, off = 0; i < n; i++) {
+        void *p = block + off;
+        memcpy(slices[i].dst, &p, sizeof p);
+        off += (slices[i].bytes + 63) & ~(size_t)63;
+    }
+    return block;
+}
+
 #endif
