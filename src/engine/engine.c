@@ -37,7 +37,7 @@ static int outbox_lock_room(pgd_engine *e, size_t extra) {
             free(n);
             continue;
         }
-        memcpy(n, e->events, e->n_events * sizeof *n);
+        if (e->n_events) memcpy(n, e->events, e->n_events * sizeof *n);
         pgd_event *old = e->events;
         e->events = n;
         e->cap_events = nc;
