@@ -17,6 +17,7 @@
 #include "backend/cpu/simd.h"
 #include "backend/cpu/quant_f32act.h"
 #include "backend/cpu/p16_layout.h"
+#include "util/env.h"
 #include "util/status.h"
 
 #ifdef __AVX2__
@@ -517,7 +518,6 @@ INLINE v16 p16_w_q3k(const uint8_t *sb, int k) {
 }
 
 #include "backend/cpu/p16_kernels.h"
-#include "util/env.h"
 
 /* The sum of a block's activations, in one fixed order (the offset terms). */
 INLINE float p16_xsum(const pgd_type t, const float *x) {
