@@ -55,6 +55,10 @@ echo "== client compatibility tests (the newest openai, openai-agents, anthropic
 cvenv=$(bash scripts/setup-venv.sh tests/clients/requirements.txt)
 PAGODA_BUILD="$root/build" "$cvenv/bin/python" -m pytest -q -p no:cacheprovider tests/clients
 
+echo "== router tests (replicas behind sglang-router)"
+rvenv=$(bash scripts/setup-venv.sh tests/routers/requirements.txt)
+PAGODA_BUILD="$root/build" "$rvenv/bin/python" -m pytest -q -p no:cacheprovider tests/routers
+
 if [ "$have_cuda" = 1 ]; then
     echo "== integration tests of the CUDA build (dummy weights, devices; CPU backend)"
     PAGODA_BUILD="$root/build-cuda" \

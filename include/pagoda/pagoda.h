@@ -254,6 +254,10 @@ int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bo
 int32_t pgd_engine_n_ctx(const pgd_engine *e);
 /* The model's vocabulary: token ids are below it. */
 int32_t pgd_engine_n_vocab(const pgd_engine *e);
+/* The model's Hugging Face names: config.json's model_type ("llama", "qwen2_moe", ...; a GGUF's
+ * architecture mapped to it) and its class ("LlamaForCausalLM"; "" when unknown). */
+const char *pgd_engine_model_type(const pgd_engine *e);
+const char *pgd_engine_architecture(const pgd_engine *e);
 /* The model's hidden size: the length of an embedding. */
 int32_t pgd_engine_dim(const pgd_engine *e);
 bool pgd_engine_add_bos(const pgd_engine *e);
@@ -283,6 +287,9 @@ int pgd_engine_start(pgd_engine *e, void (*notify)(void *), void *notify_arg);
 void pgd_engine_stop(pgd_engine *e);
 
 void pgd_engine_get_stats(pgd_engine *e, pgd_engine_stats *s);
+/* Drops the prefix cache's unreferenced blocks before the next step (SGLang's /flush_cache);
+ * blocks that running sequences hold stay. Any thread; returns at once. */
+void pgd_engine_flush_cache(pgd_engine *e);
 
 /* LoRA adapters at run time (vLLM's /v1/load_lora_adapter), from any thread: reads the PEFT
  * directory at path (on the caller's thread) and puts it into a free slot between two steps;

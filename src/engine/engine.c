@@ -441,6 +441,8 @@ int pgd_engine_tokenize(pgd_engine *e, const char *text, size_t len, bool add_bo
 int32_t pgd_engine_n_ctx(const pgd_engine *e) { return e->n_ctx; }
 int32_t pgd_engine_dim(const pgd_engine *e) { return e->model->cfg.dim; }
 int32_t pgd_engine_n_vocab(const pgd_engine *e) { return e->model->cfg.n_vocab; }
+const char *pgd_engine_model_type(const pgd_engine *e) { return e->model->cfg.model_type; }
+const char *pgd_engine_architecture(const pgd_engine *e) { return e->model->cfg.architecture; }
 bool pgd_engine_add_bos(const pgd_engine *e) {
     const pgd_model *m = e->model;
     if (!m->tok) return m->cfg.bos_id >= 0 && m->cfg.bos_id < m->cfg.n_vocab;
@@ -491,6 +493,13 @@ int pgd_engine_submit(pgd_engine *e, const pgd_request_params *p, uint64_t *id, 
     pthread_cond_signal(&e->in_cv);
     pthread_mutex_unlock(&e->in_mu);
     return PGD_OK;
+}
+
+void pgd_engine_flush_cache(pgd_engine *e) {
+    pthread_mutex_lock(&e->in_mu);
+    e->flush_cache = true;
+    pthread_cond_signal(&e->in_cv);
+    pthread_mutex_unlock(&e->in_mu);
 }
 
 void pgd_engine_abort(pgd_engine *e, uint64_t id) {
@@ -617,7 +626,10 @@ static void drain_inbox(pgd_engine *e) {
     if (ab && na) memcpy(ab, e->aborts, na * sizeof *ab); /* aborts: NULL before the first */
     else na = 0; /* out of memory: aborts retried next step */
     e->n_aborts -= na;
+    bool flush = e->flush_cache;
+    e->flush_cache = false;
     pthread_mutex_unlock(&e->in_mu);
+    if (flush) pgd_kv_drop_cached(&e->mgr); /* (blocks in use keep their hashes) */
     for (seq *s = in.head, *n; s; s = n) {
         n = s->next;
         pgd_sched_add(&e->sched, s);
@@ -693,7 +705,7 @@ int pgd_engine_step(pgd_engine *e) {
 
 bool pgd_engine_has_work(pgd_engine *e) {
     pthread_mutex_lock(&e->in_mu);
-    bool w = e->incoming.n > 0 || e->n_aborts > 0;
+    bool w = e->incoming.n > 0 || e->n_aborts > 0 || e->flush_cache;
     pthread_mutex_unlock(&e->in_mu);
     return w || e->sched.waiting.n > 0 || e->sched.running.n > 0;
 }
@@ -729,7 +741,7 @@ static void *engine_main(void *arg) {
         lora_collect(e);
         if (!pgd_engine_has_work(e)) {
             pthread_mutex_lock(&e->in_mu);
-            while (!e->stop_thread && e->incoming.n == 0 && e->n_aborts == 0 &&
+            while (!e->stop_thread && e->incoming.n == 0 && e->n_aborts == 0 && !e->flush_cache &&
                    !__atomic_load_n(&e->lora_gc, __ATOMIC_ACQUIRE))
                 pthread_cond_wait(&e->in_cv, &e->in_mu);
             pthread_mutex_unlock(&e->in_mu);

@@ -92,6 +92,7 @@ struct pgd_engine {
     seq_list incoming;
     uint64_t *aborts;
     size_t n_aborts, cap_aborts;
+    bool flush_cache;          /* (in_mu) pgd_engine_flush_cache asked: done at the next step */
     int32_t n_pending;         /* incoming + waiting, for the queue bound */
 
     /* this step's events, built with no lock held and published at its end in one short

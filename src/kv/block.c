@@ -279,6 +279,20 @@ void pgd_kv_truncate(pgd_kv_mgr *m, pgd_kv_seq *s, int32_t n_tokens) {
     if (keep < s->n_blocks) s->n_blocks = keep;
 }
 
+int32_t pgd_kv_drop_cached(pgd_kv_mgr *m) {
+    int32_t n = 0;
+    for (int32_t b = m->free_head; b >= 0; b = m->blocks[b].next) {
+        pgd_kv_block *k = &m->blocks[b];
+        if (!k->hash) continue;
+        map_del(m, k->hash, b);
+        k->hash = 0;
+        k->gen++; /* (a child registered under it can no longer resolve to it) */
+        m->n_cached--;
+        n++;
+    }
+    return n;
+}
+
 int pgd_kv_check(const pgd_kv_mgr *m) {
     int32_t n_free = 0, n_cached = 0, prev = -1;
     for (int32_t b = m->free_head; b >= 0; b = m->blocks[b].next) {

@@ -102,6 +102,10 @@ void pgd_kv_release(pgd_kv_mgr *m, pgd_kv_seq *s);
  * all lie within n_tokens: only unregistered tail blocks are ever freed here. */
 void pgd_kv_truncate(pgd_kv_mgr *m, pgd_kv_seq *s, int32_t n_tokens);
 
+/* Drops the prefix cache's unreferenced blocks (SGLang's /flush_cache): every free block that
+ * still holds a registered hash forgets it; blocks in use keep theirs. Returns how many. */
+int32_t pgd_kv_drop_cached(pgd_kv_mgr *m);
+
 /* Consistency check for tests: free list, counts and map agree. Returns 0 or a negative code. */
 int pgd_kv_check(const pgd_kv_mgr *m);
 

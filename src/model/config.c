@@ -111,6 +111,22 @@ static int gguf_rope_scaling(pgd_model *m, const char *a, pgd_err *err) {
     return factor == 1.0f ? PGD_OK : linear_factors(m, factor, err);
 }
 
+void pgd__model_names(pgd_model_config *c, const char *model_type, const char *architecture) {
+    static const struct {
+        const char *type, *cls;
+    } classes[] = {
+        {"llama", "LlamaForCausalLM"},         {"mistral", "MistralForCausalLM"},
+        {"mixtral", "MixtralForCausalLM"},     {"qwen2", "Qwen2ForCausalLM"},
+        {"qwen2_moe", "Qwen2MoeForCausalLM"},  {"qwen3", "Qwen3ForCausalLM"},
+        {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"smollm3", "SmolLM3ForCausalLM"},
+        {"gemma2", "Gemma2ForCausalLM"},       {"gemma3_text", "Gemma3ForCausalLM"},
+    };
+    snprintf(c->model_type, sizeof c->model_type, "%s", model_type);
+    for (size_t i = 0; !architecture && i < sizeof classes / sizeof classes[0]; i++)
+        if (!strcmp(model_type, classes[i].type)) architecture = classes[i].cls;
+    snprintf(c->architecture, sizeof c->architecture, "%s", architecture ? architecture : "");
+}
+
 int pgd__gguf_config(pgd_model *m, pgd_err *err) {
     pgd_gguf *g = &m->gguf;
     pgd_str arch;
@@ -140,6 +156,14 @@ int pgd__gguf_config(pgd_model *m, pgd_err *err) {
                            "gemma3 are)",
                            m->path, pgd_str_safe(arch, &nb));
     }
+    static const struct {
+        const char *gguf, *hf;
+    } types[] = {{"qwen2moe", "qwen2_moe"}, {"qwen3moe", "qwen3_moe"}, {"gemma3", "gemma3_text"}};
+    pgd_name_buf tb;
+    const char *ty = pgd_str_safe(arch, &tb);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (pgd_str_eq(arch, types[i].gguf)) ty = types[i].hf;
+    pgd__model_names(&m->cfg, ty, NULL);
     snprintf(a, sizeof a, "%.*s", (int)arch.len, arch.ptr);
     struct { const char *suffix; int32_t *dst; bool required; } keys[] = {
         {"embedding_length", &m->cfg.dim, true},
@@ -630,6 +654,9 @@ int pgd__hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
                          "and gemma3_text are)", path, type);
         goto done;
     }
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(c, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    pgd__model_names(&m->cfg, type, cJSON_IsString(a0) ? a0->valuestring : NULL);
     m->hf_untied = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings"));
     /* q/k/v biases (Qwen2, attention_bias) are loaded when the checkpoint has them */
     m->cfg.rope_mode = PGD_ROPE_NEOX;

@@ -28,6 +28,9 @@ typedef enum { PGD_ROPE_NORM, PGD_ROPE_NEOX } pgd_rope_mode;
 
 typedef struct pgd_model_config {
     pgd_arch arch;
+    /* Hugging Face's names for it: config.json's model_type ("llama", "qwen2_moe", ...; a GGUF's
+     * general.architecture mapped to it) and the class its architectures list names first */
+    char model_type[32], architecture[64];
     int32_t n_vocab, dim, n_layer, n_head, n_kv_head, head_dim, ffn_dim, n_ctx;
     float rms_eps, rope_theta;
     pgd_rope_mode rope_mode;

@@ -9,7 +9,9 @@
 
 #include "model/model.h"
 
-/* config.c: the configuration readers */
+/* config.c: the configuration readers; c's Hugging Face names (architecture NULL: the class
+ * model_type's models have) */
+void pgd__model_names(pgd_model_config *c, const char *model_type, const char *architecture);
 bool pgd__gemma_arch(pgd_arch a);
 int pgd__gguf_config(pgd_model *m, pgd_err *err);
 int pgd__hf_config_file(pgd_model *m, const char *path, pgd_err *err);

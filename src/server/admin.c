@@ -182,3 +182,89 @@ enum MHD_Result pgd__answer_version(server *s, req_ctx *c, struct MHD_Connection
     return pgd__send_body(c, conn, 200, "{\"version\":\"" PGD_VERSION "\"}", "application/json",
                      NULL);
 }
+
+/* ---- SGLang's worker contract (sglang-router, vllm-router) ----
+ * What a router reads to register this server and route to it: /server_info and /model_info
+ * (with their older /get_ names), the model id from served_model_name; /get_load for its
+ * power-of-two policy; /flush_cache. The fields are those sglang-router 0.3's ServerInfo and
+ * model-info structs read. */
+
+/* The fields both describe the model by. */
+static cJSON *model_fields(server *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model_path", s->cfg.model);
+    cJSON_AddStringToObject(o, "tokenizer_path", s->cfg.model);
+    cJSON_AddStringToObject(o, "served_model_name", s->model_name);
+    cJSON_AddBoolToObject(o, "is_generation", true);
+    if (s->ready) {
+        cJSON_AddStringToObject(o, "model_type", pgd_engine_model_type(s->engine));
+        const char *a = pgd_engine_architecture(s->engine);
+        cJSON *arr = cJSON_AddArrayToObject(o, "architectures");
+        if (*a) cJSON_AddItemToArray(arr, cJSON_CreateString(a));
+    }
+    return o;
+}
+
+enum MHD_Result pgd__answer_server_info(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                         const char *method, const char *url) {
+    (void)method, (void)url;
+    cJSON *o = model_fields(s);
+    cJSON_AddNumberToObject(o, "tp_size", s->cfg.tensor_parallel_size ? s->cfg.tensor_parallel_size
+                                                                       : 1);
+    cJSON_AddNumberToObject(o, "dp_size", 1);
+    cJSON_AddStringToObject(o, "load_balance_method", "round_robin");
+    cJSON_AddStringToObject(o, "disaggregation_mode", "null");
+    cJSON_AddNumberToObject(o, "max_running_requests", s->cfg.max_num_seqs);
+    cJSON_AddNumberToObject(o, "max_prefill_tokens", s->cfg.max_num_batched_tokens);
+    cJSON_AddNumberToObject(o, "max_waiting_requests", s->cfg.max_waiting);
+    if (s->ready) {
+        pgd_engine_stats st;
+        pgd_engine_get_stats(s->engine, &st);
+        cJSON_AddNumberToObject(o, "context_length", pgd_engine_n_ctx(s->engine));
+        cJSON_AddNumberToObject(o, "max_total_num_tokens",
+                                (double)st.kv_blocks_total * s->cfg.block_size);
+        cJSON_AddNumberToObject(o, "page_size", s->cfg.block_size);
+    }
+    cJSON_AddStringToObject(o, "version", PGD_VERSION);
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return pgd__send_json(c, conn, js);
+}
+
+enum MHD_Result pgd__answer_model_info(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                        const char *method, const char *url) {
+    (void)method, (void)url;
+    cJSON *o = model_fields(s);
+    if (s->ready) {
+        cJSON_AddNumberToObject(o, "max_context_length", pgd_engine_n_ctx(s->engine));
+        cJSON_AddNumberToObject(o, "vocab_size", pgd_engine_n_vocab(s->engine));
+    }
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return pgd__send_json(c, conn, js);
+}
+
+/* One data-parallel rank's load: requests (running and waiting), waiting ones, KV tokens held. */
+enum MHD_Result pgd__answer_load(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                  const char *method, const char *url) {
+    (void)method, (void)url;
+    pgd_engine_stats st = {0};
+    if (s->ready) pgd_engine_get_stats(s->engine, &st);
+    cJSON *a = cJSON_CreateArray(), *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "dp_rank", 0);
+    cJSON_AddNumberToObject(o, "num_reqs", st.num_running + st.num_waiting);
+    cJSON_AddNumberToObject(o, "num_waiting_reqs", st.num_waiting);
+    cJSON_AddNumberToObject(o, "num_tokens", (double)st.kv_blocks_used * s->cfg.block_size);
+    cJSON_AddItemToArray(a, o);
+    char *js = cJSON_PrintUnformatted(a);
+    cJSON_Delete(a);
+    return pgd__send_json(c, conn, js);
+}
+
+/* POST /flush_cache: the prefix cache's unreferenced blocks dropped before the next step. */
+enum MHD_Result pgd__flush_cache(server *s, req_ctx *c, struct MHD_Connection *conn,
+                                 const char *method, const char *url) {
+    (void)method, (void)url;
+    pgd_engine_flush_cache(s->engine);
+    return pgd__send_body(c, conn, 200, "Cache flushed.\n", "text/plain; charset=utf-8", NULL);
+}

@@ -47,7 +47,8 @@
 typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_LORA_LOAD,
                R_LORA_UNLOAD, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES,
                /* answered without the engine (GET, and DELETE of a stored response) */
-               R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_KV_PLAN, R_VERSION, R_STORED } route;
+               R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_KV_PLAN, R_VERSION, R_STORED,
+               R_SERVER_INFO, R_MODEL_INFO, R_LOAD, R_FLUSH_CACHE } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
 
 typedef struct server server;
@@ -236,6 +237,8 @@ route_fn pgd__answer_models, pgd__answer_stored_response, pgd__route_tokenize, p
 /* admin.c: the operations routes (health, metrics, version, kv_plan, LoRA load/unload) */
 route_fn pgd__lora_update, pgd__answer_kv_plan, pgd__answer_health, pgd__answer_metrics,
          pgd__answer_version;
+/* admin.c: SGLang's worker contract */
+route_fn pgd__answer_server_info, pgd__answer_model_info, pgd__answer_load, pgd__flush_cache;
 
 /* routes.c: the route table */
 const route_def *pgd__find_route(const char *url);

@@ -18,6 +18,14 @@ static const route_def routes[] = {
     {"/metrics", R_METRICS, "GET", "GET, HEAD", ROUTE_PUBLIC | ROUTE_NO_ENGINE, pgd__answer_metrics},
     {"/version", R_VERSION, "GET", "GET, HEAD", ROUTE_PUBLIC | ROUTE_NO_ENGINE, pgd__answer_version},
     {"/v1/kv_plan", R_KV_PLAN, "GET", "GET, HEAD", ROUTE_NO_ENGINE, pgd__answer_kv_plan},
+    /* SGLang's worker contract (sglang-router and vllm-router read these) */
+    {"/server_info", R_SERVER_INFO, "GET", "GET, HEAD", ROUTE_NO_ENGINE, pgd__answer_server_info},
+    {"/get_server_info", R_SERVER_INFO, "GET", "GET, HEAD", ROUTE_NO_ENGINE,
+     pgd__answer_server_info},
+    {"/model_info", R_MODEL_INFO, "GET", "GET, HEAD", ROUTE_NO_ENGINE, pgd__answer_model_info},
+    {"/get_model_info", R_MODEL_INFO, "GET", "GET, HEAD", ROUTE_NO_ENGINE, pgd__answer_model_info},
+    {"/get_load", R_LOAD, "GET", "GET, HEAD", ROUTE_NO_ENGINE, pgd__answer_load},
+    {"/flush_cache", R_FLUSH_CACHE, "POST", "POST", 0, pgd__flush_cache},
     {"/v1/load_lora_adapter", R_LORA_LOAD, "POST", "POST", ROUTE_LORA_ADMIN, pgd__lora_update},
     {"/v1/unload_lora_adapter", R_LORA_UNLOAD, "POST", "POST", ROUTE_LORA_ADMIN, pgd__lora_update},
 };

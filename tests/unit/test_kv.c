@@ -279,8 +279,44 @@ static void test_truncate(void) {
     pgd_kv_mgr_free(&m);
 }
 
+/* pgd_kv_drop_cached (/flush_cache): free cached blocks forget their hashes, blocks in use keep
+ * theirs; the pool stays consistent and a later match finds only what is still held. */
+static void test_drop_cached(void) {
+    pgd_kv_mgr m;
+    pgd_err err;
+    CHECK_EQ_INT(pgd_kv_mgr_init(&m, 16, 4, true, &err), 0);
+    int32_t toks[12], other[12];
+    for (int i = 0; i < 12; i++) toks[i] = 100 + i, other[i] = 500 + i;
+    pgd_kv_seq a, b, c;
+    pgd_kv_seq_init(&a, 8);
+    pgd_kv_seq_init(&b, 8);
+    pgd_kv_seq_init(&c, 8);
+    pgd_kv_copy cp;
+    CHECK_EQ_INT(pgd_kv_reserve(&m, &a, 0, 9, &cp), 0);
+    pgd_kv_commit(&m, &a, toks, 9);     /* 2 full blocks registered */
+    CHECK_EQ_INT(pgd_kv_reserve(&m, &b, 0, 9, &cp), 0);
+    pgd_kv_commit(&m, &b, other, 9);    /* 2 more, held by b */
+    pgd_kv_release(&m, &a);             /* a's go to the free list, cached */
+    CHECK_EQ_INT(m.n_cached, 2);
+    CHECK_EQ_INT(pgd_kv_drop_cached(&m), 2);
+    CHECK_EQ_INT(m.n_cached, 0);
+    CHECK_EQ_INT(pgd_kv_check(&m), 0);
+    CHECK_EQ_INT(pgd_kv_match_prefix(&m, &c, toks, 12), 0); /* a's prefix is gone */
+    pgd_kv_release(&m, &c);
+    CHECK_EQ_INT(pgd_kv_match_prefix(&m, &c, other, 12), 8); /* b's still held: still found */
+    pgd_kv_release(&m, &c);
+    pgd_kv_release(&m, &b);
+    CHECK_EQ_INT(pgd_kv_drop_cached(&m), 2);
+    CHECK_EQ_INT(pgd_kv_check(&m), 0);
+    pgd_kv_seq_free(&a);
+    pgd_kv_seq_free(&b);
+    pgd_kv_seq_free(&c);
+    pgd_kv_mgr_free(&m);
+}
+
 int main(void) {
     test_prefix_hits();
+    test_drop_cached();
     test_namespaces();
     test_copy_on_write();
     test_random_workload();
