@@ -226,9 +226,7 @@ enum MHD_Result pgd__answer_server_info(server *s, req_ctx *c, struct MHD_Connec
         cJSON_AddNumberToObject(o, "page_size", s->cfg.block_size);
     }
     cJSON_AddStringToObject(o, "version", PGD_VERSION);
-    char *js = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return pgd__send_json(c, conn, js);
+    return pgd__send_cjson(c, conn, o);
 }
 
 enum MHD_Result pgd__answer_model_info(server *s, req_ctx *c, struct MHD_Connection *conn,
@@ -239,9 +237,7 @@ enum MHD_Result pgd__answer_model_info(server *s, req_ctx *c, struct MHD_Connect
         cJSON_AddNumberToObject(o, "max_context_length", pgd_engine_n_ctx(s->engine));
         cJSON_AddNumberToObject(o, "vocab_size", pgd_engine_n_vocab(s->engine));
     }
-    char *js = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return pgd__send_json(c, conn, js);
+    return pgd__send_cjson(c, conn, o);
 }
 
 /* One data-parallel rank's load: requests (running and waiting), waiting ones, KV tokens held. */
@@ -256,9 +252,7 @@ enum MHD_Result pgd__answer_load(server *s, req_ctx *c, struct MHD_Connection *c
     cJSON_AddNumberToObject(o, "num_waiting_reqs", st.num_waiting);
     cJSON_AddNumberToObject(o, "num_tokens", (double)st.kv_blocks_used * s->cfg.block_size);
     cJSON_AddItemToArray(a, o);
-    char *js = cJSON_PrintUnformatted(a);
-    cJSON_Delete(a);
-    return pgd__send_json(c, conn, js);
+    return pgd__send_cjson(c, conn, a);
 }
 
 /* POST /flush_cache: the prefix cache's unreferenced blocks dropped before the next step. */

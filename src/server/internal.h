@@ -201,6 +201,7 @@ enum MHD_Result pgd__send_body(req_ctx *c, struct MHD_Connection *conn, int stat
                                const char *body, const char *ctype, const char *retry_after);
 enum MHD_Result pgd__send_error(req_ctx *c, struct MHD_Connection *conn, const pgd_api_error *e);
 enum MHD_Result pgd__send_json(req_ctx *c, struct MHD_Connection *conn, char *js);
+enum MHD_Result pgd__send_cjson(req_ctx *c, struct MHD_Connection *conn, cJSON *o);
 void pgd__out_append(req_ctx *c, const char *data, size_t n);
 void pgd__out_append_sbuf(req_ctx *c, pgd_sbuf *b);
 void pgd__emit_frame(req_ctx *c, char *f);

@@ -279,9 +279,7 @@ enum MHD_Result pgd__answer_models(server *s, req_ctx *c, struct MHD_Connection 
     for (int i = 0; i < s->n_aliases; i++) add_model_entry(s, d, s->aliases[i], NULL);
     for (int32_t i = 0; i < s->n_loras; i++)
         if (s->lora_names[i]) add_model_entry(s, d, s->lora_names[i], s->lora_paths[i]);
-    char *js = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return pgd__send_json(c, conn, js);
+    return pgd__send_cjson(c, conn, o);
 }
 
 /* /tokenize's answer: {"tokens", "count", "max_model_len"}. */

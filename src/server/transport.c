@@ -121,6 +121,13 @@ enum MHD_Result pgd__send_json(req_ctx *c, struct MHD_Connection *conn, char *js
     return r;
 }
 
+/* pgd__send_json of the object o (taken: deleted). */
+enum MHD_Result pgd__send_cjson(req_ctx *c, struct MHD_Connection *conn, cJSON *o) {
+    char *js = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return pgd__send_json(c, conn, js);
+}
+
 void pgd__out_append(req_ctx *c, const char *data, size_t n) {
     if (data) pgd_bytes_append(&c->out, &c->out_len, &c->out_cap, data, n);
 }

@@ -254,23 +254,31 @@ def test_good_chunked_body_then_pipelined_request(server):
     assert json.loads(rs[0][2])["choices"], rs[0][2]
 
 
+def trickle_head(sk):
+    """Sends a head a byte every 0.2 s (bounded: 33 bytes, ~7 s at most) and returns what the
+    server answers until it closes."""
+    out = b""
+    for b in b"GET /health HTTP/1.1\r\nHost: x\r\n":
+        try:
+            sk.sendall(bytes([b]))
+        except OSError:
+            break
+        time.sleep(0.2)
+    try:
+        while chunk := sk.recv(65536):
+            out += chunk
+    except OSError:
+        pass
+    return out
+
+
 def test_kept_alive_head_deadline(server):
     """A later head trickled past --request-head-timeout (3 s here) gets a 408 too."""
     t0 = time.time()
     with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sk:
         sk.sendall(GOOD)
         _, out = read_one(sk)
-        for b in b"GET /health HTTP/1.1\r\nHost: x\r\n":  # (bounded: 33 bytes, ~7 s at most)
-            try:
-                sk.sendall(bytes([b]))
-            except OSError:
-                break
-            time.sleep(0.2)
-        try:
-            while chunk := sk.recv(65536):
-                out += chunk
-        except OSError:
-            pass
+        out += trickle_head(sk)
     assert time.time() - t0 < 12
     check_one(out, 408)
     normal_ok(server)
@@ -283,17 +291,7 @@ def test_head_deadline_and_metrics(server):
     t0 = time.time()
     with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sk:
         out = b""
-        for b in b"GET /health HTTP/1.1\r\nHost: x\r\n":  # (bounded: 33 bytes, ~7 s at most)
-            try:
-                sk.sendall(bytes([b]))
-            except OSError:
-                break
-            time.sleep(0.2)
-        try:
-            while chunk := sk.recv(65536):
-                out += chunk
-        except OSError:
-            pass
+        out += trickle_head(sk)
     assert time.time() - t0 < 12
     check_one(out, 408)
     text = requests.get(server.url("/metrics"), timeout=10).text
