@@ -48,7 +48,9 @@ typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_LORA_
                R_LORA_UNLOAD, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES,
                /* answered without the engine (GET, and DELETE of a stored response) */
                R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_KV_PLAN, R_VERSION, R_STORED,
-               R_SERVER_INFO, R_MODEL_INFO, R_LOAD, R_FLUSH_CACHE } route;
+               R_SERVER_INFO, R_MODEL_INFO, R_LOAD, R_FLUSH_CACHE,
+               /* the prompt's token ids, not an answer (vLLM's render endpoints) */
+               R_COMPLETIONS_RENDER, R_CHAT_RENDER } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
 
 typedef struct server server;

@@ -5,6 +5,9 @@
  * through api/params.c. */
 #include "server/internal.h"
 
+/* A chat request: /v1/chat/completions or its render. */
+static bool is_chat(const req_ctx *c) { return c->rt == R_CHAT || c->rt == R_CHAT_RENDER; }
+
 /* ---- request work on the thread pool: render + tokenize ---- */
 
 static int tokenize_into(server *s, const char *text, bool add_bos, pgd_api_prompt *p) {
@@ -558,6 +561,66 @@ enum MHD_Result pgd__route_tokenize(server *s, req_ctx *c, struct MHD_Connection
     return pgd__answer_after_work(s, c, conn, tokenize_work_cb, tokenize_after_cb);
 }
 
+/* vLLM's render endpoints (/v1/completions/render, /v1/chat/completions/render: the endpoint
+ * picker of llm-d tokenizes through them): what the request would be prefilled with, as vLLM's
+ * GenerateRequest -- request_id, token_ids, features (null: no media), sampling_params -- one
+ * object for a chat, a list of one per prompt for completions. The same template, tokenization
+ * and checks as the answer's (work_cb, pgd_api_prepare); nothing is submitted. */
+static void render_work_cb(uv_work_t *w) {
+    req_ctx *c = w->data;
+    server *s = c->s;
+    pgd_api_request *r = &c->api;
+    work_cb(w);
+    int32_t n_ctx = pgd_engine_n_ctx(s->engine);
+    pgd_api_budget bud = {.n_ctx = n_ctx, .max_request_tokens = s->cfg.max_request_tokens};
+    if (c->has_err || (c->has_err = pgd_api_prepare(r, &bud, &c->err) != 0)) return;
+    cJSON *list = cJSON_CreateArray();
+    for (int p = 0; list && p < r->n_prompts; p++) {
+        const pgd_api_prompt *pr = &r->prompts[p];
+        pgd_request_params rp;
+        pgd_api_engine_params(r, p * r->n, n_ctx, r->has_seed ? r->seed : 0, &rp);
+        cJSON *o = cJSON_CreateObject(), *ids, *sp;
+        cJSON_AddItemToArray(list, o);
+        cJSON_AddStringToObject(o, "request_id", c->id);
+        ids = cJSON_AddArrayToObject(o, "token_ids");
+        for (int32_t i = 0; i < pr->n_ids; i++)
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(pr->ids[i]));
+        cJSON_AddNullToObject(o, "features");
+        sp = cJSON_AddObjectToObject(o, "sampling_params");
+        cJSON_AddNumberToObject(sp, "n", r->n);
+        cJSON_AddNumberToObject(sp, "temperature", rp.temperature);
+        cJSON_AddNumberToObject(sp, "top_p", rp.top_p);
+        cJSON_AddNumberToObject(sp, "top_k", rp.top_k);
+        cJSON_AddNumberToObject(sp, "min_p", rp.min_p);
+        cJSON_AddNumberToObject(sp, "presence_penalty", rp.presence_penalty);
+        cJSON_AddNumberToObject(sp, "frequency_penalty", rp.frequency_penalty);
+        cJSON_AddNumberToObject(sp, "repetition_penalty",
+                                rp.repetition_penalty > 0 ? rp.repetition_penalty : 1.0);
+        cJSON_AddNumberToObject(sp, "max_tokens", rp.max_tokens);
+        cJSON_AddNumberToObject(sp, "min_tokens", rp.min_tokens);
+        if (r->has_seed) cJSON_AddNumberToObject(sp, "seed", (double)r->seed);
+        else cJSON_AddNullToObject(sp, "seed");
+        cJSON *stop = cJSON_AddArrayToObject(sp, "stop");
+        for (int i = 0; i < r->n_stop; i++) cJSON_AddItemToArray(stop, cJSON_CreateString(r->stop[i]));
+        cJSON *sid = cJSON_AddArrayToObject(sp, "stop_token_ids");
+        for (int32_t i = 0; i < r->n_stop_ids; i++)
+            cJSON_AddItemToArray(sid, cJSON_CreateNumber(r->stop_ids[i]));
+        cJSON_AddBoolToObject(sp, "ignore_eos", r->ignore_eos);
+        cJSON_AddBoolToObject(sp, "skip_special_tokens", !r->render_special);
+        cJSON_AddBoolToObject(o, "stream", r->stream);
+    }
+    cJSON *out = c->rt == R_CHAT_RENDER ? cJSON_DetachItemFromArray(list, 0) : list;
+    c->resp = out ? cJSON_PrintUnformatted(out) : NULL;
+    if (out != list) cJSON_Delete(out);
+    cJSON_Delete(list);
+    if (c->resp) {
+        c->status = 200;
+        return;
+    }
+    pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
+    c->has_err = true;
+}
+
 /* The generating routes: completions, chat, embeddings, and the dialects that ride chat
  * (Messages, count_tokens, Responses). The body is parsed here; the template, tokenization and
  * constraint compilation run on the thread pool (work_cb), then submit_all hands the choices to
@@ -574,7 +637,7 @@ enum MHD_Result pgd__route_generate(server *s, req_ctx *c, struct MHD_Connection
         : c->rt == R_EMBED
             ? pgd_api_parse_embeddings(c->body ? c->body : "", c->body_len, &s->limits,
                                        pgd_engine_dim(s->engine), &c->api, &e)
-            : pgd_api_parse(c->body ? c->body : "", c->body_len, c->rt == R_CHAT,
+            : pgd_api_parse(c->body ? c->body : "", c->body_len, is_chat(c),
                             &s->limits, &c->api, &e))
         return pgd__send_error(c, conn, &e);
     c->api_parsed = true;
@@ -587,24 +650,26 @@ enum MHD_Result pgd__route_generate(server *s, req_ctx *c, struct MHD_Connection
                           s->n_loras ? " and the LoRA adapters /v1/models lists" : "");
         return pgd__send_error(c, conn, &e);
     }
-    if ((c->rt == R_CHAT || c->dialect) && !s->tmpl) {
+    if ((is_chat(c) || c->dialect) && !s->tmpl) {
         pgd_api_error_set(&e, 400, "invalid_request_error", "messages", NULL,
                           "this model has no chat template; use /v1/completions");
         return pgd__send_error(c, conn, &e);
     }
     if (c->rt == R_COUNT_TOKENS)
         return pgd__answer_after_work(s, c, conn, count_tokens_work_cb, tokenize_after_cb);
-    if ((c->rt == R_CHAT || c->dialect) && too_many_messages(s, c->api.messages, &e)) {
+    if ((is_chat(c) || c->dialect) && too_many_messages(s, c->api.messages, &e)) {
         pgd_metrics_count_reject(&s->metrics, PGD_REJ_OVERSIZED);
         return pgd__send_error(c, conn, &e);
     }
     if (tool_options(s, &c->api, &e)) return pgd__send_error(c, conn, &e);
     if (!c->dialect)
         snprintf(c->id, sizeof c->id, "%s-%016" PRIx64,
-                 c->rt == R_CHAT ? "chatcmpl" : c->rt == R_EMBED ? "embd" : "cmpl",
+                 is_chat(c) ? "chatcmpl" : c->rt == R_EMBED ? "embd" : "cmpl",
                  ((uint64_t)c->created << 24) ^ ++s->next_req);
     if (c->rt == R_RESPONSES && pgd_responses_background(c->dstate))
         return start_background(s, c, conn);
+    if (c->rt == R_COMPLETIONS_RENDER || c->rt == R_CHAT_RENDER)
+        return pgd__answer_after_work(s, c, conn, render_work_cb, tokenize_after_cb);
     return pgd__answer_after_work(s, c, conn, work_cb, after_work_cb);
 }
 

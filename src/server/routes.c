@@ -5,6 +5,8 @@ static const route_def routes[] = {
     {"/v1/completions", R_COMPLETIONS, "POST", "POST", 0, pgd__route_generate},
     {"/v1/chat/completions", R_CHAT, "POST", "POST", 0, pgd__route_generate},
     {"/v1/embeddings", R_EMBED, "POST", "POST", 0, pgd__route_generate},
+    {"/v1/completions/render", R_COMPLETIONS_RENDER, "POST", "POST", 0, pgd__route_generate},
+    {"/v1/chat/completions/render", R_CHAT_RENDER, "POST", "POST", 0, pgd__route_generate},
     {"/v1/messages", R_MESSAGES, "POST", "POST", 0, pgd__route_generate},
     {"/v1/messages/count_tokens", R_COUNT_TOKENS, "POST", "POST", 0, pgd__route_generate},
     {"/v1/responses", R_RESPONSES, "POST", "POST", 0, pgd__route_generate},
