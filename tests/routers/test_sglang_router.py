@@ -47,7 +47,8 @@ def cluster(tmp_path_factory):
     with open(log, "w") as f:
         router = subprocess.Popen(
             [str(ROUTER), "launch", "--host", "127.0.0.1", "--port", str(port),
-             "--policy", "round_robin", "--worker-urls", *urls, "--log-level", "info"],
+             "--policy", "round_robin", "--worker-urls", *urls, "--log-level", "info",
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
             stdout=f, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -155,3 +156,53 @@ def test_flush_cache_drops_cached_prefixes(cluster):
     assert f.status_code == 200, f.text
     assert cached() == 0  # flushed: computed again
     assert cached() > 0
+
+
+def test_a_killed_replica_loses_no_request():
+    """SIGKILL one of two replicas: the router (with retries on, as the README deploys it)
+    answers every non-streamed request sent after the kill from the other replica, and a
+    replica restarted on the same address rejoins once its /health says 200. (Without
+    --retry-max-retries, sglang-router 0.3.2 answered 2 of 8 such requests with a 500.)"""
+    ports = [free_port(), free_port()]
+    replicas = [Server(STORIES, "--port", str(p), threads=1).start() for p in ports]
+    port = free_port()
+    router = subprocess.Popen(
+        [str(ROUTER), "launch", "--host", "127.0.0.1", "--port", str(port),
+         "--policy", "round_robin", "--worker-urls", *[r.url() for r in replicas],
+         "--retry-max-retries", "5", "--retry-initial-backoff-ms", "50",
+         "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+         "--health-success-threshold", "1", "--log-level", "warn",
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    restarted = None
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if requests.get(base + "/v1/models", timeout=5).json()["data"]:
+                    break
+            except (requests.RequestException, ValueError, KeyError):
+                pass
+            assert router.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+
+        def complete(i):
+            return requests.post(base + "/v1/completions", timeout=60, json={
+                "model": MODEL_ID, "prompt": f"Once upon a time {i}", "max_tokens": 3})
+        assert all(complete(i).status_code == 200 for i in range(4))
+        replicas[1].kill()  # SIGKILL
+        codes = [complete(i).status_code for i in range(8)]
+        assert codes == [200] * 8, codes
+        restarted = Server(STORIES, "--port", str(ports[1]), threads=1).start()
+        deadline = time.time() + 30
+        while not any(p == ("POST", "/v1/completions") for p in paths(restarted)):
+            assert complete(0).status_code == 200
+            assert time.time() < deadline, "the restarted replica was never sent a request"
+            time.sleep(0.2)
+    finally:
+        router.terminate()
+        router.wait(timeout=30)
+        for r in [replicas[0], restarted]:
+            if r:
+                r.stop()
