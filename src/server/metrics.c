@@ -142,6 +142,14 @@ char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st
     for (int i = 0; i < PGD_REJ_COUNT; i++)
         bprintf(&b, "pagoda:http_rejected_total{model_name=\"%s\",reason=\"%s\"} %llu\n", model,
                 reject_names[i], (unsigned long long)m->http_rejected[i]);
+    if (engine_st && m->block_size > 0) { /* vLLM's info gauge: the KV cache as label values */
+        bprintf(&b, "# HELP pagoda:cache_config_info Information of the KV cache configuration.\n"
+                    "# TYPE pagoda:cache_config_info gauge\n"
+                    "pagoda:cache_config_info{model_name=\"%s\",block_size=\"%d\","
+                    "num_gpu_blocks=\"%d\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\"} 1\n",
+                model, m->block_size, st.kv_blocks_total, m->cache_dtype ? m->cache_dtype : "",
+                m->prefix_caching ? "True" : "False");
+    }
     if (n_loras > 0) { /* vLLM's info gauge: the adapters in use, as label values */
         bprintf(&b, "# HELP pagoda:lora_requests_info Running and waiting LoRA adapters.\n"
                     "# TYPE pagoda:lora_requests_info gauge\n"

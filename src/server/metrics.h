@@ -41,6 +41,10 @@ typedef struct pgd_metrics {
     pgd_histogram h[PGD_H_COUNT];
     uint64_t finished_stop, finished_length, finished_abort;
     int n_spec_positions;          /* num_speculative_tokens, or 0 when speculation is off */
+    /* the KV cache's configuration, for vLLM's cache_config_info (block_size 0: not exported) */
+    int block_size;
+    const char *cache_dtype;       /* (borrowed) "f32", "f16", "bf16" */
+    bool prefix_caching;
 } pgd_metrics;
 
 /* n_spec_positions: the per-position acceptance series exported (the configured
@@ -52,7 +56,9 @@ void pgd_metrics_observe(pgd_metrics *m, pgd_histogram_id h, double seconds);
 void pgd_metrics_count_reject(pgd_metrics *m, pgd_reject_reason why);
 void pgd_metrics_count_finish(pgd_metrics *m, const char *reason, bool aborted);
 /* The text exposition (malloc'd) with the engine's gauges from st (NULL while loading: zeros);
- * with LoRA adapters (n_loras > 0, their names), vLLM's lora_requests_info too. */
+ * with LoRA adapters (n_loras > 0, their names), vLLM's lora_requests_info too; once the model
+ * is loaded, vLLM's cache_config_info (block_size, num_gpu_blocks, ...: the llm-d endpoint
+ * picker reads it). */
 char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *st, const char *model,
                          const char *const *lora_names, int n_loras);
 

@@ -115,6 +115,9 @@ static void load_done_cb(uv_work_t *w, int status) {
         uv_stop(&s->loop);
         return;
     }
+    s->metrics.block_size = s->cfg.block_size;
+    s->metrics.cache_dtype = s->cfg.kv_dtype;
+    s->metrics.prefix_caching = !s->cfg.no_prefix_caching;
     if (pgd_engine_start(s->engine, pgd__engine_notify, &s->async)) {
         fprintf(stderr, "pagoda: cannot start the engine thread\n");
         s->exit_code = 1;

@@ -64,3 +64,19 @@ def test_render_refuses_what_the_request_would(server):
     r = post(server, "/v1/chat/completions/render", {"messages": "not a list"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
     assert requests.get(server.url("/v1/completions/render"), timeout=10).status_code == 405
+
+
+def test_cache_config_info(server):
+    """vLLM's cache_config_info (the llm-d endpoint picker reads block_size and num_gpu_blocks
+    from it), agreeing with /server_info and the KV pool's gauge."""
+    import re
+    text = requests.get(server.url("/metrics"), timeout=10).text
+    m = re.search(r'^pagoda:cache_config_info\{([^}]*)\} 1$', text, re.M)
+    assert m, text[:2000]
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+    info = requests.get(server.url("/server_info"), timeout=10).json()
+    assert int(labels["block_size"]) == info["page_size"] == 16, labels
+    blocks = re.search(r'^pagoda:kv_cache_blocks_total\{[^}]*\} (\d+)', text, re.M)
+    assert blocks and int(labels["num_gpu_blocks"]) == int(blocks.group(1)), labels
+    assert int(labels["num_gpu_blocks"]) * 16 == info["max_total_num_tokens"]
+    assert labels["cache_dtype"] == "f32" and labels["enable_prefix_caching"] == "True", labels
