@@ -22,17 +22,25 @@ BODY = b'{"prompt": "Once", "max_tokens": 1}'
 POST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Type: application/json\r\n"
 
 
+def read_until_close(sk):
+    """What the server sends until it closes the connection (or the socket times out)."""
+    out = b""
+    try:
+        while chunk := sk.recv(65536):
+            out += chunk
+    except OSError:
+        pass
+    return out
+
+
 def raw(port, payload, timeout=10):
     """Sends payload, reads until the server closes (or timeout); returns the bytes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sk:
-        out = b""
         try:
             sk.sendall(payload)
-            while chunk := sk.recv(65536):
-                out += chunk
         except OSError:
-            pass
-        return out
+            return b""
+        return read_until_close(sk)
 
 
 def responses(out):
@@ -257,19 +265,13 @@ def test_good_chunked_body_then_pipelined_request(server):
 def trickle_head(sk):
     """Sends a head a byte every 0.2 s (bounded: 33 bytes, ~7 s at most) and returns what the
     server answers until it closes."""
-    out = b""
     for b in b"GET /health HTTP/1.1\r\nHost: x\r\n":
         try:
             sk.sendall(bytes([b]))
         except OSError:
             break
         time.sleep(0.2)
-    try:
-        while chunk := sk.recv(65536):
-            out += chunk
-    except OSError:
-        pass
-    return out
+    return read_until_close(sk)
 
 
 def test_kept_alive_head_deadline(server):
