@@ -120,6 +120,12 @@ static const pgd_opt table[] = {
      PGD_CMD_SERVE, "seconds SIGTERM waits for in-flight requests"},
     {"log-requests", 0, NULL, PGD_OPT_BOOL, OFF(log_requests), "true", 0, 0, NULL, NULL,
      PGD_CMD_SERVE, "one structured access-log line per request on stderr"},
+    {"kv-events-config", 0, NULL, PGD_OPT_STR, OFF(kv_events_config), NULL, 0, 0, NULL, NULL,
+     PGD_CMD_SERVE,
+     "publish the prefix cache's block events for KV-aware routers, as vLLM's JSON: "
+     "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": "
+     "\"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", \"topic\": \"\", "
+     "\"buffer_steps\": 10000}"},
 };
 #define N_OPTS (sizeof table / sizeof table[0])
 

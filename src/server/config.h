@@ -39,6 +39,7 @@ typedef struct pgd_server_config {
     int max_messages;               /* messages in one chat request */
     size_t max_prompt_bytes;        /* a rendered chat prompt, at most */
     bool protect_health, log_requests;
+    char *kv_events_config; /* vLLM's --kv-events-config JSON, or NULL */
     char *api_keys[PGD_MAX_API_KEYS];
     int n_api_keys;
 } pgd_server_config;
