@@ -126,6 +126,11 @@ static const pgd_opt table[] = {
      "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": "
      "\"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", \"topic\": \"\", "
      "\"buffer_steps\": 10000}"},
+    {"metrics-prefix", 0, NULL, PGD_OPT_CHOICE, OFF(metrics_prefix), "pagoda", 0, 0,
+     "pagoda|vllm", NULL, PGD_CMD_SERVE,
+     "prefix of every /metrics name: pagoda (pagoda:num_requests_waiting, ...) or vllm "
+     "(vllm:num_requests_waiting, ...: the same series under vLLM's names, for routers and "
+     "dashboards that hard-code them)"},
 };
 #define N_OPTS (sizeof table / sizeof table[0])
 

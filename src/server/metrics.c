@@ -87,10 +87,11 @@ static void bprintf(buf *b, const char *fmt, ...) {
     }
 }
 
-static void gauge(buf *b, const char *model, const char *name, const char *type, const char *help,
-                  double v) {
-    bprintf(b, "# HELP pagoda:%s %s\n# TYPE pagoda:%s %s\npagoda:%s{model_name=\"%s\"} %.17g\n",
-            name, help, name, type, name, model, v);
+/* p: the metric names' prefix ("pagoda" or "vllm", --metrics-prefix) */
+static void gauge(buf *b, const char *p, const char *model, const char *name, const char *type,
+                  const char *help, double v) {
+    bprintf(b, "# HELP %s:%s %s\n# TYPE %s:%s %s\n%s:%s{model_name=\"%s\"} %.17g\n", p, name, help,
+            p, name, type, p, name, model, v);
 }
 
 /* "a,b": the adapters whose bits are set in mask. */
@@ -106,89 +107,92 @@ static void lora_list(buf *b, const char *const *names, int n, uint64_t mask) {
 char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st,
                          const char *model, const char *const *lora_names, int n_loras) {
     buf b = {0};
+    const char *p = m->prefix ? m->prefix : "pagoda";
     pgd_engine_stats st;
     memset(&st, 0, sizeof st);
     if (engine_st) st = *engine_st;
-    gauge(&b, model, "num_requests_running", "gauge", "Requests in the running batch.", st.num_running);
-    gauge(&b, model, "num_requests_waiting", "gauge", "Requests waiting to be scheduled.", st.num_waiting);
-    gauge(&b, model, "kv_cache_usage_perc", "gauge", "KV-cache block usage (1 = full).",
+    gauge(&b, p, model, "num_requests_running", "gauge", "Requests in the running batch.",
+          st.num_running);
+    gauge(&b, p, model, "num_requests_waiting", "gauge", "Requests waiting to be scheduled.",
+          st.num_waiting);
+    gauge(&b, p, model, "kv_cache_usage_perc", "gauge", "KV-cache block usage (1 = full).",
           st.kv_usage_perc / 100.0);
-    gauge(&b, model, "kv_cache_fragmentation_perc", "gauge",
+    gauge(&b, p, model, "kv_cache_fragmentation_perc", "gauge",
           "Unused token slots inside allocated KV blocks over reserved slots (1 = all unused).",
           st.kv_fragmentation_perc / 100.0);
-    gauge(&b, model, "kv_cache_blocks_used", "gauge", "KV blocks in use.", st.kv_blocks_used);
-    gauge(&b, model, "kv_cache_blocks_total", "gauge", "KV blocks in the pool.", st.kv_blocks_total);
-    gauge(&b, model, "prefix_cache_queries_total", "counter",
+    gauge(&b, p, model, "kv_cache_blocks_used", "gauge", "KV blocks in use.", st.kv_blocks_used);
+    gauge(&b, p, model, "kv_cache_blocks_total", "gauge", "KV blocks in the pool.",
+          st.kv_blocks_total);
+    gauge(&b, p, model, "prefix_cache_queries_total", "counter",
           "Prompt tokens looked up in the prefix cache.", (double)st.prefix_cache_queries);
-    gauge(&b, model, "prefix_cache_hits_total", "counter",
+    gauge(&b, p, model, "prefix_cache_hits_total", "counter",
           "Prompt tokens served from the prefix cache.", (double)st.prefix_cache_hits);
-    gauge(&b, model, "num_preemptions_total", "counter", "Preempted sequences (recompute).",
+    gauge(&b, p, model, "num_preemptions_total", "counter", "Preempted sequences (recompute).",
           (double)st.num_preemptions);
-    gauge(&b, model, "prompt_tokens_total", "counter", "Prompt tokens admitted.",
+    gauge(&b, p, model, "prompt_tokens_total", "counter", "Prompt tokens admitted.",
           (double)st.prompt_tokens_total);
-    gauge(&b, model, "generation_tokens_total", "counter", "Generated tokens.",
+    gauge(&b, p, model, "generation_tokens_total", "counter", "Generated tokens.",
           (double)st.generation_tokens_total);
-    bprintf(&b, "# HELP pagoda:request_success_total Finished requests by reason.\n"
-                "# TYPE pagoda:request_success_total counter\n");
-    bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"stop\"} %llu\n",
-            model, (unsigned long long)m->finished_stop);
-    bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"length\"} %llu\n",
-            model, (unsigned long long)m->finished_length);
-    bprintf(&b, "pagoda:request_success_total{model_name=\"%s\",finished_reason=\"abort\"} %llu\n",
-            model, (unsigned long long)m->finished_abort);
-    bprintf(&b, "# HELP pagoda:http_rejected_total Connections and requests refused before "
+    bprintf(&b, "# HELP %s:request_success_total Finished requests by reason.\n"
+                "# TYPE %s:request_success_total counter\n", p, p);
+    static const char *const reasons[3] = {"stop", "length", "abort"};
+    const uint64_t finished[3] = {m->finished_stop, m->finished_length, m->finished_abort};
+    for (int i = 0; i < 3; i++)
+        bprintf(&b, "%s:request_success_total{model_name=\"%s\",finished_reason=\"%s\"} %llu\n",
+                p, model, reasons[i], (unsigned long long)finished[i]);
+    bprintf(&b, "# HELP %s:http_rejected_total Connections and requests refused before "
                 "the API (hostile or malformed HTTP, slow clients, limits).\n"
-                "# TYPE pagoda:http_rejected_total counter\n");
+                "# TYPE %s:http_rejected_total counter\n", p, p);
     for (int i = 0; i < PGD_REJ_COUNT; i++)
-        bprintf(&b, "pagoda:http_rejected_total{model_name=\"%s\",reason=\"%s\"} %llu\n", model,
+        bprintf(&b, "%s:http_rejected_total{model_name=\"%s\",reason=\"%s\"} %llu\n", p, model,
                 reject_names[i], (unsigned long long)m->http_rejected[i]);
     if (engine_st && m->block_size > 0) { /* vLLM's info gauge: the KV cache as label values */
-        bprintf(&b, "# HELP pagoda:cache_config_info Information of the KV cache configuration.\n"
-                    "# TYPE pagoda:cache_config_info gauge\n"
-                    "pagoda:cache_config_info{model_name=\"%s\",block_size=\"%d\","
+        bprintf(&b, "# HELP %s:cache_config_info Information of the KV cache configuration.\n"
+                    "# TYPE %s:cache_config_info gauge\n"
+                    "%s:cache_config_info{model_name=\"%s\",block_size=\"%d\","
                     "num_gpu_blocks=\"%d\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\"} 1\n",
-                model, m->block_size, st.kv_blocks_total, m->cache_dtype ? m->cache_dtype : "",
-                m->prefix_caching ? "True" : "False");
+                p, p, p, model, m->block_size, st.kv_blocks_total,
+                m->cache_dtype ? m->cache_dtype : "", m->prefix_caching ? "True" : "False");
     }
     if (n_loras > 0) { /* vLLM's info gauge: the adapters in use, as label values */
-        bprintf(&b, "# HELP pagoda:lora_requests_info Running and waiting LoRA adapters.\n"
-                    "# TYPE pagoda:lora_requests_info gauge\n"
-                    "pagoda:lora_requests_info{model_name=\"%s\",max_lora=\"%d\","
-                    "running_lora_adapters=\"", model, n_loras);
+        bprintf(&b, "# HELP %s:lora_requests_info Running and waiting LoRA adapters.\n"
+                    "# TYPE %s:lora_requests_info gauge\n"
+                    "%s:lora_requests_info{model_name=\"%s\",max_lora=\"%d\","
+                    "running_lora_adapters=\"", p, p, p, model, n_loras);
         lora_list(&b, lora_names, n_loras, st.lora_running);
         bprintf(&b, "\",waiting_lora_adapters=\"");
         lora_list(&b, lora_names, n_loras, st.lora_waiting);
         bprintf(&b, "\"} 1\n");
     }
     if (m->n_spec_positions > 0) {
-        gauge(&b, model, "spec_decode_num_drafts_total", "counter",
+        gauge(&b, p, model, "spec_decode_num_drafts_total", "counter",
               "Verifications of speculative proposals.", (double)st.spec_drafts);
-        gauge(&b, model, "spec_decode_num_draft_tokens_total", "counter",
+        gauge(&b, p, model, "spec_decode_num_draft_tokens_total", "counter",
               "Speculative tokens proposed.", (double)st.spec_draft_tokens);
-        gauge(&b, model, "spec_decode_num_accepted_tokens_total", "counter",
+        gauge(&b, p, model, "spec_decode_num_accepted_tokens_total", "counter",
               "Speculative tokens accepted.", (double)st.spec_accepted_tokens);
-        bprintf(&b, "# HELP pagoda:spec_decode_num_accepted_tokens_per_pos_total Speculative "
+        bprintf(&b, "# HELP %s:spec_decode_num_accepted_tokens_per_pos_total Speculative "
                     "tokens accepted, by position in the proposal.\n"
-                    "# TYPE pagoda:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+                    "# TYPE %s:spec_decode_num_accepted_tokens_per_pos_total counter\n", p, p);
         for (int k = 0; k < m->n_spec_positions; k++)
-            bprintf(&b, "pagoda:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\","
+            bprintf(&b, "%s:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\","
                         "position=\"%d\"} %lld\n",
-                    model, k, (long long)st.spec_accepted_per_pos[k]);
+                    p, model, k, (long long)st.spec_accepted_per_pos[k]);
     }
     for (int i = 0; i < PGD_H_COUNT; i++) {
         const pgd_histogram *h = &m->h[i];
-        bprintf(&b, "# HELP pagoda:%s %s\n# TYPE pagoda:%s histogram\n", h->name, h->help, h->name);
+        bprintf(&b, "# HELP %s:%s %s\n# TYPE %s:%s histogram\n", p, h->name, h->help, p, h->name);
         uint64_t cum = 0;
         for (int k = 0; k < h->n_buckets; k++) {
             cum += h->counts[k];
-            bprintf(&b, "pagoda:%s_bucket{model_name=\"%s\",le=\"%g\"} %llu\n", h->name, model,
+            bprintf(&b, "%s:%s_bucket{model_name=\"%s\",le=\"%g\"} %llu\n", p, h->name, model,
                     h->bounds[k], (unsigned long long)cum);
         }
         cum += h->counts[h->n_buckets];
-        bprintf(&b, "pagoda:%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", h->name, model,
+        bprintf(&b, "%s:%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", p, h->name, model,
                 (unsigned long long)cum);
-        bprintf(&b, "pagoda:%s_sum{model_name=\"%s\"} %.9g\npagoda:%s_count{model_name=\"%s\"} %llu\n",
-                h->name, model, h->sum, h->name, model, (unsigned long long)h->count);
+        bprintf(&b, "%s:%s_sum{model_name=\"%s\"} %.9g\n%s:%s_count{model_name=\"%s\"} %llu\n",
+                p, h->name, model, h->sum, p, h->name, model, (unsigned long long)h->count);
     }
     return b.p;
 }

@@ -1,5 +1,6 @@
-/* Prometheus metrics with vLLM's names under the `pagoda:` prefix. Counters and histograms are
- * updated on the I/O thread only; engine gauges are read from pgd_engine_get_stats. */
+/* Prometheus metrics with vLLM's names under the `pagoda:` prefix (or `vllm:` itself, for routers
+ * that hard-code vLLM's names: --metrics-prefix). Counters and histograms are updated on the I/O
+ * thread only; engine gauges are read from pgd_engine_get_stats. */
 #ifndef PGD_SERVER_METRICS_H
 #define PGD_SERVER_METRICS_H
 
@@ -45,6 +46,7 @@ typedef struct pgd_metrics {
     int block_size;
     const char *cache_dtype;       /* (borrowed) "f32", "f16", "bf16" */
     bool prefix_caching;
+    const char *prefix;            /* (borrowed) every name's prefix: "pagoda" (NULL) or "vllm" */
 } pgd_metrics;
 
 /* n_spec_positions: the per-position acceptance series exported (the configured

@@ -253,6 +253,7 @@ int pgd_serve(const pgd_server_config *cfg) {
     }
     pgd_metrics_init(&s->metrics,
                      strcmp(cfg->speculative, "none") ? cfg->num_speculative_tokens : 0);
+    s->metrics.prefix = s->cfg.metrics_prefix;
     uv_loop_init(&s->loop);
     struct sockaddr_storage addr;
     memset(&addr, 0, sizeof addr);
