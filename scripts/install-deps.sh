@@ -2,7 +2,7 @@
 # Installs the Debian packages Pagoda needs to build and test (idempotent; skips when present).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libcjson-dev libuv1-dev libmicrohttpd-dev libsystemd-dev clang
-      python3-venv curl)
+      libzmq3-dev libmsgpack-dev python3-venv curl haproxy)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

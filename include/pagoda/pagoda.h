@@ -71,6 +71,9 @@ typedef struct pgd_engine_config {
        (pgd_request_params.priority, arrival) instead of first come, first served, and a waiting
        request preempts running ones of a lower priority (a larger value) when it does not fit */
     bool priority_scheduling;
+    /* vLLM's --kv-events-config JSON: the prefix cache's block events published for KV-aware
+       routers (src/kv/kv_events.h); NULL: none */
+    const char *kv_events_config;
 } pgd_engine_config;
 
 /* Constraints compiled ahead of submit, which the engine copies instead of compiling their text
@@ -239,6 +242,9 @@ typedef struct pgd_engine_stats {
     /* LoRA: bit k - 1 set when adapter k (pgd_request_params.lora; the first 64) has running /
        waiting requests */
     uint64_t lora_running, lora_waiting;
+    /* KV events (kv_events_config): batches published, skipped on the PUB socket (a send
+       backlog; still in the replay buffer) and lost (gone unsent, or not recorded) */
+    int64_t kv_events_batches, kv_events_overflow, kv_events_lost;
 } pgd_engine_stats;
 
 /* Fills c with the defaults. */
@@ -301,6 +307,16 @@ int pgd_engine_load_lora(pgd_engine *e, const char *path, int32_t *lora, char *e
  * adapter is freed and the slot reused once the last finishes. PGD_ENOENT if the slot holds
  * none. */
 int pgd_engine_unload_lora(pgd_engine *e, int32_t lora);
+/* The name slot lora's adapter is served as (vLLM's lora_name), which KV events carry; copied. */
+int pgd_engine_set_lora_name(pgd_engine *e, int32_t lora, const char *name);
+
+/* The prefix cache's registered blocks as the engine thread sees them between two steps, as
+ * JSON: {"seq": the last KV event batch published (-1: none or events off), "block_size",
+ * "blocks": [{"block_hash", "parent_block_hash" (null: first), "token_ids", "lora_id",
+ * "lora_name", "ref"}]}, with every event up to seq describing exactly this set. Blocks the
+ * calling thread (never the I/O thread's) up to timeout_ms; *json is the caller's to free.
+ * PGD_EAGAIN on timeout or when the engine thread is not running. */
+int pgd_engine_kv_dump(pgd_engine *e, char **json, int timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/engine_internal.h"
+#include "kv/kv_events.h"
 #include "util/clock.h"
 #include "util/xalloc.h"
 #include "util/env.h"
@@ -240,6 +241,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     pthread_mutex_init(&e->out_mu, NULL);
     pthread_cond_init(&e->out_cv, NULL);
     pthread_cond_init(&e->in_cv, NULL);
+    pthread_mutex_init(&e->dump_mu, NULL);
+    pthread_cond_init(&e->dump_cv, NULL);
     int rc;
     pgd_model_opts mo = {.weights_f32 = c->weights_f32, .n_ctx = c->n_ctx,
                          .tensor_parallel = c->tensor_parallel_size,
@@ -281,7 +284,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
         e->lora_ns = calloc((size_t)slots, sizeof *e->lora_ns);
         e->lora_users = calloc((size_t)slots, sizeof *e->lora_users);
         e->lora_retired = calloc((size_t)slots, sizeof *e->lora_retired);
-        if (!e->loras || !e->lora_ns || !e->lora_users || !e->lora_retired) {
+        e->lora_names = calloc((size_t)slots, sizeof *e->lora_names);
+        if (!e->loras || !e->lora_ns || !e->lora_users || !e->lora_retired || !e->lora_names) {
             rc = pgd_err_set(&perr, PGD_ENOMEM, "engine: out of memory");
             goto fail_perr;
         }
@@ -315,6 +319,12 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     if ((rc = pgd_kv_mgr_init(&e->mgr, (int32_t)n_blocks, c->block_size, !c->no_prefix_caching,
                               &perr)))
         goto fail_perr;
+    if (c->kv_events_config) { /* the cache's memory: the host's, or a device's */
+        const char *medium = e->model->shards[0].be.ops->mem_info ? "GPU" : "CPU";
+        if ((rc = pgd_kv_publisher_new(c->kv_events_config, medium, &e->kv_pub, &perr)) ||
+            (e->kv_pub && (rc = pgd_kv_events_enable(&e->mgr, &perr))))
+            goto fail_perr;
+    }
     if (e->spec_mode == PGD_SPEC_DRAFT) {
         if (!c->draft_model_path) {
             rc = pgd_err_set(&perr, PGD_EINVAL, "speculative decoding with a draft model needs "
@@ -402,6 +412,12 @@ void pgd_engine_free(pgd_engine *e) {
     free(e->lora_ns);
     free(e->lora_users);
     free(e->lora_retired);
+    for (int32_t i = 0; e->lora_names && i < e->n_loras; i++) free(e->lora_names[i]);
+    free(e->lora_names);
+    pgd_kv_publisher_free(e->kv_pub);
+    free(e->dump_out);
+    pthread_mutex_destroy(&e->dump_mu);
+    pthread_cond_destroy(&e->dump_cv);
     pthread_mutex_destroy(&e->lora_mu);
     pthread_mutex_destroy(&e->fwd_mu);
     pgd_draft_free(&e->draft);
@@ -615,6 +631,134 @@ int pgd_engine_unload_lora(pgd_engine *e, int32_t lora) {
     return rc;
 }
 
+int pgd_engine_set_lora_name(pgd_engine *e, int32_t lora, const char *name) {
+    if (lora < 1 || lora > e->n_loras) return PGD_ENOENT;
+    char *d = name ? strdup(name) : NULL;
+    if (name && !d) return PGD_ENOMEM;
+    pthread_mutex_lock(&e->lora_mu);
+    free(e->lora_names[lora - 1]);
+    e->lora_names[lora - 1] = d;
+    pthread_mutex_unlock(&e->lora_mu);
+    return PGD_OK;
+}
+
+/* ---- KV events and the cache dump ---- */
+
+/* The adapter and name a prefix-cache namespace belongs to (pgd_kv_lora_fn); none once its
+ * slot is freed. Engine thread; the name stays valid until the slot's next load or rename. */
+static void lora_of_ns(void *arg, uint32_t ns, int64_t *lora_id, const char **lora_name) {
+    pgd_engine *e = arg;
+    pthread_mutex_lock(&e->lora_mu);
+    for (int32_t k = 0; k < e->n_loras; k++)
+        if (e->loras[k] && e->lora_ns[k] == ns) {
+            *lora_id = k + 1;
+            *lora_name = e->lora_names[k];
+            break;
+        }
+    pthread_mutex_unlock(&e->lora_mu);
+}
+
+/* Publishes the cache's changes since the last call as one batch. Engine thread. */
+static void kv_events_out(pgd_engine *e) {
+    if (!e->kv_pub) return;
+    pgd_kv_publish(e->kv_pub, &e->mgr.log, e->mgr.block_size, lora_of_ns, e);
+    e->mgr.log.lost = 0;
+    pgd_kv_events_clear(&e->mgr);
+}
+
+/* The registered blocks as JSON (pgd_engine_kv_dump); NULL when out of memory. Hashes are
+ * printed as unsigned integers (JSON numbers of any size). Engine thread, between steps. */
+static char *kv_dump_json(pgd_engine *e) {
+    kv_events_out(e); /* every change so far is in a batch up to seq */
+    const pgd_kv_mgr *m = &e->mgr;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    fprintf(f, "{\"seq\":%lld,\"block_size\":%d,\"blocks\":[",
+            (long long)(e->kv_pub ? pgd_kv_publisher_last_seq(e->kv_pub) : -1), m->block_size);
+    bool first = true;
+    for (int32_t b = 0; b < m->n_blocks; b++) {
+        const pgd_kv_block *k = &m->blocks[b];
+        if (!k->hash) continue;
+        int64_t lora_id = 0;
+        const char *lora_name = NULL;
+        if (k->ns) lora_of_ns(e, k->ns, &lora_id, &lora_name);
+        fprintf(f, "%s{\"block_hash\":%llu,\"parent_block_hash\":", first ? "" : ",",
+                (unsigned long long)k->hash);
+        if (k->parent_hash) fprintf(f, "%llu", (unsigned long long)k->parent_hash);
+        else fputs("null", f);
+        fputs(",\"token_ids\":[", f);
+        for (int32_t t = 0; t < m->block_size; t++)
+            fprintf(f, "%s%d", t ? "," : "", m->tokens[(size_t)b * m->block_size + t]);
+        fprintf(f, "],\"ns\":%u,\"lora_id\":", k->ns);
+        if (lora_id) fprintf(f, "%lld", (long long)lora_id);
+        else fputs("null", f);
+        fputs(",\"lora_name\":", f);
+        if (lora_name) { /* (a served name: letters, digits and punctuation; escaped anyway) */
+            fputc('"', f);
+            for (const char *c = lora_name; *c; c++)
+                if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+                else if ((unsigned char)*c < 0x20) fprintf(f, "\\u%04x", *c);
+                else fputc(*c, f);
+            fputc('"', f);
+        } else {
+            fputs("null", f);
+        }
+        fprintf(f, ",\"ref\":%d}", k->ref);
+        first = false;
+    }
+    fputs("]}", f);
+    if (fclose(f)) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* Answers a pending pgd_engine_kv_dump. Engine thread. */
+static void kv_dump_serve(pgd_engine *e) {
+    pthread_mutex_lock(&e->in_mu);
+    bool want = e->dump_req != e->dump_done;
+    pthread_mutex_unlock(&e->in_mu);
+    if (!want) return;
+    char *json = kv_dump_json(e);
+    pthread_mutex_lock(&e->in_mu);
+    free(e->dump_out);
+    e->dump_out = json;
+    e->dump_done = e->dump_req;
+    pthread_cond_broadcast(&e->dump_cv);
+    pthread_mutex_unlock(&e->in_mu);
+}
+
+int pgd_engine_kv_dump(pgd_engine *e, char **json, int timeout_ms) {
+    *json = NULL;
+    if (!e->thread_running) return PGD_EAGAIN;
+    pthread_mutex_lock(&e->dump_mu); /* one request at a time */
+    pthread_mutex_lock(&e->in_mu);
+    uint64_t want = ++e->dump_req;
+    pthread_cond_signal(&e->in_cv);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (e->dump_done < want)
+        if (pthread_cond_timedwait(&e->dump_cv, &e->in_mu, &ts) != 0) break;
+    int rc = PGD_EAGAIN;
+    if (e->dump_done >= want) {
+        *json = e->dump_out;
+        e->dump_out = NULL;
+        rc = *json ? PGD_OK : PGD_ENOMEM;
+    }
+    pthread_mutex_unlock(&e->in_mu);
+    pthread_mutex_unlock(&e->dump_mu);
+    return rc;
+}
+
 /* ---- the step ---- */
 
 static void drain_inbox(pgd_engine *e) {
@@ -630,6 +774,7 @@ static void drain_inbox(pgd_engine *e) {
     e->flush_cache = false;
     pthread_mutex_unlock(&e->in_mu);
     if (flush) pgd_kv_drop_cached(&e->mgr); /* (blocks in use keep their hashes) */
+    kv_dump_serve(e);
     for (seq *s = in.head, *n; s; s = n) {
         n = s->next;
         pgd_sched_add(&e->sched, s);
@@ -660,6 +805,13 @@ static void snapshot_stats(pgd_engine *e) {
     s->kv_usage_perc = 100.0 * s->kv_blocks_used / (double)s->kv_blocks_total;
     s->prefix_cache_queries = e->mgr.stats.prefix_queries;
     s->prefix_cache_hits = e->mgr.stats.prefix_hits;
+    if (e->kv_pub) {
+        pgd_kv_pub_stats ks;
+        pgd_kv_publisher_stats(e->kv_pub, &ks);
+        s->kv_events_batches = ks.batches;
+        s->kv_events_overflow = ks.overflow;
+        s->kv_events_lost = ks.lost;
+    }
     int64_t reserved = 0, filled = 0;
     for (seq *q = e->sched.running.head; q; q = q->next) {
         int64_t r = (int64_t)q->kv.n_blocks * e->cfg.block_size;
@@ -677,6 +829,7 @@ int pgd_engine_step(pgd_engine *e) {
     int32_t used = pgd_sched_step(&e->sched, e->b_seqs, &ns); /* schedule */
     if (ns == 0 || e->n_step_ev) { /* aborts' FINISH events go out now, not after a forward */
         bool any = e->n_step_ev > 0;
+        kv_events_out(e);
         snapshot_stats(e);
         publish(e);
         if (any && e->notify) e->notify(e->notify_arg);
@@ -697,6 +850,7 @@ int pgd_engine_step(pgd_engine *e) {
     e->stats.last_step_seqs = ns;
     e->stats.last_step_tokens = nt;
     e->stats.prefill_tokens_total += n_prefill;
+    kv_events_out(e);
     snapshot_stats(e);
     publish(e);
     if (e->notify) e->notify(e->notify_arg);
@@ -705,7 +859,7 @@ int pgd_engine_step(pgd_engine *e) {
 
 bool pgd_engine_has_work(pgd_engine *e) {
     pthread_mutex_lock(&e->in_mu);
-    bool w = e->incoming.n > 0 || e->n_aborts > 0 || e->flush_cache;
+    bool w = e->incoming.n > 0 || e->n_aborts > 0 || e->flush_cache || e->dump_req != e->dump_done;
     pthread_mutex_unlock(&e->in_mu);
     return w || e->sched.waiting.n > 0 || e->sched.running.n > 0;
 }
@@ -742,7 +896,7 @@ static void *engine_main(void *arg) {
         if (!pgd_engine_has_work(e)) {
             pthread_mutex_lock(&e->in_mu);
             while (!e->stop_thread && e->incoming.n == 0 && e->n_aborts == 0 && !e->flush_cache &&
-                   !__atomic_load_n(&e->lora_gc, __ATOMIC_ACQUIRE))
+                   e->dump_req == e->dump_done && !__atomic_load_n(&e->lora_gc, __ATOMIC_ACQUIRE))
                 pthread_cond_wait(&e->in_cv, &e->in_mu);
             pthread_mutex_unlock(&e->in_mu);
             continue;

@@ -40,9 +40,11 @@ struct pgd_engine {
     int32_t *lora_users;
     bool *lora_retired;
     int32_t n_loras;
+    char **lora_names;         /* (n_loras) served names, for KV events; under lora_mu */
     uint32_t next_ns;
     pgd_kv_cache kv;
     pgd_kv_mgr mgr;
+    struct pgd_kv_publisher *kv_pub; /* KV events (cfg.kv_events_config), or NULL */
     int32_t n_ctx, max_blocks_per_seq;
     pgd_sampler_scratch sample_scratch; /* shared by every sequence's sampler */
     int32_t *eog;                   /* (n_eog) end-of-generation token ids */
@@ -93,6 +95,12 @@ struct pgd_engine {
     uint64_t *aborts;
     size_t n_aborts, cap_aborts;
     bool flush_cache;          /* (in_mu) pgd_engine_flush_cache asked: done at the next step */
+    /* pgd_engine_kv_dump: requests are serialized by dump_mu; the engine thread answers
+     * between steps (dump_req != dump_done, under in_mu) into dump_out, signalling dump_cv */
+    pthread_mutex_t dump_mu;
+    pthread_cond_t dump_cv;
+    uint64_t dump_req, dump_done;
+    char *dump_out;
     int32_t n_pending;         /* incoming + waiting, for the queue bound */
 
     /* this step's events, built with no lock held and published at its end in one short

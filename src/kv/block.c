@@ -27,6 +27,23 @@ static uint64_t root_hash(const pgd_kv_seq *s) {
     return s->ns ? mix64(0x6a09e667f3bcc909ull ^ s->ns) : 0;
 }
 
+/* ---- events ---- */
+
+static void log_event(pgd_kv_mgr *m, uint8_t kind, uint64_t hash, uint64_t parent, uint32_t ns,
+                      const int32_t *tokens) {
+    pgd_kv_event_log *l = &m->log;
+    if (!l->cap) return;
+    size_t nt = tokens ? (size_t)m->block_size : 0;
+    if (l->n == l->cap || l->n_tok + nt > l->cap_tok) {
+        l->lost++;
+        return;
+    }
+    l->ev[l->n++] = (pgd_kv_event){.kind = kind, .ns = ns, .hash = hash, .parent = parent,
+                                   .tok = l->n_tok};
+    if (nt) memcpy(l->tokens + l->n_tok, tokens, nt * sizeof *tokens);
+    l->n_tok += nt;
+}
+
 /* ---- map ---- */
 
 static size_t map_slot(const pgd_kv_mgr *m, uint64_t h) { return (size_t)(h & (m->map_cap - 1)); }
@@ -101,6 +118,7 @@ static int32_t take_free(pgd_kv_mgr *m) {
     pgd_kv_block *k = &m->blocks[b];
     if (k->hash) {
         map_del(m, k->hash, b);
+        log_event(m, PGD_KV_EV_REMOVED, k->hash, 0, 0, NULL);
         k->hash = 0;
     }
     k->ref = 1;
@@ -147,6 +165,8 @@ void pgd_kv_mgr_free(pgd_kv_mgr *m) {
     free(m->tokens);
     free(m->map_keys);
     free(m->map_vals);
+    free(m->log.ev);
+    free(m->log.tokens);
     memset(m, 0, sizeof *m);
 }
 
@@ -244,8 +264,10 @@ void pgd_kv_commit(pgd_kv_mgr *m, pgd_kv_seq *s, const int32_t *tokens, int32_t 
             k->parent = i > 0 ? s->table[i - 1] : -1;
             k->parent_gen = i > 0 ? m->blocks[s->table[i - 1]].gen : 0;
             k->ns = s->ns;
+            k->parent_hash = i > 0 ? parent_hash : 0;
             memcpy(m->tokens + (size_t)b * bs, bt, (size_t)bs * sizeof *bt);
             map_put(m, h, b);
+            log_event(m, PGD_KV_EV_STORED, h, k->parent_hash, s->ns, bt);
         }
         parent_hash = h;
     }
@@ -285,12 +307,31 @@ int32_t pgd_kv_drop_cached(pgd_kv_mgr *m) {
         pgd_kv_block *k = &m->blocks[b];
         if (!k->hash) continue;
         map_del(m, k->hash, b);
+        log_event(m, PGD_KV_EV_REMOVED, k->hash, 0, 0, NULL);
         k->hash = 0;
         k->gen++; /* (a child registered under it can no longer resolve to it) */
         m->n_cached--;
         n++;
     }
     return n;
+}
+
+int pgd_kv_events_enable(pgd_kv_mgr *m, pgd_err *err) {
+    pgd_kv_event_log *l = &m->log;
+    if (l->cap) return PGD_OK;
+    size_t cap = 2 * (size_t)m->n_blocks + 16, cap_tok = (size_t)m->n_blocks * m->block_size;
+    l->ev = malloc(cap * sizeof *l->ev);
+    l->tokens = malloc(cap_tok * sizeof *l->tokens);
+    if (!l->ev || !l->tokens) {
+        free(l->ev);
+        free(l->tokens);
+        l->ev = NULL;
+        l->tokens = NULL;
+        return pgd_err_set(err, PGD_ENOMEM, "out of memory for the KV event log");
+    }
+    l->cap = cap;
+    l->cap_tok = cap_tok;
+    return PGD_OK;
 }
 
 int pgd_kv_check(const pgd_kv_mgr *m) {

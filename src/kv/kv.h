@@ -24,6 +24,7 @@ typedef struct pgd_kv_block {
     uint32_t parent_gen;  /* parent's generation at registration */
     uint32_t gen;         /* bumped whenever the block is (re)allocated */
     uint32_t ns;          /* namespace of the registering sequence (pgd_kv_seq.ns) */
+    uint64_t parent_hash; /* hash of the block before it in the registering sequence; 0: first */
 } pgd_kv_block;
 
 typedef struct pgd_kv_seq {
@@ -48,6 +49,26 @@ typedef struct pgd_kv_stats {
     int64_t prefix_hits;    /* of those, tokens served from it */
 } pgd_kv_stats;
 
+/* The prefix cache's changes, for KV-aware routers (vLLM's KV events): a block registered
+ * (STORED, with its parent's hash and its tokens), one that lost its registration (REMOVED:
+ * evicted for reuse, or dropped by pgd_kv_drop_cached). Recorded only once enabled; the owner
+ * takes them out (pgd_kv_events_take) and clears the log, at least once per step. */
+typedef enum { PGD_KV_EV_STORED = 1, PGD_KV_EV_REMOVED = 2 } pgd_kv_event_kind;
+
+typedef struct pgd_kv_event {
+    uint8_t kind;          /* pgd_kv_event_kind */
+    uint32_t ns;           /* STORED: the registering sequence's namespace */
+    uint64_t hash, parent; /* parent: STORED, 0 for a sequence's first block */
+    size_t tok;            /* STORED: its block_size tokens at log.tokens + tok */
+} pgd_kv_event;
+
+typedef struct pgd_kv_event_log {
+    pgd_kv_event *ev;  /* (cap) */
+    int32_t *tokens;   /* (cap_tok) */
+    size_t n, cap, n_tok, cap_tok;
+    int64_t lost;      /* events that did not fit (the owner did not take them out in time) */
+} pgd_kv_event_log;
+
 typedef struct pgd_kv_mgr {
     int32_t n_blocks, block_size;
     bool prefix_caching;
@@ -59,6 +80,7 @@ typedef struct pgd_kv_mgr {
     int32_t *map_vals;      /* (map_cap) */
     size_t map_cap;
     pgd_kv_stats stats;
+    pgd_kv_event_log log; /* cap 0: events off */
 } pgd_kv_mgr;
 
 int pgd_kv_mgr_init(pgd_kv_mgr *m, int32_t n_blocks, int32_t block_size, bool prefix_caching,
@@ -105,6 +127,12 @@ void pgd_kv_truncate(pgd_kv_mgr *m, pgd_kv_seq *s, int32_t n_tokens);
 /* Drops the prefix cache's unreferenced blocks (SGLang's /flush_cache): every free block that
  * still holds a registered hash forgets it; blocks in use keep theirs. Returns how many. */
 int32_t pgd_kv_drop_cached(pgd_kv_mgr *m);
+
+/* Turns event recording on: room for every event one step can make (each block registered
+ * once and unregistered once), allocated now so that recording never allocates. */
+int pgd_kv_events_enable(pgd_kv_mgr *m, pgd_err *err);
+/* Empties the log (after its events went out). */
+static inline void pgd_kv_events_clear(pgd_kv_mgr *m) { m->log.n = m->log.n_tok = 0; }
 
 /* Consistency check for tests: free list, counts and map agree. Returns 0 or a negative code. */
 int pgd_kv_check(const pgd_kv_mgr *m);

@@ -8,6 +8,10 @@ static void lora_load_work_cb(uv_work_t *w) {
     if (pgd_engine_load_lora(c->s->engine, c->lora_path, &c->lora, err, sizeof err)) {
         pgd_api_error_set(&c->err, 400, "invalid_request_error", "lora_path", NULL, "%s", err);
         c->has_err = true;
+    } else if (pgd_engine_set_lora_name(c->s->engine, c->lora, c->lora_name)) {
+        pgd_engine_unload_lora(c->s->engine, c->lora);
+        pgd_api_error_set(&c->err, 500, "server_error", NULL, NULL, "out of memory");
+        c->has_err = true;
     }
 }
 
@@ -261,4 +265,35 @@ enum MHD_Result pgd__flush_cache(server *s, req_ctx *c, struct MHD_Connection *c
     (void)method, (void)url;
     pgd_engine_flush_cache(s->engine);
     return pgd__send_body(c, conn, 200, "Cache flushed.\n", "text/plain; charset=utf-8", NULL);
+}
+
+/* GET /debug/kv_cache: the prefix cache's registered blocks and the KV event sequence number
+ * they stand at (pgd_engine_kv_dump), taken between two steps on a pool thread. */
+static void kv_dump_work_cb(uv_work_t *w) {
+    req_ctx *c = w->data;
+    char *json = NULL;
+    int rc = pgd_engine_kv_dump(c->s->engine, &json, 30000);
+    if (rc) {
+        pgd_api_error_set(&c->err, 503, "server_error", NULL, NULL, "%s",
+                          rc == PGD_ENOMEM ? "out of memory" : "the engine did not answer");
+        c->has_err = true;
+    }
+    c->resp = json;
+}
+
+static void kv_dump_after_cb(uv_work_t *w, int status) {
+    req_ctx *c = w->data;
+    (void)status;
+    if (!c->has_err) {
+        c->resp_type = "application/json";
+        c->status = 200;
+    }
+    c->ph = PH_RESPOND;
+    pgd__resume(c);
+}
+
+enum MHD_Result pgd__kv_dump(server *s, req_ctx *c, struct MHD_Connection *conn,
+                             const char *method, const char *url) {
+    (void)method, (void)url;
+    return pgd__answer_after_work(s, c, conn, kv_dump_work_cb, kv_dump_after_cb);
 }

@@ -48,7 +48,7 @@ typedef enum { R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_LORA_
                R_LORA_UNLOAD, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES,
                /* answered without the engine (GET, and DELETE of a stored response) */
                R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_KV_PLAN, R_VERSION, R_STORED,
-               R_SERVER_INFO, R_MODEL_INFO, R_LOAD, R_FLUSH_CACHE,
+               R_SERVER_INFO, R_MODEL_INFO, R_LOAD, R_FLUSH_CACHE, R_KV_DUMP,
                /* the prompt's token ids, not an answer (vLLM's render endpoints) */
                R_COMPLETIONS_RENDER, R_CHAT_RENDER } route;
 typedef enum { PH_RECEIVING, PH_WORKING, PH_RUNNING, PH_RESPOND, PH_STREAMING } phase;
@@ -238,7 +238,7 @@ route_fn pgd__answer_models, pgd__answer_stored_response, pgd__route_tokenize, p
          pgd__answer_model;
 
 /* admin.c: the operations routes (health, metrics, version, kv_plan, LoRA load/unload) */
-route_fn pgd__lora_update, pgd__answer_kv_plan, pgd__answer_health, pgd__answer_metrics,
+route_fn pgd__kv_dump, pgd__lora_update, pgd__answer_kv_plan, pgd__answer_health, pgd__answer_metrics,
          pgd__answer_version;
 /* admin.c: SGLang's worker contract */
 route_fn pgd__answer_server_info, pgd__answer_model_info, pgd__answer_load, pgd__flush_cache;

@@ -133,6 +133,17 @@ char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st
           (double)st.prompt_tokens_total);
     gauge(&b, p, model, "generation_tokens_total", "counter", "Generated tokens.",
           (double)st.generation_tokens_total);
+    if (st.kv_events_batches > 0) { /* --kv-events-config (the first batch is sequence 0) */
+        gauge(&b, p, model, "kv_events_published_total", "counter",
+              "KV event batches published (sequence numbers assigned).",
+              (double)st.kv_events_batches);
+        gauge(&b, p, model, "kv_events_overflow_total", "counter",
+              "KV event batches not sent live (a send backlog over max_queue_size); "
+              "still in the replay buffer.", (double)st.kv_events_overflow);
+        gauge(&b, p, model, "kv_events_lost_total", "counter",
+              "KV event batches gone unsent from the replay buffer, or events not recorded.",
+              (double)st.kv_events_lost);
+    }
     bprintf(&b, "# HELP %s:request_success_total Finished requests by reason.\n"
                 "# TYPE %s:request_success_total counter\n", p, p);
     static const char *const reasons[3] = {"stop", "length", "abort"};

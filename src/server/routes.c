@@ -28,6 +28,8 @@ static const route_def routes[] = {
     {"/get_model_info", R_MODEL_INFO, "GET", "GET, HEAD", ROUTE_NO_ENGINE, pgd__answer_model_info},
     {"/get_load", R_LOAD, "GET", "GET, HEAD", ROUTE_NO_ENGINE, pgd__answer_load},
     {"/flush_cache", R_FLUSH_CACHE, "POST", "POST", 0, pgd__flush_cache},
+    /* the prefix cache's registered blocks, as its KV events describe them (kv_events.h) */
+    {"/debug/kv_cache", R_KV_DUMP, "GET", "GET, HEAD", 0, pgd__kv_dump},
     {"/v1/load_lora_adapter", R_LORA_LOAD, "POST", "POST", ROUTE_LORA_ADMIN, pgd__lora_update},
     {"/v1/unload_lora_adapter", R_LORA_UNLOAD, "POST", "POST", ROUTE_LORA_ADMIN, pgd__lora_update},
 };

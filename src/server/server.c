@@ -61,7 +61,15 @@ static void load_work_cb(uv_work_t *w) {
     ec.lora_paths = (const char *const *)s->lora_paths;
     ec.n_loras = s->n_static_loras;
     ec.max_loras = s->n_loras;
+    ec.kv_events_config = s->cfg.kv_events_config;
     if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;
+    for (int i = 0; i < s->n_static_loras; i++) /* (KV events carry the served names) */
+        if (pgd_engine_set_lora_name(s->engine, i + 1, s->lora_names[i])) {
+            snprintf(s->load_error, sizeof s->load_error, "out of memory");
+            pgd_engine_free(s->engine);
+            s->engine = NULL;
+            return;
+        }
     /* every endpoint takes or returns text: a dummy model needs the tokenizer beside its config */
     if (!pgd_engine_has_tokenizer(s->engine)) {
         snprintf(s->load_error, sizeof s->load_error, "%.300s: --load-format dummy found no "
