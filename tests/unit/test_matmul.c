@@ -90,6 +90,10 @@ static void zero_quants(const tinfo *ti, uint8_t *p, int64_t nb) {
 
 enum { N_TOK = 64 };
 
+static bool is_kquant(pgd_type t) {
+    return t == PGD_TYPE_Q4_K || t == PGD_TYPE_Q5_K || t == PGD_TYPE_Q6_K;
+}
+
 static void run(pgd_pool *pool, const pgd_weight *w, const float *x, float *y, int n) {
     size_t arb = pgd_cpu_matmul_act_row_bytes(w);
     void *act = aligned_alloc(64, arb * (size_t)n);
@@ -127,7 +131,7 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
     }
     CHECK(bad1 == 0, "%s %lldx%lld: %d of %d rows differ at n=1", T->name, (long long)n_out,
           (long long)n_in, bad1, N_TOK);
-    const int sizes[] = {3, 16, 5, 63};
+    const int sizes[] = {3, 16, 5, 63, 2, 4, 6, 7};
     const int offs[] = {0, 1, 7, 13, 30, 48};
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
         for (size_t oi = 0; oi < sizeof offs / sizeof offs[0]; oi++) {
@@ -163,8 +167,10 @@ static void check_type(pgd_pool *pool, const tinfo *T, int64_t n_in, int64_t n_o
             double tol = 2.0 * (double)(nterms + 8) * FLT_EPSILON * M + 1e-35;
             float ref = pgd_vec_dot_scalar(T->t, row, act, n_in);
             float got = y_all[t * n_out + r];
-            /* F32 activations: pgd_vec_dot is the 1x1 tile of the same kernel, bit for bit. */
-            if (f32act && T->qk > 1) {
+            /* F32 activations: pgd_vec_dot is the 1x1 tile of the same kernel, bit for bit;
+             * K-quants with 8-bit activations: the K-quant tiles (AVX2 and AVX-512 VNNI) take
+             * pgd_vec_dot's exact integers and float steps, bit for bit. */
+            if ((f32act && T->qk > 1) || (!f32act && is_kquant(T->t))) {
                 float one = pgd_vec_dot(T->t, row, act, n_in);
                 nsame += memcmp(&one, &got, sizeof got) == 0;
                 nvd++;
@@ -274,9 +280,13 @@ static int run_all(void) {
 }
 
 int main(void) {
-    /* Both activation modes: 8-bit (llama.cpp's Q8_0 / Q8_K) and the default F32. */
+    /* Both activation modes: 8-bit (llama.cpp's Q8_0 / Q8_K) and the default F32. 8-bit with
+     * the AVX2 K-quant tiles, then with the AVX-512 VNNI ones where the CPU has them (both are
+     * checked bit for bit against pgd_vec_dot). */
     pgd_cpu_set_int8_act(true);
+    pgd_cpu_set_avx512(0);
     if (run_all()) return 1;
+    if (pgd_cpu_set_avx512(1) && run_all()) return 1;
     /* F32 activations with the AVX2 panel GEMM, then with the AVX-512 one where the CPU has it:
      * check_panel16 compares its batches of 25 and 63 tokens (the GEMM) bit for bit with n = 1
      * (the AVX2 GEMV), so the two instruction sets must give the same bits. */

@@ -2,8 +2,9 @@
  * F32 activations through register tiles (up to 4 rows x 3 tokens, each weight block loaded -
  * and for quantized types dequantized in registers - once per tile; quant_f32act.h). With int8
  * activations (pgd_cpu_int8_act) activations are first converted once per call into the weight's
- * dot-product format; Q8_0/Q4_0/Q4_1 then use integer tiles and the K-quants one pgd_vec_dot per
- * (row, token).
+ * dot-product format; Q8_0/Q4_0/Q4_1 then use integer tiles, and Q4_K/Q5_K/Q6_K the K-quant tiles
+ * of kq_tiles.h (AVX-512 VNNI where the CPU has it, else AVX2; bit-identical to each other and to
+ * pgd_vec_dot).
  *
  * Batch invariance: every (row, token) pair owns one accumulator that takes exactly the same
  * instruction sequence, block after block, whatever the tile shape it is computed in; so row t of
@@ -17,6 +18,7 @@
 #include "backend/cpu/simd.h"
 #include "backend/cpu/quant_f32act.h"
 #include "backend/cpu/p16_layout.h"
+#include "backend/cpu/kq_tiles.h"
 #include "util/env.h"
 #include "util/status.h"
 
@@ -775,6 +777,55 @@ static void matmul_rows_panel(const matmul_ctx *c, long lo, long hi, int ith) {
 }
 #endif
 
+#ifdef __AVX2__
+/* Q4_K/Q5_K/Q6_K with Q8_K activations (int8 mode). */
+static bool kq_int8(const pgd_weight *w) {
+    return (w->type == PGD_TYPE_Q4_K || w->type == PGD_TYPE_Q5_K || w->type == PGD_TYPE_Q6_K) &&
+           pgd_vec_dot_type(w->type) == PGD_TYPE_Q8_K;
+}
+
+static int g_kq_vnni = -1; /* -1: not decided yet */
+
+/* The VNNI tiles where the build and CPU have them, unless AVX-512 is turned off (the same
+ * switch as the panel GEMM's: PAGODA_AVX512=0 or pgd_cpu_set_avx512(0)); same bits either way. */
+static bool kq_use_vnni(void) {
+    int v = __atomic_load_n(&g_kq_vnni, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = pgd__kq_vnni_supported();
+        __atomic_store_n(&g_kq_vnni, v, __ATOMIC_RELAXED);
+    }
+    return v && pgd_cpu_avx512();
+}
+
+/* The K-quant tiles over rows [lo, hi): activations in L2-sized token blocks, each row tile
+ * swept over a block's tokens mt at a time (the weights stream once per block). */
+static void matmul_rows_kq(const matmul_ctx *c, long lo, long hi) {
+    const pgd_weight *w = c->w;
+    const bool vnni = kq_use_vnni();
+    const int mr = PGD_KQ_MR, mt = vnni ? PGD_KQ_MT_VNNI : PGD_KQ_MT_AVX2;
+    pgd__kq_tile g = {.w_stride = w->row_bytes, .a_stride = c->act_row_bytes,
+                      .y_stride = (size_t)w->n_out, .n = w->n_in};
+    long tb = (long)(ACT_L2_BYTES / g.a_stride) / mt * mt;
+    if (tb < mt) tb = mt;
+    for (long t0 = 0; t0 < c->n; t0 += tb) {
+        const long t1 = t0 + tb < c->n ? t0 + tb : c->n;
+        for (long r = lo; r < hi; r += mr) {
+            const int nr = hi - r < mr ? (int)(hi - r) : mr;
+            g.w = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+            g.prefetch = true; /* the next rows are in cache after this row tile's first pass */
+            for (long t = t0; t < t1; t += mt) {
+                const int nt = t1 - t < mt ? (int)(t1 - t) : mt;
+                g.a = c->act + (size_t)t * g.a_stride;
+                g.y = c->y + (size_t)t * g.y_stride + r;
+                if (vnni) pgd__kq_tile_vnni(w->type, &g, nr, nt);
+                else pgd__kq_tile_avx2(w->type, &g, nr, nt);
+                g.prefetch = false;
+            }
+        }
+    }
+}
+#endif
+
 /* Rows [lo, hi) of y for all n tokens. Chunks split output rows, never the reduction. */
 static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     const pgd_weight *w = c->w;
@@ -807,6 +858,10 @@ static void matmul_rows(const matmul_ctx *c, long lo, long hi, int ith) {
     (void)ith;
 #endif
 #ifdef __AVX2__
+    if (kq_int8(w)) {
+        matmul_rows_kq(c, lo, hi);
+        return;
+    }
     tile_plan pl;
     if (plan_for(w->type, &pl)) {
         const bool is_float = pgd_vec_dot_type(w->type) == PGD_TYPE_F32;

@@ -517,6 +517,21 @@ static int32_t k4_min_sum(const uint8_t *act, const uint8_t mn[8]) {
     return s;
 }
 
+/* The float steps of a K-quant super-block, shared by every K-quant dot product with Q8_K
+ * activations (scalar, AVX2, and the tiles of kq_kernels.h lane by lane):
+ * s + ((d * da) * isum - (dmin * da) * msum). One statement per operation, so that no compiler
+ * contracts any of them into an FMA. Q6_K passes dmin = 0 and msum = 0: the difference is then
+ * (d * da) * isum exactly (x - 0 * y is x for finite y; +0 stays +0). */
+static inline __attribute__((always_inline)) float kq_step(float s, float d, float dmin, float da,
+                                                          int32_t isum, int32_t msum) {
+    const float dd = d * da;
+    const float dm = dmin * da;
+    const float a = dd * (float)isum;
+    const float m = dm * (float)msum;
+    const float t = a - m;
+    return s + t;
+}
+
 /* Q4_K and Q5_K (Q5_K: each element's fifth bit from the 32 high-bit bytes after the scales). */
 static inline __attribute__((always_inline)) float dot_k45_scalar(const uint8_t *w,
                                                                   const uint8_t *a, int64_t nb,
@@ -540,7 +555,7 @@ static inline __attribute__((always_inline)) float dot_k45_scalar(const uint8_t 
             }
             isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
         }
-        s += FP16(w) * da * (float)isum - FP16(w + 2) * da * (float)k4_min_sum(a, mn);
+        s = kq_step(s, FP16(w), FP16(w + 2), da, isum, k4_min_sum(a, mn));
     }
     return s;
 }
@@ -561,7 +576,7 @@ static float dot_q6_k_scalar(const uint8_t *w, const uint8_t *a, int64_t nb) {
                         sc[is + 4] * q[2] * x[l + 64] + sc[is + 6] * q[3] * x[l + 96];
             }
         }
-        s += FP16(w + 208) * pgd_ld_f32(a + Q8K_D) * (float)isum;
+        s = kq_step(s, FP16(w + 208), 0.0f, pgd_ld_f32(a + Q8K_D), isum, 0);
     }
     return s;
 }
@@ -719,6 +734,14 @@ static void unpack_k4_scales_fast(const uint8_t *scales, uint32_t u[4]) {
     u[0] &= k1;
 }
 
+/* The exact sum of 8 int32 lanes. */
+static int32_t hsum_i32(__m256i v) {
+    __m128i p = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(p);
+}
+
 /* sum_j mins[j] * (bsums[2j] + bsums[2j+1]): the same integer k4_min_sum computes. */
 static int32_t k4_min_sum_avx2(const uint8_t *act, const uint32_t u[4]) {
     __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)&u[2]));
@@ -737,8 +760,7 @@ static inline __attribute__((always_inline)) float dot_k45_avx2(const uint8_t *w
                                                                 int64_t nb, const bool q5) {
     const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(16);
     const int bsz = q5 ? Q5_K_BYTES : Q4_K_BYTES;
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.0f;
+    float s = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += bsz, a += Q8_K_BYTES) {
         float da = pgd_ld_f32(a + Q8K_D);
         uint32_t u[4];
@@ -767,10 +789,9 @@ static inline __attribute__((always_inline)) float dot_k45_avx2(const uint8_t *w
             p1 = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), p1);
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w) * da), _mm256_cvtepi32_ps(sumi), acc);
-        accm += FP16X(w + 2) * da * (float)k4_min_sum_avx2(a, u);
+        s = kq_step(s, FP16X(w), FP16X(w + 2), da, hsum_i32(sumi), k4_min_sum_avx2(a, u));
     }
-    return pgd_hsum8(acc) - accm;
+    return s;
 }
 
 /* Q6_K: q in 0..63 via maddubs, minus 32 * (pair sums of the activations), times the int8
@@ -778,7 +799,7 @@ static inline __attribute__((always_inline)) float dot_k45_avx2(const uint8_t *w
 static float dot_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
     const __m256i m32 = _mm256_set1_epi8(32);
-    __m256 acc = _mm256_setzero_ps();
+    float s0 = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += Q6_K_BYTES, a += Q8_K_BYTES) {
         const uint8_t *ql = w, *qh = w + 128, *x = a + Q8K_QS;
         const int8_t *sc = (const int8_t *)(w + 192);
@@ -806,10 +827,9 @@ static float dot_q6_k_avx2(const uint8_t *w, const uint8_t *a, int64_t nb) {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(FP16X(w + 208) * pgd_ld_f32(a + Q8K_D)),
-                              _mm256_cvtepi32_ps(sumi), acc);
+        s0 = kq_step(s0, FP16X(w + 208), 0.0f, pgd_ld_f32(a + Q8K_D), hsum_i32(sumi), 0);
     }
-    return pgd_hsum8(acc);
+    return s0;
 }
 
 #endif /* __AVX2__ */

@@ -60,7 +60,9 @@ uint16_t pgd_fp32_to_bf16(float f);
 /* The portable scalar reference of pgd_vec_dot; same inputs, same contract. pgd_vec_dot may
  * differ from it only in the order its float partial sums are added and, with F32 activations,
  * in fusing each product into its addition (bounds in test_quant.c). With F32 activations,
- * pgd_vec_dot is bit-identical to the corresponding entry of pgd_cpu_matmul. */
+ * pgd_vec_dot is bit-identical to the corresponding entry of pgd_cpu_matmul. The K-quants with
+ * Q8_K activations differ in nothing: pgd_vec_dot, this and pgd_cpu_matmul's K-quant tiles
+ * (kq_tiles.h) give the same bits. */
 float pgd_vec_dot_scalar(pgd_type t, const void *w_row, const void *act, int64_t n);
 /* Expands activations prepared by pgd_quantize_act(weight_type, ...) back to n floats
  * (d * q per element); lets tests measure the activation quantization error exactly. */
