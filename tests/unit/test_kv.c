@@ -140,10 +140,54 @@ static void test_copy_on_write(void) {
 }
 
 #define NSEQ 24
+/* The KV events' view of the cache (kv.h's event log), rebuilt from the events alone. */
+typedef struct ev_model {
+    uint64_t hash[64];
+    int32_t tok[64][4];
+    int n, n_stored, n_removed;
+} ev_model;
+
+/* Applies the log and clears it; then the model must hold exactly the registered blocks. */
+static void ev_check(pgd_kv_mgr *m, ev_model *em) {
+    for (size_t e = 0; e < m->log.n; e++) {
+        const pgd_kv_event *ev = &m->log.ev[e];
+        int at = -1;
+        for (int i = 0; i < em->n; i++)
+            if (em->hash[i] == ev->hash) at = i;
+        if (ev->kind == PGD_KV_EV_STORED) {
+            CHECK(at < 0 && em->n < 64); /* never stored twice without a removal between */
+            em->hash[em->n] = ev->hash;
+            memcpy(em->tok[em->n++], m->log.tokens + ev->tok, sizeof em->tok[0]);
+            em->n_stored++;
+        } else {
+            CHECK(at >= 0); /* a removal names a stored block */
+            if (at >= 0) {
+                em->hash[at] = em->hash[--em->n];
+                memcpy(em->tok[at], em->tok[em->n], sizeof em->tok[0]);
+            }
+            em->n_removed++;
+        }
+    }
+    CHECK_EQ_INT((int)m->log.lost, 0);
+    pgd_kv_events_clear(m);
+    int n = 0;
+    for (int32_t b = 0; b < m->n_blocks; b++) {
+        if (!m->blocks[b].hash) continue;
+        n++;
+        int at = -1;
+        for (int i = 0; i < em->n; i++)
+            if (em->hash[i] == m->blocks[b].hash) at = i;
+        CHECK(at >= 0 && !memcmp(em->tok[at], m->tokens + (size_t)b * 4, sizeof em->tok[0]));
+    }
+    CHECK_EQ_INT(n, em->n);
+}
+
 static void test_random_workload(void) {
     pgd_kv_mgr m;
     pgd_err err;
     CHECK_EQ_INT(pgd_kv_mgr_init(&m, 64, 4, true, &err), 0);
+    CHECK_EQ_INT(pgd_kv_events_enable(&m, &err), 0);
+    ev_model em = {.n = 0};
     pgd_kv_seq seqs[NSEQ];
     int32_t toks[NSEQ][128];
     int32_t len[NSEQ], done[NSEQ];
@@ -151,6 +195,8 @@ static void test_random_workload(void) {
     for (int i = 0; i < NSEQ; i++) pgd_kv_seq_init(&seqs[i], 32);
     int n_ops = 0, n_hits = 0, n_cow = 0, n_fail = 0;
     for (int step = 0; step < 20000; step++) {
+        ev_check(&m, &em); /* (the previous operation's events) */
+        if (rnd(400) == 0) pgd_kv_drop_cached(&m);
         int i = (int)rnd(NSEQ);
         pgd_kv_seq *s = &seqs[i];
         pgd_kv_copy cp;
@@ -212,8 +258,11 @@ static void test_random_workload(void) {
     CHECK(n_hits > 100);
     CHECK(n_cow > 10);
     CHECK(n_fail > 10);
-    printf("kv random workload: %d ops, %d prefix hits, %d copy-on-writes, %d failed reservations\n",
-           n_ops, n_hits, n_cow, n_fail);
+    ev_check(&m, &em);
+    CHECK(em.n_stored > 1000 && em.n_removed > 1000);
+    printf("kv random workload: %d ops, %d prefix hits, %d copy-on-writes, %d failed reservations, "
+           "%d blocks stored and %d removed by the events\n", n_ops, n_hits, n_cow, n_fail,
+           em.n_stored, em.n_removed);
     for (int i = 0; i < NSEQ; i++) pgd_kv_seq_free(&seqs[i]);
     pgd_kv_mgr_free(&m);
 }
