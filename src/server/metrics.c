@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const double ttft_b[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
                                 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80};
@@ -166,6 +167,12 @@ char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st
                 m->cache_dtype ? m->cache_dtype : "", m->prefix_caching ? "True" : "False");
     }
     if (n_loras > 0) { /* vLLM's info gauge: the adapters in use, as label values */
+        /* Its value is a Unix time, as in vLLM (which sets it at every step): a picker that
+         * finds several series keeps the latest (llm-d's extractor takes the largest). */
+        struct timespec now;
+        double t = 1.0; /* (a clock that fails leaves a positive constant) */
+        if (!clock_gettime(CLOCK_REALTIME, &now))
+            t = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
         bprintf(&b, "# HELP %s:lora_requests_info Running and waiting LoRA adapters.\n"
                     "# TYPE %s:lora_requests_info gauge\n"
                     "%s:lora_requests_info{model_name=\"%s\",max_lora=\"%d\","
@@ -173,7 +180,7 @@ char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st
         lora_list(&b, lora_names, n_loras, st.lora_running);
         bprintf(&b, "\",waiting_lora_adapters=\"");
         lora_list(&b, lora_names, n_loras, st.lora_waiting);
-        bprintf(&b, "\"} 1\n");
+        bprintf(&b, "\"} %.3f\n", t);
     }
     if (m->n_spec_positions > 0) {
         gauge(&b, p, model, "spec_decode_num_drafts_total", "counter",

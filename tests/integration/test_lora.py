@@ -556,9 +556,11 @@ def test_lora_batch(pagoda_bin, tiny_models, adapters, tmp_path):
 def test_lora_metrics(pagoda_bin, tiny_models, adapters):
     """/metrics carries vLLM's lora_requests_info: max_lora, and the adapters with running and
     with waiting requests (one sequence runs at a time here, so a request for b with n = 3 has
-    b both running and waiting), empty again when they finish."""
+    b both running and waiting), empty again when they finish; its value is the Unix time, as
+    vLLM's."""
     import re
     import threading
+    import time
     s = Server(tiny_models["llama"]["hf"], "--max-num-seqs", "1", "--lora-modules",
                f"a={adapters('llama')},b={adapters('llama-b')}")
     s.start()
@@ -566,10 +568,11 @@ def test_lora_metrics(pagoda_bin, tiny_models, adapters):
         def info():
             text = requests.get(s.url("/metrics"), timeout=10).text
             m = re.search(r'^pagoda:lora_requests_info\{[^}]*max_lora="(\d+)",'
-                          r'running_lora_adapters="([^"]*)",waiting_lora_adapters="([^"]*)"\} 1$',
-                          text, re.M)
+                          r'running_lora_adapters="([^"]*)",waiting_lora_adapters="([^"]*)"\} '
+                          r'(\S+)$', text, re.M)
             assert m, text
-            return m.groups()
+            assert abs(float(m[4]) - time.time()) < 60, m[0]
+            return m.groups()[:3]
 
         assert info() == ("2", "", "")
         body = {"model": "b", "prompt": [1, 450, 4996], "max_tokens": 400, "n": 3,
