@@ -38,8 +38,9 @@ K8S = DOCKER / "k8s"
 UNITS = sorted(DOCKER.glob("*.service"))
 DEFAULT_DRAIN = 30  # --drain-timeout's default (checked against --help below)
 # Packages of scripts/install-deps.sh that only the tests need (sanitizer build, test venv,
-# model download); everything else in its list is the build list the images must install.
-TEST_ONLY_DEPS = {"clang", "python3-venv", "curl"}
+# model download, the HAProxy of tests/routers); everything else in its list is the build list
+# the images must install.
+TEST_ONLY_DEPS = {"clang", "python3-venv", "curl", "haproxy"}
 # Debian 12 runtime package of each library -dev package; Ubuntu 24.04 (the CUDA images) renamed
 # two of them in its 64-bit time_t transition.
 RUNTIME_OF = {"libcjson-dev": "libcjson1", "libuv1-dev": "libuv1",
