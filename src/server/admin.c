@@ -283,6 +283,7 @@ static void kv_dump_work_cb(uv_work_t *w) {
 
 static void kv_dump_after_cb(uv_work_t *w, int status) {
     req_ctx *c = w->data;
+    server *s = c->s;
     (void)status;
     if (!c->has_err) {
         c->resp_type = "application/json";
@@ -290,6 +291,8 @@ static void kv_dump_after_cb(uv_work_t *w, int status) {
     }
     c->ph = PH_RESPOND;
     pgd__resume(c);
+    pgd__ctx_unref(c); /* the work's reference */
+    pgd__run_mhd(s);
 }
 
 enum MHD_Result pgd__kv_dump(server *s, req_ctx *c, struct MHD_Connection *conn,
