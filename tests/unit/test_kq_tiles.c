@@ -60,7 +60,8 @@ static bool same(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 #ifdef __AVX2__
 /* Direct calls of every (rows, tokens) shape of one variant. */
 static void check_tiles(const kinfo *K, int64_t n, int mode, bool vnni) {
-    const int nrow = PGD_KQ_MR, ntok = vnni ? PGD_KQ_MT_VNNI : PGD_KQ_MT_AVX2;
+    const int nrow = vnni ? PGD_KQ_MR_VNNI : PGD_KQ_MR_AVX2;
+    const int ntok = vnni ? PGD_KQ_MT_VNNI : PGD_KQ_MT_AVX2;
     const int64_t nb = n / 256;
     const size_t rb = (size_t)(nb * K->bytes);
     const size_t ab = (pgd_vec_dot_act_bytes(K->t, n) + 63) / 64 * 64;

@@ -1,13 +1,13 @@
 /* The body of the K-quant x Q8_K register tiles (kq_tiles.h says what they promise). Included
- * once per instruction set with KQ_W (32: AVX2, 64: AVX-512 BW + VNNI), KQ_MT (tokens per tile,
- * at most 4) and KQ_FN (the exported dispatcher's name) defined.
+ * once per instruction set with KQ_W (32: AVX2, 64: AVX-512 BW + VNNI), KQ_MR and KQ_MT (rows
+ * and tokens per tile, at most; tokens <= 8) and KQ_FN (the exported dispatcher's name) defined.
  *
  * A super-block (256 elements) is KQ_NC chunks of KQ_W elements. Per chunk each row's quants are
  * unpacked once into unsigned bytes (Q6_K: 0..63) and its scales into int16 lanes, then every
  * token multiplies them: maddubs gives exact int16 pair sums (at most 2 * 63 * 127), madd or
  * vpdpwssd scales and adds them into int32 lanes. Per super-block each (row, token)'s lanes are
  * summed to its exact integer, and a row's tokens take the scalar code's float steps side by
- * side in one 4-lane vector. */
+ * side in one 8-lane vector. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -19,6 +19,9 @@
 #define KQ_Q8K_QS 4
 #define KQ_Q8K_BSUMS 260
 #define KQ_NC (256 / KQ_W)
+#if KQ_MT > 8
+#error "KQ_MT: tokens are the lanes of one __m256"
+#endif
 enum { KQ4, KQ5, KQ6 };
 
 #if KQ_W == 32
@@ -148,24 +151,33 @@ KQ_INLINE void kq_chunk(const kq_row *r, const int K, const int c, kv *q, kv *s)
 #endif
 }
 
-/* The totals of 4 vectors of 8 int32 lanes, one per lane (exact). */
-KQ_INLINE __m128i kq_hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
-    const __m256i h =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+/* The totals of NT <= 8 vectors of 8 int32 lanes, lane t for v[t] (exact; lanes past NT: 0). */
+KQ_INLINE __m256i kq_hsum(const __m256i *v, const int NT) {
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i h0 = _mm256_hadd_epi32(v[0], NT > 1 ? v[1] : z);
+    const __m256i h1 = NT > 2 ? _mm256_hadd_epi32(v[2], NT > 3 ? v[3] : z) : z;
+    const __m256i g0 = _mm256_hadd_epi32(h0, h1); /* tokens 0..3: low halves | high halves */
+    if (NT <= 4)
+        return _mm256_zextsi128_si256(
+            _mm_add_epi32(_mm256_castsi256_si128(g0), _mm256_extracti128_si256(g0, 1)));
+    const __m256i h2 = _mm256_hadd_epi32(v[4], NT > 5 ? v[5] : z);
+    const __m256i h3 = NT > 6 ? _mm256_hadd_epi32(v[6], NT > 7 ? v[7] : z) : z;
+    const __m256i g1 = _mm256_hadd_epi32(h2, h3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20),
+                            _mm256_permute2x128_si256(g0, g1, 0x31));
 }
 
 /* NR rows x NT tokens of weight kind K. */
 KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const int NT) {
     const int bsz = K == KQ4 ? 144 : K == KQ5 ? 176 : 210;
     const int64_t nb = g->n / 256;
-    __m128 acc[PGD_KQ_MR]; /* lane t: token t's sum, scalar float steps per super-block */
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) acc[r] = _mm_setzero_ps();
+    __m256 acc[KQ_MR]; /* lane t: token t's sum, scalar float steps per super-block */
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        kq_row rw[PGD_KQ_MR];
+        kq_row rw[KQ_MR];
         const uint8_t *x[KQ_MT]; /* each token's Q8_K block b */
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = g->w + (size_t)r * g->w_stride + (size_t)b * bsz;
             if (g->prefetch) { /* the same block of the next row tile */
@@ -177,27 +189,27 @@ KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const i
             }
             kq_row_init(&rw[r], blk, K);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             x[t] = g->a + (size_t)t * g->a_stride + (size_t)b * KQ_Q8K_BYTES;
-        kv sumi[PGD_KQ_MR][KQ_MT];
-#pragma GCC unroll 4
+        kv sumi[KQ_MR][KQ_MT];
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < NT; t++) sumi[r][t] = kv_zero();
 #pragma GCC unroll 8
         for (int c = 0; c < KQ_NC; c++) {
             kv m32x[KQ_MT]; /* Q6_K: 32 * the pair sums of the activations (q - 32 = q less it) */
             if (K == KQ6) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int t = 0; t < NT; t++)
                     m32x[t] = kv_maddubs(kv_set1_8(32), kv_load(x[t] + KQ_Q8K_QS + KQ_W * c));
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 kv q, s;
                 kq_chunk(&rw[r], K, c, &q, &s);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int t = 0; t < NT; t++) {
                     kv p = kv_maddubs(q, kv_load(x[t] + KQ_Q8K_QS + KQ_W * c));
                     if (K == KQ6) p = kv_sub16(p, m32x[t]);
@@ -207,58 +219,68 @@ KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const i
         }
         /* Token lanes: the activation scales, and (Q4_K/Q5_K) P[k] lane t = the pair
          * (bs[2k], bs[2k + 1]) of token t's 32-element sums bs[j] = bsums[2j] + bsums[2j + 1]. */
-        float daf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        __m128i bs8[4] = {_mm_setzero_si128(), _mm_setzero_si128(), _mm_setzero_si128(),
-                          _mm_setzero_si128()};
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            daf[t] = pgd_ld_f32(x[t]);
-            if (K != KQ6)
-                bs8[t] = _mm_hadd_epi16(
-                    _mm_loadu_si128((const __m128i *)(x[t] + KQ_Q8K_BSUMS)),
-                    _mm_loadu_si128((const __m128i *)(x[t] + KQ_Q8K_BSUMS + 16)));
-        }
-        const __m128 da = _mm_loadu_ps(daf);
-        __m128i P[4];
+        float daf[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        __m256i bs8[4]; /* token t in the low half, t + 4 in the high half */
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) daf[t] = pgd_ld_f32(x[t]);
+        const __m256 da = _mm256_loadu_ps(daf);
+        __m256i P[4];
         if (K != KQ6) {
-            const __m128i l01 = _mm_unpacklo_epi32(bs8[0], bs8[1]);
-            const __m128i l23 = _mm_unpacklo_epi32(bs8[2], bs8[3]);
-            const __m128i h01 = _mm_unpackhi_epi32(bs8[0], bs8[1]);
-            const __m128i h23 = _mm_unpackhi_epi32(bs8[2], bs8[3]);
-            P[0] = _mm_unpacklo_epi64(l01, l23);
-            P[1] = _mm_unpackhi_epi64(l01, l23);
-            P[2] = _mm_unpacklo_epi64(h01, h23);
-            P[3] = _mm_unpackhi_epi64(h01, h23);
-        }
-        /* Per (row, token), as quant.c's dot_k45_scalar / dot_q6_k_scalar, lane by lane:
-         * s = s + ((d * da) * (float)isum - (dmin * da) * (float)msum), no FMA. */
 #pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
+                if (t < NT)
+                    lo = _mm_hadd_epi16(
+                        _mm_loadu_si128((const __m128i *)(x[t] + KQ_Q8K_BSUMS)),
+                        _mm_loadu_si128((const __m128i *)(x[t] + KQ_Q8K_BSUMS + 16)));
+                if (t + 4 < NT)
+                    hi = _mm_hadd_epi16(
+                        _mm_loadu_si128((const __m128i *)(x[t + 4] + KQ_Q8K_BSUMS)),
+                        _mm_loadu_si128((const __m128i *)(x[t + 4] + KQ_Q8K_BSUMS + 16)));
+                bs8[t] = NT > 4 ? _mm256_set_m128i(hi, lo) : _mm256_zextsi128_si256(lo);
+            }
+            const __m256i l01 = _mm256_unpacklo_epi32(bs8[0], bs8[1]);
+            const __m256i l23 = _mm256_unpacklo_epi32(bs8[2], bs8[3]);
+            const __m256i h01 = _mm256_unpackhi_epi32(bs8[0], bs8[1]);
+            const __m256i h23 = _mm256_unpackhi_epi32(bs8[2], bs8[3]);
+            P[0] = _mm256_unpacklo_epi64(l01, l23);
+            P[1] = _mm256_unpackhi_epi64(l01, l23);
+            P[2] = _mm256_unpacklo_epi64(h01, h23);
+            P[3] = _mm256_unpackhi_epi64(h01, h23);
+        }
+        /* Per (row, token), as quant.c's kq_step, lane by lane:
+         * s = s + ((d * da) * (float)isum - (dmin * da) * (float)msum), no FMA. */
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = rw[r].blk;
-            __m256i v[4];
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) v[t] = t < NT ? kv_fold8(sumi[r][t]) : _mm256_setzero_si256();
-            const __m128i isum = kq_hsum4(v[0], v[1], v[2], v[3]);
-            const __m128 dd = _mm_mul_ps(_mm_set1_ps(_cvtsh_ss(pgd_ld_u16(blk + (K == KQ6 ? 208 : 0)))), da);
-            __m128 term = _mm_mul_ps(dd, _mm_cvtepi32_ps(isum));
+            __m256i v[KQ_MT];
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) v[t] = kv_fold8(sumi[r][t]);
+            const __m256i isum = kq_hsum(v, NT);
+            const __m256 dd =
+                _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(blk + (K == KQ6 ? 208 : 0)))), da);
+            __m256 term = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum));
             if (K != KQ6) {
-                const __m128i mins16 =
-                    _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)&rw[r].u[2]));
-                __m128i msum = _mm_madd_epi16(P[0], _mm_shuffle_epi32(mins16, 0x00));
-                msum = _mm_add_epi32(msum, _mm_madd_epi16(P[1], _mm_shuffle_epi32(mins16, 0x55)));
-                msum = _mm_add_epi32(msum, _mm_madd_epi16(P[2], _mm_shuffle_epi32(mins16, 0xAA)));
-                msum = _mm_add_epi32(msum, _mm_madd_epi16(P[3], _mm_shuffle_epi32(mins16, 0xFF)));
-                const __m128 dm = _mm_mul_ps(_mm_set1_ps(_cvtsh_ss(pgd_ld_u16(blk + 2))), da);
-                term = _mm_sub_ps(term, _mm_mul_ps(dm, _mm_cvtepi32_ps(msum)));
+                const __m256i mins16 = _mm256_broadcastsi128_si256(
+                    _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)&rw[r].u[2])));
+                __m256i msum = _mm256_madd_epi16(P[0], _mm256_shuffle_epi32(mins16, 0x00));
+                msum = _mm256_add_epi32(msum,
+                                        _mm256_madd_epi16(P[1], _mm256_shuffle_epi32(mins16, 0x55)));
+                msum = _mm256_add_epi32(msum,
+                                        _mm256_madd_epi16(P[2], _mm256_shuffle_epi32(mins16, 0xAA)));
+                msum = _mm256_add_epi32(msum,
+                                        _mm256_madd_epi16(P[3], _mm256_shuffle_epi32(mins16, 0xFF)));
+                const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(blk + 2))), da);
+                term = _mm256_sub_ps(term, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(msum)));
             }
-            acc[r] = _mm_add_ps(acc[r], term);
+            acc[r] = _mm256_add_ps(acc[r], term);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
-        float out[4];
-        _mm_storeu_ps(out, acc[r]);
-#pragma GCC unroll 4
+        float out[8];
+        _mm256_storeu_ps(out, acc[r]);
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++) g->y[(size_t)t * g->y_stride + r] = out[t];
     }
 }
@@ -267,19 +289,41 @@ KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const i
 typedef void (*kq_fn)(const pgd__kq_tile *g);
 #define KQ_F(K, R, T)                                                                            \
     static void kq_##K##_##R##_##T(const pgd__kq_tile *g) { kq_tile(g, K, R, T); }
+#define KQ_NAME(K, R, T) kq_##K##_##R##_##T
 #if KQ_MT == 3
 #define KQ_ROW(K, R) KQ_F(K, R, 1) KQ_F(K, R, 2) KQ_F(K, R, 3)
-#define KQ_ROWT(K, R) {kq_##K##_##R##_1, kq_##K##_##R##_2, kq_##K##_##R##_3}
+#define KQ_ROWT(K, R) {KQ_NAME(K, R, 1), KQ_NAME(K, R, 2), KQ_NAME(K, R, 3)}
 #elif KQ_MT == 4
 #define KQ_ROW(K, R) KQ_F(K, R, 1) KQ_F(K, R, 2) KQ_F(K, R, 3) KQ_F(K, R, 4)
-#define KQ_ROWT(K, R) {kq_##K##_##R##_1, kq_##K##_##R##_2, kq_##K##_##R##_3, kq_##K##_##R##_4}
+#define KQ_ROWT(K, R) {KQ_NAME(K, R, 1), KQ_NAME(K, R, 2), KQ_NAME(K, R, 3), KQ_NAME(K, R, 4)}
+#elif KQ_MT == 6
+#define KQ_ROW(K, R)                                                                             \
+    KQ_F(K, R, 1) KQ_F(K, R, 2) KQ_F(K, R, 3) KQ_F(K, R, 4) KQ_F(K, R, 5) KQ_F(K, R, 6)
+#define KQ_ROWT(K, R)                                                                            \
+    {KQ_NAME(K, R, 1), KQ_NAME(K, R, 2), KQ_NAME(K, R, 3), KQ_NAME(K, R, 4), KQ_NAME(K, R, 5),   \
+     KQ_NAME(K, R, 6)}
+#elif KQ_MT == 8
+#define KQ_ROW(K, R)                                                                             \
+    KQ_F(K, R, 1) KQ_F(K, R, 2) KQ_F(K, R, 3) KQ_F(K, R, 4) KQ_F(K, R, 5) KQ_F(K, R, 6)          \
+    KQ_F(K, R, 7) KQ_F(K, R, 8)
+#define KQ_ROWT(K, R)                                                                            \
+    {KQ_NAME(K, R, 1), KQ_NAME(K, R, 2), KQ_NAME(K, R, 3), KQ_NAME(K, R, 4), KQ_NAME(K, R, 5),   \
+     KQ_NAME(K, R, 6), KQ_NAME(K, R, 7), KQ_NAME(K, R, 8)}
 #else
-#error "KQ_MT: 3 or 4"
+#error "KQ_MT: 3, 4, 6 or 8"
 #endif
+#if KQ_MR == 2
+#define KQ_KIND(K)                                                                               \
+    KQ_ROW(K, 1) KQ_ROW(K, 2)                                                                    \
+    static const kq_fn kq_tab_##K[KQ_MR][KQ_MT] = {KQ_ROWT(K, 1), KQ_ROWT(K, 2)};
+#elif KQ_MR == 4
 #define KQ_KIND(K)                                                                               \
     KQ_ROW(K, 1) KQ_ROW(K, 2) KQ_ROW(K, 3) KQ_ROW(K, 4)                                          \
-    static const kq_fn kq_tab_##K[PGD_KQ_MR][KQ_MT] = {KQ_ROWT(K, 1), KQ_ROWT(K, 2),             \
-                                                       KQ_ROWT(K, 3), KQ_ROWT(K, 4)};
+    static const kq_fn kq_tab_##K[KQ_MR][KQ_MT] = {KQ_ROWT(K, 1), KQ_ROWT(K, 2),                 \
+                                                   KQ_ROWT(K, 3), KQ_ROWT(K, 4)};
+#else
+#error "KQ_MR: 2 or 4"
+#endif
 KQ_KIND(KQ4)
 KQ_KIND(KQ5)
 KQ_KIND(KQ6)

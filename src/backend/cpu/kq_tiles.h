@@ -18,9 +18,19 @@
 
 #include "core/types.h"
 
-#define PGD_KQ_MR 4      /* weight rows per tile, at most */
-#define PGD_KQ_MT_AVX2 3 /* tokens per tile, at most: 12 int accumulators of 16 registers */
-#define PGD_KQ_MT_VNNI 4 /* of 32 registers: 16 accumulators */
+/* Rows x tokens per tile, at most: AVX2 12 int accumulators of 16 registers, AVX-512 16 of 32 */
+#ifndef PGD_KQ_MR_AVX2
+#define PGD_KQ_MR_AVX2 4
+#endif
+#ifndef PGD_KQ_MT_AVX2
+#define PGD_KQ_MT_AVX2 3
+#endif
+#ifndef PGD_KQ_MR_VNNI
+#define PGD_KQ_MR_VNNI 2
+#endif
+#ifndef PGD_KQ_MT_VNNI
+#define PGD_KQ_MT_VNNI 8
+#endif
 
 /* One tile: y[t * y_stride + r] for nr rows x nt tokens (all borrowed). */
 typedef struct pgd__kq_tile {
@@ -34,7 +44,7 @@ typedef struct pgd__kq_tile {
     bool prefetch; /* w streams from memory: prefetch the next row tile (rows nr further) */
 } pgd__kq_tile;
 
-/* t is Q4_K, Q5_K or Q6_K; 1 <= nr <= PGD_KQ_MR, 1 <= nt <= the variant's MT. */
+/* t is Q4_K, Q5_K or Q6_K; 1 <= nr, nt <= the variant's MR, MT. */
 void pgd__kq_tile_avx2(pgd_type t, const pgd__kq_tile *g, int nr, int nt);
 void pgd__kq_tile_vnni(pgd_type t, const pgd__kq_tile *g, int nr, int nt);
 /* Whether pgd__kq_tile_vnni exists in this build and the CPU has AVX-512 F, BW, VL, VNNI. */

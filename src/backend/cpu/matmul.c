@@ -801,8 +801,11 @@ static bool kq_use_vnni(void) {
  * swept over a block's tokens mt at a time (the weights stream once per block). */
 static void matmul_rows_kq(const matmul_ctx *c, long lo, long hi) {
     const pgd_weight *w = c->w;
-    const bool vnni = kq_use_vnni();
-    const int mr = PGD_KQ_MR, mt = vnni ? PGD_KQ_MT_VNNI : PGD_KQ_MT_AVX2;
+    /* with 1 or 2 tokens the AVX2 tiles are faster (the VNNI tiles' unpacking and per-block
+     * sums dominate; bench/RESULTS.md); same bits either way */
+    const bool vnni = c->n >= 3 && kq_use_vnni();
+    const int mr = vnni ? PGD_KQ_MR_VNNI : PGD_KQ_MR_AVX2;
+    const int mt = vnni ? PGD_KQ_MT_VNNI : PGD_KQ_MT_AVX2;
     pgd__kq_tile g = {.w_stride = w->row_bytes, .a_stride = c->act_row_bytes,
                       .y_stride = (size_t)w->n_out, .n = w->n_in};
     long tb = (long)(ACT_L2_BYTES / g.a_stride) / mt * mt;

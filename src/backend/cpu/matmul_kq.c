@@ -4,6 +4,7 @@
 
 #ifdef __AVX2__
 #define KQ_W 32
+#define KQ_MR PGD_KQ_MR_AVX2
 #define KQ_MT PGD_KQ_MT_AVX2
 #define KQ_FN pgd__kq_tile_avx2
 #include "backend/cpu/kq_kernels.h"
