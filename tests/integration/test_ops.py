@@ -44,8 +44,11 @@ TEST_ONLY_DEPS = {"clang", "python3-venv", "curl", "haproxy"}
 # Debian 12 runtime package of each library -dev package; Ubuntu 24.04 (the CUDA images) renamed
 # two of them in its 64-bit time_t transition.
 RUNTIME_OF = {"libcjson-dev": "libcjson1", "libuv1-dev": "libuv1",
-              "libmicrohttpd-dev": "libmicrohttpd12", "libsystemd-dev": "libsystemd0"}
+              "libmicrohttpd-dev": "libmicrohttpd12", "libsystemd-dev": "libsystemd0",
+              "libzmq3-dev": "libzmq5"}  # (msgpack-c: the packer Pagoda uses is its headers')
 UBUNTU_2404 = {"libuv1": "libuv1t64", "libmicrohttpd12": "libmicrohttpd12t64"}
+# and msgpack-c 6 split its C library's -dev package from the C++ one
+UBUNTU_2404_BUILD = {"libmsgpack-dev": "libmsgpack-c-dev"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,9 +462,11 @@ def test_dockerfile_build_stage_matches_install_deps(name):
     assert len(stages) == 2, f"{name}: expected a build and a runtime stage"
     (build_from, build_pkgs), (run_from, run_pkgs) = stages
     want = install_deps_build_list()
+    if name == "Dockerfile.cuda":
+        want = {UBUNTU_2404_BUILD.get(p, p) for p in want}
     assert set(build_pkgs) == want, f"{name}: build stage installs {sorted(build_pkgs)}, " \
                                     f"scripts/install-deps.sh builds with {sorted(want)}"
-    runtime = {RUNTIME_OF[p] for p in want if p in RUNTIME_OF}
+    runtime = {RUNTIME_OF[p] for p in install_deps_build_list() if p in RUNTIME_OF}
     if name == "Dockerfile.cpu":
         assert re.match(r"FROM debian:12\S* AS build", build_from), build_from
         assert run_from.startswith("FROM debian:12"), run_from
