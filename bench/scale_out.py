@@ -279,8 +279,10 @@ def run(a, policy, model_path, log_dir, rnd):
                        threads=a.threads).start()
         t_up = time.time()
         deadline = t_up + 30
-        while time.time() < deadline:
-            one_request(base, model, "Once upon a time", 2, False)
+        k = 0
+        while time.time() < deadline:  # new prompts: cache_aware sends those to the emptiest
+            k += 1
+            one_request(base, model, f"{rng.choice(WORDS)} {k} {rng.choice(WORDS)}", 2, False)
             if any('"path":"/v1/completions"' in ln for ln in again.stderr().splitlines()):
                 rejoin = time.time() - t_up
                 break

@@ -9,13 +9,18 @@ environment variables.
 - SIGKILL one replica while a batch of non-streamed requests runs, some of them on it: every
   request is answered 200 (HAProxy's L7 retries send the cut ones to another replica), the dead
   one is marked DOWN by the /health checks and is sent nothing more, and a replica restarted on
-  the same port is UP again once its /health says 200 and is sent requests.
+  the same port is UP again once its /health says 200 and is sent requests;
+- SIGTERM one replica while streamed and non-streamed requests run, some on it: it drains (what
+  it runs finishes; it closes its listening socket and answers 503 to new requests on open
+  connections, which HAProxy resends), every request is answered whole, streams included, the
+  replica exits 0 and is marked DOWN.
 """
 import csv
 import io
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -206,3 +211,39 @@ def test_a_killed_replica_loses_no_request_and_a_restarted_one_rejoins(cluster):
     while completions(restarted) == 0:
         assert complete(base, 0).status_code == 200
         assert time.time() < deadline, "the restarted replica was never sent a request"
+
+
+def test_a_stopped_replica_drains_and_loses_nothing(cluster):
+    base, sock, victim = cluster["base"], cluster["sock"], cluster["replicas"][2]
+    results = {}
+
+    def one(i):
+        body = {"prompt": f"Once upon a time {i}", "max_tokens": 300, "ignore_eos": True,
+                "temperature": 0}
+        if i % 2:  # streamed: whole means every event up to [DONE]
+            with requests.post(base + "/v1/completions", json=dict(body, stream=True),
+                               stream=True, timeout=120) as r:
+                lines = [x for x in r.iter_lines() if x]
+                results[i] = (r.status_code, bool(lines) and lines[-1] == b"data: [DONE]")
+        else:
+            r = requests.post(base + "/v1/completions", json=body, timeout=120)
+            results[i] = (r.status_code, r.status_code == 200 and
+                          r.json()["usage"]["completion_tokens"] == 300)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(18)]
+    for t in threads[:6]:
+        t.start()
+    deadline = time.time() + 20
+    while requests.get(victim.url("/get_load"), timeout=5).json()[0]["num_reqs"] == 0:
+        assert time.time() < deadline, "no request ever ran on the replica to stop"
+        time.sleep(0.002)
+    victim.proc.send_signal(signal.SIGTERM)
+    for t in threads[6:]:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert [results[i] for i in range(18)] == [(200, True)] * 18, results
+    assert victim.proc.wait(timeout=60) == 0, victim.stderr()[-2000:]
+    assert '"event":"draining"' in victim.stderr()
+    cluster["killed"].append(victim)  # (exited already)
+    wait_status(sock, "r3", "DOWN", timeout=10)
