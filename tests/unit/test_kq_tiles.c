@@ -3,8 +3,10 @@
  * pgd_vec_dot and of the scalar reference pgd_vec_dot_scalar for Q4_K, Q5_K and Q6_K; through
  * pgd_cpu_matmul in the 8-bit activation mode, ragged shapes (rows not a multiple of the tile,
  * 1..7, 16 and 64 tokens) and batch invariance at 1, 3, 16 and 64 tokens; extreme quants and
- * activations (all bits set, |q| = 127) that would overflow a saturating step. In a portable
+ * activations (all bits set, |q| = 127) that would overflow a saturating step; the Q8_K
+ * activation quantization against its scalar reference, NaN and infinities included. In a portable
  * build only the pgd_cpu_matmul checks run (on the scalar dot products). */
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +149,31 @@ static void check_matmul(pgd_pool *pool, const kinfo *K, int64_t n_in, int64_t n
     free(wd), free(x), free(y_all), free(y), free(act);
 }
 
+/* pgd_quantize_act's Q8_K blocks (AVX2 where built) against the scalar reference, byte for byte:
+ * random rows with outliers, halves (ties to even), zeros, NaN, infinities, huge and tiny. */
+static void check_quantize(void) {
+    enum { N = 256 * 9 };
+    static float x[N];
+    static uint8_t a[N / 256 * 292], b[N / 256 * 292];
+    int bad = 0;
+    for (int round = 0; round < 40; round++) {
+        fill_x(x, N, round & 1);
+        for (int i = 0; i < 256; i++) x[256 + i] = (float)(i % 255 - 127) + 0.5f; /* ties */
+        x[256] = 127.0f;
+        memset(x + 512, 0, 256 * sizeof(float));                                 /* all zero */
+        x[768 + round % 256] = NAN;
+        x[1024 + round % 256] = round & 1 ? INFINITY : -INFINITY;
+        for (int i = 0; i < 256; i++) x[1280 + i] *= 1e37f;                      /* huge */
+        for (int i = 0; i < 256; i++) x[1536 + i] *= 1e-40f;                     /* subnormal */
+        x[1792 + round % 256] = -NAN;
+        x[1793 + round % 200] = 3e38f;
+        pgd_quantize_act(PGD_TYPE_Q4_K, x, a, N);
+        pgd_quantize_act_scalar(PGD_TYPE_Q4_K, x, b, N);
+        bad += memcmp(a, b, sizeof a) != 0;
+    }
+    CHECK(bad == 0, "Q8_K quantization: %d of 40 rounds differ from the scalar reference", bad);
+}
+
 static int run_all(bool vnni) {
     pgd_err err;
     pgd_pool *pool;
@@ -180,6 +207,7 @@ static int run_all(bool vnni) {
 
 int main(void) {
     pgd_cpu_set_int8_act(true);
+    check_quantize();
     /* AVX2 tiles (AVX-512 off), then the VNNI ones where the build and CPU have them */
     pgd_cpu_set_avx512(0);
     if (run_all(false)) return 1;

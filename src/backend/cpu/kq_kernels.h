@@ -167,6 +167,37 @@ KQ_INLINE __m256i kq_hsum(const __m256i *v, const int NT) {
                             _mm256_permute2x128_si256(g0, g1, 0x31));
 }
 
+#if KQ_W == 64
+/* Two rows' sums in one vector (the 2-row VNNI tiles): v[r][t] -> lane 8 r + t, the exact
+ * total of v[r][t]'s 16 lanes, by an add network (no hadd): pairs, quads of tokens per 128-bit
+ * lane, then across the 128-bit lanes. Tokens past NT are zero. */
+KQ_INLINE __m512i kq_red2(__m512i a, __m512i b) { /* per 128 bits: a0+a2, b0+b2, a1+a3, b1+b3 */
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+KQ_INLINE __m512i kq_red4(__m512i ab, __m512i cd) { /* per 128 bits: the a, b, c, d partials */
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+}
+KQ_INLINE __m512i kq_row8(const kv *v, const int NT) { /* 128-bit lanes: t0..3 | t4..7, twice */
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i a = kq_red4(kq_red2(v[0], NT > 1 ? v[1] : z),
+                              NT > 2 ? kq_red2(v[2], NT > 3 ? v[3] : z) : z);
+    const __m512i b = NT > 4 ? kq_red4(kq_red2(v[4], NT > 5 ? v[5] : z),
+                                       NT > 6 ? kq_red2(v[6], NT > 7 ? v[7] : z) : z)
+                             : z;
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+KQ_INLINE __m512i kq_hsum2x8(const kv *v0, const kv *v1, const int NT) {
+    const __m512i e0 = kq_row8(v0, NT), e1 = kq_row8(v1, NT);
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+KQ_INLINE __m512 kq_ps2(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                                               _mm256_castps_pd(hi), 1));
+}
+#endif
+
 /* NR rows x NT tokens of weight kind K. */
 KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const int NT) {
     const int bsz = K == KQ4 ? 144 : K == KQ5 ? 176 : 210;
@@ -174,6 +205,9 @@ KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const i
     __m256 acc[KQ_MR]; /* lane t: token t's sum, scalar float steps per super-block */
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+#if KQ_W == 64
+    __m512 acc2 = _mm512_setzero_ps(); /* NR == 2: lane 8 r + t */
+#endif
     for (int64_t b = 0; b < nb; b++) {
         kq_row rw[KQ_MR];
         const uint8_t *x[KQ_MT]; /* each token's Q8_K block b */
@@ -250,6 +284,41 @@ KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const i
         }
         /* Per (row, token), as quant.c's kq_step, lane by lane:
          * s = s + ((d * da) * (float)isum - (dmin * da) * (float)msum), no FMA. */
+#if KQ_W == 64
+        if (NR == 2) { /* both rows in one 16-lane vector */
+            const uint8_t *b0 = rw[0].blk, *b1 = rw[1].blk;
+            const int doff = K == KQ6 ? 208 : 0;
+            const __m512 da2 = kq_ps2(da, da);
+            const __m512 dd = _mm512_mul_ps(
+                kq_ps2(_mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(b0 + doff))),
+                       _mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(b1 + doff)))),
+                da2);
+            __m512 term = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(kq_hsum2x8(sumi[0], sumi[1], NT)));
+            if (K != KQ6) {
+                const __m512i mins = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_broadcastsi128_si256(
+                        _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)&rw[0].u[2])))),
+                    _mm256_broadcastsi128_si256(
+                        _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)&rw[1].u[2]))),
+                    1);
+                __m512i msum = _mm512_madd_epi16(_mm512_broadcast_i64x4(P[0]),
+                                                 _mm512_shuffle_epi32(mins, 0x00));
+                msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_broadcast_i64x4(P[1]),
+                                                                _mm512_shuffle_epi32(mins, 0x55)));
+                msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_broadcast_i64x4(P[2]),
+                                                                _mm512_shuffle_epi32(mins, 0xAA)));
+                msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_broadcast_i64x4(P[3]),
+                                                                _mm512_shuffle_epi32(mins, 0xFF)));
+                const __m512 dm = _mm512_mul_ps(
+                    kq_ps2(_mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(b0 + 2))),
+                           _mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(b1 + 2)))),
+                    da2);
+                term = _mm512_sub_ps(term, _mm512_mul_ps(dm, _mm512_cvtepi32_ps(msum)));
+            }
+            acc2 = _mm512_add_ps(acc2, term);
+            continue;
+        }
+#endif
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = rw[r].blk;
@@ -276,6 +345,18 @@ KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const i
             acc[r] = _mm256_add_ps(acc[r], term);
         }
     }
+#if KQ_W == 64
+    if (NR == 2) {
+        float out[16];
+        _mm512_storeu_ps(out, acc2);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            g->y[(size_t)t * g->y_stride] = out[t];
+            g->y[(size_t)t * g->y_stride + 1] = out[8 + t];
+        }
+        return;
+    }
+#endif
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
         float out[8];

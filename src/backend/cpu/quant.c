@@ -410,6 +410,71 @@ static int8_t q8_round(float v) {
     return (int8_t)lrintf(v);
 }
 
+/* One Q8_K block (256 activations), scalar. */
+static void quantize_q8k_block(const float *x, uint8_t *y) {
+    float id;
+    float d = q8_scale(x, PGD_QK_K, &id);
+    memcpy(y + Q8K_D, &d, 4);
+    for (int g = 0; g < PGD_QK_K / 16; g++) {
+        int16_t s = 0;
+        for (int l = 0; l < 16; l++) {
+            int8_t q = q8_round(x[16 * g + l] * id);
+            y[Q8K_QS + 16 * g + l] = (uint8_t)q;
+            s = (int16_t)(s + q);
+        }
+        memcpy(y + Q8K_BSUMS + 2 * g, &s, 2);
+    }
+}
+
+#ifdef __AVX2__
+/* The same block in AVX2, bit for bit: the maximum is exact in any order (a NaN never wins, as
+ * in q8_scale), x * id is the same product, NaN maps to 0 and the clamp comes before rounding
+ * to nearest even (vcvtps2dq in the default rounding mode, as lrintf). */
+static void quantize_q8k_block_avx2(const float *x, uint8_t *y) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < PGD_QK_K; i += 8) /* max(a, m) gives m when a is NaN */
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    memcpy(y + Q8K_D, &d, 4);
+    const __m256 vid = _mm256_set1_ps(id), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (int g = 0; g < PGD_QK_K / 16; g++) {
+        __m256i q[2];
+        for (int h = 0; h < 2; h++) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 16 * g + 8 * h), vid);
+            v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q)); /* NaN -> 0 */
+            v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+            q[h] = _mm256_cvtps_epi32(v);
+        }
+        /* 16 int32 -> 16 int16 -> 16 int8, in order */
+        __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+        __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i *)(y + Q8K_QS + 16 * g), b);
+        __m128i s = _mm_add_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        s = _mm_add_epi16(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+        s = _mm_add_epi16(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+        s = _mm_add_epi16(s, _mm_srli_epi32(s, 16));
+        const int16_t s16 = (int16_t)_mm_cvtsi128_si32(s);
+        memcpy(y + Q8K_BSUMS + 2 * g, &s16, 2);
+    }
+}
+#endif
+
+void pgd_quantize_act_scalar(pgd_type wt, const float *x, void *dst, int64_t n) {
+    if (pgd_vec_dot_type(wt) == PGD_TYPE_Q8_K) {
+        PGD_ASSERT(n % PGD_QK_K == 0);
+        for (int64_t b = 0; b < n / PGD_QK_K; b++)
+            quantize_q8k_block(x + b * PGD_QK_K, (uint8_t *)dst + b * Q8_K_BYTES);
+        return;
+    }
+    pgd_quantize_act(wt, x, dst, n);
+}
+
 void pgd_quantize_act(pgd_type wt, const float *x, void *dst, int64_t n) {
     switch (pgd_vec_dot_type(wt)) {
     case PGD_TYPE_Q8_0: {
@@ -431,20 +496,12 @@ void pgd_quantize_act(pgd_type wt, const float *x, void *dst, int64_t n) {
     case PGD_TYPE_Q8_K: {
         PGD_ASSERT(n % PGD_QK_K == 0);
         uint8_t *y = dst;
-        for (int64_t b = 0; b < n / PGD_QK_K; b++, x += PGD_QK_K, y += Q8_K_BYTES) {
-            float id;
-            float d = q8_scale(x, PGD_QK_K, &id);
-            memcpy(y + Q8K_D, &d, 4);
-            for (int g = 0; g < PGD_QK_K / 16; g++) {
-                int16_t s = 0;
-                for (int l = 0; l < 16; l++) {
-                    int8_t q = q8_round(x[16 * g + l] * id);
-                    y[Q8K_QS + 16 * g + l] = (uint8_t)q;
-                    s = (int16_t)(s + q);
-                }
-                memcpy(y + Q8K_BSUMS + 2 * g, &s, 2);
-            }
-        }
+        for (int64_t b = 0; b < n / PGD_QK_K; b++, x += PGD_QK_K, y += Q8_K_BYTES)
+#ifdef __AVX2__
+            quantize_q8k_block_avx2(x, y);
+#else
+            quantize_q8k_block(x, y);
+#endif
         return;
     }
     default: memcpy(dst, x, (size_t)n * sizeof(float)); return;

@@ -48,6 +48,8 @@ pgd_type pgd_vec_dot_type(pgd_type weight_type);
 size_t pgd_vec_dot_act_bytes(pgd_type weight_type, int64_t n);
 /* Converts n F32 activations into pgd_vec_dot_type(weight_type) (a copy for float weights). */
 void pgd_quantize_act(pgd_type weight_type, const float *x, void *dst, int64_t n);
+/* The portable scalar reference of pgd_quantize_act; the same bytes (Q8_K: tests compare). */
+void pgd_quantize_act_scalar(pgd_type weight_type, const float *x, void *dst, int64_t n);
 /* Dot product of one weight row (type t, n elements) with activations prepared by
  * pgd_quantize_act(t, ...). */
 float pgd_vec_dot(pgd_type t, const void *w_row, const void *act, int64_t n);
