@@ -11,6 +11,7 @@
 
 int pgd_cli_generate(int argc, char **argv);
 int pgd_cli_logits(int argc, char **argv);
+int pgd_cli_perplexity(int argc, char **argv);
 int pgd_cli_batch(int argc, char **argv);
 int pgd_cli_serve(int argc, char **argv);
 int pgd_cli_tokenize(int argc, char **argv);

@@ -19,6 +19,7 @@ static const struct {
     {"tokenize", pgd_cli_tokenize, "print the token ids of a text"},
     {"detokenize", pgd_cli_detokenize, "print the text of token ids"},
     {"logits", pgd_cli_logits, "write the logits of every position of a token sequence"},
+    {"perplexity", pgd_cli_perplexity, "perplexity of a text; KL divergence against a saved run"},
     {"kv-plan", pgd_cli_kv_plan, "KV-cache capacity plan: memory, users that fit, roofline"},
     {"render-template", pgd_cli_render_template, "print the prompt a chat template renders"},
     {"bench", pgd_cli_bench, "prefill/decode tokens/s against the hardware roofline"},

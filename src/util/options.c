@@ -14,6 +14,7 @@
 #define B PGD_CMD_BATCH
 #define H PGD_CMD_BENCH
 #define L PGD_CMD_LOGITS
+#define P PGD_CMD_PERPLEXITY
 #define EOFF(f) offsetof(pgd_engine_opts, f)
 
 const pgd_opt pgd_engine_opt_table[] = {
@@ -32,7 +33,7 @@ const pgd_opt pgd_engine_opt_table[] = {
      "KV cache budget (e.g. 512MiB, 4GiB); CPU only: on CUDA --gpu-memory-utilization "
      "sizes it"},
     {"kv-dtype", 0, NULL, PGD_OPT_CHOICE, EOFF(kv_dtype), "f32", 0, 0, "f32|f16|bf16", NULL,
-     S | B | H, "KV cache element type"},
+     S | B | H | P, "KV cache element type"},
     {"block-size", 0, NULL, PGD_OPT_INT, EOFF(block_size), "16", 1, 1024, NULL, NULL, S | B,
      "KV block size in tokens"},
     {"scheduling-policy", 0, NULL, PGD_OPT_CHOICE, EOFF(scheduling_policy), "fcfs", 0, 0,
@@ -79,7 +80,7 @@ const pgd_opt pgd_engine_opt_table[] = {
      "without a "
      "tokenizer.json beside it prompts must be token ids"},
     {"weights-f32", 0, NULL, PGD_OPT_BOOL, EOFF(weights_f32), "false", 0, 0, NULL, NULL,
-     S | G | B | L, "dequantize weights to F32 at load (reference path)"},
+     S | G | B | L | P, "dequantize weights to F32 at load (reference path)"},
 };
 const size_t pgd_engine_opt_count = sizeof pgd_engine_opt_table / sizeof pgd_engine_opt_table[0];
 

@@ -33,6 +33,7 @@ enum {
     PGD_CMD_BATCH = 1u << 2,
     PGD_CMD_BENCH = 1u << 3,
     PGD_CMD_LOGITS = 1u << 4,
+    PGD_CMD_PERPLEXITY = 1u << 5,
 };
 
 typedef struct pgd_opt {
