@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
         double t0 = pgd_now_s();
         for (int l = 0; l < nlayer; l++) {
-            pgd_kv_layer kl = {dt, k[l], v[l], BS, (int32_t)kv_dim, 0, 0, 0};
+            pgd_kv_layer kl = {dt, dt, k[l], v[l], BS, (int32_t)kv_dim, 0, 0, 0};
             be.ops->attention(&be, q, &kl, out, n_head, n_kv, hd, &st);
         }
         if (r >= 0) t_call[r] = (pgd_now_s() - t0) / nlayer;

@@ -23,7 +23,14 @@ extern "C" {
 
 typedef struct pgd_engine pgd_engine;
 
-typedef enum { PGD_KV_F32 = 0, PGD_KV_F16 = 1, PGD_KV_BF16 = 30 } pgd_kv_dtype;
+/* KV element types (pgd_type's values): Q8_0 and Q4_0 are llama.cpp's blocks of 32 (CPU). */
+typedef enum {
+    PGD_KV_F32 = 0,
+    PGD_KV_F16 = 1,
+    PGD_KV_Q4_0 = 2,
+    PGD_KV_Q8_0 = 8,
+    PGD_KV_BF16 = 30
+} pgd_kv_dtype;
 
 typedef enum { PGD_SPEC_NONE = 0, PGD_SPEC_NGRAM = 1, PGD_SPEC_DRAFT = 2 } pgd_spec_mode;
 
@@ -36,7 +43,9 @@ typedef struct pgd_engine_config {
     int32_t n_ctx;                  /* 0: the model's context length */
     int32_t block_size;             /* KV block size in tokens (default 16) */
     size_t kv_cache_bytes;          /* KV pool budget (default 512 MiB) */
-    pgd_kv_dtype kv_dtype;          /* default F32 */
+    pgd_kv_dtype kv_dtype;          /* K's and V's (default F32) */
+    bool kv_split;                  /* V's is kv_dtype_v instead (llama.cpp's -ctk / -ctv) */
+    pgd_kv_dtype kv_dtype_v;
     int32_t max_num_batched_tokens; /* token budget per step (default 512) */
     int32_t max_num_seqs;           /* running sequences cap (default 64) */
     bool no_prefix_caching;         /* prefix caching is on unless this is set */

@@ -65,8 +65,11 @@ typedef struct pgd_step {
 
 /* Paged K/V storage of one layer as ops see it (backend memory). */
 typedef struct pgd_kv_layer {
-    pgd_type dtype;      /* F32, F16 or BF16 */
-    void *k, *v;         /* (n_slots, kv_dim) elements of dtype */
+    pgd_type dtype;      /* K's element type: F32, F16, BF16, or (CPU) Q8_0 or Q4_0 */
+    pgd_type vtype;      /* V's (llama.cpp's -ctk / -ctv choose them apart) */
+    void *k, *v;         /* (n_slots) rows of kv_dim elements of dtype / vtype, each
+                            pgd_type_row_bytes(type, kv_dim) long: a quantized row is its
+                            heads' blocks in order (head_dim a multiple of the block) */
     int32_t block_size;
     int32_t kv_dim;      /* row width of the storage (n_kv_head * head_dim of this rank) */
     /* Attention only: a token at position pos attends to positions p > pos - window (a

@@ -26,7 +26,7 @@ typedef struct bench_opts {
     pgd_engine_opts eng;   /* the engine and model options bench takes (util/options.h) */
     const char *model;     /* eng.model */
     const char *lora;      /* --lora: every sequence runs with this adapter */
-    pgd_type kv_type;      /* --kv-dtype */
+    pgd_type kv_type, v_type; /* --kv-dtype, or K's and V's apart (-ctk, -ctv) */
     long n_prompt, n_gen, threads, reps;
     long depth;            /* -d: pp and tg start after this many context tokens */
     long batches[MAX_BATCHES];
@@ -123,7 +123,11 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     }
     o->model = o->eng.model;
     o->threads = o->eng.threads ? o->eng.threads : nproc > 0 ? nproc : 1;
-    o->kv_type = (pgd_type)pgd_engine_opts_kv_dtype(o->eng.kv_dtype); /* pgd_type's values */
+    /* (pgd_kv_dtype's values are pgd_type's) */
+    o->kv_type = (pgd_type)pgd_engine_opts_kv_dtype(o->eng.cache_type_k ? o->eng.cache_type_k
+                                                                         : o->eng.kv_dtype);
+    o->v_type = (pgd_type)pgd_engine_opts_kv_dtype(o->eng.cache_type_v ? o->eng.cache_type_v
+                                                                        : o->eng.kv_dtype);
     return 0;
 }
 
@@ -359,7 +363,8 @@ static int batched_decode(const pgd_model *m, const pgd_lora *lora, pgd_pool *po
         fprintf(stderr, "pagoda bench: out of memory\n");
         goto out;
     }
-    if (pgd_kv_cache_init(&kv, m, o->kv_type, (int32_t)(max_b * per_seq), BATCH_BLOCK, &err) ||
+    if (pgd_kv_cache_init2(&kv, m, o->kv_type, o->v_type, (int32_t)(max_b * per_seq), BATCH_BLOCK,
+                           &err) ||
         !(have_kv = true) ||
         pgd_fwd_init(&f, m, pool, (int32_t)max_b, (int32_t)max_b, &err) || !(have_fwd = true) ||
         (lora && pgd_fwd_use_lora(&f, lora, &err))) {
@@ -450,7 +455,7 @@ int pgd_cli_bench(int argc, char **argv) {
         goto done;
     }
     if (pgd_pool_create((int)o.threads, &pool, &err) != 0 ||
-        pgd_session_init_kv(&s, m, pool, (int32_t)max_batch, o.kv_type, &err) != 0 ||
+        pgd_session_init_kv2(&s, m, pool, (int32_t)max_batch, o.kv_type, o.v_type, &err) != 0 ||
         !(have_session = true) || (o.lora && pgd_lora_load(o.lora, m, &lora, &err)) ||
         (lora && pgd_fwd_use_lora(&s.fwd, lora, &err))) {
         fprintf(stderr, "pagoda bench: %s\n", err.msg);
@@ -511,7 +516,7 @@ int pgd_cli_bench(int argc, char **argv) {
     const pgd_model_config *cfg = &m->cfg;
     double depth_flops = 4.0 * cfg->n_layer * cfg->n_head * cfg->head_dim * (double)o.depth;
     double depth_bytes =
-        (double)pgd_kv_cache_bytes_per_token(m, s.kv.dtype) * (double)o.depth;
+        (double)pgd_kv_cache_bytes_per_token2(m, s.kv.dtype, s.kv.vtype) * (double)o.depth;
 
     if (o.n_prompt > 0) {
         for (long r = 0; r < o.reps; r++) {

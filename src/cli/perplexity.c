@@ -635,10 +635,14 @@ static int run(const ppl_opts *o) {
 
     long nt = o->eng.threads ? o->eng.threads : sysconf(_SC_NPROCESSORS_ONLN);
     if (nt < 1) nt = 1;
-    pgd_type kv_type = (pgd_type)pgd_engine_opts_kv_dtype(o->eng.kv_dtype); /* pgd_type's values */
+    /* (pgd_kv_dtype's values are pgd_type's; -ctk / -ctv choose K's and V's apart) */
+    const char *kname = o->eng.cache_type_k ? o->eng.cache_type_k : o->eng.kv_dtype;
+    const char *vname = o->eng.cache_type_v ? o->eng.cache_type_v : o->eng.kv_dtype;
+    pgd_type kv_type = (pgd_type)pgd_engine_opts_kv_dtype(kname);
+    pgd_type v_type = (pgd_type)pgd_engine_opts_kv_dtype(vname);
     int32_t nb = (int32_t)(o->n_batch < r.n_ctx ? o->n_batch : r.n_ctx);
     if (pgd_pool_create((int)nt, &r.pool, &err) ||
-        pgd_session_init_kv(&r.sess, m, r.pool, nb, kv_type, &err)) {
+        pgd_session_init_kv2(&r.sess, m, r.pool, nb, kv_type, v_type, &err)) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         goto done;
     }
@@ -656,9 +660,9 @@ static int run(const ppl_opts *o) {
         goto done;
     }
     fprintf(stderr, "perplexity: %s: %zu tokens, %d windows of %d (scoring %d each), batch %d, "
-                    "%ld threads, KV %s, %s activations%s\n",
-            o->eng.model, r.n_tokens, r.n_chunk, r.n_ctx, r.n_scored, nb, nt,
-            o->eng.kv_dtype, pgd_cpu_int8_act() ? "int8" : "F32",
+                    "%ld threads, KV %s/%s, %s activations%s\n",
+            o->eng.model, r.n_tokens, r.n_chunk, r.n_ctx, r.n_scored, nb, nt, kname, vname,
+            pgd_cpu_int8_act() ? "int8" : "F32",
             o->eng.weights_f32 ? ", weights F32" : "");
     if (!o->kl && o->base) {
         remove_base = true; /* until every row is written */

@@ -262,7 +262,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     e->n_ctx = e->model->cfg.n_ctx;
     long nt = c->n_threads > 0 ? c->n_threads : sysconf(_SC_NPROCESSORS_ONLN);
     if ((rc = pgd_pool_create(nt > 0 ? (int)nt : 1, &e->pool, &perr))) goto fail_perr;
-    pgd_type kdt = (pgd_type)c->kv_dtype;
+    pgd_type kdt = (pgd_type)c->kv_dtype, vdt = c->kv_split ? (pgd_type)c->kv_dtype_v : kdt;
     e->max_blocks_per_seq = (e->n_ctx + c->block_size - 1) / c->block_size;
     e->spec_mode = c->speculative;
     e->spec_k = c->num_speculative_tokens ? c->num_speculative_tokens : 5;
@@ -303,7 +303,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     if (e->model->shards[0].be.ops->mem_info) {
         if ((rc = device_kv_blocks(e, kdt, &n_blocks, &perr))) goto fail_perr;
     } else {
-        size_t per_block = pgd_kv_cache_bytes_per_token(e->model, kdt) * (size_t)c->block_size;
+        size_t per_block =
+            pgd_kv_cache_bytes_per_token2(e->model, kdt, vdt) * (size_t)c->block_size;
         n_blocks = c->kv_cache_bytes / per_block;
         if (n_blocks < 1) {
             rc = pgd_err_set(&perr, PGD_EINVAL, "KV cache budget of %zu bytes holds no block of "
@@ -314,7 +315,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     }
     if (n_blocks > (size_t)INT32_MAX / (size_t)c->block_size)
         n_blocks = (size_t)INT32_MAX / (size_t)c->block_size;
-    if ((rc = pgd_kv_cache_init(&e->kv, e->model, kdt, (int32_t)n_blocks, c->block_size, &perr)))
+    if ((rc = pgd_kv_cache_init2(&e->kv, e->model, kdt, vdt, (int32_t)n_blocks, c->block_size,
+                                 &perr)))
         goto fail_perr;
     if ((rc = pgd_kv_mgr_init(&e->mgr, (int32_t)n_blocks, c->block_size, !c->no_prefix_caching,
                               &perr)))

@@ -7,30 +7,64 @@
 
 #include "model/model.h"
 
+bool pgd_kv_type_ok(pgd_type t) {
+    return t == PGD_TYPE_F32 || t == PGD_TYPE_F16 || t == PGD_TYPE_BF16 || t == PGD_TYPE_Q8_0 ||
+           t == PGD_TYPE_Q4_0;
+}
+
+size_t pgd_kv_cache_bytes_per_token2(const pgd_model *m, pgd_type dtype, pgd_type vtype) {
+    uint64_t kv_dim = (uint64_t)m->cfg.n_kv_head * (uint64_t)m->cfg.head_dim;
+    return (size_t)m->cfg.n_layer *
+           (size_t)(pgd_type_row_bytes(dtype, kv_dim) + pgd_type_row_bytes(vtype, kv_dim));
+}
+
 size_t pgd_kv_cache_bytes_per_token(const pgd_model *m, pgd_type dtype) {
-    return 2 * (size_t)m->cfg.n_layer * (size_t)m->cfg.n_kv_head * (size_t)m->cfg.head_dim *
-           pgd_dtype_size(dtype);
+    return pgd_kv_cache_bytes_per_token2(m, dtype, dtype);
 }
 
 int pgd_kv_cache_init(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, int32_t n_blocks,
                       int32_t block_size, pgd_err *err) {
+    return pgd_kv_cache_init2(c, m, dtype, dtype, n_blocks, block_size, err);
+}
+
+int pgd_kv_cache_init2(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, pgd_type vtype,
+                       int32_t n_blocks, int32_t block_size, pgd_err *err) {
     memset(c, 0, sizeof *c);
-    if (dtype != PGD_TYPE_F32 && dtype != PGD_TYPE_F16 && dtype != PGD_TYPE_BF16)
-        return pgd_err_set(err, PGD_EINVAL, "KV cache dtype must be F32, F16 or BF16");
+    if (!pgd_kv_type_ok(dtype) || !pgd_kv_type_ok(vtype))
+        return pgd_err_set(err, PGD_EINVAL, "KV cache type must be f32, f16, bf16, q8_0 or q4_0");
+    uint32_t be = pgd_type_block_elems(dtype) > pgd_type_block_elems(vtype)
+                      ? pgd_type_block_elems(dtype) : pgd_type_block_elems(vtype);
+    if (m->cfg.head_dim % (int32_t)be)
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "KV cache types %s/%s need a head size that "
+                           "is a multiple of %u; this model's is %d", pgd_type_name(dtype),
+                           pgd_type_name(vtype), be, m->cfg.head_dim);
+    bool quant = pgd_type_block_elems(dtype) > 1 || pgd_type_block_elems(vtype) > 1;
+    for (int r = 0; quant && r < m->n_ranks; r++)
+        if (m->shards[r].be.ops->mem_info) /* (a device's memory: the CUDA kernels read F16/BF16) */
+            return pgd_err_set(err, PGD_EUNSUPPORTED, "KV cache types q8_0 and q4_0 are for the "
+                               "CPU backend; on a GPU use f16 or bf16");
     if (n_blocks < 1 || block_size < 1)
         return pgd_err_set(err, PGD_EINVAL, "KV cache needs at least one block");
+    if (dtype != vtype)
+        for (int r = 0; r < m->n_ranks; r++)
+            if (m->shards[r].be.ops->mem_info)
+                return pgd_err_set(err, PGD_EUNSUPPORTED, "different K and V cache types are "
+                                   "for the CPU backend");
     c->dtype = dtype;
+    c->vtype = vtype;
     c->n_layer = m->cfg.n_layer;
     c->n_blocks = n_blocks;
     c->block_size = block_size;
     c->model = m;
     c->n_ranks = m->n_ranks;
     c->kv_dim = m->shards[0].n_kv_head * m->cfg.head_dim;
-    size_t n = (size_t)c->n_layer * (size_t)n_blocks * (size_t)block_size * (size_t)c->kv_dim;
+    size_t n = (size_t)c->n_layer * (size_t)n_blocks * (size_t)block_size;
+    size_t kb = n * pgd_type_row_bytes(dtype, (uint64_t)c->kv_dim);
+    size_t vb = n * pgd_type_row_bytes(vtype, (uint64_t)c->kv_dim);
     for (int r = 0; r < c->n_ranks; r++) {
-        pgd_backend *be = &m->shards[r].be;
-        c->rk[r] = be->ops->alloc(be, n * pgd_dtype_size(dtype));
-        c->rv[r] = be->ops->alloc(be, n * pgd_dtype_size(dtype));
+        pgd_backend *bk = &m->shards[r].be;
+        c->rk[r] = bk->ops->alloc(bk, kb);
+        c->rv[r] = bk->ops->alloc(bk, vb);
         if (!c->rk[r] || !c->rv[r]) {
             pgd_kv_cache_free(c);
             return pgd_err_set(err, PGD_ENOMEM, "KV cache: cannot allocate %d blocks of %d tokens",

@@ -637,6 +637,11 @@ int pgd_session_init(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t
 
 int pgd_session_init_kv(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t max_batch,
                         pgd_type kv_type, pgd_err *err) {
+    return pgd_session_init_kv2(s, m, pool, max_batch, kv_type, kv_type, err);
+}
+
+int pgd_session_init_kv2(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t max_batch,
+                         pgd_type kv_type, pgd_type v_type, pgd_err *err) {
     memset(s, 0, sizeof *s);
     const pgd_model_config *c = &m->cfg;
     if (max_batch < 1) max_batch = 1;
@@ -645,7 +650,7 @@ int pgd_session_init_kv(pgd_session *s, const pgd_model *m, pgd_pool *pool, int3
     s->n_ctx = c->n_ctx;
     s->max_batch = max_batch;
     int32_t n_blocks = (c->n_ctx + SESSION_BLOCK - 1) / SESSION_BLOCK;
-    int rc = pgd_kv_cache_init(&s->kv, m, kv_type, n_blocks, SESSION_BLOCK, err);
+    int rc = pgd_kv_cache_init2(&s->kv, m, kv_type, v_type, n_blocks, SESSION_BLOCK, err);
     if (rc) return rc;
     if ((rc = pgd_fwd_init(&s->fwd, m, pool, max_batch, max_batch, err))) {
         pgd_session_free(s);

@@ -247,6 +247,8 @@ typedef struct pgd_session {
 int pgd_session_init(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t max_batch,
                      pgd_err *err);
 /* As pgd_session_init with a K/V cache of kv_type (F32, F16 or BF16) instead of F32. */
+int pgd_session_init_kv2(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t max_batch,
+                         pgd_type kv_type, pgd_type v_type, pgd_err *err);
 int pgd_session_init_kv(pgd_session *s, const pgd_model *m, pgd_pool *pool, int32_t max_batch,
                         pgd_type kv_type, pgd_err *err);
 void pgd_session_free(pgd_session *s);

@@ -68,7 +68,8 @@ static const struct {
     {"f16", PGD_KV_PLAN_F16, 2},       {"float16", PGD_KV_PLAN_F16, 2},
     {"fp8", PGD_KV_PLAN_FP8, 1},       {"int8", PGD_KV_PLAN_INT8, 1},
     {"int4", PGD_KV_PLAN_INT4, 0.5},   {"gguf", PGD_KV_PLAN_GGUF, 0},
-    {"auto", PGD_KV_PLAN_GGUF, 0},
+    {"auto", PGD_KV_PLAN_GGUF, 0},     {"q8_0", PGD_KV_PLAN_Q8_0, 34.0 / 32},
+    {"q4_0", PGD_KV_PLAN_Q4_0, 18.0 / 32},
 };
 
 int pgd_kv_plan_dtype_parse(const char *s, pgd_kv_plan_dtype *out) {

@@ -22,6 +22,8 @@ typedef enum {
     PGD_KV_PLAN_INT8,
     PGD_KV_PLAN_INT4,
     PGD_KV_PLAN_GGUF,
+    PGD_KV_PLAN_Q8_0, /* llama.cpp's KV blocks (--kv-dtype q8_0): 34 bytes per 32 elements */
+    PGD_KV_PLAN_Q4_0, /* 18 bytes per 32 */
 } pgd_kv_plan_dtype;
 
 /* Architecture numbers of a decoder-only transformer (Llama / Mistral / Qwen2 family). */

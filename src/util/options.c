@@ -32,8 +32,15 @@ const pgd_opt pgd_engine_opt_table[] = {
      S | B,
      "KV cache budget (e.g. 512MiB, 4GiB); CPU only: on CUDA --gpu-memory-utilization "
      "sizes it"},
-    {"kv-dtype", 0, NULL, PGD_OPT_CHOICE, EOFF(kv_dtype), "f32", 0, 0, "f32|f16|bf16", NULL,
-     S | B | H | P, "KV cache element type"},
+    {"kv-dtype", 0, NULL, PGD_OPT_CHOICE, EOFF(kv_dtype), "f32", 0, 0, "f32|f16|bf16|q8_0|q4_0",
+     NULL, S | B | H | P | G | L,
+     "KV cache element type of K and V (q8_0, q4_0: llama.cpp's blocks, CPU only)"},
+    {"cache-type-k", 0, "-ctk", PGD_OPT_CHOICE, EOFF(cache_type_k), NULL, 0, 0,
+     "f32|f16|bf16|q8_0|q4_0", NULL, S | B | H | P | G | L,
+     "K's element type (llama.cpp's -ctk; default: --kv-dtype)"},
+    {"cache-type-v", 0, "-ctv", PGD_OPT_CHOICE, EOFF(cache_type_v), NULL, 0, 0,
+     "f32|f16|bf16|q8_0|q4_0", NULL, S | B | H | P | G | L,
+     "V's element type (llama.cpp's -ctv; default: --kv-dtype)"},
     {"block-size", 0, NULL, PGD_OPT_INT, EOFF(block_size), "16", 1, 1024, NULL, NULL, S | B,
      "KV block size in tokens"},
     {"scheduling-policy", 0, NULL, PGD_OPT_CHOICE, EOFF(scheduling_policy), "fcfs", 0, 0,
@@ -287,6 +294,8 @@ void pgd_engine_opts_free(pgd_engine_opts *eo) {
 pgd_kv_dtype pgd_engine_opts_kv_dtype(const char *name) {
     return name && !strcmp(name, "f16")    ? PGD_KV_F16
            : name && !strcmp(name, "bf16") ? PGD_KV_BF16
+           : name && !strcmp(name, "q8_0") ? PGD_KV_Q8_0
+           : name && !strcmp(name, "q4_0") ? PGD_KV_Q4_0
                                            : PGD_KV_F32;
 }
 
@@ -298,7 +307,9 @@ void pgd_engine_opts_config(const pgd_engine_opts *eo, pgd_engine_config *ec) {
     ec->n_ctx = eo->ctx;
     if (eo->block_size) ec->block_size = eo->block_size;
     if (eo->kv_cache_bytes) ec->kv_cache_bytes = eo->kv_cache_bytes;
-    ec->kv_dtype = pgd_engine_opts_kv_dtype(eo->kv_dtype);
+    ec->kv_dtype = pgd_engine_opts_kv_dtype(eo->cache_type_k ? eo->cache_type_k : eo->kv_dtype);
+    ec->kv_dtype_v = pgd_engine_opts_kv_dtype(eo->cache_type_v ? eo->cache_type_v : eo->kv_dtype);
+    ec->kv_split = ec->kv_dtype_v != ec->kv_dtype;
     if (eo->max_num_batched_tokens) ec->max_num_batched_tokens = eo->max_num_batched_tokens;
     if (eo->max_num_seqs) ec->max_num_seqs = eo->max_num_seqs;
     ec->no_prefix_caching = eo->no_prefix_caching;

@@ -77,6 +77,7 @@ void pgd_opt_free(void *base, const pgd_opt *t, size_t n);
  * shared table writes cfg->engine. */
 #define PGD_ENGINE_OPTS_FIELDS                                                                     \
     char *model, *kv_dtype, *scheduling_policy, *speculative, *draft_model, *lora_modules;         \
+    char *cache_type_k, *cache_type_v;                                                             \
     char *device, *load_format;                                                                    \
     int threads, ctx, max_num_batched_tokens, max_num_seqs, block_size;                            \
     int num_speculative_tokens, speculative_disable_by_batch_size, tensor_parallel_size;           \

@@ -209,8 +209,12 @@ def test_bench_depth(kv_dtype, elem_bytes):
     p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "8", "-n", "4", "-d", "300",
                "-t", "1")
     assert p.returncode == 1 and "context" in one_line(p)
-    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "--kv-dtype", "q8_0")
+    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "--kv-dtype", "q5_1")
     assert p.returncode == 2 and "--kv-dtype" in one_line(p)  # a usage error, as any bad value
+    # q8_0 is llama.cpp's block of 32: a head of 16 cannot hold it, which one line says
+    p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "--kv-dtype", "q8_0", "-p", "8",
+               "-n", "2", "-t", "1")
+    assert p.returncode == 1 and "multiple of 32" in one_line(p)
 
 
 def test_bench_tensor_parallel_and_shared_options():

@@ -205,3 +205,24 @@ def test_dot_against_gguf_dequant(tool, tmp_path, qtype):
         assert np.all(np.abs(got - wf @ x) <= qerr + tol)
     else:
         assert np.array_equal(a, x.astype(np.float64))
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0])
+def test_kv_quantizer_writes_ggml_reference_blocks(tool, tmp_path, qtype):
+    """The quantized KV cache's writer (--kv-dtype q8_0 / q4_0) against gguf.quants.quantize,
+    byte for byte: K/V-like rows (normal, with outliers, all-zero blocks, ties at .5 steps)."""
+    rng = np.random.default_rng(38)
+    rows = [rng.standard_normal(4096).astype(np.float32),
+            (rng.standard_normal(4096) * 40).astype(np.float32),
+            np.zeros(64, dtype=np.float32),
+            np.repeat(np.arange(-8, 8, dtype=np.float32) * 0.5, 8),
+            rng.standard_t(2, 4096).astype(np.float32)]
+    x = np.concatenate(rows)
+    src, dst = tmp_path / "in.f32", tmp_path / "out.bin"
+    src.write_bytes(x.tobytes())
+    run_tool(tool, "kvquant", qtype.name, src, dst)
+    want = gguf.quants.quantize(x.reshape(1, -1), qtype).reshape(-1)
+    got = np.frombuffer(dst.read_bytes(), dtype=np.uint8)
+    assert got.shape == want.shape
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} bytes differ, first at {bad[:8]}"

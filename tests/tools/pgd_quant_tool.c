@@ -3,12 +3,15 @@
  *   pgd_quant_tool dot TYPE W.bin X.f32 OUT.f32 [ACT.f32]
  *       rows of W (row length = count of X) dotted with X -> one float32 per row; ACT.f32
  *       receives the activations as the kernel saw them (pgd_dequantize_act)
+ *   pgd_quant_tool kvquant TYPE IN.f32 OUT.bin
+ *       float32 rows into Q8_0 / Q4_0 blocks as the KV cache stores them (pgd_kv_quantize_row)
  * TYPE is the ggml name (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K,
  * Q5_K, Q6_K, Q8_K, IQ4_XS). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/quant.h"
 
 static const struct {
@@ -66,6 +69,29 @@ int main(int argc, char **argv) {
     }
     size_t len;
     unsigned char *in = slurp(argv[3], &len);
+    if (strcmp(argv[1], "kvquant") == 0 && argc == 5) {
+        pgd_type t = k_types[ti].t;
+        if ((t != PGD_TYPE_Q8_0 && t != PGD_TYPE_Q4_0) || !in || len % (32 * sizeof(float))) {
+            fprintf(stderr, "%s: kvquant takes Q8_0 or Q4_0 and whole blocks of float32\n",
+                    argv[3]);
+            free(in);
+            return 1;
+        }
+        int n = (int)(len / sizeof(float));
+        size_t out_len = (size_t)n / 32 * (size_t)k_types[ti].bytes;
+        void *y = malloc(out_len ? out_len : 1);
+        float *x = malloc(len ? len : 1);
+        int rc = 1;
+        if (y && x) {
+            memcpy(x, in, len);
+            pgd_kv_quantize_row(t, x, y, n);
+            rc = spill(argv[4], y, out_len) ? 1 : 0;
+        }
+        free(x);
+        free(y);
+        free(in);
+        return rc;
+    }
     if (!in || len % (size_t)k_types[ti].bytes) {
         fprintf(stderr, "%s: unreadable or not a whole number of %s blocks\n", argv[3], argv[2]);
         return 1;

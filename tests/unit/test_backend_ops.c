@@ -309,8 +309,8 @@ static void decode_attention(pair *p, int nh, int nkv, int hd, pgd_type kdt, int
     buf2 K = mk(p, hk, pool_bytes), V = mk(p, hv, pool_bytes);
     buf2 q = mk(p, qh, (size_t)q_dim * 4), k = mk(p, kh, (size_t)kv_dim * 4),
          v = mk(p, vh, (size_t)kv_dim * 4), o = mk(p, NULL, (size_t)q_dim * 4);
-    pgd_kv_layer lr = {kdt, K.r, V.r, bs, kv_dim, 0, 0, 0};
-    pgd_kv_layer ld = {kdt, K.d, V.d, bs, kv_dim, 0, 0, 0};
+    pgd_kv_layer lr = {kdt, kdt, K.r, V.r, bs, kv_dim, 0, 0, 0};
+    pgd_kv_layer ld = {kdt, kdt, K.d, V.d, bs, kv_dim, 0, 0, 0};
     p->ref.ops->begin(&p->ref, &st, &rp);
     p->dut.ops->begin(&p->dut, &st, &rp);
     p->ref.ops->kv_store(&p->ref, &lr, k.r, v.r, &st);
@@ -411,8 +411,8 @@ static void test_step_ops(pair *p) {
             expect(p, mode ? "rope neox" : "rope norm", &q, (size_t)N * q_dim, 1e-9);
             p->ref.ops->rope(&p->ref, k.r, N, nkv, &rp);
             p->dut.ops->rope(&p->dut, k.d, N, nkv, &rp);
-            pgd_kv_layer lr = {g[gi].kdt, K.r, V.r, bs, kv_dim, 0, 0, 0};
-            pgd_kv_layer ld = {g[gi].kdt, K.d, V.d, bs, kv_dim, 0, 0, 0};
+            pgd_kv_layer lr = {g[gi].kdt, g[gi].kdt, K.r, V.r, bs, kv_dim, 0, 0, 0};
+            pgd_kv_layer ld = {g[gi].kdt, g[gi].kdt, K.d, V.d, bs, kv_dim, 0, 0, 0};
             p->ref.ops->kv_store(&p->ref, &lr, k.r, v.r, &st);
             p->dut.ops->kv_store(&p->dut, &ld, k.d, v.d, &st);
             p->ref.ops->attention(&p->ref, q.r, &lr, o.r, nh, nkv, hd, &st);
@@ -431,7 +431,7 @@ static void test_step_ops(pair *p) {
             buf2 q2 = mk(p, qh, (size_t)N * q_dim * 4), k2 = mk(p, kh, (size_t)N * kv_dim * 4),
                  v2 = mk(p, vh, (size_t)N * kv_dim * 4), o2 = mk(p, NULL, (size_t)N * q_dim * 4),
                  K2 = mk(p, hk, pool_bytes), V2 = mk(p, hv, pool_bytes);
-            pgd_kv_layer ld2 = {g[gi].kdt, K2.d, V2.d, bs, kv_dim, 0, 0, 0};
+            pgd_kv_layer ld2 = {g[gi].kdt, g[gi].kdt, K2.d, V2.d, bs, kv_dim, 0, 0, 0};
             p->dut.ops->rope_kv_store(&p->dut, q2.d, k2.d, v2.d, nh, nkv, &ld2, &st, &rp);
             p->dut.ops->attention(&p->dut, q2.d, &ld2, o2.d, nh, nkv, hd, &st);
             memcpy(q2.r, q.r, (size_t)N * q_dim * 4);
@@ -457,8 +457,8 @@ static void test_step_ops(pair *p) {
          * backend's RoPE, which may differ in the last bit), then compare the pools bytewise
          * through F32 views of F32 storage only */
         p->dut.ops->upload(&p->dut, K.d, K.r, K.bytes);
-        pgd_kv_layer lr = {g[gi].kdt, K.r, V.r, bs, kv_dim, 0, 0, 0};
-        pgd_kv_layer ld = {g[gi].kdt, K.d, V.d, bs, kv_dim, 0, 0, 0};
+        pgd_kv_layer lr = {g[gi].kdt, g[gi].kdt, K.r, V.r, bs, kv_dim, 0, 0, 0};
+        pgd_kv_layer ld = {g[gi].kdt, g[gi].kdt, K.d, V.d, bs, kv_dim, 0, 0, 0};
         p->ref.ops->copy_block(&p->ref, &lr, 5, 9, 11);
         p->dut.ops->copy_block(&p->dut, &ld, 5, 9, 11);
         if (g[gi].kdt == PGD_TYPE_F32) expect(p, "copy_block", &K, n_slots * kv_dim, 0.0);

@@ -3,7 +3,8 @@
  * mix prefill chunks of its own sequence with tokens of other sequences. Each step computes the
  * logits of every token it holds, through pgd_model_forward over a paged KV cache, as the engine
  * does. Models: the test models under tests/data, and the default SmolLM2-135M Q4_1 model (real
- * quantized weights) when models/ has it. Both activation modes are covered by ctest running
+ * quantized weights) when models/ has it, with an F32 KV cache and (SmolLM2) the quantized KV
+ * types Q8_0 and Q4_0, K and V alike and apart. Both activation modes are covered by ctest running
  * this binary as is (F32 activations) and again with PAGODA_INT8_ACT=1 (CMakeLists.txt). */
 #include <stdbool.h>
 #include <stdint.h>
@@ -26,12 +27,12 @@ typedef struct workload {
  * prefill chunks) or position-major order (one token of each sequence per round, as decode
  * steps), and stores each token's logits at out[(seq * MAX_LEN + pos) * n_vocab]. */
 static int run(const pgd_model *m, pgd_pool *pool, const workload *w, int b, bool seq_major,
-               float *out) {
+               pgd_type kt, pgd_type vt, float *out) {
     pgd_err err = {{0}};
     const int per_seq = (MAX_LEN + BLOCK - 1) / BLOCK, nv = m->cfg.n_vocab;
     pgd_kv_cache kv;
     pgd_fwd f;
-    if (pgd_kv_cache_init(&kv, m, PGD_TYPE_F32, MAX_SEQS * per_seq, BLOCK, &err)) return -1;
+    if (pgd_kv_cache_init2(&kv, m, kt, vt, MAX_SEQS * per_seq, BLOCK, &err)) return -1;
     if (pgd_fwd_init(&f, m, pool, b, b, &err)) {
         pgd_kv_cache_free(&kv);
         return -1;
@@ -75,7 +76,7 @@ static int run(const pgd_model *m, pgd_pool *pool, const workload *w, int b, boo
     return rc;
 }
 
-static void check_model(const char *path, int n_seqs, int max_len) {
+static void check_model(const char *path, int n_seqs, int max_len, pgd_type kt, pgd_type vt) {
     pgd_err err = {{0}};
     pgd_model_opts mo = {.n_ctx = 64};
     pgd_model *m;
@@ -100,12 +101,12 @@ static void check_model(const char *path, int n_seqs, int max_len) {
     float *ref = calloc(1, sz), *got = calloc(1, sz);
     CHECK(ref && got);
     /* reference: one token per step */
-    CHECK_EQ_INT(run(m, pool, &w, 1, true, ref), 0);
+    CHECK_EQ_INT(run(m, pool, &w, 1, true, kt, vt, ref), 0);
     const int sizes[] = {3, 16, 64};
     for (int si = 0; si < 3; si++)
         for (int major = 0; major < 2; major++) {
             memset(got, 0, sz);
-            CHECK_EQ_INT(run(m, pool, &w, sizes[si], major, got), 0);
+            CHECK_EQ_INT(run(m, pool, &w, sizes[si], major, kt, vt, got), 0);
             int bad = 0, total = 0;
             for (int s = 0; s < n_seqs; s++)
                 for (int p = 0; p < w.len[s]; p++, total++) {
@@ -113,11 +114,13 @@ static void check_model(const char *path, int n_seqs, int max_len) {
                     bad += memcmp(ref + o, got + o, sizeof(float) * (size_t)m->cfg.n_vocab) != 0;
                 }
             if (bad)
-                fprintf(stderr, "%s: batch %d (%s order): %d of %d tokens' logits differ\n", path,
-                        sizes[si], major ? "sequence" : "position", bad, total);
+                fprintf(stderr, "%s (KV %s/%s): batch %d (%s order): %d of %d tokens' logits "
+                        "differ\n", path, pgd_type_name(kt), pgd_type_name(vt), sizes[si],
+                        major ? "sequence" : "position", bad, total);
             CHECK_EQ_INT(bad, 0);
         }
-    printf("%s: %d sequences, logits bit-identical at batch 1, 3, 16, 64\n", path, n_seqs);
+    printf("%s (KV %s/%s): %d sequences, logits bit-identical at batch 1, 3, 16, 64\n", path,
+           pgd_type_name(kt), pgd_type_name(vt), n_seqs);
     free(ref);
     free(got);
     pgd_pool_free(pool);
@@ -125,10 +128,19 @@ static void check_model(const char *path, int n_seqs, int max_len) {
 }
 
 int main(void) {
-    check_model("tests/data/models/stories260K.gguf", MAX_SEQS, MAX_LEN);
-    check_model("tests/data/models/llama-2-tiny-random.gguf", MAX_SEQS, MAX_LEN);
+    const pgd_type F32 = PGD_TYPE_F32;
+    check_model("tests/data/models/stories260K.gguf", MAX_SEQS, MAX_LEN, F32, F32);
+    check_model("tests/data/models/stories260K.gguf", MAX_SEQS, MAX_LEN, PGD_TYPE_F16,
+                PGD_TYPE_BF16);
+    check_model("tests/data/models/llama-2-tiny-random.gguf", MAX_SEQS, MAX_LEN, F32, F32);
     const char *smol = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (access(smol, R_OK) == 0) check_model(smol, 10, 8);
+    /* the quantized KV types (blocks of 32) need its heads of 64 */
+    if (access(smol, R_OK) == 0) {
+        check_model(smol, 10, 8, F32, F32);
+        check_model(smol, 10, 8, PGD_TYPE_Q8_0, PGD_TYPE_Q8_0);
+        check_model(smol, 10, 8, PGD_TYPE_Q4_0, PGD_TYPE_Q4_0);
+        check_model(smol, 10, 8, PGD_TYPE_Q8_0, PGD_TYPE_F16);
+    }
     else printf("%s not fetched: skipped (scripts/fetch-default-model.sh)\n", smol);
     return test_report("test_batch_invariance");
 }

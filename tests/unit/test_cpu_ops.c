@@ -220,7 +220,7 @@ static double attn_ref(const kvpool *p, const float *q, int n_head, const int32_
 }
 
 static pgd_kv_layer layer_of(const kvpool *p) {
-    return (pgd_kv_layer){p->dt, p->k, p->v, BS, p->kv_dim, 0, 0, 0};
+    return (pgd_kv_layer){p->dt, p->dt, p->k, p->v, BS, p->kv_dim, 0, 0, 0};
 }
 
 /* (a) One 300-token sequence as a single prefill (contexts 1..300, 19 blocks, scattered) on 2
@@ -285,6 +285,65 @@ static void test_attention_ref(void) {
     printf("attention vs double reference: max error %.3g of max |v| (F32/F16/BF16 KV, groups "
            "1/3/4, head_dim 64/128/80/36, contexts 1..300, windows none/1/40/257, soft-capped)\n",
            worst_all);
+}
+
+/* (c) Quantized KV (--kv-dtype q8_0 / q4_0, K and V apart: llama.cpp's -ctk / -ctv): every slot
+ * written through kv_store, then attention over that cache equals, bit for bit, attention over
+ * an F32 cache holding its dequantized rows (the kernels read the same floats; a tile of one
+ * head is dequantized at a time), for a 300-token prefill across a segment boundary, and each
+ * token alone on 2 threads equals its row of the batch. */
+static void test_attention_quantized_kv(void) {
+    const pgd_type kts[] = {PGD_TYPE_Q8_0, PGD_TYPE_Q4_0, PGD_TYPE_Q8_0, PGD_TYPE_F16};
+    const pgd_type vts[] = {PGD_TYPE_Q8_0, PGD_TYPE_Q4_0, PGD_TYPE_F16, PGD_TYPE_Q4_0};
+    const int hds[] = {64, 32};
+    enum { N = 300, SLOTS = N_BLOCKS * BS };
+    int32_t bt[N_BLOCKS], pos[N], seq[N], tok[N], all_tok[SLOTS], all_pos[SLOTS], all_seq[SLOTS];
+    int64_t slot[N], all_slot[SLOTS];
+    for (int i = 0; i < N_BLOCKS; i++) bt[i] = (i * 29 + 7) % N_BLOCKS;
+    const int32_t *tables[1] = {bt};
+    for (int t = 0; t < N; t++)
+        pos[t] = t, seq[t] = 0, tok[t] = 0, slot[t] = (int64_t)bt[t / BS] * BS + t % BS;
+    for (int i = 0; i < SLOTS; i++) all_tok[i] = all_pos[i] = all_seq[i] = 0, all_slot[i] = i;
+    pgd_step st = {N, tok, pos, seq, slot, tables, 0, NULL, 0, 0, 0};
+    pgd_step fill_all = {SLOTS, all_tok, all_pos, all_seq, all_slot, tables, 0, NULL, 0, 0, 0};
+    long n_cases = 0;
+    for (int ci = 0; ci < 4; ci++)
+        for (int hi = 0; hi < 2; hi++) {
+            int hd = hds[hi], n_kv = 2, n_head = 6, kv_dim = n_kv * hd;
+            size_t krb = pgd_type_row_bytes(kts[ci], (uint64_t)kv_dim);
+            size_t vrb = pgd_type_row_bytes(vts[ci], (uint64_t)kv_dim);
+            float *k = malloc((size_t)SLOTS * kv_dim * 4), *v = malloc((size_t)SLOTS * kv_dim * 4);
+            fill(k, (size_t)SLOTS * kv_dim, 2.0f);
+            fill(v, (size_t)SLOTS * kv_dim, 1.0f);
+            uint8_t *KQ = malloc(SLOTS * krb), *VQ = malloc(SLOTS * vrb);
+            float *KF = malloc((size_t)SLOTS * kv_dim * 4), *VF = malloc((size_t)SLOTS * kv_dim * 4);
+            pgd_kv_layer lq = {kts[ci], vts[ci], KQ, VQ, BS, kv_dim, 0, 0, 0};
+            pgd_kv_layer lf = {PGD_TYPE_F32, PGD_TYPE_F32, KF, VF, BS, kv_dim, 0, 0, 0};
+            be2.ops->kv_store(&be2, &lq, k, v, &fill_all);
+            for (int i = 0; i < SLOTS; i++) {
+                pgd_dequantize_row(kts[ci], KQ + i * krb, KF + (size_t)i * kv_dim, kv_dim);
+                pgd_dequantize_row(vts[ci], VQ + i * vrb, VF + (size_t)i * kv_dim, kv_dim);
+            }
+            size_t row = (size_t)n_head * hd;
+            float *q = malloc(N * row * 4), *oq = malloc(N * row * 4), *of = malloc(N * row * 4);
+            float *oa = malloc(row * 4);
+            fill(q, N * row, 2.0f);
+            be2.ops->attention(&be2, q, &lq, oq, n_head, n_kv, hd, &st);
+            be2.ops->attention(&be2, q, &lf, of, n_head, n_kv, hd, &st);
+            CHECK(memcmp(oq, of, N * row * 4) == 0);
+            long bad = 0;
+            for (int t = 0; t < N; t += 13) {
+                pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};
+                be2.ops->attention(&be2, q + t * row, &lq, oa, n_head, n_kv, hd, &one);
+                bad += memcmp(oa, oq + t * row, row * 4) != 0;
+            }
+            CHECK_EQ_INT(bad, 0);
+            n_cases++;
+            free(k), free(v), free(KQ), free(VQ), free(KF), free(VF);
+            free(q), free(oq), free(of), free(oa);
+        }
+    printf("quantized KV attention: %ld cases (K/V q8_0/q8_0, q4_0/q4_0, q8_0/f16, f16/q4_0; head "
+           "64 and 32) equal to the dequantized cache, bit for bit, batched and alone\n", n_cases);
 }
 
 /* (b) A mixed batch (a prefill chunk of seq 0 at 250..313, a decode of seq 1 at 700, a 30-token
@@ -498,8 +557,8 @@ static void test_rope_kv_store(void) {
     for (int di = 0; di < 3; di++) {
         size_t es = pgd_dtype_size(dts[di]), sb = (size_t)N_BLOCKS * BS * kv_dim * es;
         uint8_t *K1 = calloc(sb, 1), *V1 = calloc(sb, 1), *K2 = calloc(sb, 1), *V2 = calloc(sb, 1);
-        pgd_kv_layer l1 = {dts[di], K1, V1, BS, kv_dim, 0, 0, 0};
-        pgd_kv_layer l2 = {dts[di], K2, V2, BS, kv_dim, 0, 0, 0};
+        pgd_kv_layer l1 = {dts[di], dts[di], K1, V1, BS, kv_dim, 0, 0, 0};
+        pgd_kv_layer l2 = {dts[di], dts[di], K2, V2, BS, kv_dim, 0, 0, 0};
         be2.ops->kv_store(&be2, &l2, k, v, &st);
         for (int t = 0; t < N; t++) {
             pgd_step one = {1, tok + t, pos + t, seq + t, slot + t, tables, 0, NULL, 0, 0, 0};
@@ -732,6 +791,7 @@ int main(void) {
     test_expf();
     test_attention_ref();
     test_attention_invariance();
+    test_attention_quantized_kv();
     test_row_ops();
     test_rope_kv_store();
     test_moe();

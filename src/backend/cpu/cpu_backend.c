@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/pool.h"
 #include "backend/cpu/quant.h"
@@ -557,12 +558,17 @@ static void cpu_rope(pgd_backend *be, float *x, int n, int n_heads, const pgd_ro
 
 /* ---- KV store ------------------------------------------------------------------------------ */
 
-static void store_row(pgd_type dt, void *base, size_t idx, const float *x, int n) {
+/* One K or V row of n elements into storage of type dt at row (its bytes). */
+static void store_row(pgd_type dt, void *row, const float *x, int n) {
     if (dt == PGD_TYPE_F32) {
-        memcpy((float *)base + idx, x, (size_t)n * sizeof *x);
+        memcpy(row, x, (size_t)n * sizeof *x);
         return;
     }
-    uint16_t *d = (uint16_t *)base + idx;
+    if (dt == PGD_TYPE_Q8_0 || dt == PGD_TYPE_Q4_0) {
+        pgd_kv_quantize_row(dt, x, row, n);
+        return;
+    }
+    uint16_t *d = row;
     int i = 0;
     if (dt == PGD_TYPE_F16) {
 #ifdef __AVX2__
@@ -585,11 +591,13 @@ typedef struct kv_store_ctx {
 
 static void kv_store_rows(void *arg, long lo, long hi) {
     const kv_store_ctx *c = arg;
-    size_t kv_dim = (size_t)c->kv->kv_dim;
+    const pgd_kv_layer *kv = c->kv;
+    size_t kv_dim = (size_t)kv->kv_dim;
+    size_t krb = pgd_type_row_bytes(kv->dtype, kv_dim), vrb = pgd_type_row_bytes(kv->vtype, kv_dim);
     for (long t = lo; t < hi; t++) {
-        size_t idx = (size_t)c->s->slot[t] * kv_dim;
-        store_row(c->kv->dtype, c->kv->k, idx, c->k + (size_t)t * kv_dim, (int)kv_dim);
-        store_row(c->kv->dtype, c->kv->v, idx, c->v + (size_t)t * kv_dim, (int)kv_dim);
+        size_t slot = (size_t)c->s->slot[t];
+        store_row(kv->dtype, (char *)kv->k + slot * krb, c->k + (size_t)t * kv_dim, (int)kv_dim);
+        store_row(kv->vtype, (char *)kv->v + slot * vrb, c->v + (size_t)t * kv_dim, (int)kv_dim);
     }
 }
 
@@ -631,23 +639,26 @@ static inline int attn_lo(const attn_ctx *a, int pos) {
     return a->window > 0 && pos >= a->window ? pos - a->window + 1 : 0;
 }
 
-/* Row idx of K or V storage as hdp floats: the storage itself for F32 rows that need no padding,
- * else converted (F16C / shifts) into buf and zero-padded. */
-static const float *kv_row(pgd_type dt, const void *base, size_t idx, float *buf, int hd,
-                           int hdp) {
-    if (dt == PGD_TYPE_F32 && hd == hdp) return (const float *)base + idx;
+/* One head's slice of a K or V row (at row, its bytes) as hdp floats: the storage itself for
+ * F32 rows that need no padding, else converted (F16C / shifts; a quantized row's blocks
+ * dequantized) into buf and zero-padded. */
+static const float *kv_row(pgd_type dt, const void *row, float *buf, int hd, int hdp) {
+    if (dt == PGD_TYPE_F32 && hd == hdp) return row;
     int i = 0;
     if (dt == PGD_TYPE_F32) {
-        memcpy(buf, (const float *)base + idx, (size_t)hd * sizeof *buf);
+        memcpy(buf, row, (size_t)hd * sizeof *buf);
+        i = hd;
+    } else if (dt == PGD_TYPE_Q8_0 || dt == PGD_TYPE_Q4_0) {
+        pgd_dequantize_row(dt, row, buf, hd);
         i = hd;
     } else if (dt == PGD_TYPE_F16) {
-        const uint16_t *s = (const uint16_t *)base + idx;
+        const uint16_t *s = row;
 #ifdef __AVX2__
         for (; i + 8 <= hd; i += 8) _mm256_storeu_ps(buf + i, pgd_load8_f16(s + i));
 #endif
         for (; i < hd; i++) buf[i] = pgd_fp16_to_fp32(s[i]);
     } else {
-        const uint16_t *s = (const uint16_t *)base + idx;
+        const uint16_t *s = row;
 #ifdef __AVX2__
         for (; i + 8 <= hd; i += 8) _mm256_storeu_ps(buf + i, pgd_load8_bf16(s + i));
 #endif
@@ -868,20 +879,20 @@ static void tile_pv(const float *sc, int G, int DT, int n, const void *const *vp
 #endif
 }
 
-/* Reads one word of every 64-byte line of n K and V rows (element offsets row[], es-byte
- * elements, rb bytes a row) in address order. A KV head's slice of each row (a third of it for
+/* Reads one word of every 64-byte line of n K and V rows (slots row[], krb and vrb bytes a
+ * row) in address order. A KV head's slice of each row (a third of it for
  * SmolLM2) read tile by tile is a strided pattern the hardware prefetchers do not follow: from
  * DRAM half the rate of whole rows read in order, which stream and leave the tile in cache for
  * the heads (bench/RESULTS.md). */
-static void touch_rows(const char *k, const char *v, const size_t *row, int n, size_t es,
-                       size_t rb) {
+static void touch_rows(const char *k, const char *v, const size_t *row, int n, size_t krb,
+                       size_t vrb) {
     uint32_t x = 0;
     for (int j = 0; j < n; j++) {
-        const char *kr = k + row[j] * es, *vr = v + row[j] * es;
-        for (size_t o = 0; o < rb; o += 64) {
-            uint32_t u, w;
-            memcpy(&u, kr + o, sizeof u);
-            memcpy(&w, vr + o, sizeof w);
+        const char *kr = k + row[j] * krb, *vr = v + row[j] * vrb;
+        for (size_t o = 0; o < krb || o < vrb; o += 64) {
+            uint32_t u = 0, w = 0;
+            if (o < krb) memcpy(&u, kr + o, sizeof u);
+            if (o < vrb) memcpy(&w, vr + o, sizeof w);
             x |= u ^ w;
         }
     }
@@ -919,39 +930,40 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
         if (p1[u] > pe) pe = p1[u];
     }
     const void *kp[ATTN_TILE], *vp[ATTN_TILE];
-    size_t rows[ATTN_TILE], es = pgd_dtype_size(kv->dtype);
-    /* Rows whose head_dim is a multiple of 8 are read in place (AVX2 converts F16/BF16 as it
-     * loads: kernel element type kdt); others are converted and zero-padded into the thread's
-     * tile (kv_row), which the kernels read as F32. */
+    size_t rows[ATTN_TILE]; /* the tile's slots */
+    size_t krb = pgd_type_row_bytes(kv->dtype, kv_dim), vrb = pgd_type_row_bytes(kv->vtype, kv_dim);
+    size_t khb = pgd_type_row_bytes(kv->dtype, (uint64_t)hd);
+    size_t vhb = pgd_type_row_bytes(kv->vtype, (uint64_t)hd);
+    /* F32/F16/BF16 rows whose head_dim is a multiple of 8 are read in place (AVX2 converts
+     * F16/BF16 as it loads: kernel element types kdt, vdt); others, and quantized rows, are
+     * converted (dequantized) and zero-padded into the thread's tile (kv_row), which the
+     * kernels read as F32: one tile of one head at a time, never the context. */
 #ifdef __AVX2__
-    bool direct = hd == hdp;
-    int kdt = !direct || kv->dtype == PGD_TYPE_F32 ? 0 : kv->dtype == PGD_TYPE_F16 ? 1 : 2;
+    bool kdir = hd == hdp && pgd_type_block_elems(kv->dtype) == 1;
+    bool vdir = hd == hdp && pgd_type_block_elems(kv->vtype) == 1;
+    int kdt = !kdir || kv->dtype == PGD_TYPE_F32 ? 0 : kv->dtype == PGD_TYPE_F16 ? 1 : 2;
+    int vdt = !vdir || kv->vtype == PGD_TYPE_F32 ? 0 : kv->vtype == PGD_TYPE_F16 ? 1 : 2;
 #else
-    bool direct = kv->dtype == PGD_TYPE_F32 && hd == hdp;
-    int kdt = 0;
+    bool kdir = kv->dtype == PGD_TYPE_F32 && hd == hdp;
+    bool vdir = kv->vtype == PGD_TYPE_F32 && hd == hdp;
+    int kdt = 0, vdt = 0;
 #endif
+    const char *kb = (const char *)kv->k, *vb = (const char *)kv->v;
     for (int j0 = ps; j0 < pe; j0 += ATTN_TILE) {
         int n = pe - j0 < ATTN_TILE ? pe - j0 : ATTN_TILE;
         for (int j = 0, blk = j0 / bs, o = j0 % bs; j < n; j++) { /* no division per row */
-            rows[j] = ((size_t)bt[blk] * bs + (size_t)o) * kv_dim;
+            rows[j] = (size_t)bt[blk] * bs + (size_t)o;
             if (++o == bs) o = 0, blk++;
         }
-        if (touch) touch_rows(kv->k, kv->v, rows, n, es, kv_dim * es);
+        if (touch) touch_rows(kv->k, kv->v, rows, n, krb, vrb);
         for (int kvh = 0; kvh < n_kv_head; kvh++) {
-            size_t col = (size_t)kvh * hd;
-            if (direct) {
-                const char *kb = (const char *)kv->k, *vb = (const char *)kv->v;
-                for (int j = 0; j < n; j++) {
-                    kp[j] = kb + (rows[j] + col) * es;
-                    vp[j] = vb + (rows[j] + col) * es;
-                }
-            } else {
-                for (int j = 0; j < n; j++) {
-                    kp[j] = kv_row(kv->dtype, kv->k, rows[j] + col, s->kt + (size_t)j * hdp, hd,
-                                   hdp);
-                    vp[j] = kv_row(kv->dtype, kv->v, rows[j] + col, s->vt + (size_t)j * hdp, hd,
-                                   hdp);
-                }
+            for (int j = 0; j < n; j++) {
+                const char *kr = kb + rows[j] * krb + (size_t)kvh * khb;
+                const char *vr = vb + rows[j] * vrb + (size_t)kvh * vhb;
+                kp[j] = kdir ? (const void *)kr
+                             : kv_row(kv->dtype, kr, s->kt + (size_t)j * hdp, hd, hdp);
+                vp[j] = vdir ? (const void *)vr
+                             : kv_row(kv->vtype, vr, s->vt + (size_t)j * hdp, hd, hdp);
             }
             for (int j = n; j < (n + 7) / 8 * 8; j++) kp[j] = vp[j] = s->zero;
             int h0 = kvh * group;
@@ -970,7 +982,7 @@ static void attn_segment(const attn_ctx *a, const attn_bufs *s, int m, const int
                     tile_softmax(s->sc + (size_t)g * ATTN_TILE, nu, hdp, &zu->mx[h0 + g],
                                  zu->lsum + (size_t)(h0 + g) * 8,
                                  zu->acc + (size_t)(h0 + g) * hdp);
-                tile_pv(s->sc, group, kdt, nu, vp, hdp, zu->acc + (size_t)h0 * hdp);
+                tile_pv(s->sc, group, vdt, nu, vp, hdp, zu->acc + (size_t)h0 * hdp);
             }
         }
     }
@@ -1304,10 +1316,11 @@ static void cpu_gather_rows(pgd_backend *be, const float *src, float *dst, int d
 
 static void cpu_copy_block(pgd_backend *be, const pgd_kv_layer *kv, int32_t src, int32_t dst,
                            int32_t n) {
-    size_t row = (size_t)kv->kv_dim * pgd_dtype_size(kv->dtype);
-    size_t so = (size_t)src * kv->block_size * row, d = (size_t)dst * kv->block_size * row;
-    memcpy((char *)kv->k + d, (char *)kv->k + so, (size_t)n * row);
-    memcpy((char *)kv->v + d, (char *)kv->v + so, (size_t)n * row);
+    size_t krb = pgd_type_row_bytes(kv->dtype, (uint64_t)kv->kv_dim);
+    size_t vrb = pgd_type_row_bytes(kv->vtype, (uint64_t)kv->kv_dim);
+    size_t so = (size_t)src * kv->block_size, d = (size_t)dst * kv->block_size;
+    memcpy((char *)kv->k + d * krb, (char *)kv->k + so * krb, (size_t)n * krb);
+    memcpy((char *)kv->v + d * vrb, (char *)kv->v + so * vrb, (size_t)n * vrb);
 }
 
 /* The reference itself (src/sample/device_sample.c), one row per pool chunk. */
