@@ -646,6 +646,19 @@ int pgd_engine_set_lora_name(pgd_engine *e, int32_t lora, const char *name) {
 
 /* ---- KV events and the cache dump ---- */
 
+/* CLOCK_REALTIME ms from now, for pthread_cond_timedwait. */
+static struct timespec deadline_in(int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 /* The adapter and name a prefix-cache namespace belongs to (pgd_kv_lora_fn); none once its
  * slot is freed. Engine thread; the name stays valid until the slot's next load or rename. */
 static void lora_of_ns(void *arg, uint32_t ns, int64_t *lora_id, const char **lora_name) {
@@ -740,14 +753,7 @@ int pgd_engine_kv_dump(pgd_engine *e, char **json, int timeout_ms) {
     pthread_mutex_lock(&e->in_mu);
     uint64_t want = ++e->dump_req;
     pthread_cond_signal(&e->in_cv);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = deadline_in(timeout_ms);
     while (e->dump_done < want)
         if (pthread_cond_timedwait(&e->dump_cv, &e->in_mu, &ts) != 0) break;
     int rc = PGD_EAGAIN;
@@ -869,14 +875,7 @@ bool pgd_engine_has_work(pgd_engine *e) {
 int pgd_engine_poll(pgd_engine *e, pgd_event *out, int max, int timeout_ms) {
     pthread_mutex_lock(&e->out_mu);
     if (e->n_events == 0 && timeout_ms > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = deadline_in(timeout_ms);
         while (e->n_events == 0)
             if (pthread_cond_timedwait(&e->out_cv, &e->out_mu, &ts) != 0) break;
     }

@@ -17,7 +17,6 @@ environment variables.
 """
 import csv
 import io
-import json
 import os
 import re
 import signal
@@ -33,26 +32,11 @@ import requests
 
 import util
 from server_util import Server, sse_events
+from test_sglang_router import free_port, paths
 
 STORIES = util.DATA / "models" / "stories260K.gguf"
 CFG = util.ROOT / "docker" / "haproxy.cfg"
 HAPROXY = Path(os.environ.get("HAPROXY", "/usr/sbin/haproxy"))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def paths(replica):
-    """(method, path) of each request in the replica's access log."""
-    out = []
-    for line in replica.stderr().splitlines():
-        if line.startswith("{") and '"event":"request"' in line:
-            e = json.loads(line)
-            out.append((e["method"], e["path"]))
-    return out
 
 
 def completions(replica):
