@@ -218,7 +218,10 @@ static int score(ppl_run *r, const float *x, int32_t tok, long idx) {
     kl_sums *k = &r->k;
     double nll = -(double)lp[tok], nll_b = -(double)lb[tok];
     double kl = 0;
-    for (int32_t i = 0; i < nv; i++) kl += (double)expf(lb[i]) * ((double)lb[i] - (double)lp[i]);
+    for (int32_t i = 0; i < nv; i++) {
+        float pb = expf(lb[i]);
+        if (pb > 0) kl += (double)pb * ((double)lb[i] - (double)lp[i]); /* 0 * -inf is no term */
+    }
     double p_diff = exp(-nll) - exp(-nll_b);
     k->nll += nll;
     k->nll2 += nll * nll;
