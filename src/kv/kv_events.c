@@ -265,7 +265,9 @@ static bool send_frames(void *sock, const void *const *parts, const size_t *lens
     return true;
 }
 
-/* Sends what the ring holds past last_sent: at most max_queue_size batches, the newest. */
+/* Sends what the ring holds past last_sent: at most max_queue_size batches, the newest. The
+ * lock is held over one batch at a time (zmq_send copies it), so a step's pgd_kv_publish waits
+ * for one send at the most. */
 static void send_pending(pgd_kv_publisher *p) {
     pthread_mutex_lock(&p->mu);
     int64_t newest = p->next_seq - 1, start = p->last_sent + 1;
@@ -278,13 +280,17 @@ static void send_pending(pgd_kv_publisher *p) {
     size_t tlen = strlen(p->cfg.topic);
     for (int64_t q = start; q <= newest; q++) {
         const slot *s = &p->slots[q % p->n_slots];
-        unsigned char be[8];
-        put_be64(be, q);
-        const void *parts[3] = {p->cfg.topic, be, s->data};
-        size_t lens[3] = {tlen, 8, s->len};
-        if (send_frames(p->pub, parts, lens, 3)) p->st.sent++;
+        if (s->seq == q) { /* (else overwritten since: counted as lost by enqueue) */
+            unsigned char be[8];
+            put_be64(be, q);
+            const void *parts[3] = {p->cfg.topic, be, s->data};
+            size_t lens[3] = {tlen, 8, s->len};
+            if (send_frames(p->pub, parts, lens, 3)) p->st.sent++;
+        }
+        p->last_sent = q;
+        pthread_mutex_unlock(&p->mu);
+        pthread_mutex_lock(&p->mu);
     }
-    if (newest > p->last_sent) p->last_sent = newest;
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -310,17 +316,21 @@ static void serve_replay(pgd_kv_publisher *p) {
     if (n != 3 || lens[2] != 8 || lens[0] > 64) return; /* (vLLM logs and ignores these) */
     int64_t start = 0;
     for (int i = 0; i < 8; i++) start = (int64_t)(((uint64_t)start << 8) | frames[2][i]);
-    pthread_mutex_lock(&p->mu);
+    pthread_mutex_lock(&p->mu); /* (held over one batch at a time, as in send_pending) */
     p->st.replays++;
     int64_t oldest = p->next_seq - p->n_slots > 0 ? p->next_seq - p->n_slots : 0;
     if (start < oldest) start = oldest;
-    for (int64_t q = start; q < p->next_seq; q++) {
+    int64_t end_seq = p->next_seq; /* (what was published when the request came) */
+    for (int64_t q = start; q < end_seq; q++) {
         const slot *s = &p->slots[q % p->n_slots];
+        if (s->seq != q) continue; /* overwritten meanwhile: gone */
         unsigned char be[8];
         put_be64(be, q);
         const void *parts[4] = {frames[0], "", be, s->data};
         size_t pl[4] = {lens[0], 0, 8, s->len};
         if (!send_frames(p->replay, parts, pl, 4)) break;
+        pthread_mutex_unlock(&p->mu);
+        pthread_mutex_lock(&p->mu);
     }
     unsigned char end[8];
     put_be64(end, -1);
