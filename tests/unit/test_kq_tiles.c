@@ -92,8 +92,8 @@ static void check_tiles(const kinfo *K, int64_t n, int mode, bool vnni) {
         }
     CHECK(bad == 0, "%s %s n=%lld mode %d: %d tile outputs differ from pgd_vec_dot", K->name,
           vnni ? "VNNI" : "AVX2", (long long)n, mode, bad);
-    CHECK(far == 0, "%s %s n=%lld mode %d: %d tile outputs differ from the scalar reference", K->name,
-          vnni ? "VNNI" : "AVX2", (long long)n, mode, far);
+    CHECK(far == 0, "%s %s n=%lld mode %d: %d tile outputs differ from the scalar reference",
+          K->name, vnni ? "VNNI" : "AVX2", (long long)n, mode, far);
     free(w), free(act), free(x), free(y);
 }
 #endif

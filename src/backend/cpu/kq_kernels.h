@@ -79,7 +79,8 @@ KQ_INLINE void kq_row_init(kq_row *r, const uint8_t *blk, const int K) {
     if (K != KQ6) kq_scales(blk + 4, r->u);
 #if KQ_W == 64
     if (K != KQ6)
-        r->sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)r->u)));
+        r->sc16 = _mm512_castsi256_si512(
+            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)r->u)));
     else
         r->sc16 = _mm512_castsi256_si512(
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))));
@@ -120,7 +121,8 @@ KQ_INLINE void kq_chunk(const kq_row *r, const int K, const int c, kv *q, kv *s)
     const __m512i m4 = _mm512_set1_epi8(0xF);
     if (K != KQ6) {
         /* sub-blocks 2c (low nibbles of qs[32 c ..]) and 2c + 1 (high nibbles) */
-        const __m256i bits = _mm256_loadu_si256((const __m256i *)(w + (K == KQ5 ? 48 : 16) + 32 * c));
+        const uint8_t *qs = w + (K == KQ5 ? 48 : 16) + 32 * c;
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)qs);
         __m512i v = _mm512_and_si512(
             _mm512_inserti64x4(_mm512_castsi256_si512(bits), _mm256_srli_epi16(bits, 4), 1), m4);
         if (K == KQ5) {
@@ -144,7 +146,8 @@ KQ_INLINE void kq_chunk(const kq_row *r, const int K, const int c, kv *q, kv *s)
         const __m512i idx = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)(4 * c + 1)),
                                                     _mm_set1_epi16((short)(4 * c)))),
-            _mm256_set_m128i(_mm_set1_epi16((short)(4 * c + 3)), _mm_set1_epi16((short)(4 * c + 2))),
+            _mm256_set_m128i(_mm_set1_epi16((short)(4 * c + 3)),
+                             _mm_set1_epi16((short)(4 * c + 2))),
             1);
         *s = _mm512_permutexvar_epi16(idx, r->sc16);
     }
@@ -326,19 +329,19 @@ KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const i
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) v[t] = kv_fold8(sumi[r][t]);
             const __m256i isum = kq_hsum(v, NT);
-            const __m256 dd =
-                _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(blk + (K == KQ6 ? 208 : 0)))), da);
+            const float d = _cvtsh_ss(pgd_ld_u16(blk + (K == KQ6 ? 208 : 0)));
+            const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(d), da);
             __m256 term = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum));
             if (K != KQ6) {
                 const __m256i mins16 = _mm256_broadcastsi128_si256(
                     _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)&rw[r].u[2])));
                 __m256i msum = _mm256_madd_epi16(P[0], _mm256_shuffle_epi32(mins16, 0x00));
-                msum = _mm256_add_epi32(msum,
-                                        _mm256_madd_epi16(P[1], _mm256_shuffle_epi32(mins16, 0x55)));
-                msum = _mm256_add_epi32(msum,
-                                        _mm256_madd_epi16(P[2], _mm256_shuffle_epi32(mins16, 0xAA)));
-                msum = _mm256_add_epi32(msum,
-                                        _mm256_madd_epi16(P[3], _mm256_shuffle_epi32(mins16, 0xFF)));
+                msum = _mm256_add_epi32(
+                    msum, _mm256_madd_epi16(P[1], _mm256_shuffle_epi32(mins16, 0x55)));
+                msum = _mm256_add_epi32(
+                    msum, _mm256_madd_epi16(P[2], _mm256_shuffle_epi32(mins16, 0xAA)));
+                msum = _mm256_add_epi32(
+                    msum, _mm256_madd_epi16(P[3], _mm256_shuffle_epi32(mins16, 0xFF)));
                 const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(pgd_ld_u16(blk + 2))), da);
                 term = _mm256_sub_ps(term, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(msum)));
             }

@@ -442,7 +442,8 @@ static void quantize_q8k_block_avx2(const float *x, uint8_t *y) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     memcpy(y + Q8K_D, &d, 4);
-    const __m256 vid = _mm256_set1_ps(id), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
     for (int g = 0; g < PGD_QK_K / 16; g++) {
         __m256i q[2];
         for (int h = 0; h < 2; h++) {
