@@ -38,8 +38,10 @@ void pgd_cpu_matmul(pgd_pool *pool, const pgd_weight *w, const float *x, float *
 /* Whether the panel16 GEMM (more tokens than the few-token kernels take) runs its AVX-512
  * version (matmul_avx512.c): in a build that has it (PGD_AVX512_KERNELS), on a CPU and OS with
  * AVX-512 F, BW, VL and DQ, unless PAGODA_AVX512=0. It gives the AVX2 kernels' bits (the same
- * FMA chain per output), so this changes speed only. Decided once; pgd_cpu_set_avx512
- * overrides it (tests, benchmarks): 0 off, 1 on where supported (returns whether it is on). */
+ * FMA chain per output), so this changes speed only. The same switch lets the int8-activation
+ * K-quant tiles use their AVX-512 VNNI version where the CPU has AVX512_VNNI (kq_tiles.h; also
+ * the same bits). Decided once; pgd_cpu_set_avx512 overrides it (tests, benchmarks): 0 off, 1 on
+ * where supported (returns whether it is on). */
 bool pgd_cpu_avx512(void);
 bool pgd_cpu_set_avx512(int on);
 /* The AVX-512 panel16 GEMM: rows [lo, hi) of y for n tokens (p16_kernels.h's p16_gemm). */
