@@ -10,6 +10,7 @@ BIN=$1
 CFG=$2
 if [ "$CFG" = tinyllama ]; then
     CFG=$(mktemp --suffix=.json)
+    trap 'rm -f "$CFG"' EXIT
     cat >"$CFG" <<'JSON'
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false,
