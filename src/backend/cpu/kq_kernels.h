@@ -3,11 +3,12 @@
  * and tokens per tile, at most; tokens <= 8) and KQ_FN (the exported dispatcher's name) defined.
  *
  * A super-block (256 elements) is KQ_NC chunks of KQ_W elements. Per chunk each row's quants are
- * unpacked once into unsigned bytes (Q6_K: 0..63) and its scales into int16 lanes, then every
- * token multiplies them: maddubs gives exact int16 pair sums (at most 2 * 63 * 127), madd or
- * vpdpwssd scales and adds them into int32 lanes. Per super-block each (row, token)'s lanes are
- * summed to its exact integer, and a row's tokens take the scalar code's float steps side by
- * side in one 8-lane vector. */
+ * unpacked once into unsigned bytes (Q6_K: 0..63, its "- 32" taken off once per super-block as
+ * 32 sum_g sc[g] bsums[g] from the activations' 16-element sums) and its scales into int16
+ * lanes, then every token multiplies them: maddubs gives exact int16 pair sums (at most
+ * 2 * 63 * 127), madd or vpdpwssd scales and adds them into int32 lanes. Per super-block each
+ * (row, token)'s lanes are summed to its exact integer, and a row's tokens take the scalar code's
+ * float steps side by side in one 8-lane vector (the 2-row VNNI tiles: both rows in 16 lanes). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -27,24 +28,22 @@ enum { KQ4, KQ5, KQ6 };
 #if KQ_W == 32
 typedef __m256i kv;
 KQ_INLINE kv kv_zero(void) { return _mm256_setzero_si256(); }
-KQ_INLINE kv kv_set1_8(char v) { return _mm256_set1_epi8(v); }
 KQ_INLINE kv kv_load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 KQ_INLINE kv kv_maddubs(kv q, kv x) { return _mm256_maddubs_epi16(q, x); }
-KQ_INLINE kv kv_sub16(kv a, kv b) { return _mm256_sub_epi16(a, b); }
 KQ_INLINE kv kv_dot(kv acc, kv p, kv s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)); }
 KQ_INLINE __m256i kv_fold8(kv v) { return v; }
+KQ_INLINE kv kv_sub8(kv v, __m256i c) { return _mm256_sub_epi32(v, c); }
 #else
 typedef __m512i kv;
 KQ_INLINE kv kv_zero(void) { return _mm512_setzero_si512(); }
-KQ_INLINE kv kv_set1_8(char v) { return _mm512_set1_epi8(v); }
 KQ_INLINE kv kv_load(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 KQ_INLINE kv kv_maddubs(kv q, kv x) { return _mm512_maddubs_epi16(q, x); }
-KQ_INLINE kv kv_sub16(kv a, kv b) { return _mm512_sub_epi16(a, b); }
 KQ_INLINE kv kv_dot(kv acc, kv p, kv s) { return _mm512_dpwssd_epi32(acc, p, s); }
 /* int32 lane l + lane 8 + l: bytes 4l..4l+3 of both 32-element halves, as the AVX2 lanes */
 KQ_INLINE __m256i kv_fold8(kv v) {
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
+KQ_INLINE kv kv_sub8(kv v, __m256i c) { return _mm512_sub_epi32(v, _mm512_zextsi256_si512(c)); }
 KQ_INLINE kv kv_bcast256(const uint8_t *p) {
     return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
 }
@@ -58,6 +57,7 @@ KQ_INLINE kv kv_halves16(int lo, int hi) {
 typedef struct kq_row {
     const uint8_t *blk;
     uint32_t u[4]; /* Q4_K/Q5_K: bytes 0..7 the 6-bit scales, 8..15 the mins */
+    __m256i sc32;  /* Q6_K: 32 x its 16 scales, int16 (the "- 32" of each quant, by bsums) */
 #if KQ_W == 64
     kv sc16;       /* the scales as int16 lanes (Q4_K/Q5_K: u's bytes; Q6_K: its 16 int8) */
 #endif
@@ -77,6 +77,9 @@ KQ_INLINE void kq_scales(const uint8_t *scales, uint32_t u[4]) {
 KQ_INLINE void kq_row_init(kq_row *r, const uint8_t *blk, const int K) {
     r->blk = blk;
     if (K != KQ6) kq_scales(blk + 4, r->u);
+    if (K == KQ6)
+        r->sc32 = _mm256_slli_epi16(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))), 5);
 #if KQ_W == 64
     if (K != KQ6)
         r->sc16 = _mm512_castsi256_si512(
@@ -236,22 +239,24 @@ KQ_INLINE void kq_tile(const pgd__kq_tile *g, const int K, const int NR, const i
             for (int t = 0; t < NT; t++) sumi[r][t] = kv_zero();
 #pragma GCC unroll 8
         for (int c = 0; c < KQ_NC; c++) {
-            kv m32x[KQ_MT]; /* Q6_K: 32 * the pair sums of the activations (q - 32 = q less it) */
-            if (K == KQ6) {
-#pragma GCC unroll 8
-                for (int t = 0; t < NT; t++)
-                    m32x[t] = kv_maddubs(kv_set1_8(32), kv_load(x[t] + KQ_Q8K_QS + KQ_W * c));
-            }
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 kv q, s;
                 kq_chunk(&rw[r], K, c, &q, &s);
 #pragma GCC unroll 8
                 for (int t = 0; t < NT; t++) {
-                    kv p = kv_maddubs(q, kv_load(x[t] + KQ_Q8K_QS + KQ_W * c));
-                    if (K == KQ6) p = kv_sub16(p, m32x[t]);
+                    const kv p = kv_maddubs(q, kv_load(x[t] + KQ_Q8K_QS + KQ_W * c));
                     sumi[r][t] = kv_dot(sumi[r][t], p, s);
                 }
+            }
+        }
+        if (K == KQ6) { /* Q6_K's quants are q - 32: less 32 sum_g sc[g] bsums[g], exactly */
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)(x[t] + KQ_Q8K_BSUMS));
+#pragma GCC unroll 8
+                for (int r = 0; r < NR; r++)
+                    sumi[r][t] = kv_sub8(sumi[r][t], _mm256_madd_epi16(rw[r].sc32, bs));
             }
         }
         /* Token lanes: the activation scales, and (Q4_K/Q5_K) P[k] lane t = the pair
