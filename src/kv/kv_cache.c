@@ -38,18 +38,16 @@ int pgd_kv_cache_init2(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, pgd_
         return pgd_err_set(err, PGD_EUNSUPPORTED, "KV cache types %s/%s need a head size that "
                            "is a multiple of %u; this model's is %d", pgd_type_name(dtype),
                            pgd_type_name(vtype), be, m->cfg.head_dim);
-    bool quant = pgd_type_block_elems(dtype) > 1 || pgd_type_block_elems(vtype) > 1;
-    for (int r = 0; quant && r < m->n_ranks; r++)
-        if (m->shards[r].be.ops->mem_info) /* (a device's memory: the CUDA kernels read F16/BF16) */
-            return pgd_err_set(err, PGD_EUNSUPPORTED, "KV cache types q8_0 and q4_0 are for the "
-                               "CPU backend; on a GPU use f16 or bf16");
+    bool gpu = false; /* (a device's memory: the CUDA kernels read one F32/F16/BF16 type) */
+    for (int r = 0; r < m->n_ranks; r++) gpu |= m->shards[r].be.ops->mem_info != NULL;
+    if (gpu && (pgd_type_block_elems(dtype) > 1 || pgd_type_block_elems(vtype) > 1))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "KV cache types q8_0 and q4_0 are for the "
+                           "CPU backend; on a GPU use f16 or bf16");
+    if (gpu && dtype != vtype)
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "different K and V cache types are for the "
+                           "CPU backend");
     if (n_blocks < 1 || block_size < 1)
         return pgd_err_set(err, PGD_EINVAL, "KV cache needs at least one block");
-    if (dtype != vtype)
-        for (int r = 0; r < m->n_ranks; r++)
-            if (m->shards[r].be.ops->mem_info)
-                return pgd_err_set(err, PGD_EUNSUPPORTED, "different K and V cache types are "
-                                   "for the CPU backend");
     c->dtype = dtype;
     c->vtype = vtype;
     c->n_layer = m->cfg.n_layer;

@@ -279,24 +279,11 @@ static void kv_dump_work_cb(uv_work_t *w) {
         c->has_err = true;
     }
     c->resp = json;
-}
-
-static void kv_dump_after_cb(uv_work_t *w, int status) {
-    req_ctx *c = w->data;
-    server *s = c->s;
-    (void)status;
-    if (!c->has_err) {
-        c->resp_type = "application/json";
-        c->status = 200;
-    }
-    c->ph = PH_RESPOND;
-    pgd__resume(c);
-    pgd__ctx_unref(c); /* the work's reference */
-    pgd__run_mhd(s);
+    if (!rc) c->status = 200;
 }
 
 enum MHD_Result pgd__kv_dump(server *s, req_ctx *c, struct MHD_Connection *conn,
                              const char *method, const char *url) {
     (void)method, (void)url;
-    return pgd__answer_after_work(s, c, conn, kv_dump_work_cb, kv_dump_after_cb);
+    return pgd__answer_after_work(s, c, conn, kv_dump_work_cb, pgd__after_work_respond);
 }

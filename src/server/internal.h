@@ -214,6 +214,8 @@ void pgd__mhd_poll_cb(uv_poll_t *p, int status, int events);
 void pgd__liveness_cb(uv_timer_t *t);
 int pgd__queue_conn_work(server *s, req_ctx *c, struct MHD_Connection *conn, uv_work_cb run,
                          uv_after_work_cb after);
+/* The after callback of work that filled c's answer (resp and status, or err). */
+void pgd__after_work_respond(uv_work_t *w, int status);
 enum MHD_Result pgd__answer_after_work(server *s, req_ctx *c, struct MHD_Connection *conn,
                                        uv_work_cb run, uv_after_work_cb after);
 enum MHD_Result pgd__answer_text(req_ctx *c, struct MHD_Connection *conn, const char *fmt,

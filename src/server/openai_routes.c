@@ -401,16 +401,6 @@ err:
     c->has_err = true;
 }
 
-static void tokenize_after_cb(uv_work_t *w, int status) {
-    req_ctx *c = w->data;
-    server *s = c->s;
-    (void)status;
-    c->ph = PH_RESPOND;
-    pgd__resume(c);
-    pgd__ctx_unref(c); /* the work's reference */
-    pgd__run_mhd(s);
-}
-
 /* ---- the API dialects: Anthropic Messages, Responses (api/dialect.h) ---- */
 
 /* The dialect's body into c->api, through the chat request it becomes. A stream gets the usage
@@ -558,7 +548,7 @@ enum MHD_Result pgd__answer_stored_response(server *s, req_ctx *c, struct MHD_Co
 enum MHD_Result pgd__route_tokenize(server *s, req_ctx *c, struct MHD_Connection *conn,
                                       const char *method, const char *url) {
     (void)method, (void)url;
-    return pgd__answer_after_work(s, c, conn, tokenize_work_cb, tokenize_after_cb);
+    return pgd__answer_after_work(s, c, conn, tokenize_work_cb, pgd__after_work_respond);
 }
 
 /* vLLM's render endpoints (/v1/completions/render, /v1/chat/completions/render: the endpoint
@@ -656,7 +646,7 @@ enum MHD_Result pgd__route_generate(server *s, req_ctx *c, struct MHD_Connection
         return pgd__send_error(c, conn, &e);
     }
     if (c->rt == R_COUNT_TOKENS)
-        return pgd__answer_after_work(s, c, conn, count_tokens_work_cb, tokenize_after_cb);
+        return pgd__answer_after_work(s, c, conn, count_tokens_work_cb, pgd__after_work_respond);
     if ((is_chat(c) || c->dialect) && too_many_messages(s, c->api.messages, &e)) {
         pgd_metrics_count_reject(&s->metrics, PGD_REJ_OVERSIZED);
         return pgd__send_error(c, conn, &e);
@@ -669,7 +659,7 @@ enum MHD_Result pgd__route_generate(server *s, req_ctx *c, struct MHD_Connection
     if (c->rt == R_RESPONSES && pgd_responses_background(c->dstate))
         return start_background(s, c, conn);
     if (c->rt == R_COMPLETIONS_RENDER || c->rt == R_CHAT_RENDER)
-        return pgd__answer_after_work(s, c, conn, render_work_cb, tokenize_after_cb);
+        return pgd__answer_after_work(s, c, conn, render_work_cb, pgd__after_work_respond);
     return pgd__answer_after_work(s, c, conn, work_cb, after_work_cb);
 }
 

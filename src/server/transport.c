@@ -273,6 +273,17 @@ int pgd__queue_conn_work(server *s, req_ctx *c, struct MHD_Connection *conn,
     return -1;
 }
 
+/* The after callback of work that filled c's answer (resp and status, or err): sends it. */
+void pgd__after_work_respond(uv_work_t *w, int status) {
+    req_ctx *c = w->data;
+    server *s = c->s;
+    (void)status;
+    c->ph = PH_RESPOND;
+    pgd__resume(c);
+    pgd__ctx_unref(c); /* the work's reference */
+    pgd__run_mhd(s);
+}
+
 /* pgd__queue_conn_work, or a 500 when the work cannot be queued. */
 enum MHD_Result pgd__answer_after_work(server *s, req_ctx *c, struct MHD_Connection *conn,
                                        uv_work_cb run, uv_after_work_cb after) {
