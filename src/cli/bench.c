@@ -123,11 +123,10 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     }
     o->model = o->eng.model;
     o->threads = o->eng.threads ? o->eng.threads : nproc > 0 ? nproc : 1;
-    /* (pgd_kv_dtype's values are pgd_type's) */
-    o->kv_type = (pgd_type)pgd_engine_opts_kv_dtype(o->eng.cache_type_k ? o->eng.cache_type_k
-                                                                         : o->eng.kv_dtype);
-    o->v_type = (pgd_type)pgd_engine_opts_kv_dtype(o->eng.cache_type_v ? o->eng.cache_type_v
-                                                                        : o->eng.kv_dtype);
+    pgd_kv_dtype k, v;
+    pgd_engine_opts_kv_types(&o->eng, &k, &v);
+    o->kv_type = (pgd_type)k;
+    o->v_type = (pgd_type)v;
     return 0;
 }
 

@@ -159,8 +159,11 @@ static int gen_setup(const gen_opts *o, gen_ctx *g) {
     }
     long nt = o->eng.threads ? o->eng.threads : sysconf(_SC_NPROCESSORS_ONLN);
     if (nt < 1) nt = 1;
+    pgd_kv_dtype kt, vt;
+    pgd_engine_opts_kv_types(&o->eng, &kt, &vt);
     if ((rc = pgd_pool_create((int)nt, &g->pool, &err)) ||
-        (rc = pgd_session_init(&g->sess, g->model, g->pool, PREFILL_CHUNK, &err)) ||
+        (rc = pgd_session_init_kv2(&g->sess, g->model, g->pool, PREFILL_CHUNK, (pgd_type)kt,
+                                   (pgd_type)vt, &err)) ||
         (o->lora && ((rc = pgd_lora_load(o->lora, g->model, &g->lora, &err)) ||
                      (rc = pgd_fwd_use_lora(&g->sess.fwd, g->lora, &err))))) {
         fprintf(stderr, "pagoda: %s\n", err.msg);

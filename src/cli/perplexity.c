@@ -638,14 +638,11 @@ static int run(const ppl_opts *o) {
 
     long nt = o->eng.threads ? o->eng.threads : sysconf(_SC_NPROCESSORS_ONLN);
     if (nt < 1) nt = 1;
-    /* (pgd_kv_dtype's values are pgd_type's; -ctk / -ctv choose K's and V's apart) */
-    const char *kname = o->eng.cache_type_k ? o->eng.cache_type_k : o->eng.kv_dtype;
-    const char *vname = o->eng.cache_type_v ? o->eng.cache_type_v : o->eng.kv_dtype;
-    pgd_type kv_type = (pgd_type)pgd_engine_opts_kv_dtype(kname);
-    pgd_type v_type = (pgd_type)pgd_engine_opts_kv_dtype(vname);
+    pgd_kv_dtype kv_type, v_type;
+    pgd_engine_opts_kv_types(&o->eng, &kv_type, &v_type);
     int32_t nb = (int32_t)(o->n_batch < r.n_ctx ? o->n_batch : r.n_ctx);
     if (pgd_pool_create((int)nt, &r.pool, &err) ||
-        pgd_session_init_kv2(&r.sess, m, r.pool, nb, kv_type, v_type, &err)) {
+        pgd_session_init_kv2(&r.sess, m, r.pool, nb, (pgd_type)kv_type, (pgd_type)v_type, &err)) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         goto done;
     }
@@ -664,7 +661,8 @@ static int run(const ppl_opts *o) {
     }
     fprintf(stderr, "perplexity: %s: %zu tokens, %d windows of %d (scoring %d each), batch %d, "
                     "%ld threads, KV %s/%s, %s activations%s\n",
-            o->eng.model, r.n_tokens, r.n_chunk, r.n_ctx, r.n_scored, nb, nt, kname, vname,
+            o->eng.model, r.n_tokens, r.n_chunk, r.n_ctx, r.n_scored, nb, nt,
+            pgd_type_name((pgd_type)kv_type), pgd_type_name((pgd_type)v_type),
             pgd_cpu_int8_act() ? "int8" : "F32",
             o->eng.weights_f32 ? ", weights F32" : "");
     if (!o->kl && o->base) {

@@ -32,7 +32,7 @@ const pgd_opt pgd_engine_opt_table[] = {
      S | B,
      "KV cache budget (e.g. 512MiB, 4GiB); CPU only: on CUDA --gpu-memory-utilization "
      "sizes it"},
-    {"kv-dtype", 0, NULL, PGD_OPT_CHOICE, EOFF(kv_dtype), "f32", 0, 0, "f32|f16|bf16|q8_0|q4_0",
+    {"kv-dtype", 0, NULL, PGD_OPT_CHOICE, EOFF(kv_dtype), "f16", 0, 0, "f32|f16|bf16|q8_0|q4_0",
      NULL, S | B | H | P | G | L,
      "KV cache element type of K and V (q8_0, q4_0: llama.cpp's blocks, CPU only)"},
     {"cache-type-k", 0, "-ctk", PGD_OPT_CHOICE, EOFF(cache_type_k), NULL, 0, 0,
@@ -291,12 +291,17 @@ void pgd_engine_opts_free(pgd_engine_opts *eo) {
     pgd_opt_free(eo, pgd_engine_opt_table, pgd_engine_opt_count);
 }
 
-pgd_kv_dtype pgd_engine_opts_kv_dtype(const char *name) {
-    return name && !strcmp(name, "f16")    ? PGD_KV_F16
+static pgd_kv_dtype kv_dtype_named(const char *name) {
+    return name && !strcmp(name, "f32")    ? PGD_KV_F32
            : name && !strcmp(name, "bf16") ? PGD_KV_BF16
            : name && !strcmp(name, "q8_0") ? PGD_KV_Q8_0
            : name && !strcmp(name, "q4_0") ? PGD_KV_Q4_0
-                                           : PGD_KV_F32;
+                                           : PGD_KV_F16;
+}
+
+void pgd_engine_opts_kv_types(const pgd_engine_opts *eo, pgd_kv_dtype *k, pgd_kv_dtype *v) {
+    *k = kv_dtype_named(eo->cache_type_k ? eo->cache_type_k : eo->kv_dtype);
+    *v = kv_dtype_named(eo->cache_type_v ? eo->cache_type_v : eo->kv_dtype);
 }
 
 void pgd_engine_opts_config(const pgd_engine_opts *eo, pgd_engine_config *ec) {
@@ -307,8 +312,7 @@ void pgd_engine_opts_config(const pgd_engine_opts *eo, pgd_engine_config *ec) {
     ec->n_ctx = eo->ctx;
     if (eo->block_size) ec->block_size = eo->block_size;
     if (eo->kv_cache_bytes) ec->kv_cache_bytes = eo->kv_cache_bytes;
-    ec->kv_dtype = pgd_engine_opts_kv_dtype(eo->cache_type_k ? eo->cache_type_k : eo->kv_dtype);
-    ec->kv_dtype_v = pgd_engine_opts_kv_dtype(eo->cache_type_v ? eo->cache_type_v : eo->kv_dtype);
+    pgd_engine_opts_kv_types(eo, &ec->kv_dtype, &ec->kv_dtype_v);
     ec->kv_split = ec->kv_dtype_v != ec->kv_dtype;
     if (eo->max_num_batched_tokens) ec->max_num_batched_tokens = eo->max_num_batched_tokens;
     if (eo->max_num_seqs) ec->max_num_seqs = eo->max_num_seqs;

@@ -96,8 +96,9 @@ extern const size_t pgd_engine_opt_count;
  * Free with pgd_engine_opts_free. */
 int pgd_engine_opts_init(pgd_engine_opts *eo, unsigned cmd);
 void pgd_engine_opts_free(pgd_engine_opts *eo);
-/* The --kv-dtype names' values (the names are checked when set). */
-pgd_kv_dtype pgd_engine_opts_kv_dtype(const char *name);
+/* K's and V's element types: -ctk / -ctv, each defaulting to --kv-dtype (the names are checked
+ * when set; pgd_kv_dtype's values are pgd_type's). */
+void pgd_engine_opts_kv_types(const pgd_engine_opts *eo, pgd_kv_dtype *k, pgd_kv_dtype *v);
 /* The engine configuration the options give (pgd_engine_config_default first).
  * The strings are borrowed from eo; lora_paths are left to the caller
  * (--lora-modules needs parsing). */

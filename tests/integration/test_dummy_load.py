@@ -185,17 +185,17 @@ def test_dummy_weight_type_errors(tmp_path):
     assert str(TINY) in one_line(p)
 
 
-@pytest.mark.parametrize("kv_dtype,elem_bytes", [(None, 4), ("f16", 2)])
+@pytest.mark.parametrize("kv_dtype,elem_bytes", [(None, 2), ("f32", 4)])
 def test_bench_depth(kv_dtype, elem_bytes):
     """-d: pp and tg after a context of that many tokens; tg's roofline adds the context's K/V
-    bytes to each step's weight bytes (the cache is F32 unless --kv-dtype says otherwise)."""
+    bytes to each step's weight bytes (the cache is F16 unless --kv-dtype says otherwise)."""
     cfg = json.loads(TINY.read_text())
     d = 100
     extra = ["--kv-dtype", kv_dtype] if kv_dtype else []
     p = pagoda("bench", "--load-format", "dummy", "-m", TINY, "-p", "8", "-n", "4", "-d", str(d),
                "-r", "1", "--batch", "2", "--json", "-t", "1", *extra, check=True, timeout=300)
     j = json.loads(p.stdout)
-    assert j["kv_type"] == (kv_dtype or "f32").upper()
+    assert j["kv_type"] == (kv_dtype or "f16").upper()
     assert [(r["test"], r["depth"]) for r in j["results"]] == [("pp8", d), ("tg4", d),
                                                                ("batch2", 0)]
     head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]

@@ -24,7 +24,8 @@ def model_dir(tiny_models):
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    s = Server(model_dir)
+    # F32 KV, the reference option: the embeddings are held to transformers' at 1e-5
+    s = Server(model_dir, "--kv-dtype", "f32")
     s.start()
     yield s
     s.stop()
@@ -149,7 +150,7 @@ def test_tokenizer_appends_end_of_text(tiny_models, tmp_path, reference):
     text = "What is the capital of China?"
     want = Tokenizer.from_file(str(d / "tokenizer.json")).encode(text).ids
     assert want[-1] == eot_id
-    s = Server(d)
+    s = Server(d, "--kv-dtype", "f32")  # the reference KV type, as above
     s.start()
     try:
         got = requests.post(s.url("/tokenize"), json={"prompt": text}, timeout=60).json()["tokens"]
@@ -172,7 +173,7 @@ def test_batch_lines(server, model_dir, tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
     util.run_pagoda("batch", "-m", model_dir, "--input", inp, "--output", out, "--no-progress",
-                    "-t", "2")
+                    "-t", "2", "--kv-dtype", "f32")  # the server's KV type
     a, b, c, d, e = [json.loads(x) for x in out.read_text().splitlines()]
     assert "takes no \"max_tokens\"" in d["error"]["message"]  # not silently ignored
     assert e["error"]["message"] == '"input" must be a string or an array of token ids'

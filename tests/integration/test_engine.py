@@ -111,8 +111,9 @@ def test_batched_equals_alone(long_model, tmp_path, reference, name):
 @pytest.mark.parametrize("chunk", ["16", "512"])
 def test_preemption_keeps_outputs(long_model, tmp_path, chunk):
     # Decode-heavy requests: admission only needs a prompt's blocks, so many run at once and
-    # then outgrow the pool while decoding. 1,280 bytes of KV per token: 1.25 MiB is 64 blocks
-    # (1,024 tokens) -- enough for the longest request alone (300 + 200 tokens), far from all.
+    # then outgrow the pool while decoding. 640 bytes of KV per token (F16, the default): 640 KiB
+    # is 64 blocks (1,024 tokens) -- enough for the longest request alone (300 + 200 tokens), far
+    # from all.
     rng = random.Random(99)
     reqs = []
     for i in range(64):
@@ -122,7 +123,7 @@ def test_preemption_keeps_outputs(long_model, tmp_path, chunk):
         reqs.append(r)
     ref, _ = run_batch(long_model, tmp_path, "alone", reqs, "--max-num-seqs", "1",
                        "--no-prefix-caching")
-    res, stats = run_batch(long_model, tmp_path, "small", reqs, "--kv-cache-memory", "1.25MiB",
+    res, stats = run_batch(long_model, tmp_path, "small", reqs, "--kv-cache-memory", "640KiB",
                            "--max-num-batched-tokens", chunk)
     assert stats["kv_blocks_total"] == 64
     assert stats["preemptions"] > 0, "the pool was meant to be too small"

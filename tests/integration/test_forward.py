@@ -154,9 +154,11 @@ def refs(tiny_models):
 
 
 def pagoda_logits(model, ids, extra, tmp_path):
+    # F32 KV, the reference option, for the bounds against transformers (the default, F16, is
+    # held to transformers' greedy text below)
     out = tmp_path / "logits.f32"
     p = util.run_pagoda("logits", "-m", model, "--ids", " ".join(map(str, ids)),
-                        "--out", out, *extra)
+                        "--out", out, "--kv-dtype", "f32", *extra)
     n_vocab = int(p.stdout.split()[-1])
     a = np.fromfile(out, dtype="<f4")
     assert a.size == len(ids) * n_vocab, (a.size, len(ids), n_vocab)

@@ -113,8 +113,9 @@ def tp_env(n):
 
 
 def pagoda_logits(model, ids, out, *extra, env=None):
+    # F32 KV: the reference option, for the bounds against PEFT on transformers
     p = util.run_pagoda("logits", "-m", model, "--ids", " ".join(map(str, ids)), "--out", out,
-                        *extra, env=env)
+                        "--kv-dtype", "f32", *extra, env=env)
     n_vocab = int(p.stdout.split()[-1])
     a = np.fromfile(out, dtype="<f4")
     assert a.size == len(ids) * n_vocab, (a.size, len(ids), n_vocab)
@@ -241,8 +242,9 @@ def test_lora_tensor_parallel(pagoda_bin, tiny_models, adapters, adapter, fmt, t
 @pytest.fixture(scope="module")
 def lora_server(pagoda_bin, tiny_models, adapters):
     """`pagoda serve` on the tiny Llama's HF directory (it has a tokenizer), adapters a and b."""
+    # F32 KV, the reference option: outputs are held to PEFT on transformers at 1e-5
     s = Server(tiny_models["llama"]["hf"], "--lora-modules",
-               f"a={adapters('llama')},b={adapters('llama-b')}")
+               f"a={adapters('llama')},b={adapters('llama-b')}", "--kv-dtype", "f32")
     s.start()
     yield s
     s.stop()

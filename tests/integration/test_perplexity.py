@@ -142,7 +142,8 @@ def test_ppl_matches_transformers(pagoda_bin, tiny_models, text, tmp_path, name)
     torch.set_num_threads(2)
     m = tiny_models[name]
     base_path = tmp_path / "base.kld"
-    out, _ = ppl_run("-m", m["gguf_F32"], "-f", text, "-c", 64, "-t", 2,
+    # F32 KV: the reference option (F16, the default, rounds K and V)
+    out, _ = ppl_run("-m", m["gguf_F32"], "-f", text, "-c", 64, "-t", 2, "--kv-dtype", "f32",
                      "--kl-divergence-base", base_path)
     ppl, err = final_ppl(out)
     base = read_base(base_path)
@@ -273,17 +274,18 @@ def test_kl_against_own_base_is_zero(pagoda_bin, text, tmp_path):
     assert all("0.00000 ±    0.00000" in r and "100.000 ±  0.000 %" in r for r in rows)
 
 
+F32_KV = ["--kv-dtype", "f32"]
 CASES = {
     # (reference model, its args, model under test, its args): "stories", or a tiny model's
-    # file as "name:format"
-    "stories-kv-bf16": ("stories", [], "stories", ["--kv-dtype", "bf16"]),
-    "stories-kv-f16": ("stories", [], "stories", ["--kv-dtype", "f16"]),
-    "llama-kv-bf16": ("llama:F32", [], "llama:F32", ["--kv-dtype", "bf16"]),
+    # file as "name:format"; the KV types against F32 KV, the reference option
+    "stories-kv-bf16": ("stories", F32_KV, "stories", ["--kv-dtype", "bf16"]),
+    "stories-kv-f16": ("stories", F32_KV, "stories", ["--kv-dtype", "f16"]),
+    "llama-kv-bf16": ("llama:F32", F32_KV, "llama:F32", ["--kv-dtype", "bf16"]),
     "llama-q8_0": ("llama:F32", [], "llama:Q8_0", []),
     "llama-q8_0-int8-act": ("llama:Q8_0", ["--int8-act", "0"], "llama:Q8_0", ["--int8-act", "1"]),
     # the quantized KV types need heads of a multiple of 32: the tiny Qwen3's
-    "qwen3-kv-q8_0": ("qwen3:F32", [], "qwen3:F32", ["--kv-dtype", "q8_0"]),
-    "qwen3-k-q8_0-v-q4_0": ("qwen3:F32", [], "qwen3:F32", ["-ctk", "q8_0", "-ctv", "q4_0"]),
+    "qwen3-kv-q8_0": ("qwen3:F32", F32_KV, "qwen3:F32", ["--kv-dtype", "q8_0"]),
+    "qwen3-k-q8_0-v-q4_0": ("qwen3:F32", F32_KV, "qwen3:F32", ["-ctk", "q8_0", "-ctv", "q4_0"]),
 }
 
 
@@ -339,7 +341,7 @@ SMOL_KLD_BOUNDS = {
 @pytest.fixture(scope="module")
 def smol_base(default_model, text, tmp_path_factory):
     path = tmp_path_factory.mktemp("smol") / "ref.kld"
-    ppl_run("-m", default_model, "-f", text, "-c", 128, "--int8-act", "0",
+    ppl_run("-m", default_model, "-f", text, "-c", 128, "--int8-act", "0", *F32_KV,
             "--kl-divergence-base", path)
     return path
 
@@ -350,6 +352,7 @@ def test_smollm2_kld_bounds(pagoda_bin, default_model, smol_base, case):
     activations against the F32 reference, by llama.cpp's mean KLD."""
     args, bound = SMOL_KLD_BOUNDS[case]
     args = args if "--int8-act" in args else args + ["--int8-act", "0"]
+    args = args if "--kv-dtype" in args or "-ctk" in args else args + F32_KV
     out, _ = ppl_run("-m", default_model, "-c", 128, *args, "--kl-divergence",
                      "--kl-divergence-base", smol_base)
     s = kl_stats(out)

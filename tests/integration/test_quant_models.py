@@ -89,8 +89,9 @@ def mixed(tmp_path_factory):
 
 def pagoda_logits(m, ids, tmp_path, *extra, env=None):
     out = tmp_path / "logits.f32"
+    # F32 KV: the reference option, for the bounds against the reference logits
     p = util.run_pagoda("logits", "-m", m.path, "--ids", " ".join(map(str, ids)), "--out", out,
-                        *extra, env=env)
+                        "--kv-dtype", "f32", *extra, env=env)
     n_vocab = int(p.stdout.split()[-1])
     return np.fromfile(out, dtype="<f4").reshape(len(ids), n_vocab)
 

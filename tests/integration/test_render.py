@@ -79,4 +79,4 @@ def test_cache_config_info(server):
     blocks = re.search(r'^pagoda:kv_cache_blocks_total\{[^}]*\} (\d+)', text, re.M)
     assert blocks and int(labels["num_gpu_blocks"]) == int(blocks.group(1)), labels
     assert int(labels["num_gpu_blocks"]) * 16 == info["max_total_num_tokens"]
-    assert labels["cache_dtype"] == "f32" and labels["enable_prefix_caching"] == "True", labels
+    assert labels["cache_dtype"] == "f16" and labels["enable_prefix_caching"] == "True", labels

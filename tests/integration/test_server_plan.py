@@ -11,13 +11,14 @@ STORIES = DATA / "models" / "stories260K.gguf"
 
 
 def test_kv_plan_endpoint_matches_cli():
-    cli = json.loads(run_pagoda("kv-plan", "-m", STORIES, "--kv-dtype", "f32", "--json").stdout)
+    # the server's KV type is --kv-dtype's default, F16
+    cli = json.loads(run_pagoda("kv-plan", "-m", STORIES, "--kv-dtype", "fp16", "--json").stdout)
     with Server(STORIES, "--kv-cache-memory", "512MiB") as s:
         r = requests.get(s.url("/v1/kv_plan"), timeout=30)
         assert r.status_code == 200
         plan = r.json()
-        # 5 layers x 4 KV heads x head dim 8 x K and V x 4 bytes
-        assert plan["kv_bytes_per_token"] == 2 * 5 * 4 * 8 * 4 == cli["kv_bytes_per_token"]
+        # 5 layers x 4 KV heads x head dim 8 x K and V x 2 bytes
+        assert plan["kv_bytes_per_token"] == 2 * 5 * 4 * 8 * 2 == cli["kv_bytes_per_token"]
         assert plan["max_kv_tokens"] == (512 << 20) // plan["kv_bytes_per_token"]
         bad = requests.get(s.url("/v1/kv_plan?gpu=tpu-v9"), timeout=30)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "gpu"

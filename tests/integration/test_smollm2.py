@@ -97,7 +97,8 @@ def test_quantized_path_teacher_forced(pagoda_bin, default_model, reference, tmp
     for s in seqs:
         ids = s["prompt"] + s["cont"]
         out = tmp_path / "logits.f32"
-        p = util.run_pagoda("logits", "-m", default_model, "--ids", " ".join(map(str, ids)), "--out", out)
+        p = util.run_pagoda("logits", "-m", default_model, "--ids", " ".join(map(str, ids)), "--out", out,
+                            "--kv-dtype", "f32")  # the reference KV type
         n_vocab = int(p.stdout.split()[-1])
         parts.append(np.fromfile(out, dtype="<f4").reshape(len(ids), n_vocab))
     got = np.concatenate(parts)
@@ -155,10 +156,10 @@ def _check_echo_shape(body, server_util, n):
 
 @pytest.fixture(scope="module")
 def f32_server(default_model):
-    """The server on the reference path (weights dequantized to F32), with a step of 24 tokens
-    and 4 logits rows, so scored prompts are split across many steps."""
+    """The server on the reference path (weights dequantized to F32, F32 KV), with a step of 24
+    tokens and 4 logits rows, so scored prompts are split across many steps."""
     from server_util import Server
-    s = Server(default_model, "--weights-f32", "--max-num-batched-tokens", "24",
+    s = Server(default_model, "--weights-f32", "--kv-dtype", "f32", "--max-num-batched-tokens", "24",
                "--max-num-seqs", "4")
     s.start()
     yield s

@@ -72,7 +72,7 @@ SPEC_CONFIGS = {
     "ngram-chunk64": ["--speculative", "ngram", "--max-num-batched-tokens", "64"],
     "ngram-k3-staggered": ["--speculative", "ngram", "--num-speculative-tokens", "3",
                            "--max-num-batched-tokens", "512", "--stagger", "3"],
-    "ngram-preempt": ["--speculative", "ngram", "--kv-cache-memory", "2.5MiB",
+    "ngram-preempt": ["--speculative", "ngram", "--kv-cache-memory", "1.25MiB",
                       "--max-num-batched-tokens", "128", "--block-size", "8"],
     "draft-self": ["--speculative", "draft", "--max-num-batched-tokens", "64"],
     "draft-perturbed": ["--speculative", "draft", "--num-speculative-tokens", "4",
