@@ -329,7 +329,7 @@ def main():
     ap.add_argument("--questions", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--kv-cache-memory", default="16MiB")
+    ap.add_argument("--kv-cache-memory", default="8MiB")  # F16 KV: ~3 prompts
     ap.add_argument("--nonstream-fraction", type=float, default=0.0)
     ap.add_argument("--fault", choices=["none", "kill", "term"], default="none")
     ap.add_argument("--seed", type=int, default=36)

@@ -222,9 +222,9 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("kvev")
     a, b = make_adapter(root / "a", 1), make_adapter(root / "b", 2)
     pub, rep = free_port(), free_port()
-    # 1 MiB of KV is about 51 blocks of 16 tokens: four sequences of up to 280 tokens evict
-    # and preempt
-    s = Server(STORIES, "--kv-events-config", kv_config(pub, rep), "--kv-cache-memory", "1MiB",
+    # 512 KiB of F16 KV (the default) is about 51 blocks of 16 tokens: four sequences of up to
+    # 280 tokens evict and preempt
+    s = Server(STORIES, "--kv-events-config", kv_config(pub, rep), "--kv-cache-memory", "512KiB",
                "--max-loras", "2", "--lora-modules", f"a={a},b={b}", threads=1).start()
     yield s, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"
     s.stop()

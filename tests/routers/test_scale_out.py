@@ -1,7 +1,7 @@
 """Three replicas behind sglang-router (issue 36), through bench/scale_out.py run small: each
 run gets fresh replicas and its own router on 127.0.0.1, a random 4k-context Llama with
-stories260K's tokenizer, 8 tenants whose system prompts are 1,212 tokens, a KV pool of 16 MiB
-per replica (about three of those prompts).
+stories260K's tokenizer, 8 tenants whose system prompts are 1,212 tokens, a KV pool of 8 MiB
+per replica (F16 KV, the default: about three of those prompts).
 
 - cache_aware against round_robin in the same run: cache-aware routing keeps each tenant's
   prefix on one replica, so its prefix-cache hit rate is higher and its TTFT p50 lower (the
