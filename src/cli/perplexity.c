@@ -663,7 +663,7 @@ static int run(const ppl_opts *o) {
                     "%ld threads, KV %s/%s, %s activations%s\n",
             o->eng.model, r.n_tokens, r.n_chunk, r.n_ctx, r.n_scored, nb, nt,
             pgd_type_name((pgd_type)kv_type), pgd_type_name((pgd_type)v_type),
-            pgd_cpu_int8_act() ? "int8" : "F32",
+            pgd_cpu_int8_act_name(),
             o->eng.weights_f32 ? ", weights F32" : "");
     if (!o->kl && o->base) {
         remove_base = true; /* until every row is written */

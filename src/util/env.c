@@ -14,7 +14,7 @@ static const struct {
     VAR(PROFILE, "0|1", "time each op of the forward pass"),
     VAR(HUGEPAGES, "0|1", "0: no transparent huge pages"),
     VAR(PIN, "0|1", "0: pool threads not pinned to cores"),
-    VAR(INT8_ACT, "0|1", "8-bit activations for quantized matmuls"),
+    VAR(INT8_ACT, "0|1", "8-bit activations: 0 none, 1 every quantized type (default: K-quants)"),
     VAR(AVX512, "0|1", "0: no AVX-512 kernels"),
     VAR(PACK, "0|1", "0: no 16-row weight panels (CPU GEMM)"),
     VAR(PACK_F16, "0|1", "0: F16 weights not packed"),

@@ -102,25 +102,36 @@ def test_every_type_is_used(mixed):
 
 @pytest.mark.parametrize("extra", [(), ("--weights-f32",)], ids=["quantized", "weights-f32"])
 def test_logits(pagoda_bin, mixed, tmp_path, extra):
+    """F32 activations (PAGODA_INT8_ACT=0, the reference) on the quantized blocks, and the
+    weights widened at load: the F32 bound."""
+    import os
     ref = mixed.logits(mixed.ids)
-    a = pagoda_logits(mixed, mixed.ids, tmp_path, *extra)
+    a = pagoda_logits(mixed, mixed.ids, tmp_path, *extra,
+                      env=dict(os.environ, PAGODA_INT8_ACT="0"))
     rel = float(np.abs(a - ref).max() / np.abs(ref).max())
     print(f"mixed {extra}: rel err {rel:.3e}, argmax agreement "
           f"{np.mean(a.argmax(1) == ref.argmax(1)):.3f}")
     assert rel <= F32_BOUND, describe_worst(a, ref, F32_BOUND)
 
 
-def test_logits_int8_activations(pagoda_bin, mixed, tmp_path):
+@pytest.mark.parametrize("mode", ["1", None], ids=["all", "default"])
+def test_logits_int8_activations(pagoda_bin, mixed, tmp_path, mode):
     """PAGODA_INT8_ACT=1: the Q4_0/Q4_1/Q8_0 and Q4_K..Q6_K matrices take 8-bit activations,
-    the new types keep F32 ones; the activation rounding costs what it does on Q8_0 files
-    (test_forward.Q8_0_BOUND)."""
+    the new types keep F32 ones; unset (the default): only Q4_K..Q6_K do. The activation
+    rounding costs what it does on Q8_0 files (test_forward.Q8_0_BOUND)."""
     import os
-    env = dict(os.environ, PAGODA_INT8_ACT="1")
+    env = dict(os.environ)
+    env.pop("PAGODA_INT8_ACT", None)
+    if mode:
+        env["PAGODA_INT8_ACT"] = mode
     ref = mixed.logits(mixed.ids)
     a = pagoda_logits(mixed, mixed.ids, tmp_path, env=env)
     rel = float(np.abs(a - ref).max() / np.abs(ref).max())
-    print(f"mixed int8 activations: rel err {rel:.3e}")
+    print(f"mixed int8 activations ({mode or 'default'}): rel err {rel:.3e}")
     assert rel <= Q8_0_BOUND, describe_worst(a, ref, Q8_0_BOUND)
+    if mode is None:  # the K-quants' rounding shows: not the F32 path
+        f32 = pagoda_logits(mixed, mixed.ids, tmp_path, env=dict(env, PAGODA_INT8_ACT="0"))
+        assert not np.array_equal(a, f32)
 
 
 def test_greedy(pagoda_bin, mixed):

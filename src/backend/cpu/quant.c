@@ -358,25 +358,40 @@ bool pgd_cpu_type_supported(pgd_type t) {
 
 /* ---- Activation quantization ------------------------------------------------------------- */
 
-/* -1: not read yet; 0: F32 activations (default); 1: 8-bit activations. A relaxed atomic: the
- * pool's workers read it while the engine thread may be the first to resolve it. */
-static atomic_int g_int8_act = -1;
+/* -1: not read yet; 0: F32 activations; 1: 8-bit activations for every quantized type;
+ * 2 (the default): 8-bit activations for the K-quants only. A relaxed atomic: the pool's
+ * workers read it while the engine thread may be the first to resolve it. */
+enum { INT8_UNREAD = -1, INT8_OFF = 0, INT8_ALL = 1, INT8_KQUANTS = 2 };
+static atomic_int g_int8_act = INT8_UNREAD;
 
-void pgd_cpu_set_int8_act(bool on) { atomic_store_explicit(&g_int8_act, on, memory_order_relaxed); }
+void pgd_cpu_set_int8_act(bool on) {
+    atomic_store_explicit(&g_int8_act, on ? INT8_ALL : INT8_OFF, memory_order_relaxed);
+}
 
-bool pgd_cpu_int8_act(void) {
+static int int8_act_mode(void) {
     int v = atomic_load_explicit(&g_int8_act, memory_order_relaxed);
-    if (v < 0) {
+    if (v == INT8_UNREAD) {
         const char *e = pgd_env(PGD_ENV_INT8_ACT);
-        v = e != NULL && e[0] != '\0' && strcmp(e, "0") != 0;
-        int expected = -1; /* a setter that ran meanwhile wins */
+        v = e == NULL || e[0] == '\0' ? INT8_KQUANTS : strcmp(e, "0") ? INT8_ALL : INT8_OFF;
+        int expected = INT8_UNREAD; /* a setter that ran meanwhile wins */
         if (!atomic_compare_exchange_strong(&g_int8_act, &expected, v)) v = expected;
     }
-    return v != 0;
+    return v;
+}
+
+bool pgd_cpu_int8_act(void) { return int8_act_mode() == INT8_ALL; }
+
+const char *pgd_cpu_int8_act_name(void) {
+    int v = int8_act_mode();
+    return v == INT8_ALL ? "int8" : v == INT8_OFF ? "F32" : "int8 (K-quants), F32 (others)";
 }
 
 pgd_type pgd_vec_dot_type(pgd_type wt) {
-    if (!pgd_cpu_int8_act()) return PGD_TYPE_F32;
+    int mode = int8_act_mode();
+    if (mode == INT8_OFF) return PGD_TYPE_F32;
+    if (mode == INT8_KQUANTS)
+        return wt == PGD_TYPE_Q4_K || wt == PGD_TYPE_Q5_K || wt == PGD_TYPE_Q6_K ? PGD_TYPE_Q8_K
+                                                                                 : PGD_TYPE_F32;
     switch (wt) {
     case PGD_TYPE_Q4_0: case PGD_TYPE_Q4_1: case PGD_TYPE_Q8_0: return PGD_TYPE_Q8_0;
     case PGD_TYPE_Q4_K: case PGD_TYPE_Q5_K: case PGD_TYPE_Q6_K: return PGD_TYPE_Q8_K;

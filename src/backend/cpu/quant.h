@@ -34,12 +34,17 @@ bool pgd_cpu_type_supported(pgd_type t);
  * accuracy on models with activation outliers (SmolLM2-135M Q4_1, teacher-forced against
  * transformers in F32 on the same dequantized weights: 96.5% arg-max agreement with 8-bit
  * activations, 100% of 433 positions with F32 activations).
- * Selected by PAGODA_INT8_ACT=1 in the environment (read at the first query; unset, empty or "0"
- * means F32) or by pgd_cpu_set_int8_act, which overrides it. Choose before sizing scratch with
- * pgd_cpu_matmul_act_row_bytes and before any matmul: it must not change while weights are in
- * use (the activation layout depends on it). Thread-safe to read. */
+ * The default (issue 37) is 8-bit activations for the K-quants (Q4_K, Q5_K, Q6_K), whose
+ * integer tiles are faster and whose KL divergence then equals llama.cpp's on the same file
+ * (bench/RESULTS.md), and F32 for the others (Q4_0/Q4_1/Q8_0, whose F32 path prefills faster).
+ * PAGODA_INT8_ACT=0 (F32 everywhere, the reference) or =1 (8-bit for every quantized type) in
+ * the environment, read at the first query, or pgd_cpu_set_int8_act (0 or 1) override it.
+ * Choose before sizing scratch with pgd_cpu_matmul_act_row_bytes and before any matmul: it must
+ * not change while weights are in use (the activation layout depends on it). Thread-safe to
+ * read. */
 void pgd_cpu_set_int8_act(bool on);
-bool pgd_cpu_int8_act(void);
+bool pgd_cpu_int8_act(void);         /* 8-bit activations for every quantized type */
+const char *pgd_cpu_int8_act_name(void); /* "F32", "int8" or the default's mixed name */
 
 /* The activation format a weight type's dot product consumes: F32 for every type by default;
  * with int8 activations, Q8_0 for Q4_0/Q4_1/Q8_0 and Q8_K for the K-quants. */
