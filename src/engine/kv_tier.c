@@ -156,7 +156,11 @@ bool pgd__disk_lookup(void *ctx, seq *s) {
         e->dl_hashes[d++] = h;
     }
     if (d == 0) {
-        if (room > 0) pgd_kv_disk_count_miss(e->disk);
+        /* (once per admission: a head that waits for room does not look again each step) */
+        if (room > 0) {
+            pgd_kv_disk_count_miss(e->disk);
+            s->disk_done = true;
+        }
         return false;
     }
     pgd_kv_copy cp;

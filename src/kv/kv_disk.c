@@ -243,32 +243,34 @@ static ssize_t read_all(int fd, uint8_t *p, size_t n) {
     return (ssize_t)got;
 }
 
-/* Writes one staged image: temporary file, then rename. */
-static bool write_entry(pgd_kv_disk *d, uint8_t *img) {
+/* Writes one staged image to its temporary file: whether it is all there. */
+static bool write_tmp(pgd_kv_disk *d, uint8_t *img, const char *tmp) {
     kvd_hdr h;
     memcpy(&h, img, sizeof h);
     h.checksum = 0;
     memcpy(img, &h, sizeof h);
     h.checksum = entry_sum(img, d->entry_bytes);
     memcpy(img, &h, sizeof h);
-    char tmp[4096], fin[4096];
-    entry_path(d, tmp, sizeof tmp, h.hash, true);
-    entry_path(d, fin, sizeof fin, h.hash, false);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return false;
     bool ok = write_all(fd, img, d->entry_bytes);
     ok = close(fd) == 0 && ok;
-    if (ok) ok = rename(tmp, fin) == 0;
     if (!ok) unlink(tmp);
     return ok;
 }
 
 /* ---- the disk thread ---- */
 
+/* One staged block: written to its temporary file, room made (the least recently used entries
+ * go, so the bound is exceeded by one file at most, while it is being written), renamed into
+ * place, indexed. A failed write evicts nothing. */
 static void do_write(pgd_kv_disk *d, int32_t slot) {
     uint8_t *img = d->slots + (size_t)slot * d->entry_bytes;
     kvd_hdr h;
     memcpy(&h, img, sizeof h);
+    char tmp[4096], fin[4096];
+    entry_path(d, tmp, sizeof tmp, h.hash, true);
+    entry_path(d, fin, sizeof fin, h.hash, false);
     pthread_mutex_lock(&d->mu);
     int32_t e = map_get(d, h.hash);
     bool skip = e >= 0 || d->cap_entries == 0;
@@ -278,8 +280,10 @@ static void do_write(pgd_kv_disk *d, int32_t slot) {
     } else if (d->cap_entries == 0) {
         d->st.writes_dropped++;
     }
-    /* room first: the least recently used entries go, one file at a time */
-    while (!skip && d->n_ent >= d->cap_entries) {
+    pthread_mutex_unlock(&d->mu);
+    bool ok = skip || write_tmp(d, img, tmp);
+    pthread_mutex_lock(&d->mu);
+    while (!skip && ok && d->n_ent >= d->cap_entries) {
         int32_t v = d->lru_head;
         uint64_t vh = d->ent[v].hash;
         index_drop(d, v);
@@ -289,7 +293,10 @@ static void do_write(pgd_kv_disk *d, int32_t slot) {
         pthread_mutex_lock(&d->mu);
     }
     pthread_mutex_unlock(&d->mu);
-    bool ok = skip || write_entry(d, img);
+    if (!skip && ok && rename(tmp, fin) != 0) {
+        unlink(tmp);
+        ok = false;
+    }
     pthread_mutex_lock(&d->mu);
     if (!skip && ok) {
         index_add(d, h.hash);
