@@ -987,7 +987,8 @@ static int check_tables(const pgd_kv_mgr *m, const seq_list *running, const seq_
 int pgd__engine_check(pgd_engine *e) {
     int rc = pgd_kv_check(&e->mgr);
     if (rc) return rc;
-    if ((rc = check_tables(&e->mgr, &e->sched.running, &e->sched.waiting, false, e->dl_n))) return rc;
+    if ((rc = check_tables(&e->mgr, &e->sched.running, &e->sched.waiting, false, e->dl_n)))
+        return rc;
     if (e->spec_mode == PGD_SPEC_DRAFT) {
         if ((rc = pgd_kv_check(&e->draft.mgr))) return rc;
         if ((rc = check_tables(&e->draft.mgr, &e->sched.running, &e->sched.waiting, true, 0)))

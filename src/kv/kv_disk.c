@@ -466,7 +466,8 @@ int pgd_kv_disk_open(const pgd_kv_disk_config *c, pgd_kv_disk **out, pgd_err *er
     d->pay_off = KVD_HDR + (size_t)c->block_size * sizeof(int32_t);
     d->entry_bytes = pgd_kv_disk_entry_bytes(c->block_size, c->payload_bytes);
     size_t ce = c->cap_bytes / d->entry_bytes;
-    d->cap_entries = ce > (size_t)INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)ce;
+    /* (the index costs about 40 bytes an entry: 16 million entries bound it to 640 MiB) */
+    d->cap_entries = ce > ((size_t)1 << 24) ? (int32_t)1 << 24 : (int32_t)ce;
     d->map_cap = 16;
     while (d->map_cap < (size_t)d->cap_entries * 2) d->map_cap *= 2;
     d->lru_head = d->lru_tail = -1;
@@ -488,8 +489,9 @@ int pgd_kv_disk_open(const pgd_kv_disk_config *c, pgd_kv_disk **out, pgd_err *er
     int rc;
     if (!d->dir || !d->ent || !d->map_keys || !d->map_vals || !d->slots || !d->slot_free ||
         !d->wq || !d->load_blocks || !d->load_hashes || !d->load_tokens || !d->rbuf) {
-        rc = pgd_err_set(err, PGD_ENOMEM, "disk KV cache: out of memory for %d staging slots "
-                         "of %zu bytes", c->n_slots, d->entry_bytes);
+        rc = pgd_err_set(err, PGD_ENOMEM, "disk KV cache: out of memory for the index of %d "
+                         "entries and %d staging slots of %zu bytes", d->cap_entries, c->n_slots,
+                         d->entry_bytes);
         goto fail;
     }
     d->free_top = -1;

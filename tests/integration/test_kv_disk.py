@@ -108,7 +108,8 @@ def chat(s, messages):
                       json={"messages": messages, "max_tokens": 12, "temperature": 0})
     assert r.status_code == 200, r.text
     j = r.json()
-    return j["choices"][0]["message"]["content"], j["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return (j["choices"][0]["message"]["content"],
+            j["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 STORY = " ".join(f"Room {i} has {i % 7} chairs and a {['red', 'blue', 'green'][i % 3]} door."
