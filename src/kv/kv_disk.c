@@ -3,7 +3,7 @@
  *
  * An entry file, DIR/<hash as 16 hex digits>.kvb, is the 64-byte header below, the block's
  * tokens (int32) and its payload, in the host's byte order; the checksum covers all of it
- * (with its own field zero). It is written as DIR/.tmp-<hash>.kvb and renamed into place, so a
+ * (with its own field zero). It is written as DIR/.tmp-<hash>-<pid>.kvb and renamed, so a
  * kill -9 mid-write leaves a temporary file (deleted at the next open) and never a short entry;
  * a power loss that tears the renamed file is caught by the checksum on load. No fsync: losing
  * the newest entries to a crash costs a recompute, never a wrong answer. */
@@ -202,8 +202,14 @@ static void index_drop(pgd_kv_disk *d, int32_t e) {
 
 /* ---- files (disk thread, no lock held) ---- */
 
+/* DIR/<hash>.kvb, or the temporary DIR/.tmp-<hash>-<pid>.kvb (two servers of one model may
+ * share a directory: their writes of a block never share a temporary file). */
 static void entry_path(const pgd_kv_disk *d, char *buf, size_t n, uint64_t hash, bool tmp) {
-    snprintf(buf, n, "%s/%s%016llx.kvb", d->dir, tmp ? ".tmp-" : "", (unsigned long long)hash);
+    if (tmp)
+        snprintf(buf, n, "%s/.tmp-%016llx-%ld.kvb", d->dir, (unsigned long long)hash,
+                 (long)getpid());
+    else
+        snprintf(buf, n, "%s/%016llx.kvb", d->dir, (unsigned long long)hash);
 }
 
 static void remove_entry_file(const pgd_kv_disk *d, uint64_t hash) {

@@ -101,8 +101,12 @@ static int32_t load(pgd_kv_disk *d, int first, int n, int tamper) {
     return ok;
 }
 
-static void path_of(char *p, size_t n, uint64_t h, const char *pre) {
-    snprintf(p, n, "%s/%s%016llx.kvb", dir, pre, (unsigned long long)h);
+/* An entry's file, or (tmp) the temporary file this process writes it to. */
+static void path_of(char *p, size_t n, uint64_t h, bool tmp) {
+    if (tmp)
+        snprintf(p, n, "%s/.tmp-%016llx-%ld.kvb", dir, (unsigned long long)h, (long)getpid());
+    else
+        snprintf(p, n, "%s/%016llx.kvb", dir, (unsigned long long)h);
 }
 
 static int count_files(void) {
@@ -162,7 +166,7 @@ static void test_store(void) {
     CHECK_EQ_INT(st.corrupt, 0);
     /* a write whose temporary file cannot be made (a directory in its place) fails cleanly */
     char p[512];
-    path_of(p, sizeof p, H[5], ".tmp-");
+    path_of(p, sizeof p, H[5], true);
     CHECK_EQ_INT(mkdir(p, 0755), 0);
     write_block(d, 5);
     wait_stats(d, &st, 3, 1);
@@ -173,7 +177,7 @@ static void test_store(void) {
     CHECK_EQ_INT(count_files(), 3); /* 1, 3, 4 */
 
     /* damage: a flipped payload byte in 3, 4 truncated, a leftover temporary file */
-    path_of(p, sizeof p, H[3], "");
+    path_of(p, sizeof p, H[3], false);
     int fd = open(p, O_RDWR);
     CHECK(fd >= 0);
     uint8_t c;
@@ -182,9 +186,9 @@ static void test_store(void) {
     c ^= 0x10;
     CHECK_EQ_INT(pwrite(fd, &c, 1, at), 1);
     close(fd);
-    path_of(p, sizeof p, H[4], "");
+    path_of(p, sizeof p, H[4], false);
     CHECK_EQ_INT(truncate(p, 100), 0);
-    path_of(p, sizeof p, H[5], ".tmp-");
+    path_of(p, sizeof p, H[5], true);
     fd = open(p, O_WRONLY | O_CREAT, 0644);
     CHECK(fd >= 0 && write(fd, "torn", 4) == 4);
     close(fd);
