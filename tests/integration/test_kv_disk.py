@@ -11,11 +11,12 @@
   answer, every damaged entry counted in /metrics and deleted; a restart with another KV type
   on the same directory drops every entry as foreign. Also under AddressSanitizer.
 - A directory that cannot be written, and a bound too small for one block, degrade to
-  recompute with the same answers.
+  recompute with the same answers; a path that cannot be a directory is a one-line error.
 """
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -254,3 +255,14 @@ def test_unwritable_or_full_disk_recomputes(how, tmp_path):
     assert m[P + "kv_disk_hits_total"] == 0 and m[P + "kv_disk_blocks"] == 0, m
     key = "write_errors" if how == "read-only" else "writes_dropped"
     assert m[P + f"kv_disk_{key}_total"] >= 18, m
+
+
+@pytest.mark.parametrize("where, words", [("/etc/hostname", "Not a directory"),
+                                          ("/nonexistent/a/b", "No such file or directory")])
+def test_bad_directory_is_one_line(where, words):
+    p = subprocess.run([str(util.PAGODA), "serve", "-m", str(MODEL), "--port", "0",
+                        "--kv-cache-dir", where], capture_output=True, timeout=120)
+    err = p.stderr.decode()
+    assert p.returncode != 0, err
+    line = [ln for ln in err.splitlines() if "--kv-cache-dir" in ln]
+    assert len(line) == 1 and words in line[0], err
