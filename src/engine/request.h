@@ -33,8 +33,9 @@ typedef struct seq {
     int32_t n_cached;         /* prompt tokens served by the prefix cache at first admission */
     bool admitted_once;
     /* the disk tier: loading, the waiting s holds its RAM prefix hit and the blocks a load is
-     * filling (and waits at the head of the queue); disk_done: its load is over (the blocks it
-     * read are in the RAM cache), so admission looks no further than RAM until a preemption */
+     * filling (and waits at the head of the queue); disk_done: the disk was looked at (the
+     * load is over, what it read is in the RAM cache; or nothing was there), so admission
+     * looks no further than RAM until a preemption */
     bool loading, disk_done;
     double t_submit, queue_seconds; /* monotonic seconds; time until first scheduled */
     pgd_kv_seq kv;

@@ -7,8 +7,8 @@
  * and lets a request take room from lower ones.
  *
  * It sees request records and block counts only: KV through kv/, everything else (speculative
- * proposals, the draft model's KV, the grammar start, block copies, the inbox's queue count)
- * through hooks, so tests/unit/test_scheduler.c drives it with fake sequences and no model.
+ * proposals, the draft model's KV, the grammar start, block copies, the inbox's queue count,
+ * the disk tier's lookup) through hooks, so tests/unit/test_scheduler.c drives it with fake sequences and no model.
  * Engine thread only. */
 #ifndef PGD_ENGINE_SCHEDULER_H
 #define PGD_ENGINE_SCHEDULER_H
