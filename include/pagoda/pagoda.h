@@ -83,6 +83,11 @@ typedef struct pgd_engine_config {
     /* vLLM's --kv-events-config JSON: the prefix cache's block events published for KV-aware
        routers (src/kv/kv_events.h); NULL: none */
     const char *kv_events_config;
+    /* the prefix cache's disk tier (CPU backend): registered blocks are written behind to this
+       directory and read back when a prompt's prefix is there and no longer in RAM, across
+       restarts too (src/kv/kv_disk.h); NULL: none. kv_cache_disk_bytes bounds the files */
+    const char *kv_cache_dir;
+    size_t kv_cache_disk_bytes;
 } pgd_engine_config;
 
 /* Constraints compiled ahead of submit, which the engine copies instead of compiling their text
@@ -254,6 +259,14 @@ typedef struct pgd_engine_stats {
     /* KV events (kv_events_config): batches published, skipped on the PUB socket (a send
        backlog; still in the replay buffer) and lost (gone unsent, or not recorded) */
     int64_t kv_events_batches, kv_events_overflow, kv_events_lost;
+    /* the disk tier (kv_cache_dir; kv_disk false: none): blocks read back and used, lookups
+       past RAM that found nothing, bytes read and written, entries evicted for room, damaged
+       or foreign entries dropped, writes failed, blocks never written (no staging room before
+       they left RAM), and what is on disk now */
+    bool kv_disk;
+    int64_t kv_disk_hits, kv_disk_misses, kv_disk_bytes_read, kv_disk_bytes_written;
+    int64_t kv_disk_evictions, kv_disk_corrupt, kv_disk_write_errors, kv_disk_writes_dropped;
+    int64_t kv_disk_entries, kv_disk_bytes;
 } pgd_engine_stats;
 
 /* Fills c with the defaults. */

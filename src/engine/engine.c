@@ -12,6 +12,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/engine_internal.h"
+#include "kv/kv_disk.h"
 #include "kv/kv_events.h"
 #include "util/clock.h"
 #include "util/xalloc.h"
@@ -327,6 +328,7 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
             (e->kv_pub && (rc = pgd_kv_events_enable(&e->mgr, &perr))))
             goto fail_perr;
     }
+    if ((rc = pgd__disk_open(e, &perr))) goto fail_perr;
     if (e->spec_mode == PGD_SPEC_DRAFT) {
         if (!c->draft_model_path) {
             rc = pgd_err_set(&perr, PGD_EINVAL, "speculative decoding with a draft model needs "
@@ -346,7 +348,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
                            .static_batching = c->static_batching};
     pgd_sched_hooks hooks = {.ctx = e, .propose = pgd__propose, .unpropose = hook_unpropose,
                              .release = hook_release, .admit = hook_admit,
-                             .copy_blocks = hook_copy_blocks, .pending = hook_pending};
+                             .copy_blocks = hook_copy_blocks, .pending = hook_pending,
+                             .disk_lookup = pgd__disk_lookup};
     pgd_sched_init(&e->sched, &sc, &e->mgr, &hooks);
     size_t T = (size_t)c->max_num_batched_tokens, S = (size_t)c->max_num_seqs;
     /* a step's events: a token per logits row, a prompt token per row and one more per
@@ -403,6 +406,7 @@ fail_perr:
 void pgd_engine_free(pgd_engine *e) {
     if (!e) return;
     pgd_engine_stop(e);
+    pgd__disk_close(e); /* (writes what is still only in RAM) */
     pgd_sched_free(&e->sched);
     for (seq *s = e->incoming.head, *n; s; s = n) {
         n = s->next;
@@ -820,6 +824,7 @@ static void snapshot_stats(pgd_engine *e) {
         s->kv_events_overflow = ks.overflow;
         s->kv_events_lost = ks.lost;
     }
+    s->kv_disk_writes_dropped = e->mgr.spill.lost; /* (pgd_engine_get_stats adds the store's) */
     int64_t reserved = 0, filled = 0;
     for (seq *q = e->sched.running.head; q; q = q->next) {
         int64_t r = (int64_t)q->kv.n_blocks * e->cfg.block_size;
@@ -833,6 +838,7 @@ static void snapshot_stats(pgd_engine *e) {
 int pgd_engine_step(pgd_engine *e) {
     lora_collect(e);
     drain_inbox(e);
+    pgd__disk_pump(e); /* a finished load's blocks are in the cache before admission */
     int32_t ns = 0;
     int32_t used = pgd_sched_step(&e->sched, e->b_seqs, &ns); /* schedule */
     if (ns == 0 || e->n_step_ev) { /* aborts' FINISH events go out now, not after a forward */
@@ -858,6 +864,7 @@ int pgd_engine_step(pgd_engine *e) {
     e->stats.last_step_seqs = ns;
     e->stats.last_step_tokens = nt;
     e->stats.prefill_tokens_total += n_prefill;
+    pgd__disk_pump(e); /* this step's new blocks start for the disk */
     kv_events_out(e);
     snapshot_stats(e);
     publish(e);
@@ -894,10 +901,13 @@ static void *engine_main(void *arg) {
     prctl(PR_SET_NAME, "pgd-engine"); /* (top -H; the server's fault-injection test) */
     while (!e->stop_thread) {
         lora_collect(e);
-        if (!pgd_engine_has_work(e)) {
+        pgd__disk_pump(e);
+        /* (a request waiting on a disk load is no work until the disk thread wakes us) */
+        if (!pgd_engine_has_work(e) || pgd__disk_stalled(e)) {
             pthread_mutex_lock(&e->in_mu);
             while (!e->stop_thread && e->incoming.n == 0 && e->n_aborts == 0 && !e->flush_cache &&
-                   e->dump_req == e->dump_done && !__atomic_load_n(&e->lora_gc, __ATOMIC_ACQUIRE))
+                   e->dump_req == e->dump_done && !__atomic_load_n(&e->lora_gc, __ATOMIC_ACQUIRE) &&
+                   !e->disk_wake)
                 pthread_cond_wait(&e->in_cv, &e->in_mu);
             pthread_mutex_unlock(&e->in_mu);
             continue;
@@ -934,13 +944,28 @@ void pgd_engine_get_stats(pgd_engine *e, pgd_engine_stats *out) {
     pthread_mutex_lock(&e->in_mu);
     out->num_waiting += e->incoming.n;
     pthread_mutex_unlock(&e->in_mu);
+    if (e->disk) { /* the store's counters as they are now (its writes go on between steps) */
+        pgd_kv_disk_stats ds;
+        pgd_kv_disk_get_stats(e->disk, &ds);
+        out->kv_disk = true;
+        out->kv_disk_hits = ds.hits;
+        out->kv_disk_misses = ds.misses;
+        out->kv_disk_bytes_read = ds.bytes_read;
+        out->kv_disk_bytes_written = ds.bytes_written;
+        out->kv_disk_evictions = ds.evictions;
+        out->kv_disk_corrupt = ds.corrupt;
+        out->kv_disk_write_errors = ds.write_errors;
+        out->kv_disk_writes_dropped += ds.writes_dropped;
+        out->kv_disk_entries = ds.entries;
+        out->kv_disk_bytes = ds.bytes;
+    }
 }
 
 /* Reference counts equal the table entries that name each block; every running sequence holds
  * exactly the blocks its computed tokens need (nothing left over from rolled-back proposals),
- * every waiting one none. */
+ * every waiting one none (but one loading from disk: its blocks; the load holds its own). */
 static int check_tables(const pgd_kv_mgr *m, const seq_list *running, const seq_list *waiting,
-                        bool draft) {
+                        bool draft, int64_t extra) {
     int64_t refs = 0, entries = 0;
     for (int32_t b = 0; b < m->n_blocks; b++) refs += m->blocks[b].ref;
     const seq_list *lists[2] = {running, waiting};
@@ -948,23 +973,25 @@ static int check_tables(const pgd_kv_mgr *m, const seq_list *running, const seq_
         for (const seq *s = lists[l]->head; s; s = s->next) {
             const pgd_kv_seq *kv = draft ? &s->out->dseq.kv : &s->kv;
             int32_t n = draft ? s->out->dseq.n_computed : s->n_computed;
-            int32_t want = l == 1 && !draft ? 0 : (n + m->block_size - 1) / m->block_size;
+            int32_t want = l == 1 && !draft ? (s->loading ? kv->n_blocks : 0)
+                                            : (n + m->block_size - 1) / m->block_size;
             if (kv->n_blocks != want) return PGD_EFORMAT;
             if (draft && n > s->n_tokens) return PGD_EFORMAT;
             for (int32_t i = 0; i < kv->n_blocks; i++)
                 if (m->blocks[kv->table[i]].ref < 1) return PGD_EFORMAT;
             entries += kv->n_blocks;
         }
-    return refs == entries ? PGD_OK : PGD_EFORMAT;
+    return refs == entries + (draft ? 0 : extra) ? PGD_OK : PGD_EFORMAT;
 }
 
 int pgd__engine_check(pgd_engine *e) {
     int rc = pgd_kv_check(&e->mgr);
     if (rc) return rc;
-    if ((rc = check_tables(&e->mgr, &e->sched.running, &e->sched.waiting, false))) return rc;
+    if ((rc = check_tables(&e->mgr, &e->sched.running, &e->sched.waiting, false, e->dl_n)))
+        return rc;
     if (e->spec_mode == PGD_SPEC_DRAFT) {
         if ((rc = pgd_kv_check(&e->draft.mgr))) return rc;
-        if ((rc = check_tables(&e->draft.mgr, &e->sched.running, &e->sched.waiting, true)))
+        if ((rc = check_tables(&e->draft.mgr, &e->sched.running, &e->sched.waiting, true, 0)))
             return rc;
         if (e->sched.running.n == 0 && e->sched.waiting.n == 0 &&
             e->draft.mgr.n_free != e->draft.mgr.n_blocks)

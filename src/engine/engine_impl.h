@@ -45,6 +45,14 @@ struct pgd_engine {
     pgd_kv_cache kv;
     pgd_kv_mgr mgr;
     struct pgd_kv_publisher *kv_pub; /* KV events (cfg.kv_events_config), or NULL */
+    /* the disk tier (cfg.kv_cache_dir), or NULL (kv_tier.c); disk_wake (under in_mu): its
+     * thread finished a load or freed a staging slot. The one load in flight fills dl_n blocks
+     * (dl_blocks, a reference held on each) of sequence dl_seq from its table's dl_first */
+    struct pgd_kv_disk *disk;
+    bool disk_wake;
+    int32_t *dl_blocks;        /* (max_blocks_per_seq) */
+    uint64_t *dl_hashes;       /* (max_blocks_per_seq) */
+    int32_t dl_n, dl_first;
     int32_t n_ctx, max_blocks_per_seq;
     pgd_sampler_scratch sample_scratch; /* shared by every sequence's sampler */
     int32_t *eog;                   /* (n_eog) end-of-generation token ids */
@@ -141,6 +149,21 @@ int32_t pgd__propose(void *ctx, seq *s, int32_t cap);
 /* Flattens the step's ns sequences (b_seqs) into the batch and runs the forward pass: 0 or
  * the forward's status; *n_tokens the batch's tokens. */
 int pgd__run(pgd_engine *e, int32_t ns, int32_t *n_tokens);
+
+/* kv_tier.c: the disk tier's side in the engine */
+/* Opens cfg.kv_cache_dir (after the KV storage and manager exist). */
+int pgd__disk_open(pgd_engine *e, pgd_err *err);
+/* The scheduler's disk_lookup hook. */
+bool pgd__disk_lookup(void *ctx, seq *s);
+/* Takes a finished load's blocks into the RAM cache and stages registered blocks for writing
+ * while staging slots are free. Engine thread, between steps. */
+void pgd__disk_pump(pgd_engine *e);
+/* Whether the engine has nothing to do but wait for a load (the queue's head is loading and
+ * nothing runs). */
+bool pgd__disk_stalled(const pgd_engine *e);
+/* Writes every registered block not yet on disk, then closes the store (shutdown, after the
+ * engine thread stopped). */
+void pgd__disk_close(pgd_engine *e);
 
 /* output.c */
 /* The prompt logprobs of this step's sequences, on the pool (before postprocess). */

@@ -32,6 +32,11 @@ typedef struct seq {
     int32_t n_computed;       /* tokens whose K/V are in the cache */
     int32_t n_cached;         /* prompt tokens served by the prefix cache at first admission */
     bool admitted_once;
+    /* the disk tier: loading, the waiting s holds its RAM prefix hit and the blocks a load is
+     * filling (and waits at the head of the queue); disk_done: the disk was looked at (the
+     * load is over, what it read is in the RAM cache; or nothing was there), so admission
+     * looks no further than RAM until a preemption */
+    bool loading, disk_done;
     double t_submit, queue_seconds; /* monotonic seconds; time until first scheduled */
     pgd_kv_seq kv;
     struct seq_out *out;      /* sampling, detokenization and speculation state (seq_out.h) */

@@ -77,6 +77,7 @@ static void preempt(pgd_sched *sc, seq *s) {
     s->n_draft = 0;
     s->sched_n = 0;
     s->state = SEQ_WAITING;
+    s->disk_done = false;
     list_enqueue(&sc->cfg, &sc->waiting, s, true);
     if (sc->hooks.pending) sc->hooks.pending(sc->hooks.ctx, 1);
     sc->num_preemptions++;
@@ -162,7 +163,8 @@ static void make_room(pgd_sched *sc) {
     for (seq *s = sc->running.head; s; s = s->next)
         if (s->n_tokens - s->n_computed > 1) preempt_below(sc, s, false);
     seq *h = sc->waiting.head;
-    if (!h || (sc->running.tail && sc->running.tail->priority <= h->priority)) return;
+    if (!h || h->loading || (sc->running.tail && sc->running.tail->priority <= h->priority))
+        return;
     int64_t stats0[2];
     lookup_prefix(sc, h, stats0);
     preempt_below(sc, h, true);
@@ -232,8 +234,16 @@ static int32_t schedule(pgd_sched *sc, seq **sched, int32_t *n_sched) {
     sc->admitting = false;
     while (admit && sc->waiting.head && used < budget && sc->running.n < sc->cfg.max_num_seqs) {
         seq *s = sc->waiting.head;
+        if (s->loading) break; /* its blocks are on their way from disk */
         int64_t stats0[2];
         int32_t hit = lookup_prefix(sc, s, stats0);
+        if (!s->disk_done && may_hit_prefix(s) && sc->hooks.disk_lookup &&
+            sc->hooks.disk_lookup(sc->hooks.ctx, s)) {
+            /* counted when it is admitted, with what the load brought */
+            sc->mgr->stats.prefix_queries = stats0[0];
+            sc->mgr->stats.prefix_hits = stats0[1];
+            break;
+        }
         int32_t rem = s->n_tokens - s->n_computed;
         int32_t n = fit_tokens(sc, s, rem < budget - used ? rem : budget - used);
         n = fit_rows(s, n, sc->cfg.max_logits - rows);

@@ -7,8 +7,8 @@
  * and lets a request take room from lower ones.
  *
  * It sees request records and block counts only: KV through kv/, everything else (speculative
- * proposals, the draft model's KV, the grammar start, block copies, the inbox's queue count)
- * through hooks, so tests/unit/test_scheduler.c drives it with fake sequences and no model.
+ * proposals, the draft model's KV, the grammar start, block copies, the inbox's queue count,
+ * the disk tier's lookup) through hooks, so tests/unit/test_scheduler.c drives it with fake sequences and no model.
  * Engine thread only. */
 #ifndef PGD_ENGINE_SCHEDULER_H
 #define PGD_ENGINE_SCHEDULER_H
@@ -38,6 +38,11 @@ typedef struct pgd_sched_hooks {
     void (*admit)(void *ctx, seq *s);
     /* copy-on-write: the blocks in cp must be copied in the KV storage before the step runs */
     void (*copy_blocks)(void *ctx, const pgd_kv_copy *cp);
+    /* the disk tier: the waiting s holds its RAM prefix hit (s->n_computed tokens); true when
+     * it found the blocks after it on disk and started loading them (s->loading: s keeps its
+     * blocks and waits; the engine clears s->loading and releases them once they are in the
+     * RAM cache) */
+    bool (*disk_lookup)(void *ctx, seq *s);
     /* the count of queued requests (waiting) changed by delta */
     void (*pending)(void *ctx, int32_t delta);
 } pgd_sched_hooks;

@@ -44,6 +44,20 @@ static void log_event(pgd_kv_mgr *m, uint8_t kind, uint64_t hash, uint64_t paren
     l->n_tok += nt;
 }
 
+/* ---- the disk tier's spill ring ---- */
+
+static void spill_push(pgd_kv_mgr *m, int32_t b) {
+    pgd_kv_spill_ring *r = &m->spill;
+    if (!r->cap || m->blocks[b].ns != 0) return;
+    if (r->n == r->cap) {
+        r->lost++;
+        return;
+    }
+    size_t i = (r->head + r->n++) % r->cap;
+    r->block[i] = b;
+    r->gen[i] = m->blocks[b].gen;
+}
+
 /* ---- map ---- */
 
 static size_t map_slot(const pgd_kv_mgr *m, uint64_t h) { return (size_t)(h & (m->map_cap - 1)); }
@@ -167,6 +181,8 @@ void pgd_kv_mgr_free(pgd_kv_mgr *m) {
     free(m->map_vals);
     free(m->log.ev);
     free(m->log.tokens);
+    free(m->spill.block);
+    free(m->spill.gen);
     memset(m, 0, sizeof *m);
 }
 
@@ -268,6 +284,7 @@ void pgd_kv_commit(pgd_kv_mgr *m, pgd_kv_seq *s, const int32_t *tokens, int32_t 
             memcpy(m->tokens + (size_t)b * bs, bt, (size_t)bs * sizeof *bt);
             map_put(m, h, b);
             log_event(m, PGD_KV_EV_STORED, h, k->parent_hash, s->ns, bt);
+            spill_push(m, b);
         }
         parent_hash = h;
     }
@@ -333,6 +350,50 @@ int pgd_kv_events_enable(pgd_kv_mgr *m, pgd_err *err) {
     l->cap_tok = cap_tok;
     return PGD_OK;
 }
+
+int pgd_kv_spill_enable(pgd_kv_mgr *m, pgd_err *err) {
+    pgd_kv_spill_ring *r = &m->spill;
+    if (r->cap) return PGD_OK;
+    size_t cap = 2 * (size_t)m->n_blocks + 16;
+    r->block = malloc(cap * sizeof *r->block);
+    r->gen = malloc(cap * sizeof *r->gen);
+    if (!r->block || !r->gen) {
+        free(r->block);
+        free(r->gen);
+        r->block = NULL;
+        r->gen = NULL;
+        return pgd_err_set(err, PGD_ENOMEM, "out of memory for the disk tier's spill ring");
+    }
+    r->cap = cap;
+    return PGD_OK;
+}
+
+bool pgd_kv_spill_next(pgd_kv_mgr *m, int32_t *block) {
+    pgd_kv_spill_ring *r = &m->spill;
+    while (r->n > 0) {
+        int32_t b = r->block[r->head];
+        uint32_t g = r->gen[r->head];
+        r->head = (r->head + 1) % r->cap;
+        r->n--;
+        if (m->blocks[b].gen == g && m->blocks[b].hash) {
+            *block = b;
+            return true;
+        }
+        r->lost++; /* evicted or dropped before the writer got to it */
+    }
+    return false;
+}
+
+uint64_t pgd_kv_hash(const pgd_kv_mgr *m, uint64_t parent_hash, const int32_t *tokens) {
+    return block_hash(parent_hash, tokens, m->block_size);
+}
+
+void pgd_kv_block_ref(pgd_kv_mgr *m, int32_t b) {
+    PGD_ASSERT(m->blocks[b].ref > 0);
+    m->blocks[b].ref++;
+}
+
+void pgd_kv_block_unref(pgd_kv_mgr *m, int32_t b) { unref(m, b); }
 
 int pgd_kv_check(const pgd_kv_mgr *m) {
     int32_t n_free = 0, n_cached = 0, prev = -1;

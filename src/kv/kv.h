@@ -69,6 +69,16 @@ typedef struct pgd_kv_event_log {
     int64_t lost;      /* events that did not fit (the owner did not take them out in time) */
 } pgd_kv_event_log;
 
+/* Registered blocks the disk tier has not written yet (pgd_kv_spill_enable): block ids with
+ * their generation at registration, oldest first; an entry whose block was evicted or dropped
+ * since is skipped when taken. */
+typedef struct pgd_kv_spill_ring {
+    int32_t *block;  /* (cap) */
+    uint32_t *gen;   /* (cap) */
+    size_t head, n, cap;
+    int64_t lost;    /* registrations that found the ring full (never written) */
+} pgd_kv_spill_ring;
+
 typedef struct pgd_kv_mgr {
     int32_t n_blocks, block_size;
     bool prefix_caching;
@@ -81,6 +91,7 @@ typedef struct pgd_kv_mgr {
     size_t map_cap;
     pgd_kv_stats stats;
     pgd_kv_event_log log; /* cap 0: events off */
+    pgd_kv_spill_ring spill; /* cap 0: no disk tier */
 } pgd_kv_mgr;
 
 int pgd_kv_mgr_init(pgd_kv_mgr *m, int32_t n_blocks, int32_t block_size, bool prefix_caching,
@@ -133,6 +144,21 @@ int32_t pgd_kv_drop_cached(pgd_kv_mgr *m);
 int pgd_kv_events_enable(pgd_kv_mgr *m, pgd_err *err);
 /* Empties the log (after its events went out). */
 static inline void pgd_kv_events_clear(pgd_kv_mgr *m) { m->log.n = m->log.n_tok = 0; }
+
+/* Turns the spill ring on (the disk tier): room for two registrations per block, allocated
+ * now so that registering never allocates. Only the base model's blocks (namespace 0) are
+ * recorded: an adapter's namespace is a per-load number, meaningless after a restart. */
+int pgd_kv_spill_enable(pgd_kv_mgr *m, pgd_err *err);
+/* The oldest registered block not yet taken that is still registered as it was: true and its
+ * id, or false when none is left. */
+bool pgd_kv_spill_next(pgd_kv_mgr *m, int32_t *block);
+/* A block's chain hash: hash(parent_hash, tokens[0..block_size)); the first block of the base
+ * model's sequences has parent_hash 0. */
+uint64_t pgd_kv_hash(const pgd_kv_mgr *m, uint64_t parent_hash, const int32_t *tokens);
+/* An extra reference to block b, which some sequence holds (a load in flight keeps its target
+ * blocks so, whatever happens to the sequence), and its release. */
+void pgd_kv_block_ref(pgd_kv_mgr *m, int32_t b);
+void pgd_kv_block_unref(pgd_kv_mgr *m, int32_t b);
 
 /* Consistency check for tests: free list, counts and map agree. Returns 0 or a negative code. */
 int pgd_kv_check(const pgd_kv_mgr *m);

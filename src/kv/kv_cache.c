@@ -92,3 +92,45 @@ void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t 
         }
     }
 }
+
+size_t pgd_kv_cache_block_bytes(const pgd_kv_cache *c) {
+    size_t row = pgd_type_row_bytes(c->dtype, (uint64_t)c->kv_dim) +
+                 pgd_type_row_bytes(c->vtype, (uint64_t)c->kv_dim);
+    return (size_t)c->n_ranks * (size_t)c->n_layer * (size_t)c->block_size * row;
+}
+
+/* Block b of layer il on rank r: its K and V slots as byte ranges. */
+static void block_span(const pgd_kv_cache *c, int r, int il, int32_t b, char **k, size_t *kn,
+                       char **v, size_t *vn) {
+    pgd_kv_layer l = pgd_kv_cache_layer(c, r, il);
+    *kn = (size_t)c->block_size * pgd_type_row_bytes(c->dtype, (uint64_t)c->kv_dim);
+    *vn = (size_t)c->block_size * pgd_type_row_bytes(c->vtype, (uint64_t)c->kv_dim);
+    *k = (char *)l.k + (size_t)b * *kn;
+    *v = (char *)l.v + (size_t)b * *vn;
+}
+
+void pgd_kv_cache_block_read(const pgd_kv_cache *c, int32_t b, void *dst) {
+    char *o = dst;
+    for (int r = 0; r < c->n_ranks; r++)
+        for (int il = 0; il < c->n_layer; il++) {
+            char *k, *v;
+            size_t kn, vn;
+            block_span(c, r, il, b, &k, &kn, &v, &vn);
+            memcpy(o, k, kn);
+            memcpy(o + kn, v, vn);
+            o += kn + vn;
+        }
+}
+
+void pgd_kv_cache_block_write(pgd_kv_cache *c, int32_t b, const void *src) {
+    const char *p = src;
+    for (int r = 0; r < c->n_ranks; r++)
+        for (int il = 0; il < c->n_layer; il++) {
+            char *k, *v;
+            size_t kn, vn;
+            block_span(c, r, il, b, &k, &kn, &v, &vn);
+            memcpy(k, p, kn);
+            memcpy(v, p + kn, vn);
+            p += kn + vn;
+        }
+}

@@ -41,6 +41,13 @@ size_t pgd_kv_cache_bytes_per_token2(const struct pgd_model *m, pgd_type dtype, 
 /* Copies the first n slots of block src to block dst in every layer (copy-on-write). */
 void pgd_kv_cache_copy_block(pgd_kv_cache *c, int32_t src, int32_t dst, int32_t n);
 
+/* Bytes of one block across every rank and layer, K and V (the disk tier's payload). */
+size_t pgd_kv_cache_block_bytes(const pgd_kv_cache *c);
+/* Copies block b's bytes out to dst (block_bytes) / in from src: every rank's, then every
+ * layer's K slots then V slots, raw, whatever the types. Host memory only (the CPU backend). */
+void pgd_kv_cache_block_read(const pgd_kv_cache *c, int32_t b, void *dst);
+void pgd_kv_cache_block_write(pgd_kv_cache *c, int32_t b, const void *src);
+
 /* Layer il's storage on rank `rank`, as the backend ops see it (no window, scale or softcap:
  * the forward pass sets those per layer). */
 static inline pgd_kv_layer pgd_kv_cache_layer(const pgd_kv_cache *c, int rank, int il) {

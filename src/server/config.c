@@ -126,6 +126,16 @@ static const pgd_opt table[] = {
      "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": "
      "\"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", \"topic\": \"\", "
      "\"buffer_steps\": 10000}"},
+    {"kv-cache-dir", 0, NULL, PGD_OPT_STR, OFF(kv_cache_dir), NULL, 0, 0, NULL, NULL,
+     PGD_CMD_SERVE,
+     "the prefix cache's disk tier (CPU backend): registered KV blocks are written behind to "
+     "this directory and read back, instead of recomputed, when a prompt's prefix is there and "
+     "no longer in RAM, across restarts too; entries are checksummed and keyed by the model "
+     "file, KV types and block size, and a damaged or foreign one is deleted, never used"},
+    {"kv-cache-disk-size", 0, NULL, PGD_OPT_SIZE, OFF(kv_cache_disk_bytes), "10GiB", 0, 1e15,
+     NULL, NULL, PGD_CMD_SERVE,
+     "the most bytes --kv-cache-dir keeps (e.g. 10GiB); the least recently used blocks go "
+     "first"},
     {"metrics-prefix", 0, NULL, PGD_OPT_CHOICE, OFF(metrics_prefix), "pagoda", 0, 0,
      "pagoda|vllm", NULL, PGD_CMD_SERVE,
      "prefix of every /metrics name: pagoda (pagoda:num_requests_waiting, ...) or vllm "

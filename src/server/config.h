@@ -40,6 +40,8 @@ typedef struct pgd_server_config {
     size_t max_prompt_bytes;        /* a rendered chat prompt, at most */
     bool protect_health, log_requests;
     char *kv_events_config; /* vLLM's --kv-events-config JSON, or NULL */
+    char *kv_cache_dir;     /* --kv-cache-dir: the prefix cache's disk tier, or NULL */
+    size_t kv_cache_disk_bytes; /* --kv-cache-disk-size */
     char *metrics_prefix;   /* /metrics names: "pagoda" or "vllm" */
     char *api_keys[PGD_MAX_API_KEYS];
     int n_api_keys;

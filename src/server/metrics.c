@@ -145,6 +145,33 @@ char *pgd_metrics_render(const pgd_metrics *m, const pgd_engine_stats *engine_st
               "KV event batches gone unsent from the replay buffer, or events not recorded.",
               (double)st.kv_events_lost);
     }
+    if (st.kv_disk) { /* --kv-cache-dir */
+        gauge(&b, p, model, "kv_disk_hits_total", "counter",
+              "KV blocks read back from the disk tier and used.", (double)st.kv_disk_hits);
+        gauge(&b, p, model, "kv_disk_misses_total", "counter",
+              "Prompt lookups past the RAM prefix cache that found no block on disk.",
+              (double)st.kv_disk_misses);
+        gauge(&b, p, model, "kv_disk_read_bytes_total", "counter",
+              "Bytes read from the disk tier.", (double)st.kv_disk_bytes_read);
+        gauge(&b, p, model, "kv_disk_written_bytes_total", "counter",
+              "Bytes written to the disk tier.", (double)st.kv_disk_bytes_written);
+        gauge(&b, p, model, "kv_disk_evictions_total", "counter",
+              "Disk-tier entries deleted to stay under --kv-cache-disk-size.",
+              (double)st.kv_disk_evictions);
+        gauge(&b, p, model, "kv_disk_corrupt_total", "counter",
+              "Disk-tier entries found damaged, truncated or foreign, and deleted.",
+              (double)st.kv_disk_corrupt);
+        gauge(&b, p, model, "kv_disk_write_errors_total", "counter",
+              "Disk-tier writes that failed (full or read-only disk).",
+              (double)st.kv_disk_write_errors);
+        gauge(&b, p, model, "kv_disk_writes_dropped_total", "counter",
+              "Registered KV blocks never written to the disk tier.",
+              (double)st.kv_disk_writes_dropped);
+        gauge(&b, p, model, "kv_disk_blocks", "gauge", "KV blocks on the disk tier.",
+              (double)st.kv_disk_entries);
+        gauge(&b, p, model, "kv_disk_usage_bytes", "gauge", "Bytes on the disk tier.",
+              (double)st.kv_disk_bytes);
+    }
     bprintf(&b, "# HELP %s:request_success_total Finished requests by reason.\n"
                 "# TYPE %s:request_success_total counter\n", p, p);
     static const char *const reasons[3] = {"stop", "length", "abort"};

@@ -62,6 +62,8 @@ static void load_work_cb(uv_work_t *w) {
     ec.n_loras = s->n_static_loras;
     ec.max_loras = s->n_loras;
     ec.kv_events_config = s->cfg.kv_events_config;
+    ec.kv_cache_dir = s->cfg.kv_cache_dir;
+    ec.kv_cache_disk_bytes = s->cfg.kv_cache_disk_bytes;
     if (pgd_engine_create(&ec, &s->engine, s->load_error, sizeof s->load_error)) return;
     for (int i = 0; i < s->n_static_loras; i++) /* (KV events carry the served names) */
         if (pgd_engine_set_lora_name(s->engine, i + 1, s->lora_names[i])) {

@@ -223,9 +223,12 @@ def served(tmp_path_factory):
     a, b = make_adapter(root / "a", 1), make_adapter(root / "b", 2)
     pub, rep = free_port(), free_port()
     # 512 KiB of F16 KV (the default) is about 51 blocks of 16 tokens: four sequences of up to
-    # 280 tokens evict and preempt
+    # 280 tokens evict and preempt; and the disk tier (issue 38): blocks evicted or flushed come
+    # back from disk, registered again, which must show as BlockStored events like any other
+    # registration
     s = Server(STORIES, "--kv-events-config", kv_config(pub, rep), "--kv-cache-memory", "512KiB",
-               "--max-loras", "2", "--lora-modules", f"a={a},b={b}", threads=1).start()
+               "--max-loras", "2", "--lora-modules", f"a={a},b={b}", "--kv-cache-dir",
+               root / "kv-disk", threads=1).start()
     yield s, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"
     s.stop()
 
@@ -338,6 +341,8 @@ def test_events_rebuild_the_cache(served):
         m = requests.get(server.url("/metrics"), timeout=10).text
         published = [ln for ln in m.splitlines() if ln.startswith("pagoda:kv_events_published")]
         assert published and float(published[0].split()[-1]) == d["seq"] + 1, published
+        hits = [ln for ln in m.splitlines() if ln.startswith("pagoda:kv_disk_hits_total")]
+        assert hits and float(hits[0].split()[-1]) > 0, hits
     finally:
         sub.close()
         deaf.close()

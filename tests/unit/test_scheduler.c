@@ -9,6 +9,7 @@
  *   front, its blocks freed;
  * - prefix hits: counted once at admission, undone when the head does not fit;
  * - abort (remove) in every state: waiting, preempted, mid-prefill, decoding;
+ * - the disk tier's loading state: the head waits on its load while others decode;
  * - a randomized workload in both policies: every block free at the end, the pool consistent,
  *   the queue count back to zero, and under fcfs requests start in arrival order and each
  *   finishes within a bounded number of steps. */
@@ -265,6 +266,101 @@ static void test_prefix_hits(void) {
     world_free(&w);
 }
 
+/* The disk tier's loading state (the engine's kv_tier.c, faked): the head whose prefix is "on
+ * disk" reserves the blocks after its RAM hit, takes a reference on them as the load does, and
+ * waits; running sequences keep decoding and nobody behind it is admitted; once the load
+ * finishes (some blocks good) the sequence registers them and lets go, and its admission finds
+ * them as an ordinary prefix hit, counted once. A sequence aborted mid-load leaves the load's
+ * blocks to the load. */
+typedef struct fake_disk {
+    uint64_t on_disk;  /* the id whose blocks are on disk */
+    int32_t blocks[MAXB], n, first;
+    seq *loading;
+} fake_disk;
+static fake_disk fdisk;
+
+static bool hook_disk_lookup(void *ctx, seq *s) {
+    world *w = ctx;
+    if (s->id != fdisk.on_disk || fdisk.loading) return false;
+    int32_t n_ram = s->kv.n_blocks, n_full = (s->n_tokens - 1) / BS;
+    if (n_ram >= n_full) return false;
+    pgd_kv_copy cp;
+    CHECK_EQ_INT(pgd_kv_reserve(&w->mgr, &s->kv, s->n_computed, n_full * BS, &cp), 0);
+    CHECK_EQ_INT(cp.n, 0);
+    fdisk.n = n_full - n_ram;
+    fdisk.first = n_ram;
+    for (int32_t i = 0; i < fdisk.n; i++) {
+        fdisk.blocks[i] = s->kv.table[n_ram + i];
+        pgd_kv_block_ref(&w->mgr, fdisk.blocks[i]);
+    }
+    s->loading = true;
+    fdisk.loading = s;
+    return true;
+}
+
+/* The load ends with n_ok good blocks; s: the sequence if still queued. */
+static void disk_load_done(world *w, seq *s, int32_t n_ok) {
+    if (s) {
+        int32_t keep = (fdisk.first + n_ok) * BS;
+        pgd_kv_truncate(&w->mgr, &s->kv, keep);
+        pgd_kv_commit(&w->mgr, &s->kv, s->tokens, keep);
+        pgd_kv_release(&w->mgr, &s->kv);
+        s->n_computed = 0;
+        s->loading = false;
+        s->disk_done = true;
+    }
+    for (int32_t i = fdisk.n - 1; i >= 0; i--) pgd_kv_block_unref(&w->mgr, fdisk.blocks[i]);
+    fdisk.n = 0;
+    fdisk.loading = NULL;
+}
+
+static void test_disk_loading(void) {
+    world w;
+    world_init(&w, 32, 64, 8, 8, false);
+    w.sc.hooks.disk_lookup = hook_disk_lookup;
+    memset(&fdisk, 0, sizeof fdisk);
+    seq *r = fake(&w, 1, 4, 30, 0, 100);
+    add(&w, r);
+    int32_t used;
+    fake_step(&w, &used);
+    fdisk.on_disk = 2;
+    seq *s = fake(&w, 2, 17, 2, 0, 500); /* 4 full blocks before its last token */
+    seq *x = fake(&w, 3, 4, 2, 0, 900);
+    add(&w, s);
+    add(&w, x);
+    int64_t q0 = w.mgr.stats.prefix_queries, h0 = w.mgr.stats.prefix_hits;
+    for (int k = 0; k < 3; k++) { /* r decodes; s waits on its load, x behind it */
+        int32_t ns = fake_step(&w, &used);
+        CHECK_EQ_INT(ns, 1);
+        CHECK(w.batch[0] == r);
+        CHECK(s->loading && s->state == SEQ_WAITING && x->state == SEQ_WAITING);
+        CHECK_EQ_INT(s->kv.n_blocks, 4);
+        CHECK_EQ_INT(w.mgr.stats.prefix_queries, q0); /* (counted at admission) */
+    }
+    disk_load_done(&w, s, 3); /* the fourth block failed its check: recomputed */
+    CHECK_EQ_INT(s->kv.n_blocks, 0);
+    CHECK_EQ_INT(pgd_kv_check(&w.mgr), 0);
+    CHECK_EQ_INT(w.mgr.n_cached, 3);
+    fake_step(&w, &used);
+    CHECK(s->state == SEQ_RUNNING && x->state == SEQ_RUNNING);
+    CHECK_EQ_INT(s->n_cached, 12);
+    CHECK_EQ_INT(w.mgr.stats.prefix_hits - h0, 12);
+    CHECK_EQ_INT(w.mgr.stats.prefix_queries - q0, 17 + 4);
+    run_until_idle(&w, 100);
+    check_clean(&w);
+    /* aborted while loading: its blocks stay held by the load until it ends */
+    fdisk.on_disk = 4;
+    seq *a = fake(&w, 4, 17, 2, 0, 700);
+    add(&w, a);
+    fake_step(&w, &used);
+    CHECK(a->loading);
+    finish(&w, a);
+    CHECK_EQ_INT(w.mgr.n_free, w.mgr.n_blocks - 4);
+    disk_load_done(&w, NULL, 4);
+    check_clean(&w);
+    world_free(&w);
+}
+
 static void test_abort_everywhere(void) {
     world w;
     /* waiting, never admitted */
@@ -364,6 +460,7 @@ int main(void) {
     test_preemption_choice(true);
     test_prefix_hits();
     test_abort_everywhere();
+    test_disk_loading();
     test_random(false);
     test_random(true);
     return test_report("test_scheduler");
