@@ -310,11 +310,16 @@ static pgd_finish_reason advance(pgd_engine *e, seq *s) {
         s->n_spec_accepted += n_acc;
         pgd_spec_adapt_update(&s->out->adapt, k, n_acc);
     }
-    if (why) return why;
-    /* K/V is valid for the tokens that were inputs and survived: all but the newest */
+    /* Finished with drafts in flight: their K/V is not worth rolling back for a sequence about
+     * to be freed. */
+    if (why && k > 0) return why;
+    /* K/V is valid for the tokens that were inputs and survived: all but the newest. Committed
+     * even when the sequence just finished, so a prompt that ends on its first token
+     * (max_tokens 1) still leaves its last chunk's blocks to the prefix cache. */
     if (s->n_computed > s->n_tokens - 1) s->n_computed = s->n_tokens - 1;
     if (k > 0) pgd_kv_truncate(&e->mgr, &s->kv, s->n_computed);
     pgd_kv_commit(&e->mgr, &s->kv, s->tokens, s->n_computed);
+    if (why) return why;
     if (e->spec_mode == PGD_SPEC_DRAFT) {
         int32_t dn = s->out->dseq.n_computed < s->n_tokens - 1 ? s->out->dseq.n_computed : s->n_tokens - 1;
         pgd_draft_rollback(&e->draft, &s->out->dseq, dn);

@@ -84,6 +84,22 @@ def test_cached_tokens_are_the_prefix_cache_hits(server):
     assert b["prompt_tokens_details"]["cached_tokens"] < b["prompt_tokens"]
 
 
+def test_one_token_answers_leave_their_prompt_cached(server):
+    """A request that ends on its first token (max_tokens 1, as a classifier or a scoring call
+    sends) still leaves its prompt's full blocks to the prefix cache: the same prompt again is
+    served all of them (it used to lose the last prefill chunk's blocks: 0 cached here)."""
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+    text = " ".join(words[i % len(words)] + str(i) for i in range(60))
+    body = {"prompt": text, "max_tokens": 1, "temperature": 0}
+    a = post(server, "/v1/completions", body).json()["usage"]
+    b = post(server, "/v1/completions", body).json()["usage"]
+    assert a["prompt_tokens_details"]["cached_tokens"] == 0
+    n = a["prompt_tokens"]
+    assert n > 32
+    # every full block of 16 but the one holding the last token, which is always recomputed
+    assert b["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16
+
+
 def test_tokenize_detokenize(server):
     r = post(server, "/tokenize", {"prompt": "Hello world, how are you?"})
     assert r.status_code == 200
