@@ -114,7 +114,9 @@ int pgd__disk_open(pgd_engine *e, pgd_err *err) {
     key.rope_mode = (int32_t)mc->rope_mode;
     key.n_ctx = mc->n_ctx;
     key.weights_f32 = c->weights_f32;
-    key.int8_act = i8 && i8[0] == '1';
+    /* PAGODA_INT8_ACT's three modes (backend/cpu/quant.h): unset (8-bit for the K-quants),
+     * "0" (F32 everywhere), anything else (8-bit for every quantized type) */
+    key.int8_act = !i8 || !i8[0] ? 2 : strcmp(i8, "0") != 0;
     key.dummy = c->load_format_dummy;
     key.version = 1;
     key.rope_theta = mc->rope_theta;
