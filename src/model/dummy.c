@@ -84,6 +84,9 @@ static void *dummy_fill(pgd_type t, size_t bytes, uint64_t *st) {
 static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
     const pgd_model_config *c = &m->cfg;
     int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_kv_head * c->head_dim;
+    if (c->kv_lora_rank)
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: --load-format dummy does not make latent "
+                           "attention (DeepSeek) weights", m->path);
     pgd_type types[2];
     int rc = dummy_types(m, types, err);
     if (rc) return rc;
