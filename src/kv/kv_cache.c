@@ -34,6 +34,9 @@ int pgd_kv_cache_init2(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, pgd_
     memset(c, 0, sizeof *c);
     if (!pgd_kv_type_ok(dtype) || !pgd_kv_type_ok(vtype))
         return pgd_err_set(err, PGD_EINVAL, "KV cache type must be f32, f16, bf16, q8_0 or q4_0");
+    if (m->cfg.kv_lora_rank && (dtype != vtype || pgd_type_block_elems(dtype) > 1))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "the latent KV cache of %s (latent attention) "
+                           "takes one type, f32, f16 or bf16, for K and V", m->path);
     uint32_t be = pgd_type_block_elems(dtype) > pgd_type_block_elems(vtype)
                       ? pgd_type_block_elems(dtype) : pgd_type_block_elems(vtype);
     if (m->cfg.head_dim % (int32_t)be)
@@ -51,9 +54,6 @@ int pgd_kv_cache_init2(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, pgd_
     if (n_blocks < 1 || block_size < 1)
         return pgd_err_set(err, PGD_EINVAL, "KV cache needs at least one block");
     c->latent = m->cfg.kv_lora_rank > 0;
-    if (c->latent && (dtype != vtype || pgd_type_block_elems(dtype) > 1))
-        return pgd_err_set(err, PGD_EUNSUPPORTED, "the latent KV cache of %s (latent attention) "
-                           "takes one type, f32, f16 or bf16, for K and V", m->path);
     c->dtype = dtype;
     c->vtype = vtype;
     c->n_layer = m->cfg.n_layer;

@@ -801,6 +801,10 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     if (tp < 1 || tp > PGD_MAX_TP)
         return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d: must be 1..%d", tp,
                            PGD_MAX_TP);
+    if (c->kv_lora_rank && (!ops->supports(PGD_OP_MLA, PGD_TYPE_F32) || tp != 1))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: latent attention (DeepSeek) runs on the "
+                           "CPU backend with one rank only (--device cpu, no tensor parallel), "
+                           "not on %s with %d ranks", m->path, ops->name, tp);
     if (c->n_head % tp || c->n_kv_head % tp)
         return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d does not divide the %d "
                            "attention heads and %d KV heads of %s", tp, c->n_head, c->n_kv_head,
@@ -816,10 +820,6 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
                                  ops->supports(PGD_OP_SOFTCAP, PGD_TYPE_F32)))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: Gemma models run on the CPU backend only "
                            "(--device cpu), not on %s", m->path, ops->name);
-    if (c->kv_lora_rank && (!ops->supports(PGD_OP_MLA, PGD_TYPE_F32) || tp != 1))
-        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: latent attention (DeepSeek) runs on the "
-                           "CPU backend with one rank only (--device cpu, no tensor parallel), "
-                           "not on %s with %d", m->path, ops->name, tp);
     if (c->attn_scale && !ops->supports(PGD_OP_ATTN_SCALE, PGD_TYPE_F32))
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: YaRN rope scaling runs on the CPU backend "
                            "only (--device cpu), not on %s", m->path, ops->name);
