@@ -242,3 +242,18 @@ def test_refusals(pagoda_bin, ds_models):
         err = p.stderr.decode().strip()
         assert p.returncode != 0 and words in err and m in err, err
         assert len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_kv_plan(pagoda_bin, ds_models, refs, name):
+    """kv-plan reads DeepSeek's shapes from the config.json and the GGUF alike: the latent
+    cache's bytes per token (layers x (kv_lora_rank + rope) x element size, as the engine sizes
+    its pool: test_batched_equals_alone) and transformers' own parameter count."""
+    cfg = refs(name).f32.config
+    n_params = sum(p.numel() for p in refs(name).f32.parameters())
+    for path in (ds_models[name]["hf_dir"], ds_models[name]["gguf_F32"]):
+        p = util.run_pagoda("kv-plan", "-m", path, "--kv-dtype", "f16", "--json")
+        d = json.loads(p.stdout)
+        assert d["kv_bytes_per_token"] == cfg.num_hidden_layers * (
+            cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
+        assert d["model"]["num_parameters"] == n_params, path
