@@ -316,7 +316,8 @@ void pgd_fwd_free(pgd_fwd *f) {
         if (r->prof) prof_print(r);
         if (!be->ops) continue;
         float *bufs[] = {r->x, r->xb, r->xb2, r->xb3, r->q, r->k, r->v, r->hb, r->hb2, r->router,
-                         r->moe_work, r->qf, r->qa, r->logits != f->logits ? r->logits : NULL, r->lora_work};
+                         r->moe_work, r->qf, r->qa, r->logits != f->logits ? r->logits : NULL,
+                         r->lora_work};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->ops->mem_free(be, bufs[i]);
         if (be->impl) be->ops->free(be);

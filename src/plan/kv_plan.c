@@ -159,7 +159,8 @@ static int load_gguf(const char *path, pgd_kv_plan_model *m, pgd_err *err) {
          * before the latent cache key_length and value_length) */
         int64_t klm = 0, vlm = 0, vl = 0, shared = 0;
         struct { const char *suffix; int64_t *dst; } dk[] = {
-            {"attention.kv_lora_rank", &m->kv_lora_rank}, {"attention.q_lora_rank", &m->q_lora_rank},
+            {"attention.kv_lora_rank", &m->kv_lora_rank},
+            {"attention.q_lora_rank", &m->q_lora_rank},
             {"rope.dimension_count", &m->rope_dim}, {"attention.key_length_mla", &klm},
             {"attention.value_length_mla", &vlm}, {"attention.value_length", &vl},
             {"leading_dense_block_count", &m->n_dense}, {"expert_shared_count", &shared},

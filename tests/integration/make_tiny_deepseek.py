@@ -171,7 +171,8 @@ def gguf_tensors(sd, cfg, split_kv_b=True):
                 yield f"blk.{il}.attn_kv_b.weight", a
                 continue
             kv_b = a.reshape(H, nope + v, a.shape[-1])
-            yield f"blk.{il}.attn_k_b.weight", np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1))
+            yield (f"blk.{il}.attn_k_b.weight",
+                   np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)))
             yield f"blk.{il}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:])
         else:
             yield f"blk.{il}.{names[module]}.{kind}", a

@@ -113,7 +113,8 @@ class Refs:
         model = self.model(fmt)
         model.generation_config.eos_token_id = None
         out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=N_GEN,
-                             pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+                             pad_token_id=0,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))
         return out[0, len(ids):].tolist()
 
 

@@ -246,7 +246,8 @@ def test_model_configs_parse(cfg):
         assert m[key] == want[ref], (key, m[key], want[ref])
     assert want["model_type"] in ("llama", "mistral", "qwen2", "qwen3", "smollm3", "mixtral",
                                   "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
-    experts = want.get("num_local_experts", want.get("num_experts", want.get("n_routed_experts", 0)))
+    experts = want.get("num_local_experts",
+                       want.get("num_experts", want.get("n_routed_experts", 0)))
     assert m["num_experts"] == experts
     if experts:
         assert m["num_experts_per_tok"] == want["num_experts_per_tok"]
