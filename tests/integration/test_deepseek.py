@@ -8,8 +8,9 @@ Proofs: logits and greedy text against transformers in every form Pagoda loads (
 GGUF F32/F16/Q8_0 as llama.cpp's converter writes deepseek2, --weights-f32), with
 test_forward.py's bounds; the latent cache's logits bit-identical at batch 1, 3, 16 and 64
 (test_batch_invariance on these models); the batched engine (chunked prefill, prefix hits, a pool
-small enough to preempt) equal to each request run alone; the cache's size per token; clean
-refusals of what is not supported.
+small enough to preempt) equal to each request run alone; the cache's size per token and the
+parameter count in kv-plan; --load-format dummy; clean refusals of what is not supported and of
+malformed files.
 """
 import json
 import subprocess
@@ -277,3 +278,26 @@ def test_dummy_load(pagoda_bin, ds_models, tmp_path, monkeypatch):
     res, _ = run_batch(cfg, tmp_path, "batched", reqs, "--load-format", "dummy",
                        "--max-num-batched-tokens", "32")
     assert_same(res, ref)
+
+
+def test_malformed_files(pagoda_bin, ds_models, refs, tmp_path):
+    """A DeepSeek file missing a piece is a one-line error naming the file and the piece: a GGUF
+    without layer 0's kv_b (neither attn_k_b/attn_v_b nor attn_kv_b), a config.json with
+    kv_lora_rank 0."""
+    import shutil
+    import make_tiny_deepseek as md
+    import make_tiny_models as mt
+    sd = {k: v for k, v in md.state_dict(refs("dsv2").f32).items()
+          if k != "model.layers.0.self_attn.kv_b_proj.weight"}
+    path = tmp_path / "no-kv_b.gguf"
+    md.write_gguf(path, md.SPECS["dsv2"], sd, mt.read_gguf_kv(mt.VOCAB_DIR / md.VOCAB), "F32")
+    d = tmp_path / "rank0"
+    shutil.copytree(ds_models["dsv2"]["hf_dir"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["kv_lora_rank"] = 0
+    (d / "config.json").write_text(json.dumps(cfg))
+    for model, words in ((path, "blk.0.attn_kv_b.weight"), (d, "kv_lora_rank")):
+        p = util.run_pagoda("generate", "-m", model, "--ids", "1 2 3", "-n", "2", check=False)
+        err = p.stderr.decode().strip()
+        assert p.returncode != 0 and words in err and str(model) in err, err
+        assert len(err.splitlines()) == 1, err
