@@ -41,6 +41,7 @@ typedef enum {
     PGD_OP_SOFTCAP,      /* x = c tanh(x / c): the softcap op, attention's pgd_kv_layer.softcap */
     PGD_OP_ATTN_SCALE,   /* attention scores scaled by pgd_kv_layer.scale */
     PGD_OP_LORA,         /* y[t] += scale * B (A x[t]) with row t's adapter (LoRA) */
+    PGD_OP_MLA,          /* multi-head latent attention's ops (mla_q, mla_kv, mla_o; DeepSeek) */
     PGD_OP_COUNT
 } pgd_op;
 
@@ -69,7 +70,9 @@ typedef struct pgd_kv_layer {
     pgd_type vtype;      /* V's (llama.cpp's -ctk / -ctv choose them apart) */
     void *k, *v;         /* (n_slots) rows of kv_dim elements of dtype / vtype, each
                             pgd_type_row_bytes(type, kv_dim) long: a quantized row is its
-                            heads' blocks in order (head_dim a multiple of the block) */
+                            heads' blocks in order (head_dim a multiple of the block); v == k
+                            (and vtype == dtype) for a latent cache, whose rows are both:
+                            stores and copies then write them once */
     int32_t block_size;
     int32_t kv_dim;      /* row width of the storage (n_kv_head * head_dim of this rank) */
     /* Attention only: a token at position pos attends to positions p > pos - window (a
@@ -97,17 +100,26 @@ typedef struct pgd_moe {
     bool norm;                   /* the chosen experts' probabilities rescaled to sum to 1 */
     const pgd_weight *gate, *up; /* (n_expert) matrices of (ffn_dim, dim) */
     const pgd_weight *down;      /* (n_expert) matrices of (dim, ffn_dim) */
-    /* Qwen2-MoE's shared expert, which every token runs, scaled by sigmoid(shared_inp . x);
-     * NULL gates: none. */
+    /* Qwen2-MoE's shared expert, which every token runs, scaled by sigmoid(shared_inp . x)
+     * (DeepSeek's: shared_inp NULL, not scaled); NULL gates: none. */
     int32_t shared_ffn_dim;      /* its FFN columns (this rank's) */
     const pgd_weight *shared_gate, *shared_up, *shared_down, *shared_inp; /* inp: (1, dim) */
+    /* DeepSeek's routing (all zero elsewhere): scores sigmoid(router) instead of the softmax;
+     * the choice by score + bias[i] (bias NULL: the score), only among the experts of the
+     * topk_group groups (n_group equal runs of experts; 0: no groups) whose best score (sigmoid:
+     * sum of the best two) is highest; the chosen scores (rescaled when norm) times scale
+     * (0: 1) weight them. */
+    bool sigmoid;
+    const float *bias;           /* (n_expert) or NULL */
+    int32_t n_group, topk_group;
+    float scale;
 } pgd_moe;
 
 /* Floats of scratch the moe op takes for n_rows rows of dim elements (backend memory). */
 static inline size_t pgd_moe_work_floats(int32_t n_rows, int32_t dim, const pgd_moe *e) {
     size_t f = (size_t)(e->ffn_dim > e->shared_ffn_dim ? e->ffn_dim : e->shared_ffn_dim);
     return (size_t)n_rows * (2 * (size_t)dim + 2 * f + 4 * (size_t)e->n_used + 1) +
-           2 * (size_t)e->n_expert + 17;
+           4 * (size_t)e->n_expert + (size_t)e->n_group + 17;
 }
 
 /* One LoRA adapter's delta on one matrix, on one rank's slice of it, as the lora op sees it
@@ -185,6 +197,21 @@ typedef struct pgd_backend_ops {
     void (*moe)(pgd_backend *be, const pgd_moe *e, const float *x, const float *router,
                 float *out, float *work, int n_rows, int dim);
     void (*add)(pgd_backend *be, float *x, const float *y, size_t n);
+    /* Multi-head latent attention (supports(PGD_OP_MLA); NULL where not), r = kv_lora_rank:
+     * mla_q: row t of qf (n_rows, n_head * (nope + rope)) becomes, per head h, the absorbed
+     * query q[t, h] = (w_uk_t[h] (r, nope) . q_nope, rope(q_rope) * rope_attn^2) in q (n_rows,
+     * n_head * (r + rope)); mla_kv: rows of kv (n_rows, r + rope) get their first r normalized
+     * by norm_w (eps) and their last rope rotated, in place, then stored as K (the latent is V
+     * too: kv->v == kv->k); mla_o: out[t, h] (v of n_rows, n_head * v) = w_uv[h] (v, r) . the
+     * first r of o[t, h] (o: n_rows, n_head * (r + rope)). Each row alone, in a fixed order. */
+    void (*mla_q)(pgd_backend *be, const float *w_uk_t, const float *qf, float *q, int n_rows,
+                  int n_head, int nope, int rope, int r, float rope_attn,
+                  const pgd_rope_params *rp);
+    void (*mla_kv)(pgd_backend *be, float *kv_rows, const float *norm_w, float eps, int n_rows,
+                   int r, int rope, const pgd_kv_layer *kv, const pgd_step *s,
+                   const pgd_rope_params *rp);
+    void (*mla_o)(pgd_backend *be, const float *w_uv, const float *o, float *out, int n_rows,
+                  int n_head, int r, int rope, int v);
     /* LoRA: for every row t of x (n_rows, n_in) with adapter[t] = k > 0 (host) and mats[k - 1].a
      * set, y[t] (of n_out) += scale * B (A x[t]) of mats[k - 1]; other rows are left alone. work
      * holds n_rows * max_rank floats (max_rank: the largest mats[].rank). Each row's result depends

@@ -308,6 +308,15 @@ static model_cost cost_of(const pgd_model *m) {
         const pgd_weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
                                   &l->w_down};
         for (int i = 0; i < 7; i++) add_weight(ws[i], &c.layer_params, &c.layer_bytes);
+        /* latent attention: its q/kv_a matrices and kv_b's two F32 halves (absorbed) */
+        const pgd_weight *mla[] = {&l->wq_a, &l->wq_b, &l->wkv_a};
+        for (int i = 0; i < 3; i++) add_weight(mla[i], &c.layer_params, &c.layer_bytes);
+        if (l->w_uk_t) {
+            const pgd_model_config *mc = &m->cfg;
+            double n = (double)mc->n_head * mc->kv_lora_rank * (mc->qk_nope_dim + mc->v_head_dim);
+            c.layer_params += n;
+            c.layer_bytes += n * sizeof(float);
+        }
         if (!l->moe.n_expert) continue;
         add_weight(&l->w_router, &c.layer_params, &c.layer_bytes);
         add_weight(&l->w_shared_inp, &c.layer_params, &c.layer_bytes);

@@ -306,7 +306,8 @@ int pgd_engine_create(const pgd_engine_config *c, pgd_engine **out, char *err, s
     } else {
         size_t per_block =
             pgd_kv_cache_bytes_per_token2(e->model, kdt, vdt) * (size_t)c->block_size;
-        n_blocks = c->kv_cache_bytes / per_block;
+        /* (0: rows these types cannot hold, which pgd_kv_cache_init2 refuses by name) */
+        n_blocks = per_block ? c->kv_cache_bytes / per_block : 1;
         if (n_blocks < 1) {
             rc = pgd_err_set(&perr, PGD_EINVAL, "KV cache budget of %zu bytes holds no block of "
                              "%d tokens (%zu bytes each)", c->kv_cache_bytes, c->block_size,

@@ -14,6 +14,8 @@ bool pgd_kv_type_ok(pgd_type t) {
 
 size_t pgd_kv_cache_bytes_per_token2(const pgd_model *m, pgd_type dtype, pgd_type vtype) {
     uint64_t kv_dim = (uint64_t)m->cfg.n_kv_head * (uint64_t)m->cfg.head_dim;
+    if (m->cfg.kv_lora_rank) /* the latent cache: one row (kv_cache.h) */
+        return (size_t)m->cfg.n_layer * (size_t)pgd_type_row_bytes(dtype, kv_dim);
     return (size_t)m->cfg.n_layer *
            (size_t)(pgd_type_row_bytes(dtype, kv_dim) + pgd_type_row_bytes(vtype, kv_dim));
 }
@@ -32,6 +34,9 @@ int pgd_kv_cache_init2(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, pgd_
     memset(c, 0, sizeof *c);
     if (!pgd_kv_type_ok(dtype) || !pgd_kv_type_ok(vtype))
         return pgd_err_set(err, PGD_EINVAL, "KV cache type must be f32, f16, bf16, q8_0 or q4_0");
+    if (m->cfg.kv_lora_rank && (dtype != vtype || pgd_type_block_elems(dtype) > 1))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "the latent KV cache of %s (latent attention) "
+                           "takes one type, f32, f16 or bf16, for K and V", m->path);
     uint32_t be = pgd_type_block_elems(dtype) > pgd_type_block_elems(vtype)
                       ? pgd_type_block_elems(dtype) : pgd_type_block_elems(vtype);
     if (m->cfg.head_dim % (int32_t)be)
@@ -48,6 +53,7 @@ int pgd_kv_cache_init2(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, pgd_
                            "CPU backend");
     if (n_blocks < 1 || block_size < 1)
         return pgd_err_set(err, PGD_EINVAL, "KV cache needs at least one block");
+    c->latent = m->cfg.kv_lora_rank > 0;
     c->dtype = dtype;
     c->vtype = vtype;
     c->n_layer = m->cfg.n_layer;
@@ -62,7 +68,7 @@ int pgd_kv_cache_init2(pgd_kv_cache *c, const pgd_model *m, pgd_type dtype, pgd_
     for (int r = 0; r < c->n_ranks; r++) {
         pgd_backend *bk = &m->shards[r].be;
         c->rk[r] = bk->ops->alloc(bk, kb);
-        c->rv[r] = bk->ops->alloc(bk, vb);
+        c->rv[r] = c->latent ? c->rk[r] : bk->ops->alloc(bk, vb);
         if (!c->rk[r] || !c->rv[r]) {
             pgd_kv_cache_free(c);
             return pgd_err_set(err, PGD_ENOMEM, "KV cache: cannot allocate %d blocks of %d tokens",
@@ -78,7 +84,7 @@ void pgd_kv_cache_free(pgd_kv_cache *c) {
     for (int r = 0; r < c->n_ranks; r++) {
         pgd_backend *be = &c->model->shards[r].be;
         if (c->rk[r]) be->ops->mem_free(be, c->rk[r]);
-        if (c->rv[r]) be->ops->mem_free(be, c->rv[r]);
+        if (c->rv[r] && c->rv[r] != c->rk[r]) be->ops->mem_free(be, c->rv[r]);
     }
     memset(c, 0, sizeof *c);
 }

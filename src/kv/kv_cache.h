@@ -19,6 +19,10 @@ struct pgd_model;
 typedef struct pgd_kv_cache {
     pgd_type dtype, vtype;    /* K's and V's: F32, F16, BF16, Q8_0 or Q4_0 (CPU) */
     int32_t n_layer, n_blocks, block_size, kv_dim; /* kv_dim: one rank's n_kv_head * head_dim */
+    /* A latent cache (multi-head latent attention, cfg.kv_lora_rank): one row per token, the
+     * latent and the rotated key, which is K; V is the same storage (rv == rk: the attention
+     * reads the latent as its values), so a token costs one row, not two. */
+    bool latent;
     void *k, *v;              /* rank 0's (n_layer, n_blocks * block_size, kv_dim) of dtype */
     int32_t n_ranks;
     void *rk[PGD_MAX_TP], *rv[PGD_MAX_TP]; /* each rank's K and V, in its backend's memory */
@@ -34,7 +38,8 @@ int pgd_kv_cache_init2(pgd_kv_cache *c, const struct pgd_model *m, pgd_type dtyp
 /* Whether t can be a KV element type (F32, F16, BF16, Q8_0, Q4_0). */
 bool pgd_kv_type_ok(pgd_type t);
 void pgd_kv_cache_free(pgd_kv_cache *c);
-/* Bytes one token slot takes across all layers (K and V, both of dtype). */
+/* Bytes one token slot takes across all layers (K and V, both of dtype; a latent cache's one
+ * row). */
 size_t pgd_kv_cache_bytes_per_token(const struct pgd_model *m, pgd_type dtype);
 /* The same with K of dtype and V of vtype. */
 size_t pgd_kv_cache_bytes_per_token2(const struct pgd_model *m, pgd_type dtype, pgd_type vtype);
@@ -58,7 +63,7 @@ static inline pgd_kv_layer pgd_kv_cache_layer(const pgd_kv_cache *c, int rank, i
         .dtype = c->dtype,
         .vtype = c->vtype,
         .k = (char *)c->rk[rank] + (size_t)il * k_layer,
-        .v = (char *)c->rv[rank] + (size_t)il * v_layer,
+        .v = (char *)c->rv[rank] + (size_t)il * (c->latent ? k_layer : v_layer),
         .block_size = c->block_size,
         .kv_dim = c->kv_dim,
     };

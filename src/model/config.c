@@ -46,6 +46,23 @@ static int check_config(pgd_model *m, pgd_err *err) {
                         c->moe_ffn_dim > (1 << 22)))
         return pgd_err_set(err, PGD_EFORMAT, "%s: invalid experts (%d of %d, %d wide)", m->path,
                            c->n_expert_used, c->n_expert, c->moe_ffn_dim);
+    if (c->kv_lora_rank &&
+        (c->kv_lora_rank > (1 << 16) || c->qk_nope_dim <= 0 || c->qk_nope_dim > 4096 ||
+         c->v_head_dim <= 0 || c->v_head_dim > 4096 || c->rope_dim <= 0 || c->rope_dim % 2 ||
+         c->rope_dim > 4096 || c->q_lora_rank < 0 || c->q_lora_rank > (1 << 16) ||
+         c->head_dim != c->kv_lora_rank + c->rope_dim || c->n_kv_head != 1 ||
+         c->v_head_dim > c->head_dim)) /* (W_UV's output reuses the query's rows) */
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid latent attention dimensions", m->path);
+    if (c->n_expert && (c->n_dense < 0 || c->n_dense > c->n_layer || c->moe_shared_dim < 0 ||
+                        c->moe_shared_dim > (1 << 22) || c->moe_n_group < 0 ||
+                        (c->moe_n_group > 1 && (c->n_expert % c->moe_n_group ||
+                                                c->moe_topk_group < 1 ||
+                                                c->moe_topk_group > c->moe_n_group ||
+                                                c->moe_topk_group * (c->n_expert / c->moe_n_group) <
+                                                    c->n_expert_used)) ||
+                        !(c->moe_scale >= 0 && c->moe_scale <= 1e6)))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid expert routing (dense layers, shared "
+                           "experts, groups or scale)", m->path);
     return PGD_OK;
 }
 
@@ -120,11 +137,89 @@ void pgd__model_names(pgd_model_config *c, const char *model_type, const char *a
         {"qwen2_moe", "Qwen2MoeForCausalLM"},  {"qwen3", "Qwen3ForCausalLM"},
         {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"smollm3", "SmolLM3ForCausalLM"},
         {"gemma2", "Gemma2ForCausalLM"},       {"gemma3_text", "Gemma3ForCausalLM"},
+        {"deepseek_v2", "DeepseekV2ForCausalLM"}, {"deepseek_v3", "DeepseekV3ForCausalLM"},
     };
     snprintf(c->model_type, sizeof c->model_type, "%s", model_type);
     for (size_t i = 0; !architecture && i < sizeof classes / sizeof classes[0]; i++)
         if (!strcmp(model_type, classes[i].type)) architecture = classes[i].cls;
     snprintf(c->architecture, sizeof c->architecture, "%s", architecture ? architecture : "");
+}
+
+/* deepseek2 metadata as llama.cpp's converter writes it: attention.key_length is the cached row
+ * (kv_lora_rank + rope), key_length_mla/value_length_mla a head's query and value (files from
+ * before the latent cache: key_length/value_length are those); experts after
+ * leading_dense_block_count dense layers, expert_shared_count shared ones; routing by
+ * expert_gating_func (2: sigmoid; 1 or none: softmax), in expert_group_count groups, weights
+ * times expert_weights_scale; under YaRN, scores times (1 + yarn_log_multiplier ln factor)^2 (the
+ * file's multiplier is 0.1 mscale_all_dim). */
+static int gguf_deepseek_config(pgd_model *m, const char *a, pgd_err *err) {
+    pgd_gguf *g = &m->gguf;
+    pgd_model_config *c = &m->cfg;
+    char key[128];
+    uint32_t kl = 0, vl = 0, klm = 0, vlm = 0, r = 0, qr = 0, rope = 0, dense = 0, shared = 0;
+    uint32_t groups = 0, used = 0, gating = 0;
+    struct { const char *suffix; uint32_t *dst; bool required; } keys[] = {
+        {"attention.kv_lora_rank", &r, true},
+        {"attention.q_lora_rank", &qr, false},
+        {"rope.dimension_count", &rope, true},
+        {"attention.key_length", &kl, true},
+        {"attention.value_length", &vl, true},
+        {"attention.key_length_mla", &klm, false},
+        {"attention.value_length_mla", &vlm, false},
+        {"leading_dense_block_count", &dense, false},
+        {"expert_shared_count", &shared, false},
+        {"expert_group_count", &groups, false},
+        {"expert_group_used_count", &used, false},
+        {"expert_gating_func", &gating, false},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        snprintf(key, sizeof key, "%s.%s", a, keys[i].suffix);
+        int rc = pgd_gguf_get_u32(g, key, keys[i].dst);
+        if (rc == PGD_ENOENT && !keys[i].required) continue;
+        if (rc || *keys[i].dst > (1u << 22))
+            return pgd_err_set(err, PGD_EFORMAT, "%s: %s %s", m->path,
+                               rc == PGD_ENOENT ? "missing metadata" : "invalid metadata", key);
+    }
+    bool mla_keys = klm && vlm;
+    uint32_t qk = mla_keys ? klm : kl, v = mla_keys ? vlm : vl;
+    if (qk <= rope || rope < 2 || r < 1 || gating > 2)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid latent attention metadata (%s.attention."
+                           "key_length%s, rope.dimension_count, kv_lora_rank, expert_gating_func)",
+                           m->path, a, mla_keys ? "_mla" : "");
+    c->kv_lora_rank = (int32_t)r;
+    c->q_lora_rank = (int32_t)qr;
+    c->rope_dim = (int32_t)rope;
+    c->qk_nope_dim = (int32_t)(qk - rope);
+    c->v_head_dim = (int32_t)v;
+    c->head_dim = (int32_t)(r + rope);
+    c->n_kv_head = 1;
+    c->n_dense = (int32_t)dense;
+    c->moe_shared_dim = (int32_t)shared * c->moe_ffn_dim;
+    c->moe_sigmoid = gating == 2;
+    if (c->moe_sigmoid) pgd__model_names(c, "deepseek_v3", NULL);
+    c->moe_n_group = (int32_t)groups;
+    c->moe_topk_group = (int32_t)used;
+    c->moe_norm = false;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+    pgd_gguf_get_bool(g, key, &c->moe_norm);
+    snprintf(key, sizeof key, "%s.expert_weights_scale", a);
+    c->moe_scale = 0;
+    if (pgd_gguf_find(g, key) && pgd_gguf_get_f32(g, key, &c->moe_scale))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid metadata %s", m->path, key);
+    if (c->n_dense >= c->n_layer) c->n_expert = 0;
+    double scale = 1.0 / sqrt((double)qk);
+    float log_mul = 0, factor = 1;
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", a);
+    if (pgd_gguf_find(g, key) && pgd_gguf_get_f32(g, key, &log_mul))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: invalid metadata %s", m->path, key);
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+    if (log_mul && !pgd_gguf_get_f32(g, key, &factor) && factor > 1) {
+        double ms = 1.0 + log_mul * log(factor);
+        scale *= ms * ms;
+    }
+    c->attn_scale = (float)scale;
+    c->rope_attn = 1.0f; /* (YaRN's own factor, when the file names one: gguf_rope_scaling) */
+    return PGD_OK;
 }
 
 int pgd__gguf_config(pgd_model *m, pgd_err *err) {
@@ -149,16 +244,20 @@ int pgd__gguf_config(pgd_model *m, pgd_err *err) {
     } else if (pgd_str_eq(arch, "gemma2") || pgd_str_eq(arch, "gemma3")) { /* (unpermuted) */
         m->cfg.arch = pgd_str_eq(arch, "gemma2") ? PGD_ARCH_GEMMA2 : PGD_ARCH_GEMMA3;
         m->cfg.rope_mode = PGD_ROPE_NEOX;
+    } else if (pgd_str_eq(arch, "deepseek2")) { /* (adjacent pairs, unpermuted: llama.cpp's) */
+        m->cfg.arch = PGD_ARCH_DEEPSEEK2;
+        m->cfg.rope_mode = PGD_ROPE_NORM;
     } else {
         pgd_name_buf nb;
         return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported architecture '%s' (llama, "
-                           "mistral, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, gemma2 and "
-                           "gemma3 are)",
+                           "mistral, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, gemma2, "
+                           "gemma3 and deepseek2 are)",
                            m->path, pgd_str_safe(arch, &nb));
     }
     static const struct {
         const char *gguf, *hf;
-    } types[] = {{"qwen2moe", "qwen2_moe"}, {"qwen3moe", "qwen3_moe"}, {"gemma3", "gemma3_text"}};
+    } types[] = {{"qwen2moe", "qwen2_moe"}, {"qwen3moe", "qwen3_moe"}, {"gemma3", "gemma3_text"},
+                 {"deepseek2", "deepseek_v2"}};
     pgd_name_buf tb;
     const char *ty = pgd_str_safe(arch, &tb);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
@@ -219,6 +318,10 @@ int pgd__gguf_config(pgd_model *m, pgd_err *err) {
     if (!m->cfg.n_vocab) {
         const pgd_gguf_tensor *te = pgd_gguf_find_tensor(g, "token_embd.weight");
         if (te && te->ne[1] <= INT32_MAX) m->cfg.n_vocab = (int32_t)te->ne[1];
+    }
+    if (m->cfg.arch == PGD_ARCH_DEEPSEEK2) {
+        int drc = gguf_deepseek_config(m, a, err);
+        if (drc) return drc;
     }
     int rc = check_config(m, err);
     if (!rc && m->cfg.arch == PGD_ARCH_SMOLLM3) rc = no_rope_every(m, 4, err);
@@ -321,7 +424,7 @@ static int yarn_factors(pgd_model *m, double factor, double orig_ctx, double bet
         !(beta_fast > 0 && beta_fast <= 1e6) || !(beta_slow > 0 && beta_slow <= 1e6) ||
         !(attn_factor >= 0 && attn_factor <= 1e3) || !(c->rope_theta > 1))
         return PGD_EFORMAT;
-    int n = c->head_dim / 2, dim = c->head_dim;
+    int dim = c->rope_dim ? c->rope_dim : c->head_dim, n = dim / 2;
     double base = c->rope_theta;
     /* the dimension (of dim) where a wavelength spans r rotations over orig_ctx positions */
 #define YARN_DIM(r) ((double)dim * log(orig_ctx / ((r) * 6.283185307179586)) / (2 * log(base)))
@@ -340,6 +443,13 @@ static int yarn_factors(pgd_model *m, double factor, double orig_ctx, double bet
     }
     c->rope_freq_factors = f;
     double af = attn_factor > 0 ? attn_factor : factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+    if (c->kv_lora_rank) {
+        /* latent attention: on the rotated parts only, and 1 unless named (llama.cpp cancels
+         * ggml's own for deepseek2; a config.json's comes from deepseek_yarn_af); the scores'
+         * scale is the config's (hf_deepseek_config, gguf_deepseek_config) */
+        c->rope_attn = attn_factor > 0 ? (float)attn_factor : 1.0f;
+        return PGD_OK;
+    }
     double scale = c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)c->head_dim);
     c->attn_scale = (float)(scale * af * af);
     return PGD_OK;
@@ -500,6 +610,90 @@ static int hf_gemma_checks(const cJSON *c, bool g3, const char *path, pgd_err *e
     return PGD_OK;
 }
 
+/* YaRN's get_mscale as transformers' DeepSeek code computes it. */
+static double yarn_mscale(double factor, double mscale) {
+    return factor <= 1 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+}
+
+/* DeepSeek-V2/V3 (deepseek_v2, deepseek_v3) as transformers reads them, with its classes'
+ * defaults: latent attention's shapes (q_lora_rank null: one q matrix), the softmax scale
+ * qk_head_dim^-1/2 times get_mscale(factor, mscale_all_dim)^2 under YaRN, whose attention
+ * factor (mscale / mscale_all_dim) multiplies the rotated parts only; then experts from
+ * first_k_dense_replace on, with n_shared_experts * moe_intermediate_size shared columns.
+ * V2 routes by the softmax, in groups only under topk_method group_limited_greedy, never
+ * renormalized (DeepseekV2TopkRouter ignores norm_topk_prob); V3 by the sigmoid plus
+ * e_score_correction_bias, always in groups (noaux_tc), renormalized when norm_topk_prob. Both
+ * scale the weights by routed_scaling_factor. V3's rope_interleave false rotates halves. */
+static int hf_deepseek_config(pgd_model *m, const cJSON *c, bool v3, const char *path,
+                              pgd_err *err) {
+    pgd_model_config *mc = &m->cfg;
+    int32_t shared;
+    const cJSON *qr = cJSON_GetObjectItemCaseSensitive(c, "q_lora_rank");
+    if ((qr && cJSON_IsNull(qr) ? (mc->q_lora_rank = 0, 0)
+                                : json_int(c, "q_lora_rank", 1536, &mc->q_lora_rank)) ||
+        json_int(c, "kv_lora_rank", 512, &mc->kv_lora_rank) ||
+        json_int(c, "qk_nope_head_dim", 128, &mc->qk_nope_dim) ||
+        json_int(c, "qk_rope_head_dim", 64, &mc->rope_dim) ||
+        json_int(c, "v_head_dim", 128, &mc->v_head_dim) ||
+        json_int(c, "n_routed_experts", v3 ? 256 : 64, &mc->n_expert) ||
+        json_int(c, "num_experts_per_tok", v3 ? 8 : 0, &mc->n_expert_used) ||
+        json_int(c, "moe_intermediate_size", v3 ? 2048 : 1407, &mc->moe_ffn_dim) ||
+        json_int(c, "n_shared_experts", v3 ? 1 : 2, &shared) ||
+        json_int(c, "first_k_dense_replace", v3 ? 3 : 0, &mc->n_dense) ||
+        json_int(c, "n_group", v3 ? 8 : 0, &mc->moe_n_group) ||
+        json_int(c, "topk_group", v3 ? 4 : 0, &mc->moe_topk_group))
+        return pgd_err_set(err, PGD_EFORMAT, "%s: a latent attention or expert size is not a "
+                           "non-negative integer", path);
+    if (mc->kv_lora_rank < 1 || mc->rope_dim < 2)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: kv_lora_rank and qk_rope_head_dim must be "
+                           "positive", path);
+    mc->head_dim = mc->kv_lora_rank + mc->rope_dim; /* the cached row (model.h) */
+    mc->n_kv_head = 1;
+    mc->moe_shared_dim = (int32_t)((int64_t)shared * mc->moe_ffn_dim > INT32_MAX
+                                       ? -1 : shared * mc->moe_ffn_dim);
+    mc->moe_scale = (float)json_num(c, "routed_scaling_factor", v3 ? 2.5 : 1.0);
+    mc->moe_sigmoid = v3;
+    mc->moe_norm = v3 && !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(c, "norm_topk_prob"));
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(c, "topk_method");
+    const char *method = cJSON_IsString(tm) ? tm->valuestring : "greedy";
+    if (!v3 && strcmp(method, "greedy") && strcmp(method, "group_limited_greedy"))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: topk_method '%.32s' is not supported "
+                           "(greedy and group_limited_greedy are)", path, method);
+    if (!v3 && strcmp(method, "group_limited_greedy")) mc->moe_n_group = mc->moe_topk_group = 0;
+    if (!v3 && !mc->n_expert_used)
+        return pgd_err_set(err, PGD_EFORMAT, "%s: no num_experts_per_tok", path);
+    if (mc->n_dense > mc->n_layer) mc->n_dense = mc->n_layer;
+    if (mc->n_dense == mc->n_layer) mc->n_expert = 0; /* all dense */
+    mc->rope_mode = v3 && cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(c, "rope_interleave"))
+                        ? PGD_ROPE_NEOX : PGD_ROPE_NORM;
+    double scale = 1.0 / sqrt((double)(mc->qk_nope_dim + mc->rope_dim));
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
+    if (!cJSON_IsObject(rp)) rp = cJSON_GetObjectItemCaseSensitive(c, "rope_scaling");
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+    if (!cJSON_IsString(rt)) rt = cJSON_GetObjectItemCaseSensitive(rp, "type");
+    const char *rtype = cJSON_IsString(rt) ? rt->valuestring : "default";
+    if (strcmp(rtype, "default") && strcmp(rtype, "yarn"))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: rope scaling '%.32s' with latent "
+                           "attention is not supported (yarn is)", path, rtype);
+    if (!strcmp(rtype, "yarn")) {
+        double f = json_num(rp, "factor", 1);
+        double ms_all = json_num(rp, "mscale_all_dim", 0);
+        if (ms_all) scale *= yarn_mscale(f, ms_all) * yarn_mscale(f, ms_all);
+    }
+    mc->attn_scale = (float)scale;
+    return PGD_OK;
+}
+
+/* The attention factor transformers' _compute_yarn_parameters gives a DeepSeek config: its
+ * attention_factor, else get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when
+ * both are set, else get_mscale(factor). */
+static double deepseek_yarn_af(const cJSON *rs) {
+    double f = json_num(rs, "factor", 1), af = num_of(rs, "attention_factor", 0, 0);
+    double ms = json_num(rs, "mscale", 0), ms_all = json_num(rs, "mscale_all_dim", 0);
+    if (af > 0) return af;
+    return ms && ms_all ? yarn_mscale(f, ms) / yarn_mscale(f, ms_all) : yarn_mscale(f, 1);
+}
+
 /* Experts of a Mixtral, Qwen2-MoE or Qwen3-MoE config.json. Mixtral's are intermediate_size
  * wide and always rescaled; Qwen's are moe_intermediate_size wide, rescaled when norm_topk_prob,
  * and every layer has them unless mlp_only_layers or decoder_sparse_step say otherwise (which
@@ -645,13 +839,15 @@ int pgd__hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         m->cfg.arch = !strncmp(type, "qwen2", 5) ? PGD_ARCH_QWEN2 : PGD_ARCH_QWEN3;
     } else if (!strcmp(type, "mixtral")) {
         m->cfg.arch = PGD_ARCH_LLAMA;
+    } else if (!strcmp(type, "deepseek_v2") || !strcmp(type, "deepseek_v3")) {
+        m->cfg.arch = PGD_ARCH_DEEPSEEK2;
     } else if (!strcmp(type, "gemma3_text") || !strcmp(type, "gemma2")) {
         m->cfg.arch = !strcmp(type, "gemma2") ? PGD_ARCH_GEMMA2 : PGD_ARCH_GEMMA3;
         if ((rc = hf_gemma_checks(c, m->cfg.arch == PGD_ARCH_GEMMA3, path, err))) goto done;
     } else {
         rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: unsupported model_type '%.64s' (llama, "
-                         "mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, gemma2 "
-                         "and gemma3_text are)", path, type);
+                         "mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3, gemma2, "
+                         "gemma3_text, deepseek_v2 and deepseek_v3 are)", path, type);
         goto done;
     }
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(c, "architectures");
@@ -659,7 +855,7 @@ int pgd__hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
     pgd__model_names(&m->cfg, type, cJSON_IsString(a0) ? a0->valuestring : NULL);
     m->hf_untied = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings"));
     /* q/k/v biases (Qwen2, attention_bias) are loaded when the checkpoint has them */
-    m->cfg.rope_mode = PGD_ROPE_NEOX;
+    m->cfg.rope_mode = PGD_ROPE_NEOX; /* (DeepSeek's: hf_deepseek_config) */
     int32_t heads, kv, hd;
     if (json_int(c, "vocab_size", 0, &m->cfg.n_vocab) || json_int(c, "hidden_size", 0, &m->cfg.dim) ||
         json_int(c, "num_hidden_layers", 0, &m->cfg.n_layer) ||
@@ -679,6 +875,9 @@ int pgd__hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
         rc = hf_moe_config(m, c, !strcmp(type, "mixtral"), path, err);
         if (rc) goto done;
     }
+    if (m->cfg.arch == PGD_ARCH_DEEPSEEK2 &&
+        (rc = hf_deepseek_config(m, c, !strcmp(type, "deepseek_v3"), path, err)))
+        goto done;
     m->cfg.rms_eps = (float)json_num(c, "rms_norm_eps", 1e-6);
     if (json_int(c, "bos_token_id", -1, &m->cfg.bos_id)) m->cfg.bos_id = -1; /* e.g. a list */
     /* transformers >= 4.5x nests rope settings in "rope_parameters"; older files use
@@ -713,7 +912,8 @@ int pgd__hf_config_file(pgd_model *m, const char *path, pgd_err *err) {
             if (yarn_factors(m, json_num(rs, "factor", 0),
                              num_of(rs, "original_max_position_embeddings", m->cfg.n_ctx, -1),
                              num_of(rs, "beta_fast", 32, 32), num_of(rs, "beta_slow", 1, 1),
-                             num_of(rs, "attention_factor", 0, 0)))
+                             m->cfg.kv_lora_rank ? deepseek_yarn_af(rs)
+                                                 : num_of(rs, "attention_factor", 0, 0)))
                 rc = pgd_err_set(err, PGD_EFORMAT, "%s: invalid yarn rope_scaling", path);
         }
         else if (strcmp(rtype, "default"))

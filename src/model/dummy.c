@@ -88,11 +88,17 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
     int rc = dummy_types(m, types, err);
     if (rc) return rc;
     /* every (n_in, n_out) a matrix has: each buffer holds the largest of them in its type */
-    const int64_t E = c->n_expert, mf = c->moe_ffn_dim;
+    const int64_t E = c->n_expert, mf = c->moe_ffn_dim, sf = c->moe_shared_dim;
+    /* latent attention (DeepSeek): its q (through q LoRA or not), kv_a and o */
+    const int64_t qr = c->q_lora_rank, mq = (int64_t)c->n_head * (c->qk_nope_dim + c->rope_dim);
+    const int64_t mla = c->kv_lora_rank > 0, r = c->kv_lora_rank + c->rope_dim;
     const int64_t shapes[][2] = {{c->dim, c->n_vocab}, {c->dim, q_dim}, {c->dim, kv_dim},
                                  {q_dim, c->dim},      {c->dim, c->ffn_dim}, {c->ffn_dim, c->dim},
                                  {c->dim, E},          {c->dim, E ? mf : 0}, {E ? mf : 0, c->dim},
-                                 {c->dim, 1}};
+                                 {c->dim, 1},          {c->dim, sf},      {sf, c->dim},
+                                 {c->dim, qr},         {qr, qr ? mq : 0},  {c->dim, mla ? mq : 0},
+                                 {c->dim, mla ? r : 0},
+                                 {(int64_t)c->n_head * c->v_head_dim, mla ? c->dim : 0}};
     void *bufs[2] = {NULL, NULL};
     uint64_t st = seed ? seed : 42;
     for (int k = 0; k < (types[1] != types[0] ? 2 : 1); k++) {
@@ -111,6 +117,7 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
     }
     if (!bufs[1]) bufs[1] = bufs[0]; /* one type */
     int n_ones = c->dim > c->head_dim ? c->dim : c->head_dim;
+    if (c->q_lora_rank > n_ones) n_ones = c->q_lora_rank;
     float *ones = malloc((size_t)n_ones * sizeof *ones);
     if ((rc = pgd__own(m, ones, err))) return rc;
     for (int i = 0; i < n_ones; i++) ones[i] = 1.0f;
@@ -125,14 +132,39 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
     if (!m->layers) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
     for (int il = 0; il < c->n_layer; il++) {
         pgd_layer *l = &m->layers[il];
-        DW(l->wq, c->dim, q_dim);
-        DW(l->wk, c->dim, kv_dim);
-        DWK(l->wv, c->dim, kv_dim, 1);
-        DW(l->wo, q_dim, c->dim);
-        if (!c->n_expert || c->moe_shared) { /* a dense FFN, or Qwen2-MoE's shared expert */
+        bool moe = c->n_expert && il >= c->n_dense;
+        if (mla) { /* (kv_b's per-head F32 halves: each layer its own, as loaded models have) */
+            const int64_t H = c->n_head, kr = c->kv_lora_rank;
+            size_t uk = (size_t)(H * kr * c->qk_nope_dim), uv = (size_t)(H * c->v_head_dim * kr);
+            float *w;
+            if ((rc = pgd__own(m, w = dummy_fill(PGD_TYPE_F32, (uk + uv) * sizeof *w, &st), err)))
+                return rc;
+            l->w_uk_t = w;
+            l->w_uv = w + uk;
+            if (qr) {
+                DW(l->wq_a, c->dim, qr);
+                DW(l->wq_b, qr, mq);
+                l->q_a_norm = ones;
+            } else {
+                DW(l->wq, c->dim, mq);
+            }
+            DW(l->wkv_a, c->dim, r);
+            l->kv_a_norm = ones;
+            DW(l->wo, H * c->v_head_dim, c->dim);
+        } else {
+            DW(l->wq, c->dim, q_dim);
+            DW(l->wk, c->dim, kv_dim);
+            DWK(l->wv, c->dim, kv_dim, 1);
+            DW(l->wo, q_dim, c->dim);
+        }
+        if (!moe || c->moe_shared) { /* a dense FFN, or Qwen2-MoE's shared expert */
             DW(l->w_gate, c->dim, c->ffn_dim);
             DW(l->w_up, c->dim, c->ffn_dim);
             DWK(l->w_down, c->ffn_dim, c->dim, 1);
+        } else if (sf) { /* DeepSeek's shared experts */
+            DW(l->w_gate, c->dim, sf);
+            DW(l->w_up, c->dim, sf);
+            DWK(l->w_down, sf, c->dim, 1);
         }
         l->attn_norm = l->ffn_norm = ones;
         if (c->arch == PGD_ARCH_QWEN3) l->q_norm = l->k_norm = ones;
@@ -141,7 +173,7 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         l->local_rope = c->local_rope && c->local_rope[il];
         if (pgd__gemma_arch(c->arch)) l->post_attn_norm = l->post_ffn_norm = ones;
         if (c->arch == PGD_ARCH_GEMMA3) l->q_norm = l->k_norm = ones;
-        if (!c->n_expert) continue;
+        if (!moe) continue;
         l->experts = calloc(3 * (size_t)E, sizeof *l->experts);
         if ((rc = pgd__own(m, l->experts, err))) return rc;
         DW(l->w_router, c->dim, E);
@@ -154,6 +186,9 @@ static int dummy_weights(pgd_model *m, uint64_t seed, pgd_err *err) {
         if (c->moe_shared) {
             DW(l->w_shared_inp, c->dim, 1);
             pgd__moe_add_shared(&l->moe, l, c->ffn_dim);
+        } else if (sf) {
+            pgd__moe_add_shared(&l->moe, l, (int32_t)sf);
+            l->moe.shared_inp = NULL; /* (DeepSeek's: not gated) */
         }
     }
 #undef DW

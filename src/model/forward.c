@@ -49,6 +49,9 @@ typedef struct pgd_fwd_rank {
     float *k, *v;            /* (max_tokens, n_kv_head * head_dim) of this rank */
     float *hb, *hb2;         /* (max_tokens, ffn_dim) of this rank */
     float *router;           /* (max_tokens, n_expert): router logits (MoE models) */
+    /* latent attention: the queries as projected (n_head * (qk_nope_dim + rope_dim)) and the
+     * q LoRA's bottleneck (q_lora_rank), per token, then (at max_tokens rows on) its norm */
+    float *qf, *qa;
     float *moe_work;         /* the moe op's scratch for max_tokens rows */
     float *logits;           /* (max_logits, n_vocab of this rank); == f->logits when shared */
     /* LoRA (pgd_fwd_set_lora): per layer and matrix, each adapter's slice of this rank;
@@ -158,7 +161,9 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
     f->max_tokens = max_tokens;
     f->max_logits = max_logits;
     f->n_ranks = m->n_ranks;
-    size_t B = (size_t)max_tokens, half = (size_t)c->head_dim / 2;
+    /* (latent attention rotates rope_dim of a head) */
+    int32_t rot = c->rope_dim ? c->rope_dim : c->head_dim;
+    size_t B = (size_t)max_tokens, half = (size_t)rot / 2;
     int rc = PGD_OK;
     bool ok = true;
     f->inv_freq = calloc(half ? half : 1, sizeof(float));
@@ -170,7 +175,7 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
     if (!f->inv_freq || !f->logits || !f->ranks || !f->sync) goto nomem;
     for (size_t i = 0; i < half; i++) {
         /* As transformers computes it, in float32: inv_freq = 1 / theta^(2i/d). */
-        float inv = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+        float inv = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)rot);
         if (c->rope_freq_factors) inv /= c->rope_freq_factors[i];
         f->inv_freq[i] = inv;
         if (f->inv_freq_local) /* (Gemma 3's sliding layers: no frequency factors) */
@@ -204,8 +209,9 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
                 size_t bb = act_row_bytes(&sh->be, lw[i]);
                 if (bb > act) act = bb;
             }
-            const pgd_weight *routers[] = {&l->w_router, &l->w_shared_inp};
-            for (size_t i = 0; i < 2; i++) {
+            const pgd_weight *routers[] = {&l->w_router, &l->w_shared_inp, &l->wq_a, &l->wq_b,
+                                           &l->wkv_a};
+            for (size_t i = 0; i < sizeof routers / sizeof routers[0]; i++) {
                 size_t bb = routers[i]->data ? act_row_bytes(&sh->be, routers[i]) : 0;
                 if (bb > act) act = bb;
             }
@@ -229,13 +235,21 @@ int pgd_fwd_init(pgd_fwd *f, const pgd_model *m, pgd_pool *pool, int32_t max_tok
         r->q = balloc(be, B * q_dim, sizeof(float), &ok);
         r->k = balloc(be, B * kv_dim, sizeof(float), &ok);
         r->v = balloc(be, B * kv_dim, sizeof(float), &ok);
-        if (!c->n_expert) { /* an MoE layer's FFNs run inside the moe op */
+        if (!c->n_expert || c->n_dense) { /* an MoE layer's FFNs run inside the moe op */
             r->hb = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
             r->hb2 = balloc(be, B * (size_t)sh->ffn_dim, sizeof(float), &ok);
-        } else {
+        }
+        if (c->n_expert) { /* (DeepSeek's first n_dense layers are dense) */
             r->router = balloc(be, B * (size_t)c->n_expert, sizeof(float), &ok);
-            r->moe_work = balloc(be, pgd_moe_work_floats((int32_t)B, c->dim, &sh->layers[0].moe),
+            r->moe_work = balloc(be, pgd_moe_work_floats((int32_t)B, c->dim,
+                                                         &sh->layers[c->n_dense].moe),
                                  sizeof(float), &ok);
+        }
+        if (c->kv_lora_rank) {
+            r->qf = balloc(be, B * (size_t)sh->n_head * (size_t)(c->qk_nope_dim + c->rope_dim),
+                           sizeof(float), &ok);
+            r->qa = balloc(be, 2 * B * (size_t)(c->q_lora_rank ? c->q_lora_rank : 1),
+                           sizeof(float), &ok);
         }
         if (f->n_ranks == 1 && be->ops->host_memory) r->logits = f->logits;
         else r->logits = balloc(be, (size_t)max_logits * (size_t)sh->n_vocab, sizeof(float), &ok);
@@ -302,7 +316,8 @@ void pgd_fwd_free(pgd_fwd *f) {
         if (r->prof) prof_print(r);
         if (!be->ops) continue;
         float *bufs[] = {r->x, r->xb, r->xb2, r->xb3, r->q, r->k, r->v, r->hb, r->hb2, r->router,
-                         r->moe_work, r->logits != f->logits ? r->logits : NULL, r->lora_work};
+                         r->moe_work, r->qf, r->qa, r->logits != f->logits ? r->logits : NULL,
+                         r->lora_work};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->ops->mem_free(be, bufs[i]);
         if (be->impl) be->ops->free(be);
@@ -349,6 +364,9 @@ int pgd_fwd_reserve_loras(pgd_fwd *f, int32_t n, pgd_err *err) {
     const pgd_model *m = f->model;
     PGD_ASSERT(f->n_loras == 0);
     if (n <= 0) return PGD_OK;
+    if (m->cfg.kv_lora_rank)
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: LoRA adapters on latent attention "
+                           "(DeepSeek) are not supported", m->path);
     size_t nlm = (size_t)m->cfg.n_layer * PGD_LAYER_N_MATRICES;
     for (int ri = 0; ri < f->n_ranks; ri++) {
         pgd_fwd_rank *r = &f->ranks[ri];
@@ -476,6 +494,38 @@ static void lora_apply(const pgd_fwd *f, pgd_fwd_rank *r, int il, int mi, const 
                           r->lora_tok, x, y, r->lora_work, n, n_in, n_out, r->lora_max_rank));
 }
 
+/* Multi-head latent attention (DeepSeek-V2/V3), absorbed for every token, prefill and decode
+ * alike: each head's query moves into the latent space (q_nope . W_UK), the attention runs over
+ * the latent cache's rows (latent + rotated key) as one KV head of kv_lora_rank + rope_dim, its
+ * latent output goes back through W_UV, then o_proj. A step thus reads the cache once, and one
+ * path for every token keeps a token's logits independent of how its prompt was chunked or
+ * batched; prefill pays n_head * kv_lora_rank wide scores instead of expanding K and V (a
+ * choice for invariance over prefill speed). Leaves o_proj's output in xb2. */
+static void mla_attention(pgd_fwd_rank *r, const pgd_layer *l, pgd_kv_cache *kv, int il,
+                          const pgd_step *s, const pgd_rope_params *rp, int n) {
+    const pgd_model_config *c = &r->f->model->cfg;
+    pgd_backend *be = &r->be;
+    const pgd_backend_ops *o = be->ops;
+    int H = r->f->model->shards[r->rank].n_head, R = c->kv_lora_rank, rope = c->rope_dim;
+    if (c->q_lora_rank) {
+        float *qn = r->qa + (size_t)r->f->max_tokens * (size_t)c->q_lora_rank;
+        TIMED(r, PR_Q, o->matmul(be, &l->wq_a, r->xb, r->qa, n));
+        TIMED(r, PR_NORM, o->rms_norm(be, r->qa, l->q_a_norm, qn, n, c->q_lora_rank, c->rms_eps));
+        TIMED(r, PR_Q, o->matmul(be, &l->wq_b, qn, r->qf, n));
+    } else {
+        TIMED(r, PR_Q, o->matmul(be, &l->wq, r->xb, r->qf, n));
+    }
+    TIMED(r, PR_K, o->matmul(be, &l->wkv_a, r->xb, r->k, n));
+    pgd_kv_layer kl = pgd_kv_cache_layer(kv, r->rank, il);
+    kl.scale = c->attn_scale;
+    TIMED(r, PR_ROPE_KV, o->mla_q(be, l->w_uk_t, r->qf, r->q, n, H, c->qk_nope_dim, rope, R,
+                                  c->rope_attn, rp));
+    TIMED(r, PR_ROPE_KV, o->mla_kv(be, r->k, l->kv_a_norm, c->rms_eps, n, R, rope, &kl, s, rp));
+    TIMED(r, PR_ATTN, o->attention(be, r->q, &kl, r->xb, H, 1, c->head_dim, s));
+    TIMED(r, PR_V, o->mla_o(be, l->w_uv, r->xb, r->q, n, H, R, rope, c->v_head_dim));
+    TIMED(r, PR_O, o->matmul(be, &l->wo, r->q, r->xb2, n));
+}
+
 static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, const pgd_batch *b) {
     const pgd_model *m = f->model;
     const pgd_model_config *c = &m->cfg;
@@ -489,7 +539,8 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
         .block_tables = b->block_tables, .n_logits = b->n_logits, .logit_rows = b->logit_rows,
         .pad_tokens = graph_pad(f, b), .block_size = kv->block_size, .kv_key = kv_key(kv, r->rank),
     };
-    pgd_rope_params rp = {.mode = c->rope_mode == PGD_ROPE_NEOX, .head_dim = c->head_dim,
+    pgd_rope_params rp = {.mode = c->rope_mode == PGD_ROPE_NEOX,
+                          .head_dim = c->rope_dim ? c->rope_dim : c->head_dim,
                           .inv_freq = f->inv_freq, .inv_freq_local = f->inv_freq_local};
     pgd_rope_params rp_local = rp;
     rp_local.local = true;
@@ -509,34 +560,38 @@ static int forward_rank_once(pgd_fwd *f, pgd_fwd_rank *r, pgd_kv_cache *kv, cons
         const float *an = l->attn_norm, *fn = l->ffn_norm;
         if (il == 0) TIMED(r, PR_NORM, o->rms_norm(be, r->x, an, r->xb, n, dim, c->rms_eps));
         else TIMED(r, PR_NORM, o->add_rms_norm(be, r->x, out, an, r->xb, n, dim, c->rms_eps));
-        TIMED(r, PR_Q, o->matmul(be, &l->wq, r->xb, r->q, n));
-        TIMED(r, PR_K, o->matmul(be, &l->wk, r->xb, r->k, n));
-        TIMED(r, PR_V, o->matmul(be, &l->wv, r->xb, r->v, n));
-        if (l->bq) o->add_bias(be, r->q, l->bq, n, q_dim);
-        if (l->bk) o->add_bias(be, r->k, l->bk, n, kv_dim);
-        if (l->bv) o->add_bias(be, r->v, l->bv, n, kv_dim);
-        if (lora) { /* after the biases, as PEFT adds the delta to the base layer's output */
-            lora_apply(f, r, il, 0, r->xb, r->q, n, dim, q_dim);
-            lora_apply(f, r, il, 1, r->xb, r->k, n, dim, kv_dim);
-            lora_apply(f, r, il, 2, r->xb, r->v, n, dim, kv_dim);
+        if (c->kv_lora_rank) {
+            mla_attention(r, l, kv, il, &s, &rp, n);
+        } else {
+            TIMED(r, PR_Q, o->matmul(be, &l->wq, r->xb, r->q, n));
+            TIMED(r, PR_K, o->matmul(be, &l->wk, r->xb, r->k, n));
+            TIMED(r, PR_V, o->matmul(be, &l->wv, r->xb, r->v, n));
+            if (l->bq) o->add_bias(be, r->q, l->bq, n, q_dim);
+            if (l->bk) o->add_bias(be, r->k, l->bk, n, kv_dim);
+            if (l->bv) o->add_bias(be, r->v, l->bv, n, kv_dim);
+            if (lora) { /* after the biases, as PEFT adds the delta to the base layer's output */
+                lora_apply(f, r, il, 0, r->xb, r->q, n, dim, q_dim);
+                lora_apply(f, r, il, 1, r->xb, r->k, n, dim, kv_dim);
+                lora_apply(f, r, il, 2, r->xb, r->v, n, dim, kv_dim);
+            }
+            if (l->q_norm)
+                TIMED(r, PR_NORM, o->qk_norm(be, r->q, r->k, l->q_norm, l->k_norm, n, sh->n_head,
+                                             sh->n_kv_head, c->head_dim, c->rms_eps));
+            pgd_kv_layer kl = pgd_kv_cache_layer(kv, r->rank, il);
+            kl.window = l->window;
+            kl.scale = c->attn_scale;
+            kl.softcap = c->attn_softcap;
+            if (l->no_rope) /* SmolLM3's NoPE layers: positions only through the causal mask */
+                TIMED(r, PR_ROPE_KV, o->kv_store(be, &kl, r->k, r->v, &s));
+            else
+                TIMED(r, PR_ROPE_KV, o->rope_kv_store(be, r->q, r->k, r->v, sh->n_head,
+                                                      sh->n_kv_head, &kl, &s,
+                                                      l->local_rope ? &rp_local : &rp));
+            TIMED(r, PR_ATTN,
+                  o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s));
+            TIMED(r, PR_O, o->matmul(be, &l->wo, r->xb, r->xb2, n));
+            if (lora) lora_apply(f, r, il, 3, r->xb, r->xb2, n, q_dim, dim);
         }
-        if (l->q_norm)
-            TIMED(r, PR_NORM, o->qk_norm(be, r->q, r->k, l->q_norm, l->k_norm, n, sh->n_head,
-                                         sh->n_kv_head, c->head_dim, c->rms_eps));
-        pgd_kv_layer kl = pgd_kv_cache_layer(kv, r->rank, il);
-        kl.window = l->window;
-        kl.scale = c->attn_scale;
-        kl.softcap = c->attn_softcap;
-        if (l->no_rope) /* SmolLM3's NoPE layers: positions only through the causal mask */
-            TIMED(r, PR_ROPE_KV, o->kv_store(be, &kl, r->k, r->v, &s));
-        else
-            TIMED(r, PR_ROPE_KV, o->rope_kv_store(be, r->q, r->k, r->v, sh->n_head,
-                                                  sh->n_kv_head, &kl, &s,
-                                                  l->local_rope ? &rp_local : &rp));
-        TIMED(r, PR_ATTN,
-              o->attention(be, r->q, &kl, r->xb, sh->n_head, sh->n_kv_head, c->head_dim, &s));
-        TIMED(r, PR_O, o->matmul(be, &l->wo, r->xb, r->xb2, n));
-        if (lora) lora_apply(f, r, il, 3, r->xb, r->xb2, n, q_dim, dim);
         TIMED(r, PR_REDUCE, rc = all_reduce(f, r, r->xb2, (size_t)n * dim));
         if (rc) return rc;
         out = post_norm(r, l->post_attn_norm, n);

@@ -146,7 +146,9 @@ void pgd__moe_add_shared(pgd_moe *moe, const pgd_layer *l, int32_t ffn_dim) {
 pgd_moe pgd__experts_moe(const pgd_model_config *c, const pgd_weight *ex, int32_t ffn_dim) {
     const int32_t E = c->n_expert;
     return (pgd_moe){.n_expert = E, .n_used = c->n_expert_used, .ffn_dim = ffn_dim,
-                     .norm = c->moe_norm, .gate = ex, .up = ex + E, .down = ex + 2 * E};
+                     .norm = c->moe_norm, .gate = ex, .up = ex + E, .down = ex + 2 * E,
+                     .sigmoid = c->moe_sigmoid, .n_group = c->moe_n_group > 1 ? c->moe_n_group : 0,
+                     .topk_group = c->moe_topk_group, .scale = c->moe_scale};
 }
 
 /* The router and experts of MoE layer il. A GGUF file stacks each kind of expert matrix in one
@@ -263,6 +265,117 @@ static int load_vec(pgd_model *m, int il, const char *gname, const char *hname, 
     return PGD_OK;
 }
 
+/* kv_b_proj of latent-attention layer il into the per-head F32 matrices the absorbed attention
+ * multiplies by (pgd_layer.w_uk_t, w_uv): from a Hugging Face kv_b_proj or a GGUF attn_kv_b
+ * ((n_head * (nope + v), r): each head's nope K rows, then its v V rows), or the split GGUF
+ * pair llama.cpp's converter writes now, attn_k_b ([n_head, r, nope]: K's rows transposed) and
+ * attn_v_b ([n_head, v, r]). */
+static int load_kv_b(pgd_model *m, int il, pgd_layer *l, pgd_err *err) {
+    const pgd_model_config *c = &m->cfg;
+    const int64_t H = c->n_head, r = c->kv_lora_rank, nope = c->qk_nope_dim, v = c->v_head_dim;
+    char name[256], vname[256];
+    src_tensor t, tv;
+    float *uk = malloc((size_t)(H * r * nope) * sizeof *uk);
+    int rc = pgd__own(m, uk, err);
+    if (rc) return rc;
+    float *uv = malloc((size_t)(H * v * r) * sizeof *uv);
+    if ((rc = pgd__own(m, uv, err))) return rc;
+    l->w_uk_t = uk;
+    l->w_uv = uv;
+    tensor_name(m, name, sizeof name, il, "attn_k_b.weight", "");
+    tensor_name(m, vname, sizeof vname, il, "attn_v_b.weight", "");
+    if (m->gguf.n_tensors && find_src(m, name, &t)) {
+        if (!find_src(m, vname, &tv))
+            return pgd_err_set(err, PGD_EFORMAT, "%s: missing tensor '%s'", m->path, vname);
+        if (t.ne[0] != (uint64_t)nope || t.ne[1] != (uint64_t)r || t.ne[2] != (uint64_t)H ||
+            tv.ne[0] != (uint64_t)r || tv.ne[1] != (uint64_t)v || tv.ne[2] != (uint64_t)H ||
+            t.ne[3] != 1 || tv.ne[3] != 1 || !pgd_cpu_type_supported(t.type) ||
+            !pgd_cpu_type_supported(tv.type) || !pgd_type_row_bytes(t.type, (uint64_t)nope) ||
+            !pgd_type_row_bytes(tv.type, (uint64_t)r))
+            return pgd_err_set(err, PGD_EFORMAT, "%s: tensors '%s' and '%s' are not [%" PRId64
+                               ", %" PRId64 ", %" PRId64 "] and [%" PRId64 ", %" PRId64 ", %"
+                               PRId64 "] of a supported type", m->path, name, vname, H, r, nope,
+                               H, v, r);
+        size_t kb = pgd_type_row_bytes(t.type, (uint64_t)nope);
+        size_t vb = pgd_type_row_bytes(tv.type, (uint64_t)r);
+        for (int64_t i = 0; i < H * r; i++)
+            pgd_dequantize_row(t.type, (const char *)t.data + (size_t)i * kb, uk + i * nope, nope);
+        for (int64_t i = 0; i < H * v; i++)
+            pgd_dequantize_row(tv.type, (const char *)tv.data + (size_t)i * vb, uv + i * r, r);
+        return PGD_OK;
+    }
+    pgd_weight kvb;
+    if ((rc = load_weight(m, il, "attn_kv_b.weight", "self_attn.kv_b_proj.weight", r,
+                          H * (nope + v), false, false, &kvb, err)))
+        return rc;
+    float *row = malloc((size_t)r * sizeof *row);
+    if (!row) return pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", m->path);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < nope + v; i++) {
+            pgd_dequantize_row(kvb.type, (const char *)kvb.data +
+                                             (size_t)(h * (nope + v) + i) * kvb.row_bytes,
+                               row, r);
+            if (i < nope)
+                for (int64_t j = 0; j < r; j++) uk[(h * r + j) * nope + i] = row[j];
+            else
+                memcpy(uv + (h * v + i - nope) * r, row, (size_t)r * sizeof *row);
+        }
+    free(row);
+    return PGD_OK;
+}
+
+/* Latent attention's matrices and norms of layer il (model.h, pgd_layer). */
+static int load_mla(pgd_model *m, int il, bool f32, pgd_layer *l, pgd_err *err) {
+    const pgd_model_config *c = &m->cfg;
+    const int64_t H = c->n_head, qk = c->qk_nope_dim + c->rope_dim, qr = c->q_lora_rank;
+    const int64_t r = c->kv_lora_rank;
+    int rc;
+    if (qr) {
+        if ((rc = load_weight(m, il, "attn_q_a.weight", "self_attn.q_a_proj.weight", c->dim, qr,
+                              false, f32, &l->wq_a, err)) ||
+            (rc = load_vec(m, il, "attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight", qr,
+                           false, &l->q_a_norm, err)) ||
+            (rc = load_weight(m, il, "attn_q_b.weight", "self_attn.q_b_proj.weight", qr, H * qk,
+                              false, f32, &l->wq_b, err)))
+            return rc;
+    } else if ((rc = load_weight(m, il, "attn_q.weight", "self_attn.q_proj.weight", c->dim,
+                                 H * qk, false, f32, &l->wq, err))) {
+        return rc;
+    }
+    if ((rc = load_weight(m, il, "attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight",
+                          c->dim, r + c->rope_dim, false, f32, &l->wkv_a, err)) ||
+        (rc = load_vec(m, il, "attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", r,
+                       false, &l->kv_a_norm, err)) ||
+        (rc = load_kv_b(m, il, l, err)))
+        return rc;
+    return load_weight(m, il, "attn_output.weight", "self_attn.o_proj.weight",
+                       H * c->v_head_dim, c->dim, false, f32, &l->wo, err);
+}
+
+/* DeepSeek's expert layer il past the router and experts (load_experts): the routing bias
+ * (V3's e_score_correction_bias; none in V2) and the shared experts, run ungated. */
+static int load_deepseek_moe(pgd_model *m, int il, bool f32, pgd_layer *l, pgd_err *err) {
+    const pgd_model_config *c = &m->cfg;
+    int rc = load_vec(m, il, "exp_probs_b.bias", "mlp.gate.e_score_correction_bias", c->n_expert,
+                      true, &l->moe.bias, err);
+    if (rc || !c->moe_shared_dim) return rc;
+    struct { const char *g, *h; int64_t in, out; pgd_weight *w; } sh[] = {
+        {"ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", c->dim,
+         c->moe_shared_dim, &l->w_gate},
+        {"ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", c->dim, c->moe_shared_dim,
+         &l->w_up},
+        {"ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", c->moe_shared_dim,
+         c->dim, &l->w_down},
+    };
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
+        if ((rc = load_weight(m, il, sh[i].g, sh[i].h, sh[i].in, sh[i].out, false, f32, sh[i].w,
+                              err)))
+            return rc;
+    pgd__moe_add_shared(&l->moe, l, c->moe_shared_dim);
+    l->moe.shared_inp = NULL; /* (not gated) */
+    return PGD_OK;
+}
+
 /* ---- weights ---- */
 
 /* *v (n) replaced by an owned copy of v + add. */
@@ -325,13 +438,19 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
             {"ffn_up.weight", "mlp.up_proj.weight", c->dim, c->ffn_dim, &l->w_up},
             {"ffn_down.weight", "mlp.down_proj.weight", c->ffn_dim, c->dim, &l->w_down},
         };
-        /* an MoE layer has experts in place of the last three */
-        size_t n_ws = c->n_expert ? 4 : sizeof ws / sizeof ws[0];
-        for (size_t i = 0; i < n_ws; i++)
+        /* an MoE layer has experts in place of the last three; a latent-attention layer its own
+         * matrices in place of the first four (load_mla) and, DeepSeek, the first n_dense
+         * layers are dense */
+        bool moe = c->n_expert && il >= c->n_dense, mla = c->kv_lora_rank > 0;
+        size_t n_ws = moe ? 4 : sizeof ws / sizeof ws[0];
+        for (size_t i = mla ? 4 : 0; i < n_ws; i++)
             if ((rc = load_weight(m, il, ws[i].g, ws[i].h, ws[i].in, ws[i].out, false, f32, ws[i].w,
                                   err)))
                 return rc;
-        if (c->n_expert && (rc = load_experts(m, il, f32, l, err))) return rc;
+        if (mla && (rc = load_mla(m, il, f32, l, err))) return rc;
+        if (moe && (rc = load_experts(m, il, f32, l, err))) return rc;
+        if (moe && c->arch == PGD_ARCH_DEEPSEEK2 && (rc = load_deepseek_moe(m, il, f32, l, err)))
+            return rc;
         /* Gemma's post_attention_layernorm normalizes the attention's output; its FFN's input
          * norm is pre_feedforward_layernorm. */
         struct { const char *g, *h; int64_t n; bool opt; const float **dst; } vs[] = {
@@ -351,6 +470,7 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
              &l->post_ffn_norm},
         };
         size_t n_vs = sizeof vs / sizeof vs[0] - (gemma ? 0 : 2);
+        if (mla) n_vs = 2; /* (no q/k/v biases or QK-norm) */
         for (size_t i = 0; i < n_vs; i++)
             if ((rc = load_vec(m, il, vs[i].g, vs[i].h, vs[i].n, vs[i].opt, vs[i].dst, err)))
                 return rc;
@@ -363,16 +483,17 @@ static int load_weights(pgd_model *m, bool f32, pgd_err *err) {
         l->local_rope = c->local_rope && c->local_rope[il];
     }
     /* llama.cpp stores Llama 3 rope scaling as per-frequency divisors. */
+    int rh = (c->rope_dim ? c->rope_dim : c->head_dim) / 2; /* (rotated pairs) */
     if (m->gguf.n_tensors) {
         const float *ff;
-        if ((rc = load_vec(m, -1, "rope_freqs.weight", "", c->head_dim / 2, true, &ff, err)))
+        if ((rc = load_vec(m, -1, "rope_freqs.weight", "", rh, true, &ff, err)))
             return rc;
         if (ff && m->cfg.rope_freq_factors) { /* with linear scaling too: both apply (llama.cpp) */
-            for (int i = 0; i < c->head_dim / 2; i++) m->cfg.rope_freq_factors[i] *= ff[i];
+            for (int i = 0; i < rh; i++) m->cfg.rope_freq_factors[i] *= ff[i];
         } else if (ff) {
-            float *copy = malloc((size_t)(c->head_dim / 2) * sizeof *copy);
+            float *copy = malloc((size_t)rh * sizeof *copy);
             if ((rc = pgd__own(m, copy, err))) return rc;
-            memcpy(copy, ff, (size_t)(c->head_dim / 2) * sizeof *copy);
+            memcpy(copy, ff, (size_t)rh * sizeof *copy);
             m->cfg.rope_freq_factors = copy;
         }
     }
@@ -501,8 +622,8 @@ static int build_shard(pgd_model *m, pgd_shard *sh, int rank, int n_ranks, pgd_e
     pgd_split_range(c->ffn_dim / unit, rank, n_ranks, &lo, &hi);
     sh->ffn_lo = (int32_t)(lo * unit);
     sh->ffn_dim = (int32_t)((hi - lo) * unit);
-    if (c->n_expert) { /* each expert's columns alike */
-        unit = pgd_type_block_elems(m->layers[0].experts[2 * c->n_expert].type);
+    if (c->n_expert) { /* each expert's columns alike (DeepSeek: the first expert layer's) */
+        unit = pgd_type_block_elems(m->layers[c->n_dense].experts[2 * c->n_expert].type);
         if (unit < 1 || c->moe_ffn_dim % unit || c->moe_ffn_dim / unit < n_ranks) unit = 1;
         pgd_split_range(c->moe_ffn_dim / unit, rank, n_ranks, &lo, &hi);
         sh->moe_lo = (int32_t)(lo * unit);
@@ -583,7 +704,7 @@ int pgd_model_opts_set_device(pgd_model_opts *opts, const char *name) {
  * the mapping fails the weights stay in the file, row-major. */
 static void weights_to_own_mapping(pgd_model *m) {
     const pgd_model_config *c = &m->cfg;
-    size_t n = 0, per_layer = PGD_LAYER_N_MATRICES + 2 + 3 * (size_t)c->n_expert;
+    size_t n = 0, per_layer = PGD_LAYER_N_MATRICES + 5 + 3 * (size_t)c->n_expert;
     pgd_weight **ws = malloc((2 + (size_t)c->n_layer * per_layer) * sizeof *ws);
     if (!ws) return; /* the weights then stay in the file */
     ws[n++] = &m->tok_embd;
@@ -595,6 +716,9 @@ static void weights_to_own_mapping(pgd_model *m) {
             if (lw[i]->data) ws[n++] = lw[i];
         if (l->w_router.data) ws[n++] = &l->w_router;
         if (l->w_shared_inp.data) ws[n++] = &l->w_shared_inp;
+        pgd_weight *mla[] = {&l->wq_a, &l->wq_b, &l->wkv_a};
+        for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++)
+            if (mla[i]->data) ws[n++] = mla[i];
         for (int i = 0; l->experts && i < 3 * l->moe.n_expert; i++) ws[n++] = &l->experts[i];
     }
     const size_t huge = (size_t)2 << 20;
@@ -677,6 +801,10 @@ static int place_model(pgd_model *m, const pgd_model_opts *opts, pgd_err *err) {
     if (tp < 1 || tp > PGD_MAX_TP)
         return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d: must be 1..%d", tp,
                            PGD_MAX_TP);
+    if (c->kv_lora_rank && (!ops->supports(PGD_OP_MLA, PGD_TYPE_F32) || tp != 1))
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: latent attention (DeepSeek) runs on the "
+                           "CPU backend with one rank only (--device cpu, no tensor parallel), "
+                           "not on %s with %d ranks", m->path, ops->name, tp);
     if (c->n_head % tp || c->n_kv_head % tp)
         return pgd_err_set(err, PGD_EINVAL, "--tensor-parallel-size %d does not divide the %d "
                            "attention heads and %d KV heads of %s", tp, c->n_head, c->n_kv_head,

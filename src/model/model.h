@@ -18,9 +18,11 @@
 
 /* QWEN3: Qwen2 without q/k/v biases, with RMSNorm on every Q and K head (QK-norm) before RoPE.
  * SMOLLM3: Llama with some layers that apply no rotary embedding at all (NoPE). */
+/* DEEPSEEK2: DeepSeek-V2/V3 (llama.cpp's deepseek2): multi-head latent attention (cfg.kv_lora_rank)
+ * and experts with shared experts and grouped routing. */
 typedef enum {
     PGD_ARCH_LLAMA, PGD_ARCH_QWEN2, PGD_ARCH_QWEN3, PGD_ARCH_SMOLLM3, PGD_ARCH_GEMMA2,
-    PGD_ARCH_GEMMA3
+    PGD_ARCH_GEMMA3, PGD_ARCH_DEEPSEEK2
 } pgd_arch;
 /* NORM rotates adjacent pairs (x[2i], x[2i+1]) as llama.cpp does for GGUF llama files, whose
  * Q/K rows were permuted by the converter; NEOX rotates (x[i], x[i + d/2]) as transformers does. */
@@ -58,6 +60,23 @@ typedef struct pgd_model_config {
      * shared expert of ffn_dim columns, scaled by a sigmoid gate. */
     int32_t n_expert, n_expert_used, moe_ffn_dim;
     bool moe_norm, moe_shared;
+    /* Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none). Queries come through a
+     * q_lora_rank bottleneck (0: one q matrix), n_head heads of qk_nope_dim + rope_dim; keys and
+     * values come from one kv_lora_rank latent per token (after its own RMSNorm) and one rope_dim
+     * key every head shares. The cache holds exactly that: head_dim is the cached row,
+     * kv_lora_rank + rope_dim, under one KV head (n_kv_head 1), and the attention runs in the
+     * latent space (forward.c). v_head_dim: each head's output before o_proj. */
+    int32_t q_lora_rank, kv_lora_rank, qk_nope_dim, v_head_dim;
+    int32_t rope_dim;       /* rotated dimensions of a head (0: head_dim) */
+    float rope_attn;        /* YaRN's factor on the rotated dimensions of q and k (0: 1) */
+    /* DeepSeek's experts: the first n_dense layers dense (ffn_dim wide), the others experts plus
+     * moe_shared_dim columns of shared experts (0: none) added ungated; scores the router's
+     * sigmoid (moe_sigmoid, V3) or softmax, chosen, after moe_bias (n_expert, owned-or-mapped
+     * per layer: pgd_moe.bias) where given, among the experts of the moe_topk_group best of
+     * moe_n_group groups (0: no groups), weighted by their scores times moe_scale (0: 1). */
+    int32_t n_dense, moe_shared_dim, moe_n_group, moe_topk_group;
+    bool moe_sigmoid;
+    float moe_scale;
 } pgd_model_config;
 
 
@@ -85,6 +104,17 @@ typedef struct pgd_layer {
     pgd_weight w_shared_inp;          /* (1, dim): the shared expert's gate, or empty */
     pgd_weight *experts;              /* (3 * n_expert) */
     pgd_moe moe;
+    /* Multi-head latent attention (cfg.kv_lora_rank > 0) in place of wq/wk/wv (wq: the single
+     * query matrix without q LoRA, (n_head * (qk_nope_dim + rope_dim), dim)); r = kv_lora_rank. */
+    pgd_weight wq_a;                  /* (q_lora_rank, dim), or empty */
+    pgd_weight wq_b;                  /* (n_head * (qk_nope_dim + rope_dim), q_lora_rank) */
+    const float *q_a_norm;            /* (q_lora_rank) */
+    pgd_weight wkv_a;                 /* (r + rope_dim, dim): latent, then the shared rope key */
+    const float *kv_a_norm;           /* (r) */
+    /* kv_b_proj split per head, F32 (owned): K's part transposed, so a head's query moves into
+     * the latent space (absorbed), and V's, which takes the attention's latent output back. */
+    const float *w_uk_t;              /* (n_head, r, qk_nope_dim) */
+    const float *w_uv;                /* (n_head, v_head_dim, r) */
 } pgd_layer;
 
 /* The matrices of layer pointer L, as an initializer: `pgd_weight *w[] = PGD_LAYER_MATRICES(l);`

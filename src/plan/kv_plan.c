@@ -153,6 +153,30 @@ static int load_gguf(const char *path, pgd_kv_plan_model *m, pgd_err *err) {
     if (!m->n_kv_head) m->n_kv_head = m->n_head;
     if (!m->head_dim && m->n_head) m->head_dim = m->dim / m->n_head;
     if (m->n_expert && !m->moe_ffn_dim) m->moe_ffn_dim = m->ffn_dim; /* Mixtral */
+    if (!strcmp(a, "deepseek2")) {
+        /* (as model/config.c reads it: key_length is the cached row, kv_lora_rank + rope;
+         * key_length_mla and value_length_mla a head's query and value, or in files from
+         * before the latent cache key_length and value_length) */
+        int64_t klm = 0, vlm = 0, vl = 0, shared = 0;
+        struct { const char *suffix; int64_t *dst; } dk[] = {
+            {"attention.kv_lora_rank", &m->kv_lora_rank},
+            {"attention.q_lora_rank", &m->q_lora_rank},
+            {"rope.dimension_count", &m->rope_dim}, {"attention.key_length_mla", &klm},
+            {"attention.value_length_mla", &vlm}, {"attention.value_length", &vl},
+            {"leading_dense_block_count", &m->n_dense}, {"expert_shared_count", &shared},
+        };
+        for (size_t i = 0; i < sizeof dk / sizeof dk[0]; i++) {
+            uint32_t v;
+            snprintf(key, sizeof key, "%s.%s", a, dk[i].suffix);
+            if (!pgd_gguf_get_u32(&g, key, &v)) *dk[i].dst = v;
+        }
+        int64_t qk = klm && vlm ? klm : m->head_dim;
+        m->qk_nope_dim = qk - m->rope_dim;
+        m->v_head_dim = klm && vlm ? vlm : vl;
+        m->head_dim = m->kv_lora_rank + m->rope_dim;
+        m->n_kv_head = 1;
+        m->shared_ffn_dim = shared * m->moe_ffn_dim;
+    }
     /* qwen2moe always has a shared expert, feed_forward_length wide without its own key */
     if (m->n_expert && !m->shared_ffn_dim && !strcmp(a, "qwen2moe")) m->shared_ffn_dim = m->ffn_dim;
     const pgd_gguf_tensor *emb = pgd_gguf_find_tensor(&g, "token_embd.weight");
@@ -261,6 +285,32 @@ static int load_hf_config(const char *path, pgd_kv_plan_model *m, pgd_err *err) 
         cJSON_Delete(c);
         return rc;
     }
+    if (!strcmp(mts, "deepseek_v2") || !strcmp(mts, "deepseek_v3")) {
+        /* transformers' DeepseekV2Config / DeepseekV3Config defaults, as the loader reads them */
+        bool v3 = !strcmp(mts, "deepseek_v3");
+        const cJSON *qr = cJSON_GetObjectItemCaseSensitive(src, "q_lora_rank");
+        int64_t shared = 0;
+        if ((qr && cJSON_IsNull(qr) ? (m->q_lora_rank = 0, 0)
+                                    : json_i64(src, "q_lora_rank", 1536, &m->q_lora_rank)) ||
+            json_i64(src, "kv_lora_rank", 512, &m->kv_lora_rank) ||
+            json_i64(src, "qk_rope_head_dim", 64, &m->rope_dim) ||
+            json_i64(src, "qk_nope_head_dim", 128, &m->qk_nope_dim) ||
+            json_i64(src, "v_head_dim", 128, &m->v_head_dim) ||
+            json_i64(src, "n_routed_experts", v3 ? 256 : 64, &m->n_expert) ||
+            json_i64(src, "num_experts_per_tok", v3 ? 8 : 0, &m->n_expert_used) ||
+            json_i64(src, "moe_intermediate_size", v3 ? 2048 : 1407, &m->moe_ffn_dim) ||
+            json_i64(src, "n_shared_experts", v3 ? 1 : 2, &shared) ||
+            json_i64(src, "first_k_dense_replace", v3 ? 3 : 0, &m->n_dense) ||
+            shared > (1 << 10)) {
+            rc = pgd_err_set(err, PGD_EFORMAT, "%s: a latent attention or expert size is not a "
+                             "non-negative integer", path);
+            cJSON_Delete(c);
+            return rc;
+        }
+        m->head_dim = m->kv_lora_rank + m->rope_dim;
+        m->n_kv_head = 1;
+        m->shared_ffn_dim = shared * m->moe_ffn_dim;
+    }
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings");
     if (!tie) tie = cJSON_GetObjectItemCaseSensitive(src, "tie_word_embeddings");
     m->tied_embeddings = cJSON_IsTrue(tie);
@@ -320,6 +370,12 @@ static int check_model(const pgd_kv_plan_model *m, pgd_err *err) {
         return pgd_err_set(err, PGD_EINVAL, "%s: invalid experts (%lld of %lld, %lld wide)",
                            m->name, (long long)m->n_expert_used, (long long)m->n_expert,
                            (long long)m->moe_ffn_dim);
+    if (m->kv_lora_rank && (m->kv_lora_rank > (1 << 16) || m->rope_dim < 1 ||
+                            m->rope_dim > 4096 || m->qk_nope_dim < 1 || m->qk_nope_dim > 4096 ||
+                            m->v_head_dim < 1 || m->v_head_dim > 4096 || m->q_lora_rank < 0 ||
+                            m->q_lora_rank > (1 << 16) || m->n_dense < 0 ||
+                            m->n_dense > m->n_layer))
+        return pgd_err_set(err, PGD_EINVAL, "%s: invalid latent attention dimensions", m->name);
     if (m->n_head % m->n_kv_head)
         return pgd_err_set(err, PGD_EINVAL,
                            "%s: %lld attention heads are not a multiple of %lld "
@@ -411,14 +467,25 @@ int pgd_kv_plan_compute(const pgd_kv_plan_input *in, pgd_kv_plan *p, pgd_err *er
     int64_t q_dim = m->n_head * m->head_dim, kv_dim = m->n_kv_head * m->head_dim;
     int64_t attn =
         2 * m->dim * q_dim + 2 * m->dim * kv_dim + (m->attn_bias ? q_dim + 2 * kv_dim : 0);
-    /* An MoE layer's FFN: a router and n_expert SwiGLU experts, n_expert_used of them read. */
-    p->n_params_expert = m->n_expert ? m->n_layer * 3 * m->dim * m->moe_ffn_dim : 0;
+    if (m->kv_lora_rank) { /* q (through its LoRA), kv_a, kv_b, o and the two LoRA norms */
+        int64_t qk = m->n_head * (m->qk_nope_dim + m->rope_dim), r = m->kv_lora_rank;
+        attn = (m->q_lora_rank ? m->dim * m->q_lora_rank + m->q_lora_rank * qk + m->q_lora_rank
+                               : m->dim * qk) +
+               m->dim * (r + m->rope_dim) + r + r * m->n_head * (m->qk_nope_dim + m->v_head_dim) +
+               m->n_head * m->v_head_dim * m->dim;
+    }
+    /* An MoE layer's FFN: a router and n_expert SwiGLU experts, n_expert_used of them read
+     * (DeepSeek: the layers after the first n_dense, which are dense). */
+    int64_t n_moe = m->n_expert ? m->n_layer - m->n_dense : 0;
+    p->n_params_expert = n_moe * 3 * m->dim * m->moe_ffn_dim;
     int64_t ffn = m->n_expert ? m->dim * m->n_expert : 3 * m->dim * m->ffn_dim;
-    if (m->n_expert && m->shared_ffn_dim) ffn += 3 * m->dim * m->shared_ffn_dim + m->dim;
+    if (m->n_expert && m->shared_ffn_dim)
+        ffn += 3 * m->dim * m->shared_ffn_dim + (m->kv_lora_rank ? 0 : m->dim); /* (gate) */
     int64_t per_layer = attn + ffn + 2 * m->dim;
     int64_t embed = m->n_vocab * m->dim;
     int64_t norms = 2 * m->dim * m->n_layer + m->dim; /* replicated on every GPU under TP */
-    p->n_params = m->n_layer * per_layer + embed + (m->tied_embeddings ? 0 : embed) + m->dim +
+    p->n_params = (m->n_layer - n_moe) * (attn + 3 * m->dim * m->ffn_dim + 2 * m->dim) +
+                  n_moe * per_layer + embed + (m->tied_embeddings ? 0 : embed) + m->dim +
                   m->n_expert * p->n_params_expert;
     /* Decode gathers B rows of an untied input embedding; everything else is read whole. */
     p->n_params_streamed = p->n_params - (m->tied_embeddings ? 0 : embed) -
@@ -438,6 +505,9 @@ int pgd_kv_plan_compute(const pgd_kv_plan_input *in, pgd_kv_plan *p, pgd_err *er
     int64_t kvh_gpu = m->n_kv_head >= tp ? m->n_kv_head / tp : 1;
     p->kv_bytes_per_token_per_gpu =
         2.0 * (double)(m->n_layer * kvh_gpu * m->head_dim) * p->kv_bytes_per_elem;
+    if (m->kv_lora_rank) /* the latent cache: one row per token, K and V at once, on every GPU */
+        p->kv_bytes_per_token = p->kv_bytes_per_token_per_gpu =
+            (double)(m->n_layer * m->head_dim) * p->kv_bytes_per_elem;
 
     p->kv_budget_bytes_per_gpu =
         in->kv_budget_bytes > 0
@@ -498,6 +568,8 @@ int pgd_kv_plan_to_json(const pgd_kv_plan *p, char **json_out, pgd_err *err) {
     cJSON_AddNumberToObject(mo, "num_active_parameters", (double)p->n_params_streamed);
     cJSON_AddNumberToObject(mo, "num_experts", (double)m->n_expert);
     cJSON_AddNumberToObject(mo, "num_experts_per_tok", (double)m->n_expert_used);
+    cJSON_AddNumberToObject(mo, "kv_lora_rank", (double)m->kv_lora_rank);
+    cJSON_AddNumberToObject(mo, "qk_rope_head_dim", (double)m->rope_dim);
     cJSON_AddNumberToObject(mo, "moe_intermediate_size", (double)m->moe_ffn_dim);
     cJSON *ho = cJSON_AddObjectToObject(o, "hardware");
     cJSON_AddStringToObject(ho, "gpu", hw->name[0] ? hw->name : "custom");
@@ -587,6 +659,10 @@ void pgd_kv_plan_print(const pgd_kv_plan *p, FILE *f) {
         fprintf(f, "experts     %lld per layer of FFN %lld, %lld per token: %.3f B active "
                 "parameters\n", (long long)m->n_expert, (long long)m->moe_ffn_dim,
                 (long long)m->n_expert_used, (double)p->n_params_streamed / 1e9);
+    if (m->kv_lora_rank)
+        fprintf(f, "latent      multi-head latent attention: a token caches its %lld-wide latent "
+                "and %lld-wide rope key per layer, not K and V per head\n",
+                (long long)m->kv_lora_rank, (long long)m->rope_dim);
     fprintf(f, "hardware    %d x %s: ", hw->n_gpus, hw->name[0] ? hw->name : "custom GPU");
     if (p->in.kv_budget_bytes > 0)
         fprintf(f, "KV budget given directly");

@@ -34,7 +34,13 @@ typedef struct pgd_kv_plan_model {
     /* Mixture of experts (Mixtral, Qwen3-MoE): each FFN is n_expert experts of moe_ffn_dim
      * (plus a router), n_expert_used of them per token; n_expert 0: dense. */
     int64_t n_expert, n_expert_used, moe_ffn_dim;
-    int64_t shared_ffn_dim;         /* Qwen2-MoE's shared expert (every token runs it), or 0 */
+    int64_t shared_ffn_dim;         /* Qwen2-MoE's shared expert (every token runs it), or 0;
+                                       DeepSeek's shared experts, all of them */
+    int64_t n_dense;                /* DeepSeek: the first n_dense layers are dense (ffn_dim) */
+    /* Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none): head_dim is then the
+     * cached row, kv_lora_rank + rope_dim, under one KV head, replicated on every GPU (each
+     * rank attends with all of the latent); q_lora_rank 0: one q matrix. */
+    int64_t kv_lora_rank, rope_dim, q_lora_rank, qk_nope_dim, v_head_dim;
     bool tied_embeddings;           /* LM head shares the token-embedding table */
     bool attn_bias;                 /* Q/K/V biases (Qwen2) */
     double file_bytes_per_param;    /* > 0 when read from a GGUF: tensor bytes / tensor elements */

@@ -5,7 +5,9 @@
  * does. Models: the test models under tests/data, and the default SmolLM2-135M Q4_1 model (real
  * quantized weights) when models/ has it, with an F32 KV cache and (SmolLM2) the quantized KV
  * types Q8_0 and Q4_0, K and V alike and apart. Both activation modes are covered by ctest running
- * this binary as is (F32 activations) and again with PAGODA_INT8_ACT=1 (CMakeLists.txt). */
+ * this binary as is (F32 activations) and again with PAGODA_INT8_ACT=1 (CMakeLists.txt). Models
+ * named on the command line are checked instead, with F32 and F16 KV (test_deepseek.py runs the
+ * tiny DeepSeek models so: their latent cache). */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -127,8 +129,15 @@ static void check_model(const char *path, int n_seqs, int max_len, pgd_type kt, 
     pgd_model_free(m);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const pgd_type F32 = PGD_TYPE_F32;
+    if (argc > 1) {
+        for (int i = 1; i < argc; i++) {
+            check_model(argv[i], MAX_SEQS, MAX_LEN, F32, F32);
+            check_model(argv[i], MAX_SEQS, MAX_LEN, PGD_TYPE_F16, PGD_TYPE_F16);
+        }
+        return test_report("test_batch_invariance");
+    }
     check_model("tests/data/models/stories260K.gguf", MAX_SEQS, MAX_LEN, F32, F32);
     check_model("tests/data/models/stories260K.gguf", MAX_SEQS, MAX_LEN, PGD_TYPE_F16,
                 PGD_TYPE_BF16);

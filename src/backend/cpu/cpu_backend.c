@@ -495,6 +495,7 @@ typedef struct rope_ctx {
     float *x;
     int n_heads, hd;
     bool neox;
+    int stride, off;        /* a head's rotated part at x + head * stride + off (0, 0: hd, 0) */
 } rope_ctx;
 
 /* Each pair (a, b) -> (a cos - b sin, b cos + a sin), the second product fused into the first
@@ -506,7 +507,7 @@ static void rope_rows(void *arg, long lo, long hi) {
         const float *cs = c->cos + (size_t)t * half;
         const float *sn = c->sin + (size_t)t * half;
         for (int h = 0; h < c->n_heads; h++) {
-            float *v = c->x + ((size_t)t * c->n_heads + h) * hd;
+            float *v = c->x + ((size_t)t * c->n_heads + h) * (c->stride ? c->stride : hd) + c->off;
             int i = 0;
             if (c->neox) {
 #ifdef __AVX2__
@@ -552,7 +553,8 @@ static void rope_rows(void *arg, long lo, long hi) {
 static void cpu_rope(pgd_backend *be, float *x, int n, int n_heads, const pgd_rope_params *rp) {
     const cpu_state *st = be->impl;
     size_t off = rp->local ? st->rope_set : 0;
-    rope_ctx c = {st->rope_cos + off, st->rope_sin + off, x, n_heads, rp->head_dim, rp->mode == 1};
+    rope_ctx c = {st->rope_cos + off, st->rope_sin + off, x, n_heads, rp->head_dim,
+                  rp->mode == 1, 0, 0};
     par_for(be, rope_rows, &c, n, 2L * n_heads * rp->head_dim, 1);
 }
 
@@ -597,7 +599,9 @@ static void kv_store_rows(void *arg, long lo, long hi) {
     for (long t = lo; t < hi; t++) {
         size_t slot = (size_t)c->s->slot[t];
         store_row(kv->dtype, (char *)kv->k + slot * krb, c->k + (size_t)t * kv_dim, (int)kv_dim);
-        store_row(kv->vtype, (char *)kv->v + slot * vrb, c->v + (size_t)t * kv_dim, (int)kv_dim);
+        if (kv->v != kv->k) /* (a latent cache's V is its K: pgd_kv_layer) */
+            store_row(kv->vtype, (char *)kv->v + slot * vrb, c->v + (size_t)t * kv_dim,
+                      (int)kv_dim);
     }
 }
 
@@ -615,6 +619,78 @@ static void cpu_rope_kv_store(pgd_backend *be, float *q, float *k, const float *
     cpu_rope(be, q, s->n_tokens, n_head, rp);
     cpu_rope(be, k, s->n_tokens, n_kv_head, rp);
     cpu_kv_store(be, kv, k, v, s);
+}
+
+/* ---- multi-head latent attention (DeepSeek) ------------------------------------------------ */
+
+typedef struct mla_ctx {
+    const float *w;        /* (n_head, n_out, n_in) */
+    const float *x;        /* head h of row t at x + t * xs + h * xh */
+    float *y;              /* head h of row t at y + t * ys + h * yh */
+    int n_head, n_in, n_out, xs, xh, ys, yh;
+    int tail;              /* elements copied after the n_out products (x's, from n_in on) */
+    float tail_scale;
+} mla_ctx;
+
+/* Unit u = (row u / n_head, head u % n_head): n_out fixed-order dot products (lora_dot), then
+ * the tail copied, so a row's values never depend on the step. */
+static void mla_heads(void *arg, long lo, long hi) {
+    const mla_ctx *c = arg;
+    for (long u = lo; u < hi; u++) {
+        long t = u / c->n_head, h = u % c->n_head;
+        const float *x = c->x + (size_t)t * c->xs + (size_t)h * c->xh;
+        const float *w = c->w + (size_t)h * c->n_out * c->n_in;
+        float *y = c->y + (size_t)t * c->ys + (size_t)h * c->yh;
+        for (int j = 0; j < c->n_out; j++)
+            y[j] = lora_dot(w + (size_t)j * c->n_in, PGD_TYPE_F32, x, c->n_in);
+        for (int j = 0; j < c->tail; j++) y[c->n_out + j] = x[c->n_in + j] * c->tail_scale;
+    }
+}
+
+static void cpu_mla_q(pgd_backend *be, const float *w_uk_t, const float *qf, float *q, int n,
+                      int n_head, int nope, int rope, int r, float rope_attn,
+                      const pgd_rope_params *rp) {
+    const cpu_state *st = be->impl;
+    float af = rope_attn > 0 ? rope_attn : 1.0f;
+    /* (YaRN's factor multiplies q's and k's rotated parts; both on q here: the same scores) */
+    mla_ctx c = {w_uk_t, qf, q, n_head, nope, r, n_head * (nope + rope), nope + rope,
+                 n_head * (r + rope), r + rope, rope, af * af};
+    par_for(be, mla_heads, &c, (long)n * n_head, 2L * nope * r, 1);
+    rope_ctx rc = {st->rope_cos, st->rope_sin, q, n_head, rope, rp->mode == 1, r + rope, r};
+    par_for(be, rope_rows, &rc, n, 2L * n_head * rope, 1);
+}
+
+typedef struct mla_norm_ctx {
+    float *x;
+    const float *w;
+    int dim, stride;
+    float eps;
+} mla_norm_ctx;
+
+static void mla_norm_rows(void *arg, long lo, long hi) {
+    const mla_norm_ctx *c = arg;
+    for (long t = lo; t < hi; t++) { /* in place: scale_mul reads each element before writing */
+        float *x = c->x + (size_t)t * c->stride;
+        float scale = 1.0f / sqrtf(sum_sq(x, c->dim) / (float)c->dim + c->eps);
+        scale_mul(x, x, c->w, scale, c->dim);
+    }
+}
+
+static void cpu_mla_kv(pgd_backend *be, float *kv_rows, const float *norm_w, float eps, int n,
+                       int r, int rope, const pgd_kv_layer *kv, const pgd_step *s,
+                       const pgd_rope_params *rp) {
+    const cpu_state *st = be->impl;
+    mla_norm_ctx nc = {kv_rows, norm_w, r, r + rope, eps};
+    par_for(be, mla_norm_rows, &nc, n, 3L * r, 1);
+    rope_ctx rc = {st->rope_cos, st->rope_sin, kv_rows, 1, rope, rp->mode == 1, r + rope, r};
+    par_for(be, rope_rows, &rc, n, 2L * rope, 1);
+    cpu_kv_store(be, kv, kv_rows, kv_rows, s);
+}
+
+static void cpu_mla_o(pgd_backend *be, const float *w_uv, const float *o, float *out, int n,
+                      int n_head, int r, int rope, int v) {
+    mla_ctx c = {w_uv, o, out, n_head, r, v, n_head * (r + rope), r + rope, n_head * v, v, 0, 0};
+    par_for(be, mla_heads, &c, (long)n * n_head, 2L * r * v, 1);
 }
 
 /* ---- Attention ----------------------------------------------------------------------------- */
@@ -1253,27 +1329,65 @@ static void cpu_moe(pgd_backend *be, const pgd_moe *e, const float *x, const flo
     int32_t *start = rows + nk;            /* (E + 1) where each expert's group starts */
     int32_t *fill = start + E + 1;         /* (E) the next free place of each group */
     float *sg = (float *)(fill + E);       /* (n) shared-expert gate logits */
+    float *sc = sg + n, *ch = sc + E;      /* (E) a row's scores, and what it is chosen by */
+    float *gs = ch + E;                    /* (n_group) its groups' scores */
     memset(start, 0, (size_t)(E + 1) * sizeof *start);
+    /* DeepSeek's routing chooses by the scores themselves (plus its bias), in its groups; the
+     * others by the router's logits, which order the softmax's probabilities alike. */
+    bool deepseek = e->sigmoid || e->bias || e->n_group || e->scale;
     for (int t = 0; t < n; t++) {
         const float *l = router + (size_t)t * (size_t)E;
         int32_t *st = sel + (size_t)t * K;
         float *pw = sw + (size_t)t * K, mx = l[0], sum = 0.0f, chosen = 0.0f;
         for (int i = 1; i < E; i++) mx = l[i] > mx ? l[i] : mx;
-        for (int i = 0; i < E; i++) sum += expf(l[i] - mx);
-        for (int j = 0; j < K; j++) { /* the j-th largest logit not taken yet, lowest index */
+        if (!e->sigmoid) {
+            for (int i = 0; i < E; i++) sum += expf(l[i] - mx);
+            for (int i = 0; i < E; i++) sc[i] = expf(l[i] - mx) / sum;
+        } else {
+            for (int i = 0; i < E; i++) sc[i] = 1.0f / (1.0f + expf(-l[i]));
+        }
+        for (int i = 0; i < E; i++) ch[i] = !deepseek ? l[i] : e->bias ? sc[i] + e->bias[i] : sc[i];
+        if (e->n_group > 1 && e->topk_group < e->n_group) {
+            /* a group's score: its best (softmax, V2) or its best two summed (sigmoid, V3);
+             * the experts outside the topk_group best groups (ties to the lower) are out */
+            int gsz = E / e->n_group;
+            for (int gi = 0; gi < e->n_group; gi++) {
+                const float *c = ch + (size_t)gi * gsz;
+                float b1 = -INFINITY, b2 = -INFINITY;
+                for (int i = 0; i < gsz; i++) {
+                    if (c[i] > b1) {
+                        b2 = b1;
+                        b1 = c[i];
+                    } else if (c[i] > b2) {
+                        b2 = c[i];
+                    }
+                }
+                gs[gi] = e->sigmoid && gsz > 1 ? b1 + b2 : b1;
+            }
+            for (int gi = 0; gi < e->n_group; gi++) {
+                int better = 0; /* groups ranked before gi */
+                for (int o = 0; o < e->n_group; o++)
+                    better += gs[o] > gs[gi] || (gs[o] == gs[gi] && o < gi);
+                if (better >= e->topk_group)
+                    for (int i = 0; i < gsz; i++) ch[(size_t)gi * gsz + i] = -INFINITY;
+            }
+        }
+        for (int j = 0; j < K; j++) { /* the j-th largest not taken yet, lowest index */
             int best = -1;
             for (int i = 0; i < E; i++) {
                 bool taken = false;
                 for (int q = 0; q < j && !taken; q++) taken = st[q] == i;
-                if (!taken && (best < 0 || l[i] > l[best])) best = i;
+                if (!taken && (best < 0 || ch[i] > ch[best])) best = i;
             }
             st[j] = best;
-            pw[j] = expf(l[best] - mx) / sum;
+            pw[j] = sc[best];
             chosen += pw[j];
             start[best + 1]++;
         }
-        if (e->norm)
-            for (int j = 0; j < K; j++) pw[j] /= chosen;
+        if (e->norm) /* (transformers' DeepSeek-V3 adds 1e-20 to a sigmoid's sum) */
+            for (int j = 0; j < K; j++) pw[j] /= e->sigmoid ? chosen + 1e-20f : chosen;
+        if (e->scale)
+            for (int j = 0; j < K; j++) pw[j] *= e->scale;
     }
     for (int i = 0; i < E; i++) start[i + 1] += start[i];
     memcpy(fill, start, (size_t)E * sizeof *fill);
@@ -1298,13 +1412,14 @@ static void cpu_moe(pgd_backend *be, const pgd_moe *e, const float *x, const flo
             add_scaled(out + (size_t)r[k] * D, ye + (size_t)k * D, lw[start[i] + k], D);
     }
     if (!e->shared_gate) return;
-    cpu_matmul(be, e->shared_inp, x, sg, n);
+    if (e->shared_inp) cpu_matmul(be, e->shared_inp, x, sg, n);
     cpu_matmul(be, e->shared_gate, x, g, n);
     cpu_matmul(be, e->shared_up, x, u, n);
     cpu_silu_gate(be, g, u, (size_t)n * (size_t)e->shared_ffn_dim);
     cpu_matmul(be, e->shared_down, g, ye, n);
     for (int t = 0; t < n; t++)
-        add_scaled(out + (size_t)t * D, ye + (size_t)t * D, 1.0f / (1.0f + expf(-sg[t])), D);
+        add_scaled(out + (size_t)t * D, ye + (size_t)t * D,
+                   e->shared_inp ? 1.0f / (1.0f + expf(-sg[t])) : 1.0f, D);
 }
 
 static void cpu_gather_rows(pgd_backend *be, const float *src, float *dst, int dim,
@@ -1320,7 +1435,7 @@ static void cpu_copy_block(pgd_backend *be, const pgd_kv_layer *kv, int32_t src,
     size_t vrb = pgd_type_row_bytes(kv->vtype, (uint64_t)kv->kv_dim);
     size_t so = (size_t)src * kv->block_size, d = (size_t)dst * kv->block_size;
     memcpy((char *)kv->k + d * krb, (char *)kv->k + so * krb, (size_t)n * krb);
-    memcpy((char *)kv->v + d * vrb, (char *)kv->v + so * vrb, (size_t)n * vrb);
+    if (kv->v != kv->k) memcpy((char *)kv->v + d * vrb, (char *)kv->v + so * vrb, (size_t)n * vrb);
 }
 
 /* The reference itself (src/sample/device_sample.c), one row per pool chunk. */
@@ -1359,6 +1474,9 @@ const pgd_backend_ops pgd_cpu_backend_ops = {
     .moe = cpu_moe,
     .lora = cpu_lora,
     .add = cpu_add,
+    .mla_q = cpu_mla_q,
+    .mla_kv = cpu_mla_kv,
+    .mla_o = cpu_mla_o,
     .gather_rows = cpu_gather_rows,
     .copy_block = cpu_copy_block,
     .sample = cpu_sample,

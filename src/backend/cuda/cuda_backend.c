@@ -167,7 +167,8 @@ static void drop_graphs(cuda_state *st) {
 static bool cuda_supports(pgd_op op, pgd_type t) {
     /* mixture-of-experts models run on the CPU backend; sliding-window models with their
      * context capped at the window; LoRA adapters on the CPU backend only */
-    if (op == PGD_OP_MOE || op == PGD_OP_WINDOW || op == PGD_OP_LORA) return false;
+    if (op == PGD_OP_MOE || op == PGD_OP_WINDOW || op == PGD_OP_LORA || op == PGD_OP_MLA)
+        return false;
     /* Gemma 3's ops: its models run on the CPU backend */
     if (op == PGD_OP_GELU_GATE || op == PGD_OP_SCALE || op == PGD_OP_LOCAL_ROPE ||
         op == PGD_OP_SOFTCAP || op == PGD_OP_ATTN_SCALE)
