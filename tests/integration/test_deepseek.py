@@ -225,8 +225,8 @@ def test_batched_equals_alone(ds_models, tmp_path, name, fmt):
                                "--max-num-batched-tokens", chunk)
         assert stats["prefix_cache_hits"] > 0
         assert_same(res, ref)
-    # 3 layers x (32 + 16) x 4 bytes = 576 bytes per token: 24 blocks of 16 tokens
-    res, stats = run_batch(model, tmp_path, "small", reqs, "--kv-cache-memory", str(24 * 16 * 576),
+    # 3 layers x (32 + 16) x 2 bytes (F16, the default) = 288 bytes per token: 24 blocks of 16
+    res, stats = run_batch(model, tmp_path, "small", reqs, "--kv-cache-memory", str(24 * 16 * 288),
                            "--max-num-batched-tokens", "64")
     assert stats["kv_blocks_total"] == 24
     assert stats["preemptions"] > 0, "the pool was meant to be too small"
