@@ -102,7 +102,8 @@ static int add_pre_steps(pgd_pretok *p, const cJSON *pre, const char *path, pgd_
         sp.kind = PGD_STEP_DIGITS;
         sp.flag = jbool(pre, "individual_digits", false);
     } else if (strcmp(type, "Punctuation") == 0) {
-        int beh = jstr(pre, "behavior") ? split_behavior(jstr(pre, "behavior")) : PGD_SPLIT_ISOLATED;
+        const char *b = jstr(pre, "behavior");
+        int beh = b ? split_behavior(b) : PGD_SPLIT_ISOLATED;
         if (beh < 0)
             return pgd_err_set(err, PGD_EFORMAT, "%s: Punctuation behavior '%s' unknown", path,
                                jstr(pre, "behavior"));

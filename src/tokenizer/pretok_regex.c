@@ -293,7 +293,8 @@ static void set_precompute(builder *b, int32_t si) {
     const uint32_t *ranges = b->ranges.p;
     const int32_t *subs = b->subs.p;
     for (uint32_t c = 0; c < 128; c++)
-        if (set_eval(b->sets.p, ranges, subs, si, c, pgd__uni_gcp(c))) s->ascii[c >> 5] |= 1u << (c & 31);
+        if (set_eval(b->sets.p, ranges, subs, si, c, pgd__uni_gcp(c)))
+            s->ascii[c >> 5] |= 1u << (c & 31);
     s->catonly = set_catonly(b, si);
     if (s->catonly)
         for (uint32_t cat = 0; cat < 256; cat++)
@@ -520,7 +521,8 @@ static int parse_escape(builder *b, bool in_class, set_build *sb, uint32_t *cp) 
     case 'e': *cp = 0x1B; return 1;
     case '0': { /* \0, \0o, \0oo: octal */
         uint32_t v = 0;
-        for (int k = 0; k < 2 && peek(b) >= '0' && peek(b) <= '7'; k++) v = v * 8 + (b->pat[b->i++] - '0');
+        for (int k = 0; k < 2 && peek(b) >= '0' && peek(b) <= '7'; k++)
+            v = v * 8 + (b->pat[b->i++] - '0');
         *cp = v;
         return 1;
     }
@@ -659,7 +661,8 @@ static int parse_interval(builder *b, uint32_t *mn, uint32_t *mx) {
     while (i < b->n && b->pat[i] >= '0' && b->pat[i] <= '9') {
         lo = lo * 10 + (b->pat[i++] - '0');
         have_lo = true;
-        if (lo > RE_MAX_REPEAT) return fail(b, PGD_EUNSUPPORTED, "repeat count over %d", RE_MAX_REPEAT);
+        if (lo > RE_MAX_REPEAT)
+            return fail(b, PGD_EUNSUPPORTED, "repeat count over %d", RE_MAX_REPEAT);
     }
     if (i < b->n && b->pat[i] == '}') {
         if (!have_lo) return 0;
@@ -1303,7 +1306,8 @@ int pgd__re_compile_literal(const char *s, size_t len, pgd_re **out, char *msg, 
     size_t k = 0;
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c < 128 && !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+        bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+        if (c < 128 && !alnum)
             esc[k++] = '\\';
         if (c == '\n') c = 'n', esc[k - 1] = '\\';
         esc[k++] = (char)c;
@@ -1407,7 +1411,8 @@ static uint32_t run_next(matcher *m, frame *f, const re_inst *in) {
     const run_cache *rc = &m->runs[in->run_slot];
     uint32_t lo = f->pos + in->min;
     if (in->mode == RUN_LAZY) {
-        while (f->k <= f->e && f->k >= rc->flo && f->k <= rc->fhi && rc->flo <= rc->fhi) f->k = rc->fhi + 1;
+        while (f->k <= f->e && f->k >= rc->flo && f->k <= rc->fhi && rc->flo <= rc->fhi)
+            f->k = rc->fhi + 1;
         if (f->k > f->e) return UINT32_MAX;
         return f->k++;
     }

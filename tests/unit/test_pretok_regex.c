@@ -43,7 +43,8 @@ static long long matches(const char *pattern, const char *text, size_t len, coll
         fprintf(stderr, "  compile '%s': %s\n", pattern, msg);
         return -1;
     }
-    uint32_t *cp = malloc(sizeof(uint32_t) * (len + 1)), *off = malloc(sizeof(uint32_t) * (len + 1));
+    uint32_t *cp = malloc(sizeof(uint32_t) * (len + 1));
+    uint32_t *off = malloc(sizeof(uint32_t) * (len + 1));
     uint8_t *cat = malloc(len + 1);
     uint32_t m = pgd__re_decode(text, len, false, cp, cat, off);
     pgd_re_subject subj = {cp, cat, m};
@@ -103,7 +104,8 @@ static void constructs(void) {
     CHECK(expect("\\P{L}+", "ab12cd", "12"));
     CHECK(expect("[\\p{^L}]+", "ab12cd", "12"));
     CHECK(expect("\\p{Lu}\\p{Ll}*", "HelloWorld", "Hello|World"));
-    CHECK(expect("\\p{Han}+", "\xe4\xb8\xad\xe6\x96\x87" "abc\xe3\x81\x82", "\xe4\xb8\xad\xe6\x96\x87"));
+    CHECK(expect("\\p{Han}+", "\xe4\xb8\xad\xe6\x96\x87" "abc\xe3\x81\x82",
+                 "\xe4\xb8\xad\xe6\x96\x87"));
     CHECK(expect("[\\x{4E00}-\\x{9FFF}]+", "a\xe4\xb8\xad", "\xe4\xb8\xad"));
     CHECK(expect("\\x41\\u00e9", "A\xc3\xa9", "A\xc3\xa9"));
     CHECK(expect("\\s+", "a \t\n\xc2\xa0" "b", " \t\n\xc2\xa0"));
@@ -232,7 +234,8 @@ static void pipelines(void) {
     CHECK(nm != NULL && nm->fast == PGD_PRE_GENERAL);
     pgd_pretok *p = NULL;
     char msg[200];
-    CHECK(nm && pgd__pretok_build(nm->steps, pgd__pretok_named_steps(nm), &p, msg, sizeof msg) == 0);
+    CHECK(nm &&
+          pgd__pretok_build(nm->steps, pgd__pretok_named_steps(nm), &p, msg, sizeof msg) == 0);
     if (p) {
         pgd_pretok_scratch sc;
         memset(&sc, 0, sizeof sc);
@@ -241,7 +244,8 @@ static void pipelines(void) {
         const char *t = "x=1234567;; ok";
         pgd__pretok_run(p, t, strlen(t), on_piece, &out, &sc);
         CHECK(strcmp(out.out, "x|=|123|456|7|;;| ok") == 0);
-        if (strcmp(out.out, "x|=|123|456|7|;;| ok") != 0) fprintf(stderr, "  falcon: %s\n", out.out);
+        if (strcmp(out.out, "x|=|123|456|7|;;| ok") != 0)
+            fprintf(stderr, "  falcon: %s\n", out.out);
         pgd__pretok_scratch_free(&sc);
         pgd__pretok_free(p);
     }
@@ -295,7 +299,8 @@ static void bounded_work(void) {
         long long b = steps_on(cases[k].pattern, cases[k].unit, 80000);
         /* linear: four times the input, about four times the steps (never sixteen) */
         bool ok = a > 0 && b > 0 && b <= 5 * a + 1000 && b <= 400 * 80000LL;
-        if (!ok) fprintf(stderr, "  /%s/: %lld steps on 20k, %lld on 80k\n", cases[k].pattern, a, b);
+        if (!ok)
+            fprintf(stderr, "  /%s/: %lld steps on 20k, %lld on 80k\n", cases[k].pattern, a, b);
         CHECK(ok);
     }
     /* and a megabyte finishes */
