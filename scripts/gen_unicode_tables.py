@@ -9,12 +9,23 @@ Tables (all sorted, searched by binary search at run time):
     under NFC" (the NFC quick check);
   - NFC data: canonical combining classes, canonical decompositions (one level, expanded
     recursively at run time) and primary composites (pairs that compose). Hangul syllables are
-    handled algorithmically in the C code and are left out of these tables.
+    handled algorithmically in the C code and are left out of these tables;
+  - for the general pre-tokenizer regex engine (pretok_regex.c): every character's general
+    category with three property bits (White_Space, Script=Han, and "in \\w beyond its
+    category"), and simple case folding (pairs (character, folded) and the same pairs ordered by
+    the folded one). \\w is Oniguruma's (HF tokenizers' engine): Alphabetic, marks, Nd and Pc,
+    plus the Latin-1 superscripts and fractions (U+00B2 U+00B3 U+00B9 U+00BC-U+00BE) and without
+    the joiners U+200C/U+200D, which Unicode's \\w (the `regex` module's) has.
+Script=Han and \\w come from the `regex` module (tests/requirements.txt pulls it in through
+transformers), restricted to the characters unicodedata's version assigns, so every table
+speaks of one Unicode version.
 
 Usage: python3 scripts/gen_unicode_tables.py > src/tokenizer/unicode_tables.c
 """
 import sys
 import unicodedata
+
+import regex
 
 MAX_CP = 0x110000
 FLAG_L, FLAG_N, FLAG_WS, FLAG_NFC_CHECK, FLAG_UPPERISH, FLAG_LOWERISH = 1, 2, 4, 8, 16, 32
@@ -75,6 +86,53 @@ def ranges(fn):
     return out
 
 
+# General categories in the order of PGD_GC_* (unicode.h); Cn (unassigned) is 0.
+GC_NAMES = ["Cn", "Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd",
+            "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cc", "Cf",
+            "Cs", "Co"]
+GC_WORD = {"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "Pc"}
+GCP_WS, GCP_HAN, GCP_WORDX = 32, 64, 128
+ONIG_WORD_LATIN1 = (0xB2, 0xB3, 0xB9, 0xBC, 0xBD, 0xBE)
+# simple foldings Unicode 15 added that Oniguruma (as HF tokenizers builds it) already has
+FOLD_EXTRA = {0x1FD3: 0x390, 0x1FE3: 0x3B0}
+
+
+def gcp_of(cp):
+    c = chr(cp)
+    cat = unicodedata.category(c)
+    v = GC_NAMES.index(cat)
+    if cat == "Cn":
+        return 0
+    if flags_of(cp) & FLAG_WS:
+        v |= GCP_WS
+    if regex.match(r"\p{Han}", c):
+        v |= GCP_HAN
+    if cat not in GC_WORD and (regex.match(r"\w", c) or cp in ONIG_WORD_LATIN1) and \
+            cp not in (0x200C, 0x200D):
+        v |= GCP_WORDX
+    return v
+
+
+def simple_fold(cp):
+    """Simple case folding (CaseFolding.txt's C + S statuses) from str.upper/lower: the lower
+    case of the upper case when both are one character. The dotless i and the dotted capital I
+    fold only under the Turkic (T) status, which Oniguruma's default folding leaves out.
+    Multi-character foldings (U+00DF ss, U+FB05 st, ...) are left out: one character matches one
+    character."""
+    c = chr(cp)
+    if cp in (0x130, 0x131):
+        return cp
+    if cp in FOLD_EXTRA:
+        return FOLD_EXTRA[cp]
+    u = c.upper()
+    if len(u) != 1:
+        u = c
+    lo = u.lower()
+    if len(lo) != 1:
+        lo = c.lower() if len(c.lower()) == 1 else c
+    return ord(lo)
+
+
 def is_hangul_syllable(cp):
     return 0xAC00 <= cp <= 0xD7A3
 
@@ -119,7 +177,24 @@ def main():
     w("const pgd_uni_comp pgd__uni_comp[] = {\n")
     for a, b, cp in comp:
         w("    {0x%X, 0x%X, 0x%X},\n" % (a, b, cp))
-    w("};\nconst int pgd__uni_n_comp = %d;\n" % len(comp))
+    w("};\nconst int pgd__uni_n_comp = %d;\n\n" % len(comp))
+
+    gcp = ranges(gcp_of)
+    w("const pgd_uni_range pgd__uni_gcp_ranges[] = {\n")
+    for a, b, v in gcp:
+        w("    {0x%X, 0x%X, %d},\n" % (a, b, v))
+    w("};\nconst int pgd__uni_n_gcp_ranges = %d;\n\n" % len(gcp))
+
+    fold = [(cp, simple_fold(cp)) for cp in range(MAX_CP)
+            if unicodedata.category(chr(cp)) != "Cn" and simple_fold(cp) != cp]
+    w("const pgd_uni_fold pgd__uni_fold[] = {\n")
+    for cp, f in fold:
+        w("    {0x%X, 0x%X},\n" % (cp, f))
+    w("};\nconst int pgd__uni_n_fold = %d;\n" % len(fold))
+    w("const pgd_uni_fold pgd__uni_unfold[] = {\n")
+    for cp, f in sorted(fold, key=lambda x: (x[1], x[0])):
+        w("    {0x%X, 0x%X},\n" % (cp, f))
+    w("};\n")
 
 
 if __name__ == "__main__":

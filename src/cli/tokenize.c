@@ -30,12 +30,119 @@ static void print_ids(const int32_t *ids, size_t n) {
     putchar('\n');
 }
 
+/* JSON strings with every byte kept: cJSON's strings end at a NUL, and a text may hold U+0000. */
+
+/* Prints s[0..n) as a JSON string literal (escapes as cJSON writes them; other bytes as is). */
+static void print_json_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': fputs("\\\"", stdout); break;
+        case '\\': fputs("\\\\", stdout); break;
+        case '\b': fputs("\\b", stdout); break;
+        case '\f': fputs("\\f", stdout); break;
+        case '\n': fputs("\\n", stdout); break;
+        case '\r': fputs("\\r", stdout); break;
+        case '\t': fputs("\\t", stdout); break;
+        default:
+            if (c < 0x20) printf("\\u%04x", c);
+            else putchar(c);
+        }
+    }
+    putchar('"');
+}
+
+static int hex4(const char *s, const char *end, unsigned *v) {
+    if (end - s < 4) return -1;
+    *v = 0;
+    for (int k = 0; k < 4; k++) {
+        char c = s[k];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        *v = *v * 16 + (unsigned)d;
+    }
+    return 0;
+}
+
+/* The JSON string literal that is s[0..n) (surrounding spaces aside) into out (malloc'd; its
+ * length in *len, NULs kept); -1 if it is not one. */
+static int parse_json_string(const char *s, size_t n, char **out, size_t *len) {
+    const char *end = s + n;
+    while (s < end && (*s == ' ' || *s == '\t' || *s == '\r')) s++;
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) end--;
+    if (end - s < 2 || *s != '"' || end[-1] != '"') return -1;
+    s++, end--;
+    char *o = malloc((size_t)(end - s) + 1), *w = o;
+    if (!o) return -1;
+    while (s < end) {
+        char c = *s++;
+        if (c == '"') goto bad;
+        if (c != '\\') {
+            *w++ = c;
+            continue;
+        }
+        if (s >= end) goto bad;
+        c = *s++;
+        switch (c) {
+        case '"': case '\\': case '/': *w++ = c; break;
+        case 'b': *w++ = '\b'; break;
+        case 'f': *w++ = '\f'; break;
+        case 'n': *w++ = '\n'; break;
+        case 'r': *w++ = '\r'; break;
+        case 't': *w++ = '\t'; break;
+        case 'u': {
+            unsigned v, lo;
+            if (hex4(s, end, &v)) goto bad;
+            s += 4;
+            if (v >= 0xD800 && v < 0xDC00) { /* a surrogate pair */
+                if (end - s < 6 || s[0] != '\\' || s[1] != 'u' || hex4(s + 2, end, &lo) ||
+                    lo < 0xDC00 || lo > 0xDFFF)
+                    goto bad;
+                s += 6;
+                v = 0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (v >= 0xDC00 && v < 0xE000) {
+                goto bad;
+            }
+            /* UTF-8: at most 4 bytes from 6 characters of input */
+            if (v < 0x80) *w++ = (char)v;
+            else if (v < 0x800) *w++ = (char)(0xC0 | v >> 6), *w++ = (char)(0x80 | (v & 63));
+            else if (v < 0x10000)
+                *w++ = (char)(0xE0 | v >> 12), *w++ = (char)(0x80 | (v >> 6 & 63)),
+                *w++ = (char)(0x80 | (v & 63));
+            else
+                *w++ = (char)(0xF0 | v >> 18), *w++ = (char)(0x80 | (v >> 12 & 63)),
+                *w++ = (char)(0x80 | (v >> 6 & 63)), *w++ = (char)(0x80 | (v & 63));
+            break;
+        }
+        default: goto bad;
+        }
+    }
+    *w = 0;
+    *out = o;
+    *len = (size_t)(w - o);
+    return 0;
+bad:
+    free(o);
+    return -1;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-static int bench(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool special) {
+static int count_piece(void *ctx, const char *piece, size_t len) {
+    (void)piece, (void)len;
+    (*(size_t *)ctx)++;
+    return 0;
+}
+
+/* Encodes s (or, pieces_only, runs the pre-tokenizer alone) repeatedly for a second, five
+ * times; prints the median throughput. */
+static int bench(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool special,
+                 bool pieces_only) {
     int32_t *ids = NULL;
     size_t cap = 0, got = 0;
     double mbs[5];
@@ -43,7 +150,10 @@ static int bench(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool
         double t0 = pgd_now_s(), el;
         long reps = 0;
         do {
-            if (encode(t, s, n, bos, special, &ids, &cap, &got) != 0) {
+            int rc;
+            if (pieces_only) got = 0, rc = pgd_tokenizer_pieces(t, s, n, count_piece, &got);
+            else rc = encode(t, s, n, bos, special, &ids, &cap, &got);
+            if (rc != 0) {
                 free(ids);
                 return -1;
             }
@@ -53,49 +163,92 @@ static int bench(const pgd_tokenizer *t, const char *s, size_t n, bool bos, bool
         mbs[r] = (double)n * (double)reps / el / 1e6;
     }
     qsort(mbs, 5, sizeof mbs[0], cmp_double);
-    printf("%.2f MB/s (median of 5; %zu bytes -> %zu tokens)\n", mbs[2], n, got);
+    printf("%.2f MB/s (median of 5; %zu bytes -> %zu %s)\n", mbs[2], n, got,
+           pieces_only ? "pieces" : "tokens");
     free(ids);
     return 0;
 }
 
-/* Prints a piece of the text as a JSON string, comma-separated (ctx: the text). */
-static int print_piece(void *ctx, size_t a, size_t b) {
-    const char *s = ctx;
-    char *p = malloc(b - a + 1);
+/* Where print_piece writes: how many pieces so far, and whether to spell bytes in GPT-2's
+ * byte-level alphabet (as HF's pre_tokenize_str does after a ByteLevel step). */
+typedef struct piece_out {
+    size_t n;
+    bool byte_level;
+} piece_out;
+
+/* GPT-2's byte-to-unicode map: the code point byte b is written as. */
+static unsigned byte_char(unsigned char b) {
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174) return b;
+    unsigned n = 0; /* the bytes not kept, numbered in order from 256 */
+    for (unsigned k = 0; k < b; k++)
+        if (!((k >= 33 && k <= 126) || (k >= 161 && k <= 172) || k >= 174)) n++;
+    return 256 + n;
+}
+
+/* Prints a piece as a JSON string, comma-separated. */
+static int print_piece(void *ctx, const char *s, size_t len) {
+    piece_out *po = ctx;
+    char *p = malloc(2 * len + 1);
     if (!p) return PGD_ENOMEM;
-    memcpy(p, s + a, b - a);
-    p[b - a] = 0;
-    cJSON *j = cJSON_CreateString(p);
-    char *out = j ? cJSON_PrintUnformatted(j) : NULL;
+    size_t k = 0;
+    if (po->byte_level) {
+        for (size_t i = 0; i < len; i++) {
+            unsigned c = byte_char((unsigned char)s[i]);
+            if (c < 0x80) p[k++] = (char)c;
+            else p[k++] = (char)(0xC0 | (c >> 6)), p[k++] = (char)(0x80 | (c & 0x3F));
+        }
+    } else {
+        memcpy(p, s, len);
+        k = len;
+    }
+    if (po->n++) fputs(", ", stdout);
+    print_json_string(p, k);
     free(p);
-    cJSON_Delete(j);
-    if (!out) return PGD_ENOMEM;
-    printf(a ? ", %s" : "%s", out);
-    free(out);
     return 0;
 }
 
-static int print_pieces(const pgd_tokenizer *t, const char *s, size_t n) {
+/* The pieces of s: the tokenizer's pre-tokenizer, or the split pattern when sr is set. */
+static int print_pieces(const pgd_tokenizer *t, const pgd_split_regex *sr, bool byte_level,
+                        const char *s, size_t n) {
+    piece_out po = {0, byte_level};
     putchar('[');
-    int rc = pgd_tokenizer_pieces(t, s, n, print_piece, (void *)s);
+    int rc = sr ? pgd_split_regex_run(sr, s, n, print_piece, &po)
+                : pgd_tokenizer_pieces(t, s, n, print_piece, &po);
     puts("]");
     return rc;
 }
 
 static void usage_tokenize(FILE *f) {
-    fprintf(f, "usage: pagoda tokenize [-m MODEL] [--no-bos] [--no-special] [--pieces] "
-               "(TEXT | --file F | --jsonl F | --bench F)\n"
+    fprintf(f, "usage: pagoda tokenize [-m MODEL] [--no-bos] [--no-special] [--pieces | "
+               "--pieces-bytelevel]\n"
+               "         [--general-pretok] (TEXT | --file F | --jsonl F | --bench F)\n"
+               "       pagoda tokenize --split-regex PATTERN [--split-behavior B] [--invert] "
+               "(TEXT | --jsonl F)\n"
                "  MODEL is a GGUF file or a Hugging Face model directory (tokenizer.json).\n"
                "  --jsonl F: each line of F is a JSON string; prints one line of ids per line.\n"
                "  --pieces: prints the pre-tokenizer's pieces instead (a JSON array of strings: "
-               "its regex alone,\n"
+               "its patterns alone,\n"
                "    no special tokens, no normalization; text that is not UTF-8 is not JSON).\n"
-               "  --bench F: prints the tokenizer's throughput on F in MB/s.\n");
+               "  --pieces-bytelevel: the same, each byte written in GPT-2's byte-level alphabet "
+               "(always JSON;\n"
+               "    what HF's pre_tokenize_str prints for a byte-level pre-tokenizer).\n"
+               "  --general-pretok: runs a hand-written pre-tokenizer (GPT-2, SmolLM, Llama 3, "
+               "Qwen2, Tekken)\n"
+               "    through the general regex engine instead (same pieces; for tests and "
+               "benchmarks).\n"
+               "  --split-regex PATTERN: no model; the general engine's pieces of HF's "
+               "Split(PATTERN, B, invert)\n"
+               "    (B: Isolated (default), Removed, MergedWithPrevious, MergedWithNext, "
+               "Contiguous).\n"
+               "  --bench F: prints the tokenizer's throughput on F in MB/s (with --pieces: the\n"
+               "    pre-tokenizer's alone).\n");
 }
 
 int pgd_cli_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *jsonl = NULL, *bench_file = NULL, *text = NULL;
-    bool no_bos = false, no_special = false, pieces = false;
+    const char *split_re = NULL, *split_beh = "Isolated";
+    bool no_bos = false, no_special = false, pieces = false, pieces_bl = false, general = false;
+    bool invert = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
@@ -110,6 +263,16 @@ int pgd_cli_tokenize(int argc, char **argv) {
             no_special = true;
         } else if (!strcmp(a, "--pieces")) {
             pieces = true;
+        } else if (!strcmp(a, "--pieces-bytelevel")) {
+            pieces = pieces_bl = true;
+        } else if (!strcmp(a, "--general-pretok")) {
+            general = true;
+        } else if (!strcmp(a, "--split-regex") && has_val) {
+            split_re = argv[++i];
+        } else if (!strcmp(a, "--split-behavior") && has_val) {
+            split_beh = argv[++i];
+        } else if (!strcmp(a, "--invert")) {
+            invert = true;
         } else if (!strcmp(a, "--file") && has_val) {
             file = argv[++i];
         } else if (!strcmp(a, "--jsonl") && has_val) {
@@ -133,13 +296,32 @@ int pgd_cli_tokenize(int argc, char **argv) {
         usage_tokenize(stderr);
         return 2;
     }
-    if (!model) model = pgd_cli_default_model();
     pgd_err err = {{0}};
     pgd_tokenizer *t = NULL;
-    if (pgd_tokenizer_load_path(model, &t, &err) != 0) {
-        fprintf(stderr, "pagoda: %s\n", err.msg);
-        return 1;
+    pgd_split_regex *sr = NULL;
+    if (split_re) {
+        if (file || bench_file || model) {
+            fprintf(stderr, "pagoda tokenize: --split-regex takes TEXT or --jsonl F, no model\n");
+            return 2;
+        }
+        if (pgd_split_regex_new(split_re, split_beh, invert, &sr, &err) != 0) {
+            fprintf(stderr, "pagoda: %s\n", err.msg);
+            return 1;
+        }
+        pieces = true;
+    } else {
+        if (!model) model = pgd_cli_default_model();
+        if (pgd_tokenizer_load_path(model, &t, &err) != 0) {
+            fprintf(stderr, "pagoda: %s\n", err.msg);
+            return 1;
+        }
+        if (general && pgd_tokenizer_use_general_pretok(t, &err) != 0) {
+            fprintf(stderr, "pagoda: %s\n", err.msg);
+            pgd_tokenizer_free(t);
+            return 1;
+        }
     }
+    bool bl = pieces_bl && (sr || pgd_tokenizer_byte_level(t));
     bool bos = !no_bos, special = !no_special; /* bos: the model's special tokens */
     char *buf = NULL;
     size_t len = 0, cap = 0, n = 0;
@@ -150,8 +332,8 @@ int pgd_cli_tokenize(int argc, char **argv) {
         fprintf(stderr, "pagoda: %s\n", err.msg);
         goto done;
     }
-    if (pieces && (text || file)) {
-        if (print_pieces(t, text ? text : buf, text ? strlen(text) : len)) goto enc_fail;
+    if (pieces && (text || file) && !bench_file) {
+        if (print_pieces(t, sr, bl, text ? text : buf, text ? strlen(text) : len)) goto enc_fail;
     } else if (text) {
         if (encode(t, text, strlen(text), bos, special, &ids, &cap, &n) != 0) goto enc_fail;
         print_ids(ids, n);
@@ -159,22 +341,21 @@ int pgd_cli_tokenize(int argc, char **argv) {
         if (encode(t, buf, len, bos, special, &ids, &cap, &n) != 0) goto enc_fail;
         print_ids(ids, n);
     } else if (bench_file) {
-        if (bench(t, buf, len, bos, special) != 0) goto enc_fail;
+        if (bench(t, buf, len, bos, special, pieces) != 0) goto enc_fail;
     } else {
         char *line = buf;
         for (long ln = 1; line < buf + len; ln++) {
             char *eol = memchr(line, '\n', (size_t)(buf + len - line));
             size_t ll = eol ? (size_t)(eol - line) : (size_t)(buf + len - line);
-            cJSON *j = cJSON_ParseWithLength(line, ll);
-            if (!cJSON_IsString(j)) {
-                cJSON_Delete(j);
+            char *str;
+            size_t jl;
+            if (parse_json_string(line, ll, &str, &jl) != 0) {
                 fprintf(stderr, "pagoda: %s:%ld: not a JSON string\n", jsonl, ln);
                 goto done;
             }
-            size_t jl = strlen(j->valuestring);
-            int rc = pieces ? print_pieces(t, j->valuestring, jl)
-                            : encode(t, j->valuestring, jl, bos, special, &ids, &cap, &n);
-            cJSON_Delete(j);
+            int rc = pieces ? print_pieces(t, sr, bl, str, jl)
+                            : encode(t, str, jl, bos, special, &ids, &cap, &n);
+            free(str);
             if (rc != 0) goto enc_fail;
             if (!pieces) print_ids(ids, n);
             line = eol ? eol + 1 : buf + len;
@@ -189,6 +370,7 @@ done:
     free(ids);
     free(buf);
     pgd_tokenizer_free(t);
+    pgd_split_regex_free(sr);
     return ret;
 }
 
@@ -297,16 +479,9 @@ int pgd_cli_detokenize(int argc, char **argv) {
             goto done;
         }
         /* decode's text is valid UTF-8 (ill-formed bytes become U+FFFD, as in HF's decode) */
-        cJSON *str = cJSON_CreateString(s);
+        print_json_string(s, sl);
+        putchar('\n');
         free(s);
-        char *js = str ? cJSON_PrintUnformatted(str) : NULL;
-        cJSON_Delete(str);
-        if (!js) {
-            fprintf(stderr, "pagoda: out of memory\n");
-            goto done;
-        }
-        puts(js);
-        free(js);
         line = eol ? eol + 1 : buf + len;
     }
     ret = 0;

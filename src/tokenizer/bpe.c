@@ -103,11 +103,18 @@ int pgd__bpe_word(const pgd_tokenizer *t, const unsigned char *w, size_t n, pgd_
             return 0;
         }
     }
+    /* a byte whose character the vocabulary lacks: without an unknown token HF's BPE leaves it
+       out of the word (its neighbours may merge across it); with one it stays, as unk */
+    int32_t ns = 0;
     for (size_t i = 0; i < n; i++) {
-        s[i] = (sym){t->byte_tok[w[i]], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1,
-                     (uint32_t)i, 1};
+        int32_t id = t->byte_tok[w[i]];
+        if (id < 0 && t->unk < 0) continue;
+        s[ns] = (sym){id, ns - 1, -1, (uint32_t)i, 1};
+        if (ns > 0) s[ns - 1].next = ns;
+        ns++;
     }
-    return merge_and_emit(t, w, s, (int32_t)n, h, o);
+    if (ns == 0) return 0;
+    return merge_and_emit(t, w, s, ns, h, o);
 }
 
 /* SentencePiece vocabulary with rank merges (tokenizer.json "BPE" + byte_fallback): symbols are

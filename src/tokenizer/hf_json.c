@@ -5,21 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokenizer/pretok_pipe.h"
 #include "tokenizer/tok_internal.h"
+#include "tokenizer/unicode.h"
 #include "util/mapfile.h"
-
-static const char LLAMA3_RE[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char QWEN2_RE[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char TEKKEN_RE[] =
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"
-    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char GPT2_RE[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static const char *jstr(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -36,26 +25,126 @@ static bool jbool(const cJSON *o, const char *key, bool dflt) {
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
 }
 
-/* Classifies the byte-level pre-tokenizer; -1 if not one we implement. */
+/* Classifies the byte-level pre-tokenizer: one of the hand-written ones, or -1 (then the general
+ * pipeline runs it). */
 static int byte_level_pre(const cJSON *pre) {
-    if (jtype(pre, "ByteLevel")) return jbool(pre, "use_regex", true) ? PGD_PRE_GPT2 : -1;
+    if (jtype(pre, "ByteLevel"))
+        return jbool(pre, "use_regex", true) && !jbool(pre, "add_prefix_space", true) ? PGD_PRE_GPT2
+                                                                                     : -1;
     if (!jtype(pre, "Sequence")) return -1;
     const cJSON *seq = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers");
     if (cJSON_GetArraySize(seq) != 2) return -1;
     const cJSON *a = cJSON_GetArrayItem(seq, 0), *b = cJSON_GetArrayItem(seq, 1);
-    if (!jtype(b, "ByteLevel")) return -1;
+    if (!jtype(b, "ByteLevel") || jbool(b, "add_prefix_space", true)) return -1;
     if (jtype(a, "Digits") && jbool(a, "individual_digits", false) && jbool(b, "use_regex", true))
         return PGD_PRE_SMOLLM;
     if (jtype(a, "Split") && !jbool(b, "use_regex", true)) {
         const char *beh = jstr(a, "behavior");
         const char *re = jstr(cJSON_GetObjectItemCaseSensitive(a, "pattern"), "Regex");
         if (!re || !beh || strcmp(beh, "Isolated") != 0 || jbool(a, "invert", false)) return -1;
-        if (strcmp(re, LLAMA3_RE) == 0) return PGD_PRE_LLAMA3;
-        if (strcmp(re, QWEN2_RE) == 0) return PGD_PRE_QWEN2;
-        if (strcmp(re, TEKKEN_RE) == 0) return PGD_PRE_TEKKEN;
-        if (strcmp(re, GPT2_RE) == 0) return PGD_PRE_GPT2;
+        if (strcmp(re, pgd__re_llama3) == 0) return PGD_PRE_LLAMA3;
+        if (strcmp(re, pgd__re_qwen2) == 0) return PGD_PRE_QWEN2;
+        if (strcmp(re, pgd__re_tekken) == 0) return PGD_PRE_TEKKEN;
+        if (strcmp(re, pgd__re_gpt2) == 0) return PGD_PRE_GPT2;
     }
     return -1;
+}
+
+/* Does the pre-tokenizer hold a ByteLevel step (then the vocabulary is byte-level)? */
+static bool has_byte_level(const cJSON *pre) {
+    if (jtype(pre, "ByteLevel")) return true;
+    if (!jtype(pre, "Sequence")) return false;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers")) {
+        if (has_byte_level(e)) return true;
+    }
+    return false;
+}
+
+static int split_behavior(const char *s) {
+    static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious",
+                                        "MergedWithNext", "Contiguous"};
+    static const int vals[] = {PGD_SPLIT_REMOVED, PGD_SPLIT_ISOLATED, PGD_SPLIT_MERGED_PREV,
+                               PGD_SPLIT_MERGED_NEXT, PGD_SPLIT_CONTIGUOUS};
+    for (int k = 0; s && k < 5; k++)
+        if (strcmp(s, names[k]) == 0) return vals[k];
+    return -1;
+}
+
+/* Appends the steps of pre (a Sequence is flattened) to p; a step we do not implement, or a
+ * pattern the engine refuses, is a one-line error naming the file and the step. */
+static int add_pre_steps(pgd_pretok *p, const cJSON *pre, const char *path, pgd_err *err) {
+    const char *type = jstr(pre, "type");
+    if (!type) return pgd_err_set(err, PGD_EFORMAT, "%s: pre_tokenizer step without a type", path);
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers")) {
+            int rc = add_pre_steps(p, e, path, err);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    pgd_pretok_step_spec sp;
+    memset(&sp, 0, sizeof sp);
+    if (strcmp(type, "Split") == 0) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pre, "pattern");
+        const char *re = jstr(pat, "Regex"), *str = jstr(pat, "String");
+        int beh = split_behavior(jstr(pre, "behavior"));
+        if ((!re && !str) || beh < 0)
+            return pgd_err_set(err, PGD_EFORMAT, "%s: pre_tokenizer Split without a pattern or "
+                                                 "a known behavior", path);
+        sp.kind = PGD_STEP_SPLIT;
+        sp.pattern = re ? re : str;
+        sp.literal = !re;
+        sp.behavior = (uint8_t)beh;
+        sp.invert = jbool(pre, "invert", false);
+    } else if (strcmp(type, "Digits") == 0) {
+        sp.kind = PGD_STEP_DIGITS;
+        sp.flag = jbool(pre, "individual_digits", false);
+    } else if (strcmp(type, "Punctuation") == 0) {
+        const char *b = jstr(pre, "behavior");
+        int beh = b ? split_behavior(b) : PGD_SPLIT_ISOLATED;
+        if (beh < 0)
+            return pgd_err_set(err, PGD_EFORMAT, "%s: Punctuation behavior '%s' unknown", path,
+                               jstr(pre, "behavior"));
+        sp.kind = PGD_STEP_PUNCT;
+        sp.behavior = (uint8_t)beh;
+    } else if (strcmp(type, "ByteLevel") == 0) {
+        sp.kind = PGD_STEP_BYTELEVEL;
+        sp.flag = jbool(pre, "add_prefix_space", true);
+        sp.use_regex = jbool(pre, "use_regex", true);
+    } else if (strcmp(type, "WhitespaceSplit") == 0) {
+        sp.kind = PGD_STEP_WS_SPLIT;
+    } else if (strcmp(type, "Whitespace") == 0) {
+        /* \w+|[^\w\s]+ through the Rust regex crate, not Oniguruma: its \w is Unicode's, with
+           the joiners U+200C/U+200D and without the Latin-1 superscripts and fractions */
+        sp.kind = PGD_STEP_SPLIT;
+        sp.pattern = "[\\x{200C}\\x{200D}[\\w&&[^\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}]]]+|"
+                     "[^\\s\\x{200C}\\x{200D}[\\w&&[^\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}]]]+";
+        sp.behavior = PGD_SPLIT_REMOVED;
+        sp.invert = true;
+    } else if (strcmp(type, "CharDelimiterSplit") == 0) {
+        const char *d = jstr(pre, "delimiter");
+        uint32_t cp;
+        if (!d || !*d || pgd__utf8_seq_len((unsigned char)d[0]) != (int)strlen(d) ||
+            (pgd__utf8_decode((const unsigned char *)d, strlen(d), &cp), cp & PGD_UNI_INVALID))
+            return pgd_err_set(err, PGD_EFORMAT, "%s: CharDelimiterSplit needs one character",
+                               path);
+        sp.kind = PGD_STEP_CHAR_DELIM;
+        sp.delim = cp;
+    } else {
+        return pgd_err_set(err, PGD_EUNSUPPORTED, "%s: pre_tokenizer type '%s' not supported",
+                           path, type);
+    }
+    char msg[200];
+    int rc = pgd__pretok_add(p, &sp, msg, sizeof msg);
+    if (rc) {
+        if (sp.kind == PGD_STEP_SPLIT && !sp.literal)
+            return pgd_err_set(err, rc, "%s: pre_tokenizer Split pattern '%.80s': %s", path,
+                               sp.pattern, msg);
+        return pgd_err_set(err, rc, "%s: pre_tokenizer %s: %s", path, type, msg);
+    }
+    return 0;
 }
 
 /* SentencePiece normalizer: Sequence[Prepend("▁"), Replace(" ", "▁")] (or just the Replace). */
@@ -113,6 +202,7 @@ int pgd_tokenizer_load_hf(const char *path, const char *config_path, pgd_tokeniz
     pgd_str *texts = NULL, *ml = NULL, *mr = NULL;
     uint8_t *types = NULL;
     pgd_tokenizer *t = NULL;
+    pgd_pretok *pipe = NULL;
     int rc;
     *out = NULL;
     rc = parse_file(path, &root, err);
@@ -143,19 +233,31 @@ int pgd_tokenizer_load_hf(const char *path, const char *config_path, pgd_tokeniz
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    bool byte_level = jtype(dec, "ByteLevel") || jtype(pre, "ByteLevel") ||
-                      (jtype(pre, "Sequence") && byte_level_pre(pre) >= 0);
+    bool byte_level = jtype(dec, "ByteLevel") || has_byte_level(pre);
     pgd_tok_model kind = byte_level ? PGD_TOKM_BPE : PGD_TOKM_SPM;
     int pre_kind = PGD_PRE_NONE;
     bool nfc = false, prefix = false;
     if (byte_level) {
         pre_kind = byte_level_pre(pre);
-        if (pre_kind < 0) {
-            char *p = cJSON_PrintUnformatted(pre);
-            rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: pre_tokenizer not supported: %.200s",
-                             path, p ? p : "?");
-            free(p);
-            goto fail;
+        if (pre_kind < 0) { /* the general engine: Split patterns, Digits, ByteLevel, ... */
+            pre_kind = PGD_PRE_GENERAL;
+            if (pgd__pretok_new(&pipe)) {
+                rc = pgd_err_set(err, PGD_ENOMEM, "%s: out of memory", path);
+                goto fail;
+            }
+            if (!pre || cJSON_IsNull(pre)) {
+                rc = pgd_err_set(err, PGD_EUNSUPPORTED, "%s: a ByteLevel decoder without a "
+                                                        "pre_tokenizer is not supported", path);
+                goto fail;
+            }
+            rc = add_pre_steps(pipe, pre, path, err);
+            if (rc) goto fail;
+            if (pgd__pretok_n_bytelevel(pipe) != 1) {
+                rc = pgd_err_set(err, PGD_EUNSUPPORTED,
+                                 "%s: a byte-level pre_tokenizer needs exactly one ByteLevel "
+                                 "step (it has %d)", path, pgd__pretok_n_bytelevel(pipe));
+                goto fail;
+            }
         }
         if (jtype(norm, "NFC")) nfc = true;
         else if (norm && !cJSON_IsNull(norm)) {
@@ -232,6 +334,8 @@ int pgd_tokenizer_load_hf(const char *path, const char *config_path, pgd_tokeniz
     rc = pgd__tok_create(&t, nv, texts, types, NULL, kind, path, err);
     if (rc) goto fail;
     t->pre = (pgd_tok_pre)pre_kind;
+    t->pretok = pipe;
+    pipe = NULL;
     t->nfc = nfc;
     t->add_space_prefix = prefix;
     t->spm_by_score = false;
@@ -318,6 +422,7 @@ int pgd_tokenizer_load_hf(const char *path, const char *config_path, pgd_tokeniz
     *out = t;
     t = NULL;
 fail:
+    pgd__pretok_free(pipe);
     pgd_tokenizer_free(t);
     free(texts);
     free(types);

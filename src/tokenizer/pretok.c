@@ -12,6 +12,7 @@ enum {
 };
 
 typedef struct text_cps {
+    const char *s;        /* the text */
     const uint32_t *cp;   /* (n) code points (PGD_UNI_INVALID | byte for invalid bytes) */
     const uint8_t *fl;    /* (n) L/N/S flags */
     const uint32_t *off;  /* (n + 1) byte offset of each code point */
@@ -20,7 +21,7 @@ typedef struct text_cps {
 } text_cps;
 
 static int emit(const text_cps *t, size_t a, size_t b) {
-    return t->fn(t->ctx, t->off[a], t->off[b]);
+    return t->fn(t->ctx, t->s + t->off[a], t->off[b] - t->off[a]);
 }
 
 /* 's|'t|'re|'ve|'m|'ll|'d, optionally case-insensitive: length matched at pos (0 if none). */
@@ -181,10 +182,10 @@ static int split_tekken(const text_cps *t, size_t pos, size_t end) {
     return 0;
 }
 
-int pgd__pretok_split(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn, void *ctx,
-                      pgd_tok_scratch *sc) {
+int pgd__pretok_fast(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn, void *ctx,
+                     pgd_tok_scratch *sc) {
     if (n == 0) return 0;
-    if (pre == PGD_PRE_NONE) return fn(ctx, 0, n);
+    if (pre == PGD_PRE_NONE) return fn(ctx, s, n);
     if (n >= UINT32_MAX) return PGD_ERANGE;
     char *mem = pgd__tok_scratch_get(sc, n * 4 + (n + 1) * 4 + n + 1);
     if (!mem) return PGD_ENOMEM;
@@ -207,7 +208,7 @@ int pgd__pretok_split(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn
     }
     off[m] = (uint32_t)n;
     fl[m] = 0; /* sentinel: lets matchers read one past a range's end */
-    text_cps t = {cp, fl, off, fn, ctx};
+    text_cps t = {s, cp, fl, off, fn, ctx};
     switch (pre) {
     case PGD_PRE_GPT2: return split_gpt2(&t, 0, m);
     case PGD_PRE_LLAMA3: return split_llama3(&t, 0, m, 3);
@@ -231,6 +232,6 @@ int pgd__pretok_split(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn
         }
         return 0;
     }
-    default: return fn(ctx, 0, n);
+    default: return fn(ctx, s, n);
     }
 }

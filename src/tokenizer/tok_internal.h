@@ -32,7 +32,10 @@ typedef enum {
     PGD_PRE_LLAMA3, /* Llama 3 regex, \p{N}{1,3} */
     PGD_PRE_QWEN2,  /* Llama 3 regex with single \p{N} */
     PGD_PRE_TEKKEN, /* Mistral's Tekken regex (Nemo, Small 3, Ministral, Pixtral) */
+    PGD_PRE_GENERAL, /* a pipeline (pretok_pipe.c) through the general regex engine */
 } pgd_tok_pre;
+
+typedef struct pgd_pretok pgd_pretok; /* pretok_pipe.h */
 
 /* Open-addressing string -> id map over the token texts (the texts live in the tokenizer). */
 typedef struct pgd_tok_strmap {
@@ -55,6 +58,7 @@ typedef struct pgd_tok_special {
 struct pgd_tokenizer {
     pgd_tok_model model;
     pgd_tok_pre pre;
+    pgd_pretok *pretok;    /* PGD_PRE_GENERAL: the pipeline */
     bool nfc;              /* NFC-normalise text fragments before pre-tokenizing (Qwen2) */
     bool ignore_merges;    /* a word that is a whole token is emitted as is (Llama 3) */
     bool add_space_prefix; /* SPM: prepend "▁" to each text fragment */
@@ -141,10 +145,29 @@ int pgd__bpe_chars(const pgd_tokenizer *t, const char *s, size_t n, pgd_tok_out 
 int pgd__spm_encode(const pgd_tokenizer *t, const char *s, size_t n, pgd_tok_out *o,
                     pgd_tok_scratch *sc);
 
-/* Splits s[0..n) into pre-tokens; calls fn(ctx, start, end) for each piece in order. */
-typedef int (*pgd_pretok_fn)(void *ctx, size_t start, size_t end);
-int pgd__pretok_split(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn, void *ctx,
-                      pgd_tok_scratch *sc);
+/* Scratch of the general regex engine's searches (pretok_regex.c). */
+typedef struct pgd_re_scratch {
+    pgd_tok_scratch memo, frames, runs;
+    uint64_t steps; /* instructions run and alternatives taken, summed over calls (for tests) */
+} pgd_re_scratch;
+
+/* Scratch of the pre-tokenizers for one encode call: grown as needed, reused for every
+ * fragment and piece, freed by pgd__pretok_scratch_free. */
+typedef struct pgd_pretok_scratch {
+    pgd_tok_scratch fast;               /* the hand-written splitters' code points and flags */
+    pgd_tok_scratch text, chars, pieces; /* the pipeline's text, its decoded view, pieces */
+    pgd_re_scratch re;
+} pgd_pretok_scratch;
+void pgd__pretok_scratch_free(pgd_pretok_scratch *sc);
+
+/* Splits s[0..n) into pre-tokens with t's pre-tokenizer; calls fn(ctx, piece, len) for each
+ * piece in order. */
+typedef int (*pgd_pretok_fn)(void *ctx, const char *piece, size_t len);
+int pgd__pretok_split(const pgd_tokenizer *t, const char *s, size_t n, pgd_pretok_fn fn,
+                      void *ctx, pgd_pretok_scratch *sc);
+/* The hand-written splitters (pretok.c). */
+int pgd__pretok_fast(pgd_tok_pre pre, const char *s, size_t n, pgd_pretok_fn fn, void *ctx,
+                     pgd_tok_scratch *sc);
 
 /* GPT-2 byte-to-unicode map: the code point standing for byte b, and its inverse. */
 uint32_t pgd__bytelevel_cp(unsigned char b);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <string.h>
 
+#include "tokenizer/pretok_pipe.h"
 #include "tokenizer/unicode.h"
 
 /* ---- hashing and maps ---- */
@@ -356,22 +357,16 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     int32_t nv = (int32_t)toks->arr_n;
 
     pgd_tok_pre pre = PGD_PRE_NONE;
-    bool smaug = false; /* llama.cpp's smaug-bpe: the Llama 3 regex without ignore_merges */
+    const pgd_pretok_named *named = NULL;
     if (model == PGD_TOKM_BPE) {
-        pre = PGD_PRE_GPT2;
+        pre = PGD_PRE_GPT2; /* no tokenizer.ggml.pre: GPT-2's (llama.cpp's "default" differs) */
         if (pgd_gguf_get_str(g, "tokenizer.ggml.pre", &pre_s) == 0) {
-            if (pgd_str_eq(pre_s, "smollm")) pre = PGD_PRE_SMOLLM;
-            else if (pgd_str_eq(pre_s, "llama-bpe") || pgd_str_eq(pre_s, "llama3"))
-                pre = PGD_PRE_LLAMA3;
-            else if (pgd_str_eq(pre_s, "smaug-bpe")) /* SmolLM3: Llama 3's split, all merges */
-                pre = PGD_PRE_LLAMA3, smaug = true;
-            else if (pgd_str_eq(pre_s, "qwen2")) pre = PGD_PRE_QWEN2;
-            else if (pgd_str_eq(pre_s, "tekken")) pre = PGD_PRE_TEKKEN;
-            else if (pgd_str_eq(pre_s, "gpt-2") || pgd_str_eq(pre_s, "default")) pre = PGD_PRE_GPT2;
-            else
+            named = pgd__pretok_named(pre_s.ptr, pre_s.len);
+            if (!named)
                 return pgd_err_set(err, PGD_EUNSUPPORTED,
                                    "%s: tokenizer.ggml.pre '%.*s' not supported", name,
                                    (int)pre_s.len, pre_s.ptr);
+            pre = named->fast;
         }
     }
 
@@ -410,9 +405,22 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     rc = pgd__tok_create(&t, nv, toks->arr_str, types, scores, model, name, err);
     if (rc) goto fail;
     t->pre = pre;
-    t->nfc = pre == PGD_PRE_QWEN2;
-    /* tiktoken's rule, which llama.cpp applies to these: a word that is a token is not split */
-    t->ignore_merges = (pre == PGD_PRE_LLAMA3 && !smaug) || pre == PGD_PRE_TEKKEN;
+    if (named) {
+        /* the normalizer the model's tokenizer.json has; tiktoken's rule, which llama.cpp
+           applies to some: a word that is a token is not split */
+        t->nfc = (named->flags & PGD_PRE_F_NFC) != 0;
+        t->ignore_merges = (named->flags & PGD_PRE_F_IGNORE_MERGES) != 0;
+        if (pre == PGD_PRE_GENERAL) {
+            char msg[256];
+            rc = pgd__pretok_build(named->steps, pgd__pretok_named_steps(named), &t->pretok, msg,
+                                   sizeof msg);
+            if (rc) {
+                rc = pgd_err_set(err, rc, "%s: tokenizer.ggml.pre '%.*s': %s", name,
+                                 (int)pre_s.len, pre_s.ptr, msg);
+                goto fail;
+            }
+        }
+    }
     t->spm_by_score = true;
     bool b;
     t->add_space_prefix = model == PGD_TOKM_SPM;
@@ -446,6 +454,7 @@ int pgd_tokenizer_load_gguf(const pgd_gguf *g, pgd_tokenizer **out, pgd_err *err
     }
 
     gguf_token_id(g, "tokenizer.ggml.bos_token_id", &t->bos);
+    if (named && (named->flags & PGD_PRE_F_NO_BOS)) t->bos = -1; /* as llama.cpp (ChatGLM) */
     gguf_token_id(g, "tokenizer.ggml.eos_token_id", &t->eos);
     gguf_token_id(g, "tokenizer.ggml.eot_token_id", &t->eot);
     gguf_token_id(g, "tokenizer.ggml.unknown_token_id", &t->unk);
@@ -483,6 +492,7 @@ fail:
 
 void pgd_tokenizer_free(pgd_tokenizer *t) {
     if (!t) return;
+    pgd__pretok_free(t->pretok);
     free(t->pool);
     free(t->tok_off);
     free(t->tok_len);
@@ -517,14 +527,21 @@ typedef struct encode_ctx {
     pgd_tok_scratch *bpe_sc;
 } encode_ctx;
 
-static int on_piece(void *vctx, size_t start, size_t end) {
+static int on_piece(void *vctx, const char *piece, size_t len) {
     encode_ctx *c = vctx;
-    return pgd__bpe_word(c->t, c->text + start, end - start, c->o, c->bpe_sc);
+    return pgd__bpe_word(c->t, (const unsigned char *)piece, len, c->o, c->bpe_sc);
 }
 
 typedef struct encode_state {
-    pgd_tok_scratch pre_sc, bpe_sc, norm_sc;
+    pgd_pretok_scratch pre_sc;
+    pgd_tok_scratch bpe_sc, norm_sc;
 } encode_state;
+
+int pgd__pretok_split(const pgd_tokenizer *t, const char *s, size_t n, pgd_pretok_fn fn,
+                      void *ctx, pgd_pretok_scratch *sc) {
+    if (t->pre == PGD_PRE_GENERAL) return pgd__pretok_run(t->pretok, s, n, fn, ctx, sc);
+    return pgd__pretok_fast(t->pre, s, n, fn, ctx, &sc->fast);
+}
 
 static int encode_fragment(const pgd_tokenizer *t, const char *s, size_t n, pgd_tok_out *o,
                            encode_state *st) {
@@ -552,7 +569,7 @@ static int encode_fragment(const pgd_tokenizer *t, const char *s, size_t n, pgd_
         n = nl;
     }
     encode_ctx c = {t, (const unsigned char *)s, o, &st->bpe_sc};
-    int rc = pgd__pretok_split(t->pre, s, n, on_piece, &c, &st->pre_sc);
+    int rc = pgd__pretok_split(t, s, n, on_piece, &c, &st->pre_sc);
     free(norm);
     return rc;
 }
@@ -561,11 +578,25 @@ static int encode(const pgd_tokenizer *t, const char *text, size_t len, bool add
                   int32_t append, bool parse_special, int32_t *out, size_t cap, size_t *n_out);
 
 int pgd_tokenizer_pieces(const pgd_tokenizer *t, const char *text, size_t len,
-                         int (*fn)(void *ctx, size_t start, size_t end), void *ctx) {
-    pgd_tok_scratch sc = {0};
-    int rc = pgd__pretok_split(t->pre, text, len, fn, ctx, &sc);
-    free(sc.buf);
+                         int (*fn)(void *ctx, const char *piece, size_t len), void *ctx) {
+    pgd_pretok_scratch sc;
+    memset(&sc, 0, sizeof sc);
+    int rc = pgd__pretok_split(t, text, len, fn, ctx, &sc);
+    pgd__pretok_scratch_free(&sc);
     return rc;
+}
+
+bool pgd_tokenizer_byte_level(const pgd_tokenizer *t) { return t->model == PGD_TOKM_BPE; }
+
+int pgd_tokenizer_use_general_pretok(pgd_tokenizer *t, pgd_err *err) {
+    if (t->pre == PGD_PRE_GENERAL || t->pre == PGD_PRE_NONE) return 0;
+    char msg[256];
+    pgd_pretok *p;
+    int rc = pgd__pretok_for_fast(t->pre, &p, msg, sizeof msg);
+    if (rc) return pgd_err_set(err, rc, "general pre-tokenizer: %s", msg);
+    t->pretok = p;
+    t->pre = PGD_PRE_GENERAL;
+    return 0;
 }
 
 int pgd_tokenizer_encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
@@ -583,7 +614,8 @@ int pgd_tokenizer_encode_special(const pgd_tokenizer *t, const char *text, size_
 static int encode(const pgd_tokenizer *t, const char *text, size_t len, bool add_bos,
                   int32_t append, bool parse_special, int32_t *out, size_t cap, size_t *n_out) {
     pgd_tok_out o = {out, out ? cap : 0, 0};
-    encode_state st = {{0}, {0}, {0}};
+    encode_state st;
+    memset(&st, 0, sizeof st);
     int rc = 0;
     if (add_bos && t->bos >= 0) pgd__tok_emit(&o, t->bos);
     size_t frag = 0, pos = 0;
@@ -612,7 +644,7 @@ static int encode(const pgd_tokenizer *t, const char *text, size_t len, bool add
     rc = encode_fragment(t, text + frag, len - frag, &o, &st);
     if (!rc && append >= 0) pgd__tok_emit(&o, append);
 done:
-    free(st.pre_sc.buf);
+    pgd__pretok_scratch_free(&st.pre_sc);
     free(st.bpe_sc.buf);
     free(st.norm_sc.buf);
     if (rc) return rc;

@@ -50,12 +50,31 @@ int pgd_tokenizer_encode_special(const pgd_tokenizer *t, const char *text, size_
                                  size_t *n_out);
 
 /* The pre-tokenizer alone (its regex, as written in the vocabulary: no special-token parsing,
- * no normalization): calls fn with the byte range of each piece of text[0..len), in order.
+ * no normalization): calls fn with the bytes of each piece of text[0..len), in order (a piece is
+ * a part of text, or one with the space ByteLevel(add_prefix_space) puts before it).
  * A SentencePiece vocabulary has none: one piece. Stops at fn's first non-zero return and
  * returns it; PGD_ENOMEM if scratch memory could not be had. For testing the matchers against
  * a regex engine (`pagoda tokenize --pieces`). */
 int pgd_tokenizer_pieces(const pgd_tokenizer *t, const char *text, size_t len,
-                         int (*fn)(void *ctx, size_t start, size_t end), void *ctx);
+                         int (*fn)(void *ctx, const char *piece, size_t len), void *ctx);
+/* Is the vocabulary byte-level (GPT-2's byte-to-unicode alphabet)? */
+bool pgd_tokenizer_byte_level(const pgd_tokenizer *t);
+/* Runs the tokenizer's hand-written pre-tokenizer (GPT-2, SmolLM, Llama 3, Qwen2, Tekken) through
+ * the general regex engine instead, as the pipeline it stands for: the same pieces (the tests
+ * prove it), slower; for those tests and the benchmark. Call right after loading, before any
+ * other thread uses t. */
+int pgd_tokenizer_use_general_pretok(pgd_tokenizer *t, pgd_err *err);
+
+/* The general pre-tokenizer regex engine alone, as HF's Split(pattern, behavior, invert) (behavior:
+ * "Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"): for tests and
+ * tools that compare it with other engines. */
+typedef struct pgd_split_regex pgd_split_regex;
+int pgd_split_regex_new(const char *pattern, const char *behavior, bool invert,
+                        pgd_split_regex **out, pgd_err *err);
+/* Calls fn with each piece of text[0..len) in order; stops at fn's first non-zero return. */
+int pgd_split_regex_run(const pgd_split_regex *r, const char *text, size_t len,
+                        int (*fn)(void *ctx, const char *piece, size_t len), void *ctx);
+void pgd_split_regex_free(pgd_split_regex *r);
 
 /* The bytes a token stands for when decoded (byte-level mapping undone, "▁" turned into a
  * space, <0xAB> byte tokens turned into their byte). Special/control tokens give their text

@@ -3,6 +3,7 @@
  * UAX #15 (decompose, reorder by combining class, recompose). */
 #include "tokenizer/unicode.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -168,6 +169,56 @@ unsigned pgd__uni_flags(uint32_t cp) {
     if (cp < 128) return ascii_flags[cp];
     if (cp & PGD_UNI_INVALID) return 0;
     return range_lookup(pgd__uni_flag_ranges, pgd__uni_n_flag_ranges, cp);
+}
+
+/* The BMP's categories, one byte each, filled from the ranges once. */
+uint8_t pgd__uni_gcp_bmp[0x10000];
+static pthread_once_t gcp_once = PTHREAD_ONCE_INIT;
+
+static void gcp_init(void) {
+    for (int i = 0; i < pgd__uni_n_gcp_ranges && pgd__uni_gcp_ranges[i].first < 0x10000; i++) {
+        const pgd_uni_range *r = &pgd__uni_gcp_ranges[i];
+        uint32_t last = r->last < 0xFFFF ? r->last : 0xFFFF;
+        memset(pgd__uni_gcp_bmp + r->first, (int)r->value, last - r->first + 1);
+    }
+}
+
+void pgd__uni_gcp_init(void) { pthread_once(&gcp_once, gcp_init); }
+
+unsigned pgd__uni_gcp(uint32_t cp) {
+    if (cp < 0x10000) {
+        pgd__uni_gcp_init();
+        return pgd__uni_gcp_bmp[cp];
+    }
+    if (cp & PGD_UNI_INVALID) return 0;
+    return range_lookup(pgd__uni_gcp_ranges, pgd__uni_n_gcp_ranges, cp);
+}
+
+uint32_t pgd__uni_fold_cp(uint32_t cp) {
+    int lo = 0, hi = pgd__uni_n_fold - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (cp < pgd__uni_fold[mid].cp) hi = mid - 1;
+        else if (cp > pgd__uni_fold[mid].cp) lo = mid + 1;
+        else return pgd__uni_fold[mid].fold;
+    }
+    return cp;
+}
+
+int pgd__uni_case_orbit(uint32_t cp, uint32_t *out, int max) {
+    uint32_t f = pgd__uni_fold_cp(cp);
+    int n = 0;
+    if (n < max) out[n++] = f;
+    /* the first pair folding to f, then every one after it */
+    int lo = 0, hi = pgd__uni_n_fold;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (pgd__uni_unfold[mid].fold < f) lo = mid + 1;
+        else hi = mid;
+    }
+    for (int i = lo; i < pgd__uni_n_fold && pgd__uni_unfold[i].fold == f && n < max; i++)
+        out[n++] = pgd__uni_unfold[i].cp;
+    return n;
 }
 
 unsigned pgd__uni_ccc(uint32_t cp) {

@@ -169,6 +169,54 @@ def special_corpus(n=300, seed=99):
     return out
 
 
+CONTROL = ["\x00", "\x01x", "a\x07b", "\x1b[31mred\x1b[0m", "tab\tand\x0bvt\x0cff", "\x7f", "\x1f\x1e",
+           "nul\x00in\x00side", "\r", "\r\r\n", "\x85next", "\u200b\u200c\u200d", "\ufeffbom"]
+
+ARABIC_DEVANAGARI = [
+    "السلام عليكم ورحمة الله", "اللغة العربية جميلة، أليس كذلك؟", "٣٫١٤ و ١٢٣٤٥", "كتاب\u064e", "مَرْحَبًا",
+    "हिन्दी भाषा बहुत सुन्दर है।", "क्षत्रिय ज्ञान श्री", "संस्कृतम् ॥ १२३४ ॥", "अ\u093c\u0902", "नमस्ते, दुनिया!",
+    "বাংলা ভাষা", "தமிழ் மொழி", "ภาษาไทยสวยงาม", "עִבְרִית",
+]
+
+
+def pretok_corpus(n=1200, seed=4321):
+    """Strings aimed at the pre-tokenizer patterns of every family (issue 39): the shared corpus
+    plus control characters, Arabic and Devanagari (marks on letters), uppercase and odd
+    contractions ('S 'LL, the long s and the Kelvin sign that fold to s and k), long digit runs
+    (groups of three from the right, \\p{N}{1,3}), whitespace runs ending in newlines or text,
+    CJK against Latin, and code."""
+    r = random.Random(seed)
+    base = [
+        "DON'T WE'LL THEY'RE I'M YOU'VE SHE'D IT'S", "'S 'T 'RE 'VE 'M 'LL 'D", "x'\u017f y'\u212a",
+        "'s'll'd", "don\u2019t", "1", "12", "123", "1234", "12345", "123456", "1234567", "12345678901234567890",
+        "1,234,567.89", "v1.2.3-rc4", "0x7fffffff", "3.14e-10", "١٢٣٤٥٦٧", "${HOME}/path/to/file.txt",
+        "a  b   c    d     e", "line\n\n\n  indented", "  \n\t \r\n x", "trailing \t \n", "\n\n", "   ",
+        "中文English混合Text日本語カタカナ한국어", "東京タワー(Tokyo Tower)は333m", "ＡＢＣ１２３！？",
+        "ThisIsCamelCase andSNAKE_CASE_VAR", "HTTPRequestHandler XMLParser iOS", "ǅungla ǈudi",
+        "<|im_start|>user\nHi<|im_end|>", "«quoted» “curly” ‘single’ „low“", "em—dash en–dash …",
+        "price: $1,299.99 (€1.199,99)", "50% off!!! ***SALE***", "#hashtag @mention http://x.y/z?a=1&b=2",
+        "def f(x):\n\treturn x**2  # square\n", "if(a&&b||!c){return;}", "SELECT * FROM t WHERE a>=1;",
+        "😀😃😄 👍🏽👍🏿 🇺🇸🇬🇧 👨\u200d👩\u200d👧", "e\u0301 a\u0308 n\u0303", "Ⅻ ⅷ ½ ¾ ² ³ ①②",
+    ]
+    out = base + CONTROL + ARABIC_DEVANAGARI
+    pools = [WORDS, CJK, EMOJI, COMBINING, SCRIPTS, WHITESPACE, DIGITS, CODE, CONTROL, ARABIC_DEVANAGARI,
+             base]
+    while len(out) < n:
+        k = r.random()
+        if k < 0.3:
+            out.append(mixed(r, pools))
+        elif k < 0.45:
+            out.append(contraction(r))
+        elif k < 0.6:
+            out.append(str(r.randint(0, 10 ** r.randint(1, 25))) + r.choice(["", " ", "px", ",", "\n"]))
+        elif k < 0.75:
+            out.append(whitespace_mix(r))
+        else:
+            out.append(r.choice(base + CONTROL + ARABIC_DEVANAGARI) + r.choice(
+                ["", " ", "  ", "\n", "\t"]) + r.choice(base + CJK + SCRIPTS))
+    return corpus() + out
+
+
 def english_text(nbytes, seed=7):
     r = random.Random(seed)
     parts, size = [], 0
