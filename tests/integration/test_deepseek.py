@@ -4,8 +4,8 @@ groups, YaRN), V2-Lite's layout (one q matrix, greedy routing, tied embeddings) 
 routing with its bias, groups scored by their best two, renormalized, YaRN), each with a dense
 first layer and shared experts.
 
-Proofs: logits and greedy text against transformers in every form Pagoda loads (HF directory,
-GGUF F32/F16/Q8_0 as llama.cpp's converter writes deepseek2, --weights-f32), with
+Proofs: logits and greedy text against transformers in every form Pagoda loads (HF directory
+in F32 and BF16, GGUF F32/F16/Q8_0 as llama.cpp's converter writes deepseek2, --weights-f32), with
 test_forward.py's bounds; the latent cache's logits bit-identical at batch 1, 3, 16 and 64
 (test_batch_invariance on these models); the batched engine (chunked prefill, prefix hits, a pool
 small enough to preempt) equal to each request run alone; the cache's size per token and the
@@ -13,6 +13,7 @@ parameter count in kv-plan; --load-format dummy; clean refusals of what is not s
 malformed files.
 """
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ from test_forward import (F32_BOUND, N_GEN, describe_worst, extra_args,  # noqa:
 torch.set_num_threads(2)
 
 MODELS = ("dsv2", "dsv2lite", "dsv3")
-FORMATS = ("hf", "F32", "F16", "Q8_0", "F16-weights-f32", "Q8_0-weights-f32")
+FORMATS = ("hf", "hf-bf16", "F32", "F16", "Q8_0", "F16-weights-f32", "Q8_0-weights-f32")
 N_PROMPT = 48
 # Every form against transformers on the weights its file holds (F16- or Q8_0-rounded as the
 # file rounds them): Pagoda multiplies F32 activations by exactly those weights, so what is left
@@ -49,7 +50,37 @@ def ds_models():
 
 
 def model_path(m, fmt):
+    if fmt == "hf-bf16":
+        return bf16_dir(Path(m["hf_dir"]))
     return m["hf_dir"] if fmt == "hf" else m["gguf_" + fmt.split("-")[0]]
+
+
+def kept_f32(key):
+    """What a BF16 checkpoint keeps in F32: V3's routing bias (as the released one does)."""
+    return key.endswith("e_score_correction_bias")
+
+
+def bf16_dir(hf):
+    """The HF directory as a BF16 checkpoint (every tensor BF16 but kept_f32's, config dtype
+    bfloat16), written once beside it."""
+    from safetensors.torch import load_file, save_file
+    out = hf.parent / (hf.name + ".bf16")
+    if out.is_dir():
+        return out
+    tmp = hf.parent / (hf.name + f".bf16.tmp{__import__('os').getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(hf, tmp)
+    sd = load_file(str(hf / "model.safetensors"))
+    save_file({k: v if kept_f32(k) else v.to(torch.bfloat16) for k, v in sd.items()},
+              str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((tmp / "config.json").read_text())
+    cfg["torch_dtype"] = "bfloat16"
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    try:
+        tmp.rename(out)
+    except OSError:  # another run wrote it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def prompt_ids(name):
@@ -84,6 +115,8 @@ class Refs:
         def q8(k, v):
             return q8_0_kv_b(v, cfg) if k.endswith("kv_b_proj.weight") else q8_0_round(v)
         self.models = {"F32": self.f32,
+                       "BF16": self._with({k: v if kept_f32(k) else v.bfloat16().float()
+                                           for k, v in sd.items()}),
                        "F16": self._with({k: v.half().float() if rounded(k, v) else v
                                           for k, v in sd.items()}),
                        "Q8_0": self._with({k: q8(k, v) if rounded(k, v) else v
@@ -97,7 +130,11 @@ class Refs:
         return model
 
     def model(self, fmt):
-        return self.models["F32" if fmt == "hf" else fmt.split("-")[0]]
+        return self.models[self.key(fmt)]
+
+    @staticmethod
+    def key(fmt):
+        return {"hf": "F32", "hf-bf16": "BF16"}.get(fmt, fmt.split("-")[0])
 
     @torch.no_grad()
     def logits(self, fmt, ids):
@@ -105,7 +142,7 @@ class Refs:
 
     @torch.no_grad()
     def greedy(self, fmt, ids):
-        key = ("F32" if fmt == "hf" else fmt.split("-")[0], tuple(ids))
+        key = (self.key(fmt), tuple(ids))
         if key not in self.memo:
             self.memo[key] = self._greedy(fmt, ids)
         return self.memo[key]
