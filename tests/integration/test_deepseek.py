@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import util  # noqa: E402
-from test_engine import assert_same, run_batch  # noqa: E402
+from test_engine import assert_same, chunked_equals_alone, run_batch  # noqa: E402
 from test_forward import (F32_BOUND, N_GEN, describe_worst, extra_args,  # noqa: E402
                           pagoda_greedy, pagoda_logits, q8_0_round)
 
@@ -255,13 +255,7 @@ def test_batched_equals_alone(ds_models, tmp_path, name, fmt):
     request's output run alone, greedy and seeded sampling alike."""
     model = ds_models[name][fmt]
     reqs = requests()
-    ref, _ = run_batch(model, tmp_path, "alone", reqs, "--max-num-seqs", "1",
-                       "--no-prefix-caching")
-    for chunk in ("16", "512"):
-        res, stats = run_batch(model, tmp_path, "batched" + chunk, reqs,
-                               "--max-num-batched-tokens", chunk)
-        assert stats["prefix_cache_hits"] > 0
-        assert_same(res, ref)
+    ref = chunked_equals_alone(model, tmp_path, reqs)
     # 3 layers x (32 + 16) x 2 bytes (F16, the default) = 288 bytes per token: 24 blocks of 16
     res, stats = run_batch(model, tmp_path, "small", reqs, "--kv-cache-memory", str(24 * 16 * 288),
                            "--max-num-batched-tokens", "64")

@@ -159,6 +159,20 @@ def test_prefix_cache_prefills_only_the_suffix(long_model, tmp_path):
     assert [r["cached_tokens"] for r in on] == [0] + [hit] * 7
 
 
+def chunked_equals_alone(model, tmp_path, reqs):
+    """Each request run alone (no prefix cache) is the reference; with prefill chunks of 16 and
+    512 tokens and prefix caching on, every output equals it and the cache is hit. Returns the
+    reference."""
+    ref, _ = run_batch(model, tmp_path, "alone", reqs, "--max-num-seqs", "1",
+                       "--no-prefix-caching")
+    for chunk in ("16", "512"):
+        res, stats = run_batch(model, tmp_path, "batched" + chunk, reqs,
+                               "--max-num-batched-tokens", chunk)
+        assert stats["prefix_cache_hits"] > 0
+        assert_same(res, ref)
+    return ref
+
+
 @pytest.mark.parametrize("name,fmt", [("qwen3moe", "gguf_Q8_0"), ("mixtral", "gguf_F16"),
                                       ("qwen2moe", "hf"), ("mistral", "gguf_F32"),
                                       ("qwen2swa", "hf"), ("gemma3", "gguf_Q8_0"),
@@ -183,10 +197,4 @@ def test_moe_and_sliding_window_batched_equals_alone(tiny_models, tmp_path, name
         r = {"id": i, "prompt": toks, "max_tokens": rng.randrange(1, 40), "ignore_eos": True}
         r.update(temperature=0.8, top_p=0.9, seed=i) if i % 2 else r.update(temperature=0)
         reqs.append(r)
-    ref, _ = run_batch(model, tmp_path, "alone", reqs, "--max-num-seqs", "1",
-                       "--no-prefix-caching")
-    for chunk in ("16", "512"):
-        res, stats = run_batch(model, tmp_path, "batched" + chunk, reqs,
-                               "--max-num-batched-tokens", chunk)
-        assert stats["prefix_cache_hits"] > 0
-        assert_same(res, ref)
+    chunked_equals_alone(model, tmp_path, reqs)
