@@ -10,9 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/cpu/quant.h"
 #include "engine/engine_impl.h"
 #include "kv/kv_disk.h"
-#include "util/env.h"
 
 #define DIGEST_SPAN (1u << 20) /* a model file's first and last MiB go into the digest */
 
@@ -94,7 +94,6 @@ int pgd__disk_open(pgd_engine *e, pgd_err *err) {
     /* Everything that makes a block's bytes what they are besides its tokens: the model, the
      * KV types and layout, RoPE, and the switches that change the numbers. */
     const pgd_model_config *mc = &e->model->cfg;
-    const char *i8 = pgd_env(PGD_ENV_INT8_ACT);
     struct {
         uint64_t model;
         int32_t dtype, vtype, block_size, n_layer, n_kv_head, head_dim, kv_dim, n_ranks;
@@ -114,9 +113,7 @@ int pgd__disk_open(pgd_engine *e, pgd_err *err) {
     key.rope_mode = (int32_t)mc->rope_mode;
     key.n_ctx = mc->n_ctx;
     key.weights_f32 = c->weights_f32;
-    /* PAGODA_INT8_ACT's three modes (backend/cpu/quant.h): unset (8-bit for the K-quants),
-     * "0" (F32 everywhere), anything else (8-bit for every quantized type) */
-    key.int8_act = !i8 || !i8[0] ? 2 : strcmp(i8, "0") != 0;
+    key.int8_act = pgd_cpu_int8_act_mode();
     key.dummy = c->load_format_dummy;
     key.version = 1;
     key.rope_theta = mc->rope_theta;

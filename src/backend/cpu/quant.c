@@ -368,7 +368,7 @@ void pgd_cpu_set_int8_act(bool on) {
     atomic_store_explicit(&g_int8_act, on ? INT8_ALL : INT8_OFF, memory_order_relaxed);
 }
 
-static int int8_act_mode(void) {
+int pgd_cpu_int8_act_mode(void) {
     int v = atomic_load_explicit(&g_int8_act, memory_order_relaxed);
     if (v == INT8_UNREAD) {
         const char *e = pgd_env(PGD_ENV_INT8_ACT);
@@ -379,15 +379,15 @@ static int int8_act_mode(void) {
     return v;
 }
 
-bool pgd_cpu_int8_act(void) { return int8_act_mode() == INT8_ALL; }
+bool pgd_cpu_int8_act(void) { return pgd_cpu_int8_act_mode() == INT8_ALL; }
 
 const char *pgd_cpu_int8_act_name(void) {
-    int v = int8_act_mode();
+    int v = pgd_cpu_int8_act_mode();
     return v == INT8_ALL ? "int8" : v == INT8_OFF ? "F32" : "int8 (K-quants), F32 (others)";
 }
 
 pgd_type pgd_vec_dot_type(pgd_type wt) {
-    int mode = int8_act_mode();
+    int mode = pgd_cpu_int8_act_mode();
     if (mode == INT8_OFF) return PGD_TYPE_F32;
     if (mode == INT8_KQUANTS)
         return wt == PGD_TYPE_Q4_K || wt == PGD_TYPE_Q5_K || wt == PGD_TYPE_Q6_K ? PGD_TYPE_Q8_K

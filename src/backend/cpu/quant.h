@@ -45,6 +45,7 @@ bool pgd_cpu_type_supported(pgd_type t);
 void pgd_cpu_set_int8_act(bool on);
 bool pgd_cpu_int8_act(void);         /* 8-bit activations for every quantized type */
 const char *pgd_cpu_int8_act_name(void); /* "F32", "int8" or the default's mixed name */
+int pgd_cpu_int8_act_mode(void);         /* 0 F32, 1 every quantized type, 2 the K-quants */
 
 /* The activation format a weight type's dot product consumes: F32 for every type by default;
  * with int8 activations, Q8_0 for Q4_0/Q4_1/Q8_0 and Q8_K for the K-quants. */
